@@ -1,0 +1,1 @@
+//! The driver layer. Filled by the driver issue.

@@ -1,0 +1,1 @@
+//! The simulated GPU. Filled by the driver issue.

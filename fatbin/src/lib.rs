@@ -1,0 +1,1 @@
+//! The fatbin parser. Filled by the fatbin issue.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the CUDA compilers and tools the tests need, from the Python package index,
+# into target/cuda-venv (once), and exposes them under stable paths:
+#   target/cuda/bin/{nvcc,cuobjdump,fatbinary,ptxas,nvlink}   CUDA 13
+#   target/cuda/cu12/ptxas                                    CUDA 12 (its wheel ships ptxas alone)
+#   target/cuda/lib/libcudart.so.13                           the real CUDA 13 runtime
+# Idempotent: a second run does nothing but check.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/target/cuda-venv
+out=$root/target/cuda
+stamp=$venv/.cudaw-installed-v1
+if [ ! -f "$stamp" ]; then
+  echo "setup-cuda: installing CUDA 13 nvcc/cuobjdump/runtime and CUDA 12 ptxas into $venv" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cuobjdump nvidia-cuda-crt \
+    nvidia-cuda-nvcc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-runtime-cu11
+  touch "$stamp"
+fi
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cu13=$site/nvidia/cu13
+[ -x "$cu13/bin/nvcc" ] || { echo "setup-cuda: nvcc missing under $cu13" >&2; exit 1; }
+# nvcc links -lcudart for -cudart shared; the wheel ships only the versioned file.
+ln -sf libcudart.so.13 "$cu13/lib/libcudart.so"
+mkdir -p "$out/bin" "$out/cu12" "$out/lib"
+for t in nvcc cuobjdump fatbinary ptxas nvlink; do ln -sf "$cu13/bin/$t" "$out/bin/$t"; done
+ln -sf "$site/nvidia/cuda_nvcc/bin/ptxas" "$out/cu12/ptxas"
+ln -sf "$cu13/lib/libcudart.so.13" "$out/lib/libcudart.so.13"
+rt12=$(ls "$site"/nvidia/cuda_runtime/lib/libcudart.so.12 2>/dev/null | head -1 || true)
+[ -n "$rt12" ] && ln -sf "$rt12" "$out/lib/libcudart.so.12"
+rt11=$(ls "$site"/nvidia/cuda_runtime/lib/libcudart.so.11.0 2>/dev/null | head -1 || true)
+[ -n "$rt11" ] && ln -sf "$rt11" "$out/lib/libcudart.so.11.0"
+"$out/bin/nvcc" --version | tail -1 >&2

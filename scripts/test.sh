@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: what CI runs (.ci/run) and what a developer runs on a fresh machine.
+# Installs what it needs (the CUDA compilers, into target/cuda-venv, from the Python
+# package index), then checks formatting and lints and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-cuda.sh
+# Tests that need nvcc fail rather than skip when this is set.
+export CUDAW_REQUIRE_CUDA_TOOLS=1
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
