@@ -2,8 +2,9 @@
 # Installs the CUDA compilers and tools the tests need, from the Python package index,
 # into target/cuda-venv (once), and exposes them under stable paths:
 #   target/cuda/bin/{nvcc,cuobjdump,fatbinary,ptxas,nvlink}   CUDA 13
+#   target/cuda/include                                       CUDA 13 headers
 #   target/cuda/cu12/ptxas                                    CUDA 12 (its wheel ships ptxas alone)
-#   target/cuda/lib/libcudart.so.13                           the real CUDA 13 runtime
+#   target/cuda/lib/libcudart.so.{13,12,11.0}                 the real runtimes
 # Idempotent: a second run does nothing but check.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,12 +25,14 @@ cu13=$site/nvidia/cu13
 [ -x "$cu13/bin/nvcc" ] || { echo "setup-cuda: nvcc missing under $cu13" >&2; exit 1; }
 # nvcc links -lcudart for -cudart shared; the wheel ships only the versioned file.
 ln -sf libcudart.so.13 "$cu13/lib/libcudart.so"
-mkdir -p "$out/bin" "$out/cu12" "$out/lib"
-for t in nvcc cuobjdump fatbinary ptxas nvlink; do ln -sf "$cu13/bin/$t" "$out/bin/$t"; done
-ln -sf "$site/nvidia/cuda_nvcc/bin/ptxas" "$out/cu12/ptxas"
-ln -sf "$cu13/lib/libcudart.so.13" "$out/lib/libcudart.so.13"
-rt12=$(ls "$site"/nvidia/cuda_runtime/lib/libcudart.so.12 2>/dev/null | head -1 || true)
-[ -n "$rt12" ] && ln -sf "$rt12" "$out/lib/libcudart.so.12"
-rt11=$(ls "$site"/nvidia/cuda_runtime/lib/libcudart.so.11.0 2>/dev/null | head -1 || true)
-[ -n "$rt11" ] && ln -sf "$rt11" "$out/lib/libcudart.so.11.0"
+# nvcc finds its headers and libraries relative to the folder it is invoked from, so
+# target/cuda is a link to the CUDA 13 tree itself; the CUDA 12 ptxas and the older runtimes
+# are linked into that tree (it is ours: it lives in target/cuda-venv).
+mkdir -p "$cu13/cu12"
+ln -sf "$site/nvidia/cuda_nvcc/bin/ptxas" "$cu13/cu12/ptxas"
+for rt in "$site"/nvidia/cuda_runtime/lib/libcudart.so.12 "$site"/nvidia/cuda_runtime/lib/libcudart.so.11.0; do
+  if [ -e "$rt" ]; then ln -sf "$rt" "$cu13/lib/$(basename "$rt")"; fi
+done
+if [ -d "$out" ] && [ ! -L "$out" ]; then rm -rf "$out"; fi
+ln -sfn "$cu13" "$out"
 "$out/bin/nvcc" --version | tail -1 >&2

@@ -9,4 +9,6 @@ scripts/setup-cuda.sh
 export CUDAW_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The three drop-in runtimes (one per CUDA major) that the export tests compare.
+scripts/build-shims.sh
 cargo test --workspace

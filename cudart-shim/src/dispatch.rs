@@ -1,0 +1,203 @@
+//! The dispatch table and the generated trampolines.
+//!
+//! `build.rs` writes `names.rs` (every runtime export of every major, sorted, with an index
+//! constant per name) and `trampolines.s` (one exported function per name of this build's
+//! major). A trampoline tests [`crate::gate::GATE`] and jumps through [`TABLE`]; the slow
+//! path saves the argument registers, calls [`slow_resolve`], restores them and jumps to
+//! what it returned, so any signature (varargs and structs by value included) passes
+//! through untouched.
+
+use crate::gate;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+
+include!(concat!(env!("OUT_DIR"), "/names.rs"));
+
+/// Number of names in the dispatch table.
+pub const N: usize = ALL_NAMES.len();
+
+/// Where each export goes: a wrapper of cudaw's, the real function, or a stub.
+pub static TABLE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+/// The real runtime's function for each name (0: the real runtime lacks it).
+pub static REAL: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+
+std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
+    gate = sym gate::GATE,
+    table = sym TABLE,
+    slow = sym cudaw_slow_entry,
+    options(att_syntax)
+);
+
+// The slow path: %r11d holds the export's index. Saves every argument register (integer,
+// vector, and %rax, which carries the vector count for varargs), calls slow_resolve(index),
+// restores, and jumps to the result. The stack is 16-byte aligned at the call.
+std::arch::global_asm!(
+    ".pushsection .text.cudaw_slow,\"ax\",@progbits",
+    ".p2align 4",
+    ".type {entry},@function",
+    "{entry}:",
+    "    push %rbp",
+    "    mov %rsp, %rbp",
+    "    push %rdi",
+    "    push %rsi",
+    "    push %rdx",
+    "    push %rcx",
+    "    push %r8",
+    "    push %r9",
+    "    push %rax",
+    "    push %r10",
+    "    sub $128, %rsp",
+    "    movdqu %xmm0, 0(%rsp)",
+    "    movdqu %xmm1, 16(%rsp)",
+    "    movdqu %xmm2, 32(%rsp)",
+    "    movdqu %xmm3, 48(%rsp)",
+    "    movdqu %xmm4, 64(%rsp)",
+    "    movdqu %xmm5, 80(%rsp)",
+    "    movdqu %xmm6, 96(%rsp)",
+    "    movdqu %xmm7, 112(%rsp)",
+    "    mov %r11d, %edi",
+    "    call {resolve}",
+    "    mov %rax, %r11",
+    "    movdqu 0(%rsp), %xmm0",
+    "    movdqu 16(%rsp), %xmm1",
+    "    movdqu 32(%rsp), %xmm2",
+    "    movdqu 48(%rsp), %xmm3",
+    "    movdqu 64(%rsp), %xmm4",
+    "    movdqu 80(%rsp), %xmm5",
+    "    movdqu 96(%rsp), %xmm6",
+    "    movdqu 112(%rsp), %xmm7",
+    "    add $128, %rsp",
+    "    pop %r10",
+    "    pop %rax",
+    "    pop %r9",
+    "    pop %r8",
+    "    pop %rcx",
+    "    pop %rdx",
+    "    pop %rsi",
+    "    pop %rdi",
+    "    pop %rbp",
+    "    jmp *%r11",
+    ".size {entry}, .-{entry}",
+    ".popsection",
+    entry = sym cudaw_slow_entry,
+    resolve = sym slow_resolve,
+    options(att_syntax)
+);
+
+extern "C" {
+    fn cudaw_slow_entry();
+}
+
+static INIT: Once = Once::new();
+
+/// The slow path of every export: initialise once, wait while paused, return the target.
+extern "C" fn slow_resolve(index: u32) -> usize {
+    crate::boundary::guard(
+        "the export slow path",
+        unsupported as *const () as usize,
+        || {
+            INIT.call_once(initialise);
+            gate::wait_while_paused();
+            let i = index as usize;
+            match TABLE.get(i).map(|t| t.load(Ordering::Acquire)) {
+                Some(0) | None => unsupported as *const () as usize,
+                Some(target) => target,
+            }
+        },
+    )
+}
+
+/// Loads the real runtime and fills the tables.
+fn initialise() {
+    let cfg = crate::config::get();
+    for w in &cfg.warnings {
+        crate::log::warn(format_args!("{w}"));
+    }
+    let mut missing = Vec::new();
+    match crate::real::load() {
+        Ok(real) => {
+            for (i, name) in ALL_NAMES.iter().enumerate() {
+                match real.symbol(name) {
+                    Some(p) => {
+                        REAL[i].store(p, Ordering::Release);
+                        TABLE[i].store(p, Ordering::Release);
+                    }
+                    None => {
+                        TABLE[i].store(stub_for(name), Ordering::Release);
+                        missing.push(*name);
+                    }
+                }
+            }
+            crate::log::info(format_args!(
+                "forwarding {} exports ({SONAME}) to {}",
+                EXPORTED_COUNT,
+                real.path().display()
+            ));
+            if !missing.is_empty() {
+                crate::log::debug(format_args!(
+                    "{} names absent from the real runtime: {}",
+                    missing.len(),
+                    missing.join(" ")
+                ));
+            }
+            // The real runtime stays loaded for the life of the process.
+            std::mem::forget(real);
+        }
+        Err(e) => {
+            crate::log::error(format_args!("{e}; every CUDA call will fail"));
+            for (i, name) in ALL_NAMES.iter().enumerate() {
+                TABLE[i].store(stub_for(name), Ordering::Release);
+            }
+        }
+    }
+    gate::mark_initialised();
+}
+
+/// The stub for a name the real runtime lacks: a typed one where the return type is not a
+/// `cudaError_t`, else [`unsupported`].
+fn stub_for(name: &str) -> usize {
+    match name {
+        "cudaGetErrorString" | "cudaGetErrorName" => error_string_stub as *const () as usize,
+        _ => unsupported as *const () as usize,
+    }
+}
+
+/// `cudaErrorNotSupported`: what a call the real runtime lacks returns.
+pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
+
+extern "C" fn unsupported() -> u32 {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+extern "C" fn error_string_stub() -> *const std::ffi::c_char {
+    c"cudaw: the real CUDA runtime could not be loaded".as_ptr()
+}
+
+/// The index of `name` in [`ALL_NAMES`].
+pub fn index_of(name: &str) -> Option<usize> {
+    ALL_NAMES.binary_search(&name).ok()
+}
+
+/// The real runtime's function for `index`, if it has one (initialising first).
+pub fn real(index: usize) -> Option<usize> {
+    INIT.call_once(initialise);
+    match REAL.get(index)?.load(Ordering::Acquire) {
+        0 => None,
+        p => Some(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_sorted_unique_and_indexed() {
+        assert!(ALL_NAMES.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(index_of("cudaMalloc"), Some(idx::cudaMalloc));
+        assert_eq!(ALL_NAMES[idx::cudaLaunchKernel], "cudaLaunchKernel");
+        assert!(index_of("notACudaFunction").is_none());
+        const { assert!(EXPORTED_COUNT <= N) };
+    }
+}

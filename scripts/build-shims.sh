@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds the three drop-in runtimes, one per CUDA major, into target/shims/PROFILE/:
+#   libcudart.so.11.0  libcudart.so.12  libcudart.so.13
+# Usage: scripts/build-shims.sh [debug|release]   (default debug)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${1:-debug}
+flag=(); [ "$profile" = release ] && flag=(--release)
+target=${CARGO_TARGET_DIR:-target}
+out=target/shims/$profile
+mkdir -p "$out"
+for pair in cuda11:libcudart.so.11.0 cuda12:libcudart.so.12 cuda13:libcudart.so.13; do
+  feat=${pair%%:*}; soname=${pair#*:}
+  cargo build -q "${flag[@]}" -p cudart-shim --no-default-features --features "$feat"
+  cp -f "$target/$profile/libcudart_shim.so" "$out/$soname.tmp"
+  mv -f "$out/$soname.tmp" "$out/$soname"
+done
+echo "built $(ls "$out" | tr '\n' ' ')in $out" >&2

@@ -1,0 +1,22 @@
+// Shared by the test programs: check every CUDA call, print results deterministically.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    cudaError_t err_ = (call);                                                        \
+    if (err_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #call,  \
+                   cudaGetErrorString(err_), (int)err_);                              \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define CHECK_LAUNCH() CHECK(cudaGetLastError())
+#define EXPECT(cond)                                                                  \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
+      std::fprintf(stderr, "%s:%d: expectation failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::exit(2);                                                                   \
+    }                                                                                 \
+  } while (0)
