@@ -1,1 +1,23 @@
-//! The simulated GPU. Filled by the driver issue.
+//! simgpu: a simulated CUDA device over host memory. Built as a cdylib it plays
+//! `libcuda.so.1` (see [`driver_api`] for the exported functions).
+//!
+//! Device pointers are host addresses: a reservation is a real inaccessible address range,
+//! physical memory is a shared memory file mapped into it, so memory that is unmapped
+//! really faults and kernels can later run as host functions. Streams run on worker
+//! threads, so asynchronous work is really asynchronous.
+//!
+//! Environment: `SIMGPU_MEM` (device memory size, e.g. `8G`, `512M`; default 16G), read
+//! once at `cuInit`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod device;
+pub mod driver_api;
+pub mod error;
+pub mod memory;
+mod os;
+pub mod runtime_api;
+pub mod stream;
+
+pub use error::{CuError, CuResult};

@@ -1,0 +1,60 @@
+//! simgpu's configuration, read once from the environment.
+
+/// The default simulated device memory: 16 GiB.
+pub const DEFAULT_MEM: u64 = 16 << 30;
+
+/// What the environment configures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Device memory in bytes (`SIMGPU_MEM`, e.g. `8G`, `512M`, `1048576`).
+    pub mem_bytes: u64,
+}
+
+impl Config {
+    /// Reads `SIMGPU_MEM`; an unparsable value falls back to the default with a warning.
+    pub fn from_env() -> Self {
+        let mem_bytes = match std::env::var("SIMGPU_MEM") {
+            Ok(text) => parse_size(&text).unwrap_or_else(|| {
+                eprintln!("simgpu: SIMGPU_MEM={text:?} is not a size (like 8G, 512M); using 16G");
+                DEFAULT_MEM
+            }),
+            Err(_) => DEFAULT_MEM,
+        };
+        Config { mem_bytes }
+    }
+}
+
+/// Parses `8G`, `512M`, `64K`, `1T`, `4096` (binary units; an optional trailing `B`/`iB`).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last()? {
+        'k' | 'K' => (&t[..t.len() - 1], 10),
+        'm' | 'M' => (&t[..t.len() - 1], 20),
+        'g' | 'G' => (&t[..t.len() - 1], 30),
+        't' | 'T' => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits.trim().parse().ok()?;
+    n.checked_mul(1u64 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("8G"), Some(8 << 30));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2k"), Some(2048));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
+}

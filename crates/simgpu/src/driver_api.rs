@@ -1,0 +1,944 @@
+//! The exported driver API: thin `extern "C"` functions with the real driver's names that
+//! turn raw pointers into values once, then call the safe modules. Every body runs inside
+//! [`boundary`], so a panic becomes `CUDA_ERROR_UNKNOWN` instead of crossing the C ABI.
+//!
+//! # Safety
+//!
+//! Every export has the contract of the driver function it is named after: each pointer
+//! argument is null (refused with `CUDA_ERROR_INVALID_VALUE` where the driver refuses it)
+//! or valid for the reads and writes the driver documents; host memory given to an
+//! asynchronous copy stays valid until the stream has done the copy.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // the module's Safety section covers every export
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::device::{self, Device};
+use crate::error::{CuError, CuResult};
+use crate::memory::{Access, GRANULARITY};
+use crate::stream::{Event, StreamId, Task};
+
+/// `CUresult` on the wire.
+pub type CUresult = c_uint;
+/// `CUdevice`.
+pub type CUdevice = c_int;
+/// `CUdeviceptr`.
+pub type CUdeviceptr = u64;
+/// `CUcontext`, `CUstream`, `CUevent`: opaque pointers.
+pub type Handle = *mut c_void;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemLocation {
+    /// `CUmemLocationType`: 1 is `CU_MEM_LOCATION_TYPE_DEVICE`.
+    pub type_: u32,
+    /// The device ordinal.
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAllocationProp {
+    /// `CUmemAllocationType`: 1 is `CU_MEM_ALLOCATION_TYPE_PINNED`.
+    pub type_: u32,
+    /// `CUmemAllocationHandleType`.
+    pub requested_handle_types: u32,
+    /// Where the memory lives.
+    pub location: MemLocation,
+    /// Windows only.
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags` (compression, RDMA, usage, reserved).
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAccessDesc {
+    /// Who gets access.
+    pub location: MemLocation,
+    /// `CUmemAccess_flags`.
+    pub flags: u32,
+}
+
+const LOCATION_DEVICE: u32 = 1;
+const ALLOCATION_PINNED: u32 = 1;
+
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// Runs an export's body; a panic is logged once and becomes `CUDA_ERROR_UNKNOWN`.
+pub fn boundary(body: impl FnOnce() -> CuResult<()>) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(result) => CuError::to_code(result),
+        Err(_) => {
+            if !PANICKED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "simgpu: internal panic in a driver call (reported as CUDA_ERROR_UNKNOWN)"
+                );
+            }
+            CuError::CUDA_ERROR_UNKNOWN.code()
+        }
+    }
+}
+
+macro_rules! entry {
+    ($body:block) => {
+        boundary(move || -> CuResult<()> { $body })
+    };
+}
+
+/// Writes `value` through an out-pointer; null is CUDA_ERROR_INVALID_VALUE.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, value: T) -> CuResult<()> {
+    if out.is_null() {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Reads an in-pointer; null is CUDA_ERROR_INVALID_VALUE.
+///
+/// # Safety
+/// `ptr` is null or valid for a read of `T`.
+unsafe fn get<T: Copy>(ptr: *const T) -> CuResult<T> {
+    if ptr.is_null() {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid for reads by the caller's contract.
+    Ok(unsafe { ptr.read() })
+}
+
+fn copy_task(dst: u64, src: u64, len: usize) -> Task {
+    Box::new(move || {
+        // SAFETY: both ranges were checked (device side) or promised by the caller (host
+        // side) when the copy was enqueued; `copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
+    })
+}
+
+/// Enqueues a copy after checking the device sides; `wait` makes it synchronous.
+fn enqueue_copy(
+    dst: u64,
+    dst_device: bool,
+    src: u64,
+    src_device: bool,
+    len: usize,
+    stream: StreamId,
+    wait: bool,
+) -> CuResult<()> {
+    let device = Device::with_context()?;
+    if len == 0 {
+        return Ok(());
+    }
+    if dst == 0 || src == 0 {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    {
+        let memory = device.memory();
+        if dst_device {
+            memory.check_device(dst, len as u64, true)?;
+        }
+        if src_device {
+            memory.check_device(src, len as u64, false)?;
+        }
+    }
+    let ticket = device.streams.enqueue(stream, copy_task(dst, src, len))?;
+    if wait {
+        ticket.wait();
+    }
+    Ok(())
+}
+
+fn enqueue_memset(dst: u64, value: u8, len: usize, stream: StreamId, wait: bool) -> CuResult<()> {
+    let device = Device::with_context()?;
+    if len == 0 {
+        return Ok(());
+    }
+    device.memory().check_device(dst, len as u64, true)?;
+    let task: Task = Box::new(move || {
+        // SAFETY: the range was checked writable device memory when enqueued.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) }
+    });
+    let ticket = device.streams.enqueue(stream, task)?;
+    if wait {
+        ticket.wait();
+    }
+    Ok(())
+}
+
+// ---- initialisation, versions, errors ----
+
+/// `cuInit`.
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    entry!({
+        if flags != 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        Device::init().map(drop)
+    })
+}
+
+/// `cuDriverGetVersion`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    // SAFETY: the caller passes a valid out-pointer or null.
+    entry!({ unsafe { put(version, device::DRIVER_VERSION) } })
+}
+
+fn static_name(code: CUresult) -> Option<&'static [u8]> {
+    macro_rules! names {
+        ($($name:literal),*) => {
+            match CuError::name_of(code)? {
+                $($name => Some(concat!($name, "\0").as_bytes()),)*
+                _ => None,
+            }
+        };
+    }
+    names!(
+        "CUDA_SUCCESS",
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_ERROR_NOT_INITIALIZED",
+        "CUDA_ERROR_DEINITIALIZED",
+        "CUDA_ERROR_NO_DEVICE",
+        "CUDA_ERROR_INVALID_DEVICE",
+        "CUDA_ERROR_INVALID_CONTEXT",
+        "CUDA_ERROR_ALREADY_MAPPED",
+        "CUDA_ERROR_NOT_MAPPED",
+        "CUDA_ERROR_INVALID_HANDLE",
+        "CUDA_ERROR_NOT_FOUND",
+        "CUDA_ERROR_NOT_READY",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+        "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+        "CUDA_ERROR_NOT_PERMITTED",
+        "CUDA_ERROR_NOT_SUPPORTED",
+        "CUDA_ERROR_UNKNOWN"
+    )
+}
+
+/// `cuGetErrorName`: a static NUL-terminated name; CUDA_ERROR_INVALID_VALUE for unknown codes.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(code: CUresult, name: *mut *const c_char) -> CUresult {
+    entry!({
+        let text = static_name(code).ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(name, text.as_ptr().cast()) }
+    })
+}
+
+/// `cuGetErrorString`: simgpu describes each error by its name.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(code: CUresult, text: *mut *const c_char) -> CUresult {
+    // SAFETY: same contract as cuGetErrorName.
+    unsafe { cuGetErrorName(code, text) }
+}
+
+// ---- devices ----
+
+/// `cuDeviceGetCount`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    entry!({
+        Device::get()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(count, 1) }
+    })
+}
+
+/// `cuDeviceGet`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(ordinal)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(dev, ordinal) }
+    })
+}
+
+/// `cuDeviceGetAttribute`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(dev)?;
+        let v = device::attribute(attr)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(value, v) }
+    })
+}
+
+/// `cuDeviceGetName`: truncated to `len - 1` bytes plus NUL.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(dev)?;
+        if name.is_null() || len <= 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let bytes = device::NAME.as_bytes();
+        let n = bytes.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds `len` bytes; we write `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
+/// `cuDeviceTotalMem_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    entry!({
+        let device = Device::get()?;
+        device::check_ordinal(dev)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(bytes, device.config.mem_bytes as usize) }
+    })
+}
+
+// ---- contexts ----
+
+/// `cuDevicePrimaryCtxRetain`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, dev: CUdevice) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(dev)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(ctx, device::primary_context() as Handle) }
+    })
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(dev)
+    })
+}
+
+/// `cuDevicePrimaryCtxRelease` (pre-11 name).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    // SAFETY: no pointers involved.
+    unsafe { cuDevicePrimaryCtxRelease_v2(dev) }
+}
+
+/// `cuCtxCreate_v2`: simgpu has one context, the primary one; it becomes current.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut Handle,
+    _flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::check_ordinal(dev)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(ctx, device::primary_context() as Handle) }?;
+        device::set_current(device::primary_context())
+    })
+}
+
+/// `cuCtxDestroy_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
+    entry!({
+        Device::get()?;
+        if ctx as usize != device::primary_context() {
+            return Err(CuError::CUDA_ERROR_INVALID_CONTEXT);
+        }
+        if device::current() == ctx as usize {
+            device::set_current(0)?;
+        }
+        Ok(())
+    })
+}
+
+/// `cuCtxSetCurrent`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    entry!({
+        Device::get()?;
+        device::set_current(ctx as usize)
+    })
+}
+
+/// `cuCtxGetCurrent`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> CUresult {
+    entry!({
+        Device::get()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(ctx, device::current() as Handle) }
+    })
+}
+
+/// `cuCtxGetDevice`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    entry!({
+        Device::with_context()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(dev, 0) }
+    })
+}
+
+/// `cuCtxSynchronize`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry!({
+        Device::with_context()?.streams.synchronize_all();
+        Ok(())
+    })
+}
+
+// ---- memory: information and VMM ----
+
+/// `cuMemGetInfo_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry!({
+        let (f, t) = Device::with_context()?.memory().info();
+        // SAFETY: the caller passes valid out-pointers or null.
+        unsafe {
+            put(free, f as usize)?;
+            put(total, t as usize)
+        }
+    })
+}
+
+/// `cuMemGetAllocationGranularity`: 2 MiB, minimum and recommended.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const MemAllocationProp,
+    option: c_uint,
+) -> CUresult {
+    entry!({
+        Device::get()?;
+        // SAFETY: the caller passes a valid property pointer or null.
+        let prop = unsafe { get(prop) }?;
+        check_prop(&prop)?;
+        if option > 1 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(granularity, GRANULARITY as usize) }
+    })
+}
+
+fn check_prop(prop: &MemAllocationProp) -> CuResult<()> {
+    if prop.type_ != ALLOCATION_PINNED || prop.location.type_ != LOCATION_DEVICE {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    device::check_ordinal(prop.location.id)
+}
+
+/// `cuMemAddressReserve`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    alignment: usize,
+    addr: CUdeviceptr,
+    flags: u64,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if flags != 0 || ptr.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let base = device
+            .memory()
+            .reserve(size as u64, alignment as u64, addr)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, base) }
+    })
+}
+
+/// `cuMemAddressFree`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    entry!({
+        Device::with_context()?
+            .memory()
+            .free_reservation(ptr, size as u64)
+    })
+}
+
+/// `cuMemCreate`: pinned device memory on device 0.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        // SAFETY: the caller passes a valid property pointer or null.
+        let prop = unsafe { get(prop) }?;
+        check_prop(&prop)?;
+        if flags != 0 || handle.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = device.memory().create(size as u64)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(handle, h) }
+    })
+}
+
+/// `cuMemRelease`: freed now, or at the last unmap if still mapped.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
+    entry!({ Device::with_context()?.memory().release(handle) })
+}
+
+/// `cuMemMap`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: u64,
+    flags: u64,
+) -> CUresult {
+    entry!({
+        if flags != 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        Device::with_context()?
+            .memory()
+            .map(ptr, size as u64, offset as u64, handle)
+    })
+}
+
+/// `cuMemUnmap`: waits for the device to finish work first, then the range faults.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        device.streams.synchronize_all();
+        // SAFETY: device memory is only touched by stream work, finished above; host code
+        // touching it afterwards faults, which is the point.
+        unsafe { device.memory().unmap(ptr, size as u64) }
+    })
+}
+
+/// `cuMemSetAccess`: device 0 only; the last descriptor wins.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const MemAccessDesc,
+    count: usize,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if desc.is_null() || count == 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes `count` descriptors at `desc` (checked non-null).
+        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+        let mut access = Access::None;
+        for d in descs {
+            if d.location.type_ != LOCATION_DEVICE {
+                return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+            }
+            device::check_ordinal(d.location.id)?;
+            access = Access::from_flags(d.flags)?;
+        }
+        device.streams.synchronize_all();
+        // SAFETY: stream work on the range is finished (above); host code touching it
+        // afterwards faults when access is removed, which is the point.
+        unsafe { device.memory().set_access(ptr, size as u64, access) }
+    })
+}
+
+// ---- memory: linear and host ----
+
+/// `cuMemAlloc_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if ptr.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let addr = device.memory().alloc(size as u64)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr) }
+    })
+}
+
+/// `cuMemFree_v2`: waits for the device first, as the driver does.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        device.streams.synchronize_all();
+        // SAFETY: stream work is finished; later host accesses fault, as intended.
+        unsafe { device.memory().free(ptr) }
+    })
+}
+
+/// `cuMemHostAlloc`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    ptr: *mut *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if ptr.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let addr = device.memory().host_alloc(size as u64)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr as *mut c_void) }
+    })
+}
+
+/// `cuMemAllocHost_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut *mut c_void, size: usize) -> CUresult {
+    // SAFETY: same contract as cuMemHostAlloc.
+    unsafe { cuMemHostAlloc(ptr, size, 0) }
+}
+
+/// `cuMemFreeHost`: waits for the device first.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        device.streams.synchronize_all();
+        // SAFETY: the caller gives the memory up; stream work using it is finished.
+        unsafe { device.memory().host_free(ptr as u64) }
+    })
+}
+
+/// `cuMemHostRegister_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    ptr: *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> CUresult {
+    entry!({
+        Device::with_context()?
+            .memory()
+            .host_register(ptr as u64, size as u64)
+    })
+}
+
+/// `cuMemHostRegister` (the unversioned name).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister(
+    ptr: *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: same contract as cuMemHostRegister_v2.
+    unsafe { cuMemHostRegister_v2(ptr, size, flags) }
+}
+
+/// `cuMemHostUnregister`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(ptr: *mut c_void) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        device.streams.synchronize_all();
+        device.memory().host_unregister(ptr as u64)
+    })
+}
+
+// ---- copies and memset ----
+
+/// `cuMemcpyHtoD_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+) -> CUresult {
+    entry!({ enqueue_copy(dst, true, src as u64, false, len, StreamId::Null, true) })
+}
+
+/// `cuMemcpyDtoH_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+) -> CUresult {
+    entry!({ enqueue_copy(dst as u64, false, src, true, len, StreamId::Null, true) })
+}
+
+/// `cuMemcpyDtoD_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+) -> CUresult {
+    entry!({ enqueue_copy(dst, true, src, true, len, StreamId::Null, true) })
+}
+
+/// `cuMemcpyHtoDAsync_v2`: returns before the copy is done.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    len: usize,
+    stream: Handle,
+) -> CUresult {
+    entry!({
+        enqueue_copy(
+            dst,
+            true,
+            src as u64,
+            false,
+            len,
+            device::stream_of(stream as u64)?,
+            false,
+        )
+    })
+}
+
+/// `cuMemcpyDtoHAsync_v2`: returns before the copy is done.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    len: usize,
+    stream: Handle,
+) -> CUresult {
+    entry!({
+        enqueue_copy(
+            dst as u64,
+            false,
+            src,
+            true,
+            len,
+            device::stream_of(stream as u64)?,
+            false,
+        )
+    })
+}
+
+/// `cuMemcpyDtoDAsync_v2`: returns before the copy is done.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    stream: Handle,
+) -> CUresult {
+    entry!({
+        enqueue_copy(
+            dst,
+            true,
+            src,
+            true,
+            len,
+            device::stream_of(stream as u64)?,
+            false,
+        )
+    })
+}
+
+/// `cuMemsetD8_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult {
+    entry!({ enqueue_memset(dst, value, count, StreamId::Null, true) })
+}
+
+/// `cuMemsetD8Async`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8Async(
+    dst: CUdeviceptr,
+    value: u8,
+    count: usize,
+    stream: Handle,
+) -> CUresult {
+    entry!({ enqueue_memset(dst, value, count, device::stream_of(stream as u64)?, false) })
+}
+
+// ---- streams ----
+
+/// `cuStreamCreate`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if stream.is_null() || flags > 1 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let id = device.streams.create(flags);
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(stream, device::handle_of(id) as Handle) }
+    })
+}
+
+fn created(stream: Handle) -> CuResult<u64> {
+    match device::stream_of(stream as u64)? {
+        StreamId::Created(id) => Ok(id),
+        StreamId::Null => Err(CuError::CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+/// `cuStreamDestroy_v2`: work already enqueued still completes.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
+    entry!({ Device::with_context()?.streams.destroy(created(stream)?) })
+}
+
+/// `cuStreamSynchronize`.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        device
+            .streams
+            .tail(device::stream_of(stream as u64)?)?
+            .wait();
+        Ok(())
+    })
+}
+
+/// `cuStreamQuery`: CUDA_ERROR_NOT_READY while work is pending.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        match device.streams.idle(device::stream_of(stream as u64)?)? {
+            true => Ok(()),
+            false => Err(CuError::CUDA_ERROR_NOT_READY),
+        }
+    })
+}
+
+// ---- events ----
+
+/// `cuEventCreate`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if event.is_null() || flags > 0xf {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = device.add_event(Event::new(flags));
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(event, handle as Handle) }
+    })
+}
+
+/// `cuEventRecord`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        let e = device.event(event as u64)?;
+        e.record(&device.streams, device::stream_of(stream as u64)?)
+    })
+}
+
+/// `cuEventSynchronize`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
+    entry!({
+        Device::with_context()?.event(event as u64)?.synchronize();
+        Ok(())
+    })
+}
+
+/// `cuEventQuery`: CUDA_ERROR_NOT_READY until the stream reaches the last record.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
+    entry!({
+        match Device::with_context()?.event(event as u64)?.done() {
+            true => Ok(()),
+            false => Err(CuError::CUDA_ERROR_NOT_READY),
+        }
+    })
+}
+
+/// `cuEventElapsedTime`: real milliseconds between two completed records.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        let value = Event::elapsed_ms(&*device.event(start as u64)?, &*device.event(end as u64)?)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(ms, value) }
+    })
+}
+
+/// `cuEventElapsedTime_v2` (CUDA 12.8+ name; same contract).
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    // SAFETY: same contract as cuEventElapsedTime.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
+/// `cuEventDestroy_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
+    entry!({ Device::with_context()?.remove_event(event as u64) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boundary_turns_panics_into_unknown() {
+        assert_eq!(boundary(|| Ok(())), 0);
+        assert_eq!(boundary(|| Err(CuError::CUDA_ERROR_NOT_READY)), 600);
+        assert_eq!(boundary(|| panic!("a bug")), 999);
+    }
+
+    #[test]
+    fn abi_layouts_match_the_driver() {
+        assert_eq!(std::mem::size_of::<MemLocation>(), 8);
+        assert_eq!(std::mem::size_of::<MemAllocationProp>(), 32);
+        assert_eq!(std::mem::size_of::<MemAccessDesc>(), 12);
+    }
+
+    #[test]
+    fn error_names_are_nul_terminated() {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuGetErrorName(2, &mut name) }, 0);
+        // SAFETY: cuGetErrorName returned a static NUL-terminated string.
+        let text = unsafe { std::ffi::CStr::from_ptr(name) };
+        assert_eq!(text.to_str().unwrap(), "CUDA_ERROR_OUT_OF_MEMORY");
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuGetErrorName(4242, &mut name) }, 1);
+    }
+}

@@ -1,0 +1,692 @@
+//! Device memory over host memory: reservations are real inaccessible address ranges,
+//! physical memory lives in one shared memory file, mappings map pieces of that file at
+//! reserved addresses. Touching memory that is not mapped with access faults, as on a GPU.
+//!
+//! [`Memory`] is plain state behind the device lock; it validates every argument the way
+//! the driver does and returns the driver's error codes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+
+use crate::error::{CuError, CuResult};
+use crate::os;
+
+/// The VMM allocation granularity (minimum and recommended), as on an H100.
+pub const GRANULARITY: u64 = 2 << 20;
+/// The granularity of `cuMemAlloc` allocations.
+pub const LINEAR_GRANULARITY: u64 = 64 << 10;
+/// The span of the physical memory file's offsets (sparse; only touched pages cost).
+const PHYSICAL_SPAN: u64 = 1 << 46;
+
+/// Access a mapping allows (`CUmemAccess_flags`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `CU_MEM_ACCESS_FLAGS_PROT_NONE`.
+    None,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+    Read,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+    ReadWrite,
+}
+
+impl Access {
+    /// From the driver's flag value.
+    pub fn from_flags(flags: u32) -> CuResult<Self> {
+        match flags {
+            0 => Ok(Access::None),
+            1 => Ok(Access::Read),
+            3 => Ok(Access::ReadWrite),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn prot(self) -> i32 {
+        match self {
+            Access::None => os::PROT_NONE,
+            Access::Read => os::PROT_READ,
+            Access::ReadWrite => os::PROT_RW,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Reservation {
+    size: u64,
+    /// Mappings inside this reservation, by start address.
+    mappings: BTreeMap<u64, Mapping>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    size: u64,
+    handle: u64,
+    access: Access,
+}
+
+#[derive(Debug)]
+struct Physical {
+    offset: u64,
+    size: u64,
+    mappings: u32,
+    /// `cuMemRelease` was called; freed when the last mapping goes.
+    released: bool,
+}
+
+/// The simulated device's memory.
+#[derive(Debug)]
+pub struct Memory {
+    capacity: u64,
+    used: u64,
+    file: OwnedFd,
+    /// Free ranges of the physical file: offset → length.
+    free_offsets: BTreeMap<u64, u64>,
+    reservations: BTreeMap<u64, Reservation>,
+    physicals: HashMap<u64, Physical>,
+    next_handle: u64,
+    /// `cuMemAlloc` allocations: address → (size, physical handle).
+    linear: BTreeMap<u64, (u64, u64)>,
+    /// Pinned host memory: address → (size, allocated by us rather than registered).
+    host: BTreeMap<u64, (u64, bool)>,
+}
+
+fn round_up(value: u64, to: u64) -> CuResult<u64> {
+    value
+        .checked_next_multiple_of(to)
+        .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)
+}
+
+fn os_err(e: std::io::Error) -> CuError {
+    if e.raw_os_error() == Some(libc::ENOMEM) {
+        CuError::CUDA_ERROR_OUT_OF_MEMORY
+    } else {
+        eprintln!("simgpu: system call failed: {e}");
+        CuError::CUDA_ERROR_UNKNOWN
+    }
+}
+
+impl Memory {
+    /// A device with `capacity` bytes of memory.
+    pub fn new(capacity: u64) -> CuResult<Self> {
+        let file = os::memfd("simgpu-device-memory", PHYSICAL_SPAN).map_err(os_err)?;
+        Ok(Memory {
+            capacity,
+            used: 0,
+            file,
+            free_offsets: BTreeMap::from([(0, PHYSICAL_SPAN)]),
+            reservations: BTreeMap::new(),
+            physicals: HashMap::new(),
+            next_handle: 1,
+            linear: BTreeMap::new(),
+            host: BTreeMap::new(),
+        })
+    }
+
+    /// Free and total bytes (`cuMemGetInfo`).
+    pub fn info(&self) -> (u64, u64) {
+        (self.capacity - self.used, self.capacity)
+    }
+
+    /// `cuMemAddressReserve`: `size` a multiple of the granularity, `alignment` 0 (the
+    /// granularity) or a power of two, `hint` an address to try first.
+    pub fn reserve(&mut self, size: u64, alignment: u64, hint: u64) -> CuResult<u64> {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = match alignment {
+            0 => GRANULARITY,
+            a if a.is_power_of_two() => a.max(GRANULARITY),
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        };
+        self.reserve_unchecked(size, align, hint)
+    }
+
+    fn reserve_unchecked(&mut self, size: u64, align: u64, hint: u64) -> CuResult<u64> {
+        let base = os::reserve(size, align, hint).map_err(os_err)?;
+        self.reservations.insert(
+            base,
+            Reservation {
+                size,
+                mappings: BTreeMap::new(),
+            },
+        );
+        Ok(base)
+    }
+
+    /// `cuMemAddressFree`: the exact range of one reservation with nothing mapped in it.
+    pub fn free_reservation(&mut self, base: u64, size: u64) -> CuResult<()> {
+        match self.reservations.get(&base) {
+            Some(r) if r.size == size && r.mappings.is_empty() => {}
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+        self.reservations.remove(&base);
+        // SAFETY: the range is a reservation this object made and just forgot; nothing is
+        // mapped in it.
+        unsafe { os::release(base, size) }.map_err(os_err)
+    }
+
+    /// `cuMemCreate`: `size` a multiple of the granularity. Returns the handle.
+    pub fn create(&mut self, size: u64) -> CuResult<u64> {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        self.create_unchecked(size)
+    }
+
+    fn create_unchecked(&mut self, size: u64) -> CuResult<u64> {
+        if self
+            .used
+            .checked_add(size)
+            .is_none_or(|u| u > self.capacity)
+        {
+            return Err(CuError::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let offset = self.take_offsets(size)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.physicals.insert(
+            handle,
+            Physical {
+                offset,
+                size,
+                mappings: 0,
+                released: false,
+            },
+        );
+        self.used += size;
+        Ok(handle)
+    }
+
+    fn take_offsets(&mut self, size: u64) -> CuResult<u64> {
+        let (&start, &len) = self
+            .free_offsets
+            .iter()
+            .find(|(_, &len)| len >= size)
+            .ok_or(CuError::CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.free_offsets.remove(&start);
+        if len > size {
+            self.free_offsets.insert(start + size, len - size);
+        }
+        Ok(start)
+    }
+
+    fn give_offsets(&mut self, mut start: u64, mut len: u64) {
+        if let Err(e) = os::punch_hole(&self.file, start, len) {
+            eprintln!("simgpu: could not give physical pages back: {e}");
+        }
+        if let Some((&prev, &plen)) = self.free_offsets.range(..start).next_back() {
+            if prev + plen == start {
+                self.free_offsets.remove(&prev);
+                start = prev;
+                len += plen;
+            }
+        }
+        if let Some(&next_len) = self.free_offsets.get(&(start + len)) {
+            self.free_offsets.remove(&(start + len));
+            len += next_len;
+        }
+        self.free_offsets.insert(start, len);
+    }
+
+    /// `cuMemRelease`. A handle still mapped is freed when its last mapping goes (as the
+    /// driver does: programs release right after mapping).
+    pub fn release(&mut self, handle: u64) -> CuResult<()> {
+        let physical = match self.physicals.get_mut(&handle) {
+            Some(p) if !p.released => p,
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        };
+        physical.released = true;
+        if physical.mappings == 0 {
+            self.free_physical(handle);
+        }
+        Ok(())
+    }
+
+    fn free_physical(&mut self, handle: u64) {
+        if let Some(p) = self.physicals.remove(&handle) {
+            self.used -= p.size;
+            self.give_offsets(p.offset, p.size);
+        }
+    }
+
+    /// The size of a live (not released) physical allocation.
+    pub fn physical_size(&self, handle: u64) -> CuResult<u64> {
+        match self.physicals.get(&handle) {
+            Some(p) if !p.released => Ok(p.size),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    fn reservation_of(&self, addr: u64, size: u64) -> CuResult<u64> {
+        let (&base, r) = self
+            .reservations
+            .range(..=addr)
+            .next_back()
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        let end = addr
+            .checked_add(size)
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        if end > base + r.size {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(base)
+    }
+
+    /// `cuMemMap`: the whole of `handle` (or its first `size` bytes) at `addr`, inside one
+    /// reservation, over nothing already mapped. `offset` must be 0, as in the driver.
+    pub fn map(&mut self, addr: u64, size: u64, offset: u64, handle: u64) -> CuResult<()> {
+        if offset != 0
+            || size == 0
+            || !addr.is_multiple_of(GRANULARITY)
+            || !size.is_multiple_of(GRANULARITY)
+        {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        self.map_unchecked(addr, size, handle)
+    }
+
+    fn map_unchecked(&mut self, addr: u64, size: u64, handle: u64) -> CuResult<()> {
+        let physical = match self.physicals.get(&handle) {
+            Some(p) if !p.released && size <= p.size => p,
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        };
+        let file_offset = physical.offset;
+        let base = self.reservation_of(addr, size)?;
+        let reservation = &self.reservations[&base];
+        let overlaps_before = reservation
+            .mappings
+            .range(..addr)
+            .next_back()
+            .is_some_and(|(&a, m)| a + m.size > addr);
+        let overlaps_after = reservation
+            .mappings
+            .range(addr..addr + size)
+            .next()
+            .is_some();
+        if overlaps_before || overlaps_after {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the range lies inside a reservation this object owns and nothing is
+        // mapped there, so no live reference points into it.
+        unsafe { os::map_file(addr, size, &self.file, file_offset) }.map_err(os_err)?;
+        let reservation = self.reservations.get_mut(&base).expect("found above");
+        reservation.mappings.insert(
+            addr,
+            Mapping {
+                size,
+                handle,
+                access: Access::None,
+            },
+        );
+        self.physicals
+            .get_mut(&handle)
+            .expect("found above")
+            .mappings += 1;
+        Ok(())
+    }
+
+    /// The mappings that exactly tile `[addr, addr + size)`, or INVALID_VALUE.
+    fn tiling(&self, addr: u64, size: u64) -> CuResult<(u64, Vec<u64>)> {
+        if size == 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let base = self.reservation_of(addr, size)?;
+        let mut starts = Vec::new();
+        let mut at = addr;
+        for (&a, m) in self.reservations[&base].mappings.range(addr..addr + size) {
+            if a != at {
+                return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+            }
+            starts.push(a);
+            at = a + m.size;
+        }
+        if at != addr + size {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok((base, starts))
+    }
+
+    /// `cuMemUnmap`: whole mappings covering exactly `[addr, addr + size)`. Afterwards the
+    /// range faults when touched.
+    ///
+    /// # Safety
+    /// No Rust reference may point into the range (device memory is only ever touched
+    /// through raw copies, which the caller has finished).
+    pub unsafe fn unmap(&mut self, addr: u64, size: u64) -> CuResult<()> {
+        let (base, starts) = self.tiling(addr, size)?;
+        // SAFETY: the range is inside our reservation and the caller guarantees nothing
+        // references it.
+        unsafe { os::make_inaccessible(addr, size) }.map_err(os_err)?;
+        for start in starts {
+            let reservation = self.reservations.get_mut(&base).expect("found by tiling");
+            let mapping = reservation
+                .mappings
+                .remove(&start)
+                .expect("found by tiling");
+            let physical = self
+                .physicals
+                .get_mut(&mapping.handle)
+                .expect("mapped handle");
+            physical.mappings -= 1;
+            if physical.released && physical.mappings == 0 {
+                self.free_physical(mapping.handle);
+            }
+        }
+        Ok(())
+    }
+
+    /// `cuMemSetAccess`: whole mappings covering exactly `[addr, addr + size)`.
+    ///
+    /// # Safety
+    /// When access is reduced, no Rust reference may point into the range.
+    pub unsafe fn set_access(&mut self, addr: u64, size: u64, access: Access) -> CuResult<()> {
+        let (base, starts) = self.tiling(addr, size)?;
+        // SAFETY: the range is mapped by us; the caller guarantees no reference into it
+        // is invalidated.
+        unsafe { os::protect(addr, size, access.prot()) }.map_err(os_err)?;
+        let reservation = self.reservations.get_mut(&base).expect("found by tiling");
+        for start in starts {
+            reservation
+                .mappings
+                .get_mut(&start)
+                .expect("found by tiling")
+                .access = access;
+        }
+        Ok(())
+    }
+
+    /// Whether the device may read (or, with `write`, write) `[addr, addr + len)`:
+    /// mapped memory with access, `cuMemAlloc` memory, or pinned host memory.
+    pub fn check_device(&self, addr: u64, len: u64, write: bool) -> CuResult<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = addr
+            .checked_add(len)
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        if self.check_host(addr, len) {
+            return Ok(());
+        }
+        let base = self.reservation_of(addr, len)?;
+        let mappings = &self.reservations[&base].mappings;
+        let mut at = addr;
+        let first = mappings.range(..=addr).next_back();
+        let rest = mappings.range(addr + 1..end);
+        for (&a, m) in first.into_iter().chain(rest) {
+            let allowed = match m.access {
+                Access::ReadWrite => true,
+                Access::Read => !write,
+                Access::None => false,
+            };
+            if a > at || a + m.size <= at || !allowed {
+                return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+            }
+            at = a + m.size;
+            if at >= end {
+                return Ok(());
+            }
+        }
+        Err(CuError::CUDA_ERROR_INVALID_VALUE)
+    }
+
+    fn check_host(&self, addr: u64, len: u64) -> bool {
+        self.host
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&a, &(size, _))| addr + len <= a + size)
+    }
+
+    /// `cuMemAlloc`: a private reservation, physical allocation and read/write mapping.
+    pub fn alloc(&mut self, size: u64) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let size = round_up(size, LINEAR_GRANULARITY)?;
+        let handle = self.create_unchecked(size)?;
+        let addr = match self.reserve_unchecked(size, GRANULARITY, 0) {
+            Ok(addr) => addr,
+            Err(e) => {
+                self.free_physical(handle);
+                return Err(e);
+            }
+        };
+        let mapped = self.map_unchecked(addr, size, handle).and_then(|()| {
+            // SAFETY: the mapping was just made; nothing references it.
+            unsafe { self.set_access(addr, size, Access::ReadWrite) }
+        });
+        if let Err(e) = mapped {
+            // SAFETY: the range was just reserved here; nothing references it.
+            let _ = unsafe { self.unmap(addr, size) };
+            let _ = self.free_reservation(addr, size);
+            self.free_physical(handle);
+            return Err(e);
+        }
+        self.physicals
+            .get_mut(&handle)
+            .expect("created above")
+            .released = true;
+        self.linear.insert(addr, (size, handle));
+        Ok(addr)
+    }
+
+    /// `cuMemFree`: an address `alloc` returned.
+    ///
+    /// # Safety
+    /// As [`Memory::unmap`].
+    pub unsafe fn free(&mut self, addr: u64) -> CuResult<()> {
+        let (size, _) = self
+            .linear
+            .remove(&addr)
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.unmap(addr, size) }?;
+        self.free_reservation(addr, size)
+    }
+
+    /// `cuMemHostAlloc`: page-locked (here: ordinary) host memory the device can reach.
+    pub fn host_alloc(&mut self, size: u64) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let size = round_up(size, 4096)?;
+        let addr = os::alloc_rw(size).map_err(os_err)?;
+        self.host.insert(addr, (size, true));
+        Ok(addr)
+    }
+
+    /// `cuMemFreeHost`.
+    ///
+    /// # Safety
+    /// Nothing may reference the memory any more.
+    pub unsafe fn host_free(&mut self, addr: u64) -> CuResult<()> {
+        match self.host.get(&addr) {
+            Some(&(size, true)) => {
+                self.host.remove(&addr);
+                // SAFETY: our own allocation, unreferenced by the caller's promise.
+                unsafe { os::release(addr, size) }.map_err(os_err)
+            }
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemHostRegister`: records `[addr, addr + size)` as pinned.
+    pub fn host_register(&mut self, addr: u64, size: u64) -> CuResult<()> {
+        if addr == 0 || size == 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let end = addr
+            .checked_add(size)
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        let overlaps = self
+            .host
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&a, &(s, _))| a + s > addr);
+        if overlaps {
+            return Err(CuError::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        self.host.insert(addr, (size, false));
+        Ok(())
+    }
+
+    /// `cuMemHostUnregister`.
+    pub fn host_unregister(&mut self, addr: u64) -> CuResult<()> {
+        match self.host.get(&addr) {
+            Some(&(_, false)) => {
+                self.host.remove(&addr);
+                Ok(())
+            }
+            _ => Err(CuError::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = GRANULARITY;
+
+    fn write(addr: u64, bytes: &[u8]) {
+        // SAFETY: tests write only ranges they mapped read/write.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
+    }
+
+    fn read(addr: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        // SAFETY: tests read only ranges they mapped with access.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), len) };
+        out
+    }
+
+    #[test]
+    fn reserve_create_map_access_round_trip() {
+        let mut m = Memory::new(64 * G).unwrap();
+        let base = m.reserve(8 * G, 0, 0).unwrap();
+        assert_eq!(base % G, 0);
+        let h = m.create(2 * G).unwrap();
+        assert_eq!(m.info(), (62 * G, 64 * G));
+        m.map(base + G, 2 * G, 0, h).unwrap();
+        assert_eq!(
+            m.check_device(base + G, 16, false),
+            Err(CuError::CUDA_ERROR_INVALID_VALUE)
+        );
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { m.set_access(base + G, 2 * G, Access::ReadWrite) }.unwrap();
+        m.check_device(base + G, 2 * G, true).unwrap();
+        assert!(m.check_device(base, 16, false).is_err());
+        write(base + G + 100, b"hello");
+        assert_eq!(read(base + G + 100, 5), b"hello");
+
+        // A second mapping of the same physical memory shares the bytes.
+        let other = m.reserve(2 * G, 0, 0).unwrap();
+        m.map(other, 2 * G, 0, h).unwrap();
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { m.set_access(other, 2 * G, Access::Read) }.unwrap();
+        assert_eq!(read(other + 100, 5), b"hello");
+        assert!(m.check_device(other, 8, true).is_err());
+        m.check_device(other, 8, false).unwrap();
+
+        // Release while mapped defers the free to the last unmap.
+        m.release(h).unwrap();
+        assert_eq!(m.release(h), Err(CuError::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(m.info().0, 62 * G);
+        // SAFETY: no references into the ranges.
+        unsafe {
+            m.unmap(other, 2 * G).unwrap();
+            m.unmap(base + G, 2 * G).unwrap();
+        }
+        assert_eq!(m.info().0, 64 * G);
+        m.free_reservation(other, 2 * G).unwrap();
+        m.free_reservation(base, 8 * G).unwrap();
+    }
+
+    #[test]
+    fn validation_uses_driver_codes() {
+        let mut m = Memory::new(8 * G).unwrap();
+        const INVAL: CuError = CuError::CUDA_ERROR_INVALID_VALUE;
+        let inval = Err(INVAL);
+        assert_eq!(m.reserve(G + 1, 0, 0), Err(INVAL));
+        assert_eq!(m.reserve(G, 3, 0), Err(INVAL));
+        assert_eq!(m.create(G / 2), Err(INVAL));
+        assert_eq!(m.create(10 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
+        let base = m.reserve(4 * G, 0, 0).unwrap();
+        let h = m.create(2 * G).unwrap();
+        // Outside the reservation, straddling its end, bad offset, unknown handle.
+        assert_eq!(m.map(base + 3 * G, 2 * G, 0, h), inval);
+        assert_eq!(m.map(base, 2 * G, G, h), inval);
+        assert_eq!(m.map(base, 2 * G, 0, 99), inval);
+        assert_eq!(m.map(base, 4 * G, 0, h), inval);
+        m.map(base, 2 * G, 0, h).unwrap();
+        // Double map over the same range.
+        assert_eq!(m.map(base, 2 * G, 0, h), inval);
+        assert_eq!(m.map(base + G, 2 * G, 0, h), inval);
+        // A reservation with mappings cannot be freed; partial unmap is refused.
+        assert_eq!(m.free_reservation(base, 4 * G), inval);
+        // SAFETY: no references into the range.
+        unsafe {
+            assert_eq!(m.unmap(base, G), inval);
+            assert_eq!(m.unmap(base + 2 * G, 2 * G), inval);
+            m.unmap(base, 2 * G).unwrap();
+        }
+        m.release(h).unwrap();
+        assert_eq!(m.info().0, 8 * G);
+        m.free_reservation(base, 4 * G).unwrap();
+        assert_eq!(m.free_reservation(base, 4 * G), inval);
+    }
+
+    #[test]
+    fn hint_is_honoured_when_free_and_physical_memory_is_reused() {
+        let mut m = Memory::new(4 * G).unwrap();
+        let a = m.reserve(2 * G, 0, 0).unwrap();
+        m.free_reservation(a, 2 * G).unwrap();
+        let b = m.reserve(2 * G, 0, a).unwrap();
+        assert_eq!(a, b);
+        for _ in 0..10 {
+            let h = m.create(4 * G).unwrap();
+            m.map(b, 2 * G, 0, h).unwrap();
+            // SAFETY: fresh mapping.
+            unsafe { m.set_access(b, 2 * G, Access::ReadWrite) }.unwrap();
+            write(b, &[7; 64]);
+            // SAFETY: no references into the range.
+            unsafe { m.unmap(b, 2 * G) }.unwrap();
+            m.release(h).unwrap();
+        }
+        assert_eq!(m.free_offsets.len(), 1);
+        m.free_reservation(b, 2 * G).unwrap();
+    }
+
+    #[test]
+    fn linear_and_host_memory() {
+        let mut m = Memory::new(4 * G).unwrap();
+        let p = m.alloc(1000).unwrap();
+        assert_eq!(m.info().0, 4 * G - LINEAR_GRANULARITY);
+        write(p, b"abc");
+        m.check_device(p, 1000, true).unwrap();
+        // SAFETY: no references into the allocation.
+        unsafe {
+            assert_eq!(m.free(p + 1), Err(CuError::CUDA_ERROR_INVALID_VALUE));
+            m.free(p).unwrap();
+        }
+        assert_eq!(m.info().0, 4 * G);
+        assert_eq!(m.alloc(5 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
+
+        let h = m.host_alloc(100).unwrap();
+        write(h, b"pinned");
+        m.check_device(h, 100, true).unwrap();
+        let mut buf = vec![0u8; 64];
+        let addr = buf.as_mut_ptr() as u64;
+        m.host_register(addr, 64).unwrap();
+        assert_eq!(
+            m.host_register(addr + 8, 8),
+            Err(CuError::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        );
+        m.host_unregister(addr).unwrap();
+        assert_eq!(
+            m.host_unregister(addr),
+            Err(CuError::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        );
+        // SAFETY: no references into the allocation.
+        unsafe { m.host_free(h) }.unwrap();
+        buf[0] = 1;
+    }
+}

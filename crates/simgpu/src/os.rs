@@ -1,0 +1,170 @@
+//! The few system calls simgpu's memory model stands on: address reservations, a shared
+//! memory file for physical memory, fixed mappings of it, protection changes.
+//!
+//! Every function that replaces mappings at a fixed address is `unsafe`: the caller promises
+//! the range is one it owns (a reservation it made), so no other Rust object lives there.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// No access.
+pub const PROT_NONE: i32 = libc::PROT_NONE;
+/// Read only.
+pub const PROT_READ: i32 = libc::PROT_READ;
+/// Read and write.
+pub const PROT_RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reserves `size` bytes of inaccessible address space aligned to `align` (a power of
+/// two), near `hint` when the kernel allows it.
+pub fn reserve(size: u64, align: u64, hint: u64) -> io::Result<u64> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    if hint != 0 && hint.is_multiple_of(align) {
+        // SAFETY: without MAP_FIXED the kernel treats `hint` as a hint and never replaces
+        // existing mappings; the result is a fresh mapping nothing else references.
+        let p = unsafe { libc::mmap(hint as *mut _, size as usize, PROT_NONE, flags, -1, 0) };
+        if p != libc::MAP_FAILED {
+            if p as u64 == hint {
+                return Ok(hint);
+            }
+            // SAFETY: `p` is the mapping just made, of `size` bytes, referenced by nothing.
+            unsafe { libc::munmap(p, size as usize) };
+        }
+    }
+    let total = size.checked_add(align).ok_or(io::ErrorKind::InvalidInput)?;
+    // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel picks.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total as usize,
+            PROT_NONE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let start = p as u64;
+    let base = start.next_multiple_of(align);
+    let head = base - start;
+    let tail = total - head - size;
+    if head > 0 {
+        // SAFETY: the head slack lies inside the mapping just made and is not handed out.
+        unsafe { libc::munmap(start as *mut _, head as usize) };
+    }
+    if tail > 0 {
+        // SAFETY: the tail slack lies inside the mapping just made and is not handed out.
+        unsafe { libc::munmap((base + size) as *mut _, tail as usize) };
+    }
+    Ok(base)
+}
+
+/// Returns `[addr, addr + size)` to the kernel.
+///
+/// # Safety
+/// The range must be one the caller reserved and nothing may reference it any more.
+pub unsafe fn release(addr: u64, size: u64) -> io::Result<()> {
+    // SAFETY: the caller owns the range and nothing references it.
+    check(unsafe { libc::munmap(addr as *mut _, size as usize) })
+}
+
+/// Replaces whatever is mapped at `[addr, addr + size)` by inaccessible address space.
+///
+/// # Safety
+/// The range must lie inside a reservation the caller owns; no Rust reference may point
+/// into it.
+pub unsafe fn make_inaccessible(addr: u64, size: u64) -> io::Result<()> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    // SAFETY: MAP_FIXED replaces only the caller's own range (its precondition).
+    let p = unsafe { libc::mmap(addr as *mut _, size as usize, PROT_NONE, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Maps `size` bytes of `file` from `offset` at `addr`, shared, inaccessible for now.
+///
+/// # Safety
+/// As [`make_inaccessible`].
+pub unsafe fn map_file(addr: u64, size: u64, file: &OwnedFd, offset: u64) -> io::Result<()> {
+    let flags = libc::MAP_SHARED | libc::MAP_FIXED;
+    // SAFETY: MAP_FIXED replaces only the caller's own range (its precondition); the file
+    // descriptor is open for the duration of the call.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut _,
+            size as usize,
+            PROT_NONE,
+            flags,
+            file.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Changes the protection of `[addr, addr + size)`.
+///
+/// # Safety
+/// The range must be mapped by the caller; removing access must not invalidate Rust
+/// references the caller holds into it.
+pub unsafe fn protect(addr: u64, size: u64, prot: i32) -> io::Result<()> {
+    // SAFETY: the caller owns the mapping (its precondition).
+    check(unsafe { libc::mprotect(addr as *mut _, size as usize, prot) })
+}
+
+/// Creates an anonymous shared memory file of `size` bytes (sparse: pages are only
+/// allocated when touched).
+pub fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `cname` is a valid C string for the duration of the call.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain system call on a descriptor we own.
+    check(unsafe { libc::ftruncate(file.as_raw_fd(), size as libc::off_t) })?;
+    Ok(file)
+}
+
+/// Gives the pages of `[offset, offset + len)` of `file` back (they read as zero after).
+pub fn punch_hole(file: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain system call on a descriptor we own; it changes file contents only.
+    check(unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    })
+}
+
+/// Allocates `size` bytes of zeroed, readable and writable private memory.
+pub fn alloc_rw(size: u64) -> io::Result<u64> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), size as usize, PROT_RW, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(p as u64)
+    }
+}
