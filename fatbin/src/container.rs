@@ -1,0 +1,365 @@
+//! Fatbin containers and their entries (FATBIN.md §2), and entry decompression (§3).
+//!
+//! Indexing reads headers only; [`Entry::payload`] decompresses on request.
+
+use std::borrow::Cow;
+use std::io::Read;
+
+use crate::error::{slice_at, u16_at, u32_at, u64_at, Error, Result};
+use crate::raw::{container_len_at, CONTAINER_MAGIC};
+use crate::{cubin, ptx, KernelInfo, Source};
+
+/// Entry flag: 64-bit code.
+pub const FLAG_64BIT: u64 = 0x1;
+/// Entry flag: compiled with debug information.
+pub const FLAG_DEBUG: u64 = 0x2;
+/// Entry flag: payload compressed with the LZ4 block format.
+pub const FLAG_LZ4: u64 = 0x2000;
+/// Entry flag: payload compressed with zstd.
+pub const FLAG_ZSTD: u64 = 0x8000;
+/// Entry flag (observed, nvcc 13): arch-specific code (`sm_90a`, `compute_90a`): runs only on
+/// exactly that SM.
+pub const FLAG_ARCH_SPECIFIC: u64 = 0x10_0000;
+/// Entry flag (observed, nvcc 13): family-specific code (`sm_100f`).
+pub const FLAG_FAMILY_SPECIFIC: u64 = 0x20_0000;
+
+/// Smallest entry header the parser accepts (the fields it reads end at 0x40).
+pub const MIN_ENTRY_HEADER_SIZE: u32 = 0x40;
+
+/// Largest uncompressed size accepted for one entry (1 GiB): a guard against absurd headers.
+pub const MAX_UNCOMPRESSED_SIZE: u64 = 1 << 30;
+
+/// What an entry holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    /// PTX text (kind 1).
+    Ptx,
+    /// A cubin ELF (kind 2).
+    Elf,
+    /// Any other kind (4 old cubin, 8 NVVM IR, …): listed, never parsed.
+    Other(u16),
+}
+
+/// How an entry's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Compression {
+    /// Stored as is.
+    None,
+    /// LZ4 block format (flag 0x2000).
+    Lz4,
+    /// zstd (flag 0x8000).
+    Zstd,
+}
+
+/// One entry of a container: headers only; the payload is borrowed, not decompressed.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    /// Index of the container holding it, in [`crate::Fatbin::containers`].
+    pub container: usize,
+    /// Offset of the entry header in the input (host file offset for host ELF input).
+    pub offset: u64,
+    /// PTX, ELF or other.
+    pub kind: EntryKind,
+    /// The header's size field (0x40 for ELF, 0x50 for PTX observed; others honoured).
+    pub header_size: u32,
+    /// SM number (`90` for sm_90 / compute_90).
+    pub sm: u32,
+    /// Raw flags (see the `FLAG_*` constants).
+    pub flags: u64,
+    /// (major, minor): PTX ISA version for PTX, code version for ELF.
+    pub version: (u16, u16),
+    /// The entry's identifier string, when the header has one.
+    pub identifier: Option<String>,
+    /// How the payload is stored.
+    pub compression: Compression,
+    /// Compressed size field (0 if not compressed).
+    pub compressed_size: u32,
+    /// Uncompressed size field (0 if not compressed).
+    pub uncompressed_size: u64,
+    /// The stored payload (compressed if [`Entry::compression`] says so; zero-padded).
+    pub raw_payload: &'a [u8],
+}
+
+/// A fatbin container: header and the entries it lists.
+#[derive(Debug, Clone)]
+pub struct Container {
+    /// Offset of the container header in the input.
+    pub offset: u64,
+    /// Total length (header included).
+    pub len: u64,
+    /// Container version (1).
+    pub version: u16,
+    /// Found in `__nv_relfatbin` (relocatable, `-rdc` device code for nvlink).
+    pub relocatable: bool,
+    /// Range of this container's entries in [`crate::Fatbin::entries`].
+    pub entries: std::ops::Range<usize>,
+}
+
+impl Entry<'_> {
+    /// `true` for arch-specific code (`sm_90a`), which runs only on exactly its SM.
+    pub fn is_arch_specific(&self) -> bool {
+        self.flags & FLAG_ARCH_SPECIFIC != 0
+    }
+
+    /// The payload, decompressed if needed (borrowed when stored uncompressed).
+    pub fn payload(&self) -> Result<Cow<'_, [u8]>> {
+        decompress(
+            self.compression,
+            self.raw_payload,
+            self.compressed_size,
+            self.uncompressed_size,
+            self.offset,
+        )
+    }
+
+    /// Decompresses the payload and parses every kernel in it (ELF or PTX entries; other kinds
+    /// give an empty list). Kernels carry [`KernelInfo::sm`] = this entry's SM.
+    pub fn kernels(&self) -> Result<Vec<KernelInfo>> {
+        let payload = self.payload()?;
+        let mut kernels = match self.kind {
+            EntryKind::Elf => cubin::parse_cubin(&payload)?.kernels,
+            EntryKind::Ptx => ptx::parse_ptx(&payload)?.kernels,
+            EntryKind::Other(_) => Vec::new(),
+        };
+        for k in &mut kernels {
+            k.sm = Some(self.sm);
+            k.source = match self.kind {
+                EntryKind::Ptx => Source::Ptx,
+                _ => Source::Elf,
+            };
+        }
+        Ok(kernels)
+    }
+}
+
+fn decompress<'p>(
+    compression: Compression,
+    raw: &'p [u8],
+    compressed_size: u32,
+    uncompressed_size: u64,
+    offset: u64,
+) -> Result<Cow<'p, [u8]>> {
+    let input = |scheme| {
+        if compressed_size == 0 {
+            return Ok(raw);
+        }
+        raw.get(..compressed_size as usize)
+            .ok_or(Error::Decompress {
+                scheme,
+                offset,
+                reason: format!(
+                    "compressed size {compressed_size} exceeds the stored payload of {} bytes",
+                    raw.len()
+                ),
+            })
+    };
+    let too_big = |scheme| Error::Decompress {
+        scheme,
+        offset,
+        reason: format!(
+            "uncompressed size {uncompressed_size} is over the limit of {MAX_UNCOMPRESSED_SIZE}"
+        ),
+    };
+    match compression {
+        Compression::None => Ok(Cow::Borrowed(raw)),
+        Compression::Lz4 => {
+            let input = input("lz4")?;
+            // LZ4 expands at most ~255:1; a larger claim is a corrupt header.
+            let max = (input.len() as u64).saturating_mul(255).saturating_add(64);
+            if uncompressed_size > MAX_UNCOMPRESSED_SIZE || uncompressed_size > max {
+                return Err(too_big("lz4"));
+            }
+            let mut out = vec![0u8; uncompressed_size as usize];
+            let n = lz4_flex::block::decompress_into(input, &mut out).map_err(|e| {
+                Error::Decompress {
+                    scheme: "lz4",
+                    offset,
+                    reason: e.to_string(),
+                }
+            })?;
+            if n as u64 != uncompressed_size {
+                return Err(Error::Decompress {
+                    scheme: "lz4",
+                    offset,
+                    reason: format!("decoded {n} bytes, header says {uncompressed_size}"),
+                });
+            }
+            Ok(Cow::Owned(out))
+        }
+        Compression::Zstd => {
+            let input = input("zstd")?;
+            if uncompressed_size > MAX_UNCOMPRESSED_SIZE {
+                return Err(too_big("zstd"));
+            }
+            let err = |reason: String| Error::Decompress {
+                scheme: "zstd",
+                offset,
+                reason,
+            };
+            // Grow the output as data arrives: a lying size field costs no memory.
+            let cap = uncompressed_size.min((input.len() as u64).saturating_mul(64)) as usize;
+            let mut out = Vec::with_capacity(cap);
+            let decoder =
+                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| err(e.to_string()))?;
+            decoder
+                .take(uncompressed_size.saturating_add(1))
+                .read_to_end(&mut out)
+                .map_err(|e| err(e.to_string()))?;
+            if out.len() as u64 != uncompressed_size {
+                return Err(err(format!(
+                    "decoded {} bytes, header says {uncompressed_size}",
+                    out.len()
+                )));
+            }
+            Ok(Cow::Owned(out))
+        }
+    }
+}
+
+/// Parses one or several concatenated containers in `data` (zero padding between them is
+/// skipped), appending to `containers` and `entries`. `base` is `data`'s offset in the file,
+/// added to every reported offset.
+pub(crate) fn parse_containers<'a>(
+    data: &'a [u8],
+    base: u64,
+    relocatable: bool,
+    containers: &mut Vec<Container>,
+    entries: &mut Vec<Entry<'a>>,
+) -> Result<()> {
+    let mut pos = 0usize;
+    let mut found = false;
+    while pos < data.len() {
+        let rest = &data[pos..];
+        // Padding between containers: skip zero bytes.
+        if rest[0] == 0 {
+            pos += 1;
+            continue;
+        }
+        let at = base.saturating_add(pos as u64);
+        let magic = u32_at(rest, 0, "fatbin container header", at)?;
+        if magic != CONTAINER_MAGIC {
+            return Err(Error::BadMagic {
+                what: "fatbin container",
+                offset: at,
+                found: magic.into(),
+                expected: CONTAINER_MAGIC.into(),
+            });
+        }
+        let len = container_len_at(rest, at)?;
+        let bytes = slice_at(rest, 0, len, "fatbin container", at)?;
+        let version = u16_at(rest, 4, "fatbin container header", at)?;
+        let header_size = u16_at(rest, 6, "fatbin container header", at)?;
+        let first = entries.len();
+        parse_entries(
+            bytes,
+            usize::from(header_size),
+            at,
+            containers.len(),
+            entries,
+        )?;
+        containers.push(Container {
+            offset: at,
+            len,
+            version,
+            relocatable,
+            entries: first..entries.len(),
+        });
+        found = true;
+        // `len` fits in usize: `slice_at` checked it against `rest`.
+        pos += bytes.len();
+    }
+    if !found {
+        return Err(Error::Truncated {
+            what: "fatbin container",
+            offset: base,
+            needed: 16,
+            available: data.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+fn parse_entries<'a>(
+    bytes: &'a [u8],
+    mut pos: usize,
+    base: u64,
+    container: usize,
+    entries: &mut Vec<Entry<'a>>,
+) -> Result<()> {
+    while pos < bytes.len() {
+        let at = base.saturating_add(pos as u64);
+        let e = &bytes[pos..];
+        const W: &str = "fatbin entry header";
+        let kind = u16_at(e, 0, W, at)?;
+        let header_size = u32_at(e, 4, W, at)?;
+        if header_size < MIN_ENTRY_HEADER_SIZE {
+            return Err(Error::InvalidField {
+                field: "entry header size",
+                offset: at + 4,
+                found: header_size.into(),
+                expected: "at least 0x40",
+            });
+        }
+        let payload_size = u64_at(e, 8, W, at)?;
+        let compressed_size = u32_at(e, 0x10, W, at)?;
+        let minor = u16_at(e, 0x18, W, at)?;
+        let major = u16_at(e, 0x1a, W, at)?;
+        let sm = u32_at(e, 0x1c, W, at)?;
+        let id_off = u32_at(e, 0x20, W, at)?;
+        let id_len = u32_at(e, 0x24, W, at)?;
+        let flags = u64_at(e, 0x28, W, at)?;
+        let uncompressed_size = u64_at(e, 0x38, W, at)?;
+        slice_at(e, 0, header_size.into(), W, at)?;
+        let raw_payload = slice_at(
+            e,
+            header_size.into(),
+            payload_size,
+            "fatbin entry payload",
+            at,
+        )?;
+        let compression = match (flags & FLAG_LZ4 != 0, flags & FLAG_ZSTD != 0) {
+            (false, false) => Compression::None,
+            (true, false) => Compression::Lz4,
+            (false, true) => Compression::Zstd,
+            (true, true) => {
+                return Err(Error::InvalidField {
+                    field: "entry flags",
+                    offset: at + 0x28,
+                    found: flags,
+                    expected: "at most one of LZ4 (0x2000) and zstd (0x8000)",
+                })
+            }
+        };
+        let identifier = if id_off != 0 && id_len != 0 {
+            slice_at(e, id_off.into(), id_len.into(), "entry identifier", at)
+                .ok()
+                .map(|s| {
+                    let s = s.split(|&b| b == 0).next().unwrap_or_default();
+                    String::from_utf8_lossy(s).into_owned()
+                })
+        } else {
+            None
+        };
+        entries.push(Entry {
+            container,
+            offset: at,
+            kind: match kind {
+                1 => EntryKind::Ptx,
+                2 => EntryKind::Elf,
+                k => EntryKind::Other(k),
+            },
+            header_size,
+            sm,
+            flags,
+            version: (major, minor),
+            identifier,
+            compression,
+            compressed_size,
+            uncompressed_size,
+            raw_payload,
+        });
+        // Both fit: `slice_at` checked header and payload against the container.
+        pos += header_size as usize + raw_payload.len();
+    }
+    Ok(())
+}
