@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A small deterministic PyTorch training loop, for checking cudaw against a native run.
+
+It touches what a real job touches: cuBLAS matmuls, a cuDNN convolution, a torch.compile'd
+(Triton) function, the caching allocator, and optimizer state. With --print-losses it prints
+each step's loss as an exact hexadecimal float, so two runs can be compared bit for bit.
+With --bench it times steps after a warm-up and prints ms per step.
+
+    python3 examples/torch_train.py --steps 20 --print-losses
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 examples/torch_train.py
+    python3 examples/torch_train.py --bench --steps 200
+"""
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch  # noqa: E402
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.fc1 = torch.nn.Linear(16 * 32 * 32, width)
+        self.fc2 = torch.nn.Linear(width, width)
+        self.out = torch.nn.Linear(width, 10)
+
+    def forward(self, x, act):
+        x = torch.relu(self.conv(x))
+        x = x.flatten(1)
+        x = act(self.fc1(x))
+        x = act(self.fc2(x))
+        return self.out(x)
+
+
+def scaled_gelu(x):
+    return torch.nn.functional.gelu(x) * 1.5 - 0.25 * x
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (no Triton)")
+    p.add_argument("--print-losses", action="store_true")
+    p.add_argument("--bench", action="store_true", help="time steps after 10 warm-up steps")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.use_deterministic_algorithms(True)
+
+    dev = torch.device("cuda")
+    model = Net(args.width).to(dev)
+    act = scaled_gelu if args.no_compile else torch.compile(scaled_gelu)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randn(8, args.batch, 3, 32, 32, generator=g).to(dev)
+    labels = torch.randint(0, 10, (8, args.batch), generator=g).to(dev)
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(data[i % 8], act), labels[i % 8])
+        loss.backward()
+        opt.step()
+        return loss
+
+    if args.bench:
+        for i in range(10):
+            step(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            step(i)
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1000 / args.steps
+        print(f"bench ms_per_step={ms:.4f} steps={args.steps}")
+        return
+
+    losses = []
+    for i in range(args.steps):
+        loss = step(i)
+        losses.append(loss.item())
+        if args.print_losses:
+            print(f"step {i} loss {losses[-1].hex()}")
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().cpu().numpy().tobytes())
+    print(f"final loss {losses[-1]:.6f} weights_sha256 {h.hexdigest()[:16]}")
+    print(f"allocator {torch.cuda.memory_allocated() >> 20} MiB allocated, "
+          f"{torch.cuda.memory_reserved() >> 20} MiB reserved", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

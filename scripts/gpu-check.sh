@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The GPU acceptance suite. Runs on a machine with an NVIDIA GPU, nvcc and PyTorch, from the
+# repository root, with dist/ built by scripts/package.sh (carried there). Compiles the CUDA
+# test programs with the real nvcc, runs them natively and under cudaw, runs the PyTorch
+# checks and the benchmarks, writes logs to $OUT (default: a temp dir) and prints a table
+# last. Exit status 0 only if every check passed.
+#
+#   scripts/gpu-check.sh                 # everything
+#   SECTIONS="programs bench" scripts/gpu-check.sh
+#   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
+SECTIONS=${SECTIONS:-"env vmm programs bench torch"}
+ARCH=${ARCH:-sm_90}
+REPS=${REPS:-5}
+CUDAW="$ROOT/dist/bin/cudaw"
+TABLE="$OUT/table.txt"
+: >"$TABLE"
+failures=0
+export PYTHONUNBUFFERED=1
+
+row() { # name status detail
+  printf '%-44s %-6s %s\n' "$1" "$2" "$3" >>"$TABLE"
+  [ "$2" = FAIL ] && failures=$((failures + 1))
+  printf '[gpu-check] %-44s %-6s %s\n' "$1" "$2" "$3"
+}
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "nan" && a <= b) }'; }
+
+[ -x "$CUDAW" ] || { echo "dist/bin/cudaw missing: run scripts/package.sh first (and carry dist)" >&2; exit 2; }
+
+if want env; then
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } >"$OUT/env.txt" 2>&1
+  row "environment" info "$(head -1 "$OUT/env.txt" | tr -s ' ')"
+fi
+
+if want vmm && [ -x dist/bin/vmm_check ]; then
+  if timeout 300 dist/bin/vmm_check --size "${VMM_SIZE:-8G}" >"$OUT/vmm_check.txt" 2>&1; then
+    row "vmm: driver checks + evict/restore ${VMM_SIZE:-8G}" PASS "$(grep -iE 'evict|restore|pinned' "$OUT/vmm_check.txt" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
+  else
+    row "vmm: driver checks + evict/restore" FAIL "see vmm_check.txt: $(tail -2 "$OUT/vmm_check.txt" | tr '\n' ' ' | cut -c1-160)"
+  fi
+fi
+
+if want programs; then
+  : >"$OUT/programs.log"
+  for src in tests/cuda/programs/*.cu tests/cuda/gpu/*.cu; do
+    name=$(basename "$src" .cu)
+    extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas)
+    if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/$name" "$src" "${extra[@]}" >>"$OUT/programs.log" 2>&1; then
+      row "program $name (compile)" FAIL "nvcc failed, see programs.log"; continue
+    fi
+  done
+  for exe in "$WORK"/*; do
+    name=$(basename "$exe")
+    [ "$name" = launch_loop ] && continue
+    timeout 120 "$exe" >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
+    for mode in mapped translated; do
+      timeout 120 "$CUDAW" run --addressing $mode -- "$exe" >"$WORK/$name.$mode" 2>>"$OUT/programs.log"; rc=$?
+      if [ $rn -ne 0 ]; then
+        row "program $name ($mode)" FAIL "native run failed (rc $rn)"
+      elif [ $rc -eq 0 ] && cmp -s "$WORK/$name.native" "$WORK/$name.$mode"; then
+        row "program $name ($mode)" PASS "$(cut -c1-70 "$WORK/$name.native")"
+      else
+        row "program $name ($mode)" FAIL "rc $rc; native: $(head -c 60 "$WORK/$name.native") cudaw: $(head -c 60 "$WORK/$name.$mode")"
+      fi
+    done
+  done
+fi
+
+if want bench && [ -x "$WORK/launch_loop" ]; then
+  nat=(); cw=()
+  for i in $(seq "$REPS"); do
+    nat+=("$("$WORK/launch_loop" 200000 | sed -n 's/.*us_per_launch=//p')")
+    cw+=("$("$CUDAW" run -- "$WORK/launch_loop" 200000 | sed -n 's/.*us_per_launch=//p')")
+  done
+  n=$(printf '%s\n' "${nat[@]}" | median); c=$(printf '%s\n' "${cw[@]}" | median); r=$(ratio "$c" "$n")
+  echo "launch_loop native ${nat[*]} cudaw ${cw[*]}" >>"$OUT/bench.txt"
+  if le "$r" 1.02; then st=PASS; else st=FAIL; fi
+  row "bench: empty-kernel launch loop ratio" $st "$r (native $n us, cudaw $c us; goal <= 1.02)"
+fi
+
+if want torch; then
+  T="examples/torch_train.py"
+  run_losses() { # label env... -- extra args
+    local label=$1; shift
+    env "$@" timeout 300 python3 $T --steps 20 --print-losses >"$WORK/loss.$label" 2>>"$OUT/torch.log"
+  }
+  for conf in default cudaMallocAsync expandable; do
+    case $conf in
+      default) envs=() ;;
+      cudaMallocAsync) envs=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+      expandable) envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+    esac
+    env "${envs[@]}" timeout 300 python3 $T --steps 20 --print-losses >"$WORK/loss.native.$conf" 2>>"$OUT/torch.log"; rn=$?
+    env "${envs[@]}" timeout 300 "$CUDAW" run -- python3 $T --steps 20 --print-losses >"$WORK/loss.cudaw.$conf" 2>>"$OUT/torch.log"; rc=$?
+    cp "$WORK/loss.native.$conf" "$WORK/loss.cudaw.$conf" "$OUT/" 2>/dev/null
+    if [ $rn -eq 0 ] && [ $rc -eq 0 ] && cmp -s "$WORK/loss.native.$conf" "$WORK/loss.cudaw.$conf"; then
+      row "torch training, bit-identical ($conf)" PASS "$(tail -1 "$WORK/loss.native.$conf" | cut -c1-60)"
+    else
+      row "torch training, bit-identical ($conf)" FAIL "native rc $rn, cudaw rc $rc; see torch.log"
+    fi
+  done
+  if want bench; then
+    nat=(); cw=()
+    for i in $(seq 3); do
+      nat+=("$(python3 $T --bench --steps 150 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p')")
+      cw+=("$("$CUDAW" run -- python3 $T --bench --steps 150 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p')")
+    done
+    n=$(printf '%s\n' "${nat[@]}" | median); c=$(printf '%s\n' "${cw[@]}" | median); r=$(ratio "$c" "$n")
+    echo "torch_step native ${nat[*]} cudaw ${cw[*]}" >>"$OUT/bench.txt"
+    if le "$r" 1.01; then st=PASS; else st=FAIL; fi
+    row "bench: torch training step ratio" $st "$r (native $n ms, cudaw $c ms; goal <= 1.01)"
+    nat=(); cw=()
+    for i in $(seq "$REPS"); do
+      nat+=("$(python3 examples/torch_first_op.py 2>>"$OUT/torch.log" | sed -n 's/.*seconds=//p')")
+      cw+=("$("$CUDAW" run -- python3 examples/torch_first_op.py 2>>"$OUT/torch.log" | sed -n 's/.*seconds=//p')")
+    done
+    n=$(printf '%s\n' "${nat[@]}" | median); c=$(printf '%s\n' "${cw[@]}" | median); r=$(ratio "$c" "$n")
+    echo "first_op native ${nat[*]} cudaw ${cw[*]}" >>"$OUT/bench.txt"
+    if le "$r" 1.05; then st=PASS; else st=FAIL; fi
+    row "bench: import torch + first CUDA op ratio" $st "$r (native $n s, cudaw $c s; goal <= 1.05)"
+  fi
+fi
+
+echo
+echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT) =="
+cat "$TABLE"
+echo "$(grep -c ' PASS ' "$TABLE") passed, $failures failed"
+[ "$failures" -eq 0 ]

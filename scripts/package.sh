@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
+#   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
+#   dist/bin/cudaw  dist/bin/cudaw-ckpt (once it exists)  dist/bin/vmm_check
+# `cudaw run` finds the libraries in ../lib beside its own binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=${CARGO_TARGET_DIR:-target}
+scripts/build-shims.sh release
+rm -rf dist && mkdir -p dist/lib dist/bin
+cp target/shims/release/libcudart.so.* dist/lib/
+cargo build -q --release -p cudaw-cli
+for b in cudaw cudaw-ckpt; do
+  if [ -f "$target/release/$b" ]; then cp "$target/release/$b" dist/bin/; fi
+done
+if cargo build -q --release -p driver --example vmm_check 2>/dev/null; then
+  cp "$target/release/examples/vmm_check" dist/bin/
+fi
+if [ -f "$target/release/libdriver_shim.so" ]; then cp "$target/release/libdriver_shim.so" dist/lib/libcuda.so.1; fi
+strip dist/bin/* dist/lib/* 2>/dev/null || true
+du -sh dist
+find dist -type f | sort
