@@ -1,0 +1,157 @@
+//! [`DriverBackend`]: `vmm::Backend` over any [`Driver`] (the real `libcuda.so.1` or simgpu).
+
+use std::sync::Arc;
+
+use vmm::backend::{Backend, BackendError};
+
+use crate::api::{pinned_device_prop, read_write_access, Context, Device, Driver, PhysicalHandle};
+use crate::error::Result;
+use crate::sys;
+
+/// Device memory for the VMM from one device's primary context.
+///
+/// Every operation first makes the primary context current on the calling thread (the
+/// VMM calls from any thread; `cuCtxSetCurrent` is cheap). Dropping it releases the
+/// primary context.
+pub struct DriverBackend {
+    driver: Arc<dyn Driver>,
+    device: Device,
+    context: Context,
+    granularity: u64,
+}
+
+impl std::fmt::Debug for DriverBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DriverBackend")
+            .field("device", &self.device)
+            .field("context", &self.context)
+            .field("granularity", &self.granularity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DriverBackend {
+    /// Initialises the driver, retains device `ordinal`'s primary context, makes it
+    /// current here and reads the minimum VMM granularity.
+    pub fn new(driver: Arc<dyn Driver>, ordinal: i32) -> Result<Self> {
+        driver.init()?;
+        let device = driver.device_get(ordinal)?;
+        let context = driver.primary_ctx_retain(device)?;
+        let granularity = driver
+            .ctx_set_current(context)
+            .and_then(|()| {
+                driver.mem_allocation_granularity(
+                    &pinned_device_prop(device),
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+                )
+            })
+            .inspect_err(|_| {
+                let _ = driver.primary_ctx_release(device);
+            })?;
+        Ok(DriverBackend {
+            driver,
+            device,
+            context,
+            granularity,
+        })
+    }
+
+    /// The driver underneath.
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The primary context it uses.
+    pub fn context(&self) -> Context {
+        self.context
+    }
+
+    /// Makes the primary context current on the calling thread.
+    pub fn make_current(&self) -> Result<()> {
+        self.driver.ctx_set_current(self.context)
+    }
+}
+
+impl Drop for DriverBackend {
+    fn drop(&mut self) {
+        if let Err(e) = self.driver.primary_ctx_release(self.device) {
+            eprintln!("cudaw: releasing the primary context: {e}");
+        }
+    }
+}
+
+impl Backend for DriverBackend {
+    type Physical = PhysicalHandle;
+
+    fn granularity(&self) -> Result<u64, BackendError> {
+        Ok(self.granularity)
+    }
+
+    fn reserve(&self, size: u64, alignment: u64) -> Result<u64, BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_address_reserve(size, alignment, 0)?)
+    }
+
+    fn free_reservation(&self, base: u64, size: u64) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_address_free(base, size)?)
+    }
+
+    fn create_physical(&self, size: u64) -> Result<PhysicalHandle, BackendError> {
+        self.make_current()?;
+        Ok(self
+            .driver
+            .mem_create(size, &pinned_device_prop(self.device))?)
+    }
+
+    fn release_physical(&self, physical: PhysicalHandle) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_release(physical)?)
+    }
+
+    fn map(&self, addr: u64, size: u64, physical: PhysicalHandle) -> Result<(), BackendError> {
+        self.make_current()?;
+        self.driver.mem_map(addr, size, physical)?;
+        let access = [read_write_access(self.device)];
+        if let Err(e) = self.driver.mem_set_access(addr, size, &access) {
+            let _ = self.driver.mem_unmap(addr, size);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_unmap(addr, size)?)
+    }
+
+    fn alloc_linear(&self, size: u64) -> Result<u64, BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_alloc(size)?)
+    }
+
+    fn free_linear(&self, addr: u64) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_free(addr)?)
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.memcpy_dtoh(dst, src)?)
+    }
+
+    fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<(), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.memcpy_htod(dst, src)?)
+    }
+
+    fn memory_info(&self) -> Result<(u64, u64), BackendError> {
+        self.make_current()?;
+        Ok(self.driver.mem_get_info()?)
+    }
+}
