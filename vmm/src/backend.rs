@@ -24,7 +24,10 @@ impl BackendError {
 
     /// Builds an error from a code and a name.
     pub fn new(code: u32, name: impl Into<String>) -> Self {
-        Self { code, name: name.into() }
+        Self {
+            code,
+            name: name.into(),
+        }
     }
 
     /// Whether the driver said it is out of memory.
