@@ -165,6 +165,20 @@ impl<'a> Fatbin<'a> {
         &self.entries
     }
 
+    /// The entries the driver can load: every entry, except that relocatable containers
+    /// (`__nv_relfatbin`, device code kept for nvlink) are left out when the input also has
+    /// ordinary ones — as in an `-rdc` executable, where the linked image is what runs (and
+    /// what `cuobjdump -elf` lists).
+    pub fn loadable_entries(&self) -> Vec<&Entry<'a>> {
+        let only_relocatable = self.containers.iter().all(|c| c.relocatable);
+        self.containers
+            .iter()
+            .filter(|c| only_relocatable || !c.relocatable)
+            .filter_map(|c| self.entries.get(c.entries.clone()))
+            .flatten()
+            .collect()
+    }
+
     /// The entries of one container.
     pub fn container_entries(&self, container: usize) -> &[Entry<'a>] {
         self.containers

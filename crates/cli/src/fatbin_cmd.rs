@@ -43,7 +43,7 @@ pub fn run(args: &Args) -> Result<()> {
     let fatbin = Fatbin::parse(&bytes).with_context(|| format!("{path}: no usable device code"))?;
     let entries: Vec<_> = match args.sm {
         Some(sm) => fatbin.select(sm),
-        None => fatbin.entries().iter().collect(),
+        None => fatbin.loadable_entries(),
     };
     let mut kernels = Vec::new();
     for entry in entries {
