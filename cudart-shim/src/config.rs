@@ -24,6 +24,8 @@ pub struct Config {
     pub libcuda: Option<PathBuf>,
     /// `CUDAW_ADDRESSING`.
     pub addressing: Addressing,
+    /// `CUDAW_MEM_LIMIT`, in bytes.
+    pub mem_limit: Option<u64>,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -51,15 +53,57 @@ impl Config {
                 Addressing::Mapped
             }
         };
+        let mem_limit = match get("CUDAW_MEM_LIMIT").filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => match parse_size(&v) {
+                Some(n) => Some(n),
+                None => {
+                    warnings.push(format!(
+                        "CUDAW_MEM_LIMIT={v:?} is not a size (bytes, or with K, M, G, T: 8G, 512M); no limit"
+                    ));
+                    None
+                }
+            },
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
             real_cudart: path("CUDAW_REAL_CUDART"),
             libcuda: path("CUDAW_LIBCUDA"),
             addressing,
+            mem_limit,
             warnings,
         }
     }
+}
+
+/// Parses a size: plain bytes, or a number with a binary suffix `K`, `M`, `G`, `T`
+/// (optionally followed by `B` or `iB`): `8G`, `512M`, `1.5G`, `4096`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit.trim_end_matches("IB").trim_end_matches('B');
+    let mult: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return None,
+    };
+    if num.is_empty() {
+        return None;
+    }
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult);
+    }
+    let f: f64 = num.parse().ok()?;
+    let v = f * mult as f64;
+    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -72,6 +116,19 @@ pub fn get() -> &'static Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("8G"), Some(8 << 30));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("12X"), None);
+        assert_eq!(parse_size("G"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
 
     #[test]
     fn defaults_and_bad_values() {

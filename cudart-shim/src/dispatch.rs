@@ -129,6 +129,10 @@ fn initialise() {
                     }
                 }
             }
+            // cudaw's own versions of the calls it must see replace the real ones.
+            for (i, f) in crate::wrappers::table() {
+                TABLE[i].store(f, Ordering::Release);
+            }
             crate::log::info(format_args!(
                 "forwarding {} exports ({SONAME}) to {}",
                 EXPORTED_COUNT,

@@ -1,0 +1,1069 @@
+//! cudaw's own versions of the runtime functions it must see. Each is an `extern "C"` body
+//! inside the panic boundary; [`table`] says which names they replace in the dispatch
+//! table. Allocation calls are always cudaw's; with translated addressing, every call that
+//! carries device pointers to the real runtime translates them on the way.
+
+#![allow(non_snake_case)]
+
+use crate::boundary::guard;
+use crate::dispatch::idx;
+use crate::memory::{self, align_up, tag, to_real, translated, write_out, PITCH_ALIGNMENT};
+use crate::registry;
+use crate::types::*;
+use crate::{call_real, log};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The real function at dispatch index `i`, typed as `F` (a function-pointer type).
+///
+/// # Safety
+/// `F` must be the real function's C signature.
+unsafe fn real_as<F: Copy>(i: usize) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<usize>()) };
+    let p = crate::dispatch::real(i)?;
+    // SAFETY: `F` is a function pointer type of the right signature (caller's contract),
+    // and `p` is the address of that function.
+    Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
+}
+
+/// Calls the real function at index `$i` with signature `fn($t...) -> cudaError_t`.
+macro_rules! forward {
+    ($i:expr, fn($($t:ty),*), $($arg:expr),*) => {
+        // SAFETY: the signature is the runtime header's for the function at this index.
+        match unsafe { real_as::<unsafe extern "C" fn($($t),*) -> cudaError_t>($i) } {
+            // SAFETY: forwarding the application's arguments (translated where needed).
+            Some(f) => unsafe { f($($arg),*) },
+            None => ERROR_NOT_SUPPORTED,
+        }
+    };
+}
+
+/// Defines exported-name wrappers that share one implementation taking the real index:
+/// `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`.
+macro_rules! variants {
+    ($imp:ident => $($name:ident),+ ; $params:tt) => {
+        $( variant!($imp, $name, $params); )+
+    };
+}
+
+macro_rules! variant {
+    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+        extern "C" fn $name($($a: $t),*) -> cudaError_t {
+            guard(stringify!($name), ERROR_UNKNOWN, || $imp(idx::$name, $($a),*))
+        }
+    };
+}
+
+// ---------------------------------------------------------------- allocation (always)
+
+fn malloc_impl(_i: usize, out: *mut *mut c_void, size: usize) -> cudaError_t {
+    if out.is_null() {
+        return ERROR_INVALID_VALUE;
+    }
+    if size == 0 {
+        // SAFETY: non-null out-pointer from the application.
+        return unsafe { write_out(out, std::ptr::null_mut()) };
+    }
+    let mem = match memory::current() {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    match mem.alloc(size as u64, tag::MALLOC) {
+        // SAFETY: non-null out-pointer from the application.
+        Ok(a) => unsafe { write_out(out, a.base as *mut c_void) },
+        Err(e) => e,
+    }
+}
+variants!(malloc_impl => cudaMalloc; (out: *mut *mut c_void, size: usize));
+
+fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
+    if ptr.is_null() {
+        return forward!(i, fn(*mut c_void), ptr);
+    }
+    match memory::lookup(ptr as u64) {
+        Some((mem, a)) => {
+            if a.base != ptr as u64 {
+                return ERROR_INVALID_DEVICE_POINTER;
+            }
+            // cudaFree synchronises: no kernel may still use the memory once it is unmapped.
+            let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
+            if rc != SUCCESS {
+                log::debug(format_args!("cudaFree: synchronisation reported {rc}"));
+            }
+            mem.reap(false);
+            match mem.vmm.free(a.base) {
+                Ok(()) => SUCCESS,
+                Err(e) => e.cuda_error_code(),
+            }
+        }
+        None => forward!(i, fn(*mut c_void), ptr),
+    }
+}
+variants!(free_impl => cudaFree; (ptr: *mut c_void));
+
+fn malloc_pitch_impl(
+    _i: usize,
+    out: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> cudaError_t {
+    if out.is_null() || pitch.is_null() {
+        return ERROR_INVALID_VALUE;
+    }
+    let Some(p) = align_up(width.max(1), PITCH_ALIGNMENT) else {
+        return ERROR_INVALID_VALUE;
+    };
+    let Some(size) = p.checked_mul(height) else {
+        return ERROR_MEMORY_ALLOCATION;
+    };
+    let mem = match memory::current() {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    let base = if size == 0 {
+        0
+    } else {
+        match mem.alloc(size as u64, tag::PITCH) {
+            Ok(a) => a.base,
+            Err(e) => return e,
+        }
+    };
+    // SAFETY: both out-pointers are non-null and come from the application.
+    unsafe {
+        pitch.write(p);
+        out.write(base as *mut c_void);
+    }
+    SUCCESS
+}
+variants!(malloc_pitch_impl => cudaMallocPitch; (out: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize));
+
+fn malloc_3d_impl(_i: usize, out: *mut cudaPitchedPtr, extent: cudaExtent) -> cudaError_t {
+    if out.is_null() {
+        return ERROR_INVALID_VALUE;
+    }
+    let Some(p) = align_up(extent.width.max(1), PITCH_ALIGNMENT) else {
+        return ERROR_INVALID_VALUE;
+    };
+    let Some(size) = p
+        .checked_mul(extent.height)
+        .and_then(|s| s.checked_mul(extent.depth))
+    else {
+        return ERROR_MEMORY_ALLOCATION;
+    };
+    let mem = match memory::current() {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    let base = if size == 0 {
+        0
+    } else {
+        match mem.alloc(size as u64, tag::MALLOC_3D) {
+            Ok(a) => a.base,
+            Err(e) => return e,
+        }
+    };
+    let v = cudaPitchedPtr {
+        ptr: base as *mut c_void,
+        pitch: p,
+        xsize: extent.width,
+        ysize: extent.height,
+    };
+    // SAFETY: non-null out-pointer from the application.
+    unsafe { write_out(out, v) }
+}
+variants!(malloc_3d_impl => cudaMalloc3D; (out: *mut cudaPitchedPtr, extent: cudaExtent));
+
+/// Whether `stream` is capturing a graph: stream-ordered allocations made during capture
+/// become graph memory nodes, which belong to the real runtime.
+fn capturing(stream: cudaStream_t) -> bool {
+    let mut status: i32 = 0;
+    let rc = call_real!(cudaStreamIsCapturing: fn(cudaStream_t, *mut i32) -> cudaError_t, stream, &mut status);
+    rc == SUCCESS && status != 0
+}
+
+fn malloc_async_impl(
+    i: usize,
+    out: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    if capturing(stream) {
+        return forward!(
+            i,
+            fn(*mut *mut c_void, usize, cudaStream_t),
+            out,
+            size,
+            stream
+        );
+    }
+    if out.is_null() {
+        return ERROR_INVALID_VALUE;
+    }
+    if size == 0 {
+        // SAFETY: non-null out-pointer from the application.
+        return unsafe { write_out(out, std::ptr::null_mut()) };
+    }
+    let mem = match memory::current() {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    match mem.alloc(size as u64, tag::ASYNC) {
+        // SAFETY: non-null out-pointer from the application.
+        Ok(a) => unsafe { write_out(out, a.base as *mut c_void) },
+        Err(e) => e,
+    }
+}
+variants!(malloc_async_impl => cudaMallocAsync, cudaMallocAsync_ptsz; (out: *mut *mut c_void, size: usize, stream: cudaStream_t));
+
+fn malloc_from_pool_impl(
+    i: usize,
+    out: *mut *mut c_void,
+    size: usize,
+    pool: *mut c_void,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    if capturing(stream) {
+        return forward!(
+            i,
+            fn(*mut *mut c_void, usize, *mut c_void, cudaStream_t),
+            out,
+            size,
+            pool,
+            stream
+        );
+    }
+    malloc_async_impl(idx::cudaMallocAsync, out, size, stream)
+}
+variants!(malloc_from_pool_impl => cudaMallocFromPoolAsync, cudaMallocFromPoolAsync_ptsz;
+    (out: *mut *mut c_void, size: usize, pool: *mut c_void, stream: cudaStream_t));
+
+fn free_async_impl(i: usize, ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
+    match memory::lookup(ptr as u64) {
+        Some((mem, a)) if a.base == ptr as u64 => mem.free_on_stream(a.base, stream),
+        Some(_) => ERROR_INVALID_DEVICE_POINTER,
+        None => forward!(i, fn(*mut c_void, cudaStream_t), ptr, stream),
+    }
+}
+variants!(free_async_impl => cudaFreeAsync, cudaFreeAsync_ptsz; (ptr: *mut c_void, stream: cudaStream_t));
+
+fn mem_get_info_impl(i: usize, free: *mut usize, total: *mut usize) -> cudaError_t {
+    let mem = match memory::current() {
+        Ok(m) => m,
+        Err(_) => return forward!(i, fn(*mut usize, *mut usize), free, total),
+    };
+    match mem.vmm.memory_info() {
+        Ok((f, t)) => {
+            if free.is_null() || total.is_null() {
+                return ERROR_INVALID_VALUE;
+            }
+            // SAFETY: both non-null out-pointers from the application.
+            unsafe {
+                free.write(f as usize);
+                total.write(t as usize);
+            }
+            SUCCESS
+        }
+        Err(e) => e.cuda_error_code(),
+    }
+}
+variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut usize));
+
+// ---------------------------------------------------------------- registration (always)
+
+extern "C" fn __cudaRegisterFatBinary(wrapper: *mut c_void) -> *mut *mut c_void {
+    guard("__cudaRegisterFatBinary", std::ptr::null_mut(), || {
+        // SAFETY: the runtime header's signature.
+        let real = unsafe {
+            real_as::<unsafe extern "C" fn(*mut c_void) -> *mut *mut c_void>(
+                idx::__cudaRegisterFatBinary,
+            )
+        };
+        let Some(real) = real else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: forwarding the compiler-generated wrapper unchanged.
+        let handle = unsafe { real(wrapper) };
+        // SAFETY: `wrapper` is the `__fatBinC_Wrapper_t` nvcc emitted, alive for the process.
+        let data = unsafe { fatbin_bytes(wrapper) };
+        registry::add_fatbin(handle as usize, data);
+        handle
+    })
+}
+
+/// The container bytes of a registration wrapper, reading only what its headers declare.
+///
+/// # Safety
+/// `wrapper` is null or points to a `__fatBinC_Wrapper_t` and the container it names,
+/// both alive for the rest of the process (they are in the program's image).
+unsafe fn fatbin_bytes(wrapper: *const c_void) -> Option<&'static [u8]> {
+    if wrapper.is_null() {
+        return None;
+    }
+    // SAFETY: a wrapper is 24 bytes (caller's contract).
+    let w = unsafe { std::slice::from_raw_parts(wrapper as *const u8, 24) };
+    let info = fatbin::parse_wrapper(w).ok()?;
+    let container = info.container as *const u8;
+    if container.is_null() {
+        return None;
+    }
+    // SAFETY: the wrapper names a container, whose 16-byte header is readable.
+    let head = unsafe { std::slice::from_raw_parts(container, 16) };
+    let len = fatbin::container_len(head).ok()?;
+    let len = usize::try_from(len).ok()?;
+    // SAFETY: the container's header declares `len` bytes, all part of the program image.
+    Some(unsafe { std::slice::from_raw_parts(container, len) })
+}
+
+extern "C" fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
+    guard("__cudaUnregisterFatBinary", (), || {
+        registry::remove_fatbin(handle as usize);
+        // SAFETY: the runtime header's signature.
+        if let Some(real) = unsafe {
+            real_as::<unsafe extern "C" fn(*mut *mut c_void)>(idx::__cudaUnregisterFatBinary)
+        } {
+            // SAFETY: forwarding the handle the real runtime gave out.
+            unsafe { real(handle) }
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn __cudaRegisterFunction(
+    handle: *mut *mut c_void,
+    host_fun: *const c_void,
+    device_fun: *mut i8,
+    device_name: *const i8,
+    thread_limit: i32,
+    tid: *mut c_void,
+    bid: *mut c_void,
+    bdim: *mut c_void,
+    gdim: *mut c_void,
+    wsize: *mut i32,
+) {
+    type F = unsafe extern "C" fn(
+        *mut *mut c_void,
+        *const c_void,
+        *mut i8,
+        *const i8,
+        i32,
+        *mut c_void,
+        *mut c_void,
+        *mut c_void,
+        *mut c_void,
+        *mut i32,
+    );
+    guard("__cudaRegisterFunction", (), || {
+        if !device_name.is_null() {
+            // SAFETY: nvcc passes the kernel's mangled name, NUL-terminated, static.
+            let name = unsafe { std::ffi::CStr::from_ptr(device_name) }
+                .to_string_lossy()
+                .into_owned();
+            registry::add_function(handle as usize, host_fun as usize, name);
+        }
+        // SAFETY: the runtime header's signature.
+        if let Some(real) = unsafe { real_as::<F>(idx::__cudaRegisterFunction) } {
+            // SAFETY: forwarding the compiler-generated arguments unchanged.
+            unsafe {
+                real(
+                    handle,
+                    host_fun,
+                    device_fun,
+                    device_name,
+                    thread_limit,
+                    tid,
+                    bid,
+                    bdim,
+                    gdim,
+                    wsize,
+                )
+            }
+        }
+    })
+}
+
+fn get_kernel_impl(i: usize, out: *mut *mut c_void, host_fun: *const c_void) -> cudaError_t {
+    let rc = forward!(i, fn(*mut *mut c_void, *const c_void), out, host_fun);
+    if rc == SUCCESS && !out.is_null() {
+        // SAFETY: the real runtime wrote the kernel handle through the application's pointer.
+        let k = unsafe { out.read() };
+        registry::add_kernel_handle(k as usize, host_fun as usize);
+    }
+    rc
+}
+variants!(get_kernel_impl => __cudaGetKernel; (out: *mut *mut c_void, host_fun: *const c_void));
+
+// ---------------------------------------------------------------- translated addressing
+
+/// Kernel arguments rewritten for the real runtime: translated pointers in their own
+/// storage, `ptrs[i]` pointing at parameter `i`.
+pub struct ArgBuffer {
+    _storage: Vec<u64>,
+    ptrs: Vec<*mut c_void>,
+}
+
+impl ArgBuffer {
+    fn as_args(&mut self) -> *mut *mut c_void {
+        self.ptrs.as_mut_ptr()
+    }
+}
+
+static DEVICE_SM: AtomicU32 = AtomicU32::new(0);
+
+/// The current device's SM number (e.g. 90), cached.
+fn device_sm() -> u32 {
+    let v = DEVICE_SM.load(Ordering::Relaxed);
+    if v != 0 {
+        return v;
+    }
+    let dev = memory::current_device().unwrap_or(0);
+    let (mut maj, mut min) = (0i32, 0i32);
+    call_real!(cudaDeviceGetAttribute: fn(*mut i32, i32, i32) -> cudaError_t, &mut maj, DEV_ATTR_CC_MAJOR, dev);
+    call_real!(cudaDeviceGetAttribute: fn(*mut i32, i32, i32) -> cudaError_t, &mut min, DEV_ATTR_CC_MINOR, dev);
+    let sm = (maj.max(0) * 10 + min.max(0)) as u32;
+    DEVICE_SM.store(sm, Ordering::Relaxed);
+    sm
+}
+
+/// Rewrites the arguments of a launch of `rec`: every 8-byte-aligned 8-byte word of a
+/// parameter whose value is a translated pointer. `None`: nothing to rewrite (or no layout).
+fn translate_args(
+    rec: Option<std::sync::Arc<registry::FunctionRecord>>,
+    args: *mut *mut c_void,
+) -> Option<ArgBuffer> {
+    let rec = rec?;
+    if args.is_null() {
+        return None;
+    }
+    let layout = rec.layout(device_sm())?;
+    let n = layout
+        .params
+        .iter()
+        .map(|p| p.ordinal as usize + 1)
+        .max()
+        .unwrap_or(0);
+    // SAFETY: the launch passes one argument pointer per kernel parameter.
+    let src: &[*mut c_void] = unsafe { std::slice::from_raw_parts(args, n) };
+    let total = layout
+        .params
+        .iter()
+        .map(|p| p.offset as usize + p.size as usize)
+        .max()
+        .unwrap_or(0);
+    let mut storage: Option<Vec<u64>> = None;
+    for p in &layout.params {
+        let base = src[p.ordinal as usize] as *const u8;
+        if base.is_null() {
+            continue;
+        }
+        let (off, size) = (p.offset as usize, p.size as usize);
+        let first = (8 - off % 8) % 8;
+        let mut w = first;
+        while w + 8 <= size {
+            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
+            let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
+            let t = to_real(v as *const c_void) as u64;
+            if t != v {
+                let buf = storage.get_or_insert_with(|| {
+                    let mut s = vec![0u64; total.div_ceil(8)];
+                    let bytes = s.as_mut_ptr() as *mut u8;
+                    for q in &layout.params {
+                        let qb = src[q.ordinal as usize] as *const u8;
+                        if !qb.is_null() {
+                            // SAFETY: copying each parameter's bytes into its slot of a
+                            // buffer sized for the whole parameter block.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    qb,
+                                    bytes.add(q.offset as usize),
+                                    q.size as usize,
+                                )
+                            };
+                        }
+                    }
+                    s
+                });
+                let bytes = buf.as_mut_ptr() as *mut u8;
+                // SAFETY: `off + w + 8 <= total`, and `off + w` is 8-aligned in the buffer.
+                unsafe { (bytes.add(off + w) as *mut u64).write(t) };
+            }
+            w += 8;
+        }
+    }
+    let mut storage = storage?;
+    let bytes = storage.as_mut_ptr() as *mut u8;
+    let mut ptrs = src.to_vec();
+    for p in &layout.params {
+        // SAFETY: within the buffer (offset < total).
+        ptrs[p.ordinal as usize] = unsafe { bytes.add(p.offset as usize) } as *mut c_void;
+    }
+    Some(ArgBuffer {
+        _storage: storage,
+        ptrs,
+    })
+}
+
+fn launch_impl(
+    i: usize,
+    f: *const c_void,
+    g: Dim3,
+    b: Dim3,
+    args: *mut *mut c_void,
+    shm: usize,
+    s: cudaStream_t,
+) -> cudaError_t {
+    let mut buf = translate_args(registry::function(f as usize), args);
+    let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
+    forward!(
+        i,
+        fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+        f,
+        g,
+        b,
+        a,
+        shm,
+        s
+    )
+}
+variants!(launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
+    (f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
+
+fn launch_kernel_handle_impl(
+    i: usize,
+    k: *const c_void,
+    g: Dim3,
+    b: Dim3,
+    args: *mut *mut c_void,
+    shm: usize,
+    s: cudaStream_t,
+) -> cudaError_t {
+    let mut buf = translate_args(registry::function_of_kernel(k as usize), args);
+    let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
+    forward!(
+        i,
+        fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+        k,
+        g,
+        b,
+        a,
+        shm,
+        s
+    )
+}
+variants!(launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
+    (k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
+
+fn launch_ex_impl(
+    i: usize,
+    cfg: *const cudaLaunchConfig_t,
+    f: *const c_void,
+    args: *mut *mut c_void,
+) -> cudaError_t {
+    let mut buf = translate_args(registry::function(f as usize), args);
+    let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
+    forward!(
+        i,
+        fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
+        cfg,
+        f,
+        a
+    )
+}
+variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
+    (cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void));
+
+/// `cudaKernelNodeParams`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct cudaKernelNodeParams {
+    func: *mut c_void,
+    grid: Dim3,
+    block: Dim3,
+    shared: u32,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+}
+
+fn translated_node(p: *const cudaKernelNodeParams) -> Option<(cudaKernelNodeParams, ArgBuffer)> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null pointer to the application's node parameters.
+    let mut q = unsafe { p.read() };
+    let mut buf = translate_args(registry::function(q.func as usize), q.kernel_params)?;
+    q.kernel_params = buf.as_args();
+    Some((q, buf))
+}
+
+fn graph_add_kernel_node_impl(
+    i: usize,
+    node: *mut c_void,
+    graph: *mut c_void,
+    deps: *const c_void,
+    n: usize,
+    p: *const cudaKernelNodeParams,
+) -> cudaError_t {
+    // The runtime copies the parameters when the node is made: the buffer may go after.
+    let t = translated_node(p);
+    let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
+    forward!(
+        i,
+        fn(*mut c_void, *mut c_void, *const c_void, usize, *const cudaKernelNodeParams),
+        node,
+        graph,
+        deps,
+        n,
+        pp
+    )
+}
+variants!(graph_add_kernel_node_impl => cudaGraphAddKernelNode;
+    (node: *mut c_void, graph: *mut c_void, deps: *const c_void, n: usize, p: *const cudaKernelNodeParams));
+
+fn kernel_node_set_impl(
+    i: usize,
+    node: *mut c_void,
+    p: *const cudaKernelNodeParams,
+) -> cudaError_t {
+    let t = translated_node(p);
+    let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
+    forward!(i, fn(*mut c_void, *const cudaKernelNodeParams), node, pp)
+}
+variants!(kernel_node_set_impl => cudaGraphKernelNodeSetParams; (node: *mut c_void, p: *const cudaKernelNodeParams));
+
+fn exec_kernel_node_set_impl(
+    i: usize,
+    exec: *mut c_void,
+    node: *mut c_void,
+    p: *const cudaKernelNodeParams,
+) -> cudaError_t {
+    let t = translated_node(p);
+    let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
+    forward!(
+        i,
+        fn(*mut c_void, *mut c_void, *const cudaKernelNodeParams),
+        exec,
+        node,
+        pp
+    )
+}
+variants!(exec_kernel_node_set_impl => cudaGraphExecKernelNodeSetParams;
+    (exec: *mut c_void, node: *mut c_void, p: *const cudaKernelNodeParams));
+
+fn r(p: *const c_void) -> *const c_void {
+    to_real(p)
+}
+fn rm(p: *mut c_void) -> *mut c_void {
+    to_real(p) as *mut c_void
+}
+
+fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, *const c_void, usize, i32),
+        rm(d),
+        r(s),
+        n,
+        k
+    )
+}
+variants!(memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; (d: *mut c_void, s: *const c_void, n: usize, k: i32));
+
+fn memcpy_async_impl(
+    i: usize,
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    k: i32,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
+        rm(d),
+        r(s),
+        n,
+        k,
+        st
+    )
+}
+variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
+    (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
+
+fn memset_impl(i: usize, d: *mut c_void, v: i32, n: usize) -> cudaError_t {
+    forward!(i, fn(*mut c_void, i32, usize), rm(d), v, n)
+}
+variants!(memset_impl => cudaMemset, cudaMemset_ptds; (d: *mut c_void, v: i32, n: usize));
+
+fn memset_async_impl(i: usize, d: *mut c_void, v: i32, n: usize, st: cudaStream_t) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, i32, usize, cudaStream_t),
+        rm(d),
+        v,
+        n,
+        st
+    )
+}
+variants!(memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz; (d: *mut c_void, v: i32, n: usize, st: cudaStream_t));
+
+fn memcpy_2d_impl(
+    i: usize,
+    d: *mut c_void,
+    dp: usize,
+    s: *const c_void,
+    sp: usize,
+    w: usize,
+    h: usize,
+    k: i32,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
+        rm(d),
+        dp,
+        r(s),
+        sp,
+        w,
+        h,
+        k
+    )
+}
+variants!(memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds;
+    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32));
+
+#[allow(clippy::too_many_arguments)]
+fn memcpy_2d_async_impl(
+    i: usize,
+    d: *mut c_void,
+    dp: usize,
+    s: *const c_void,
+    sp: usize,
+    w: usize,
+    h: usize,
+    k: i32,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
+        rm(d),
+        dp,
+        r(s),
+        sp,
+        w,
+        h,
+        k,
+        st
+    )
+}
+variants!(memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
+    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32, st: cudaStream_t));
+
+fn memset_2d_impl(i: usize, d: *mut c_void, p: usize, v: i32, w: usize, h: usize) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, usize, i32, usize, usize),
+        rm(d),
+        p,
+        v,
+        w,
+        h
+    )
+}
+variants!(memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds; (d: *mut c_void, p: usize, v: i32, w: usize, h: usize));
+
+fn memset_2d_async_impl(
+    i: usize,
+    d: *mut c_void,
+    p: usize,
+    v: i32,
+    w: usize,
+    h: usize,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, usize, i32, usize, usize, cudaStream_t),
+        rm(d),
+        p,
+        v,
+        w,
+        h,
+        st
+    )
+}
+variants!(memset_2d_async_impl => cudaMemset2DAsync, cudaMemset2DAsync_ptsz;
+    (d: *mut c_void, p: usize, v: i32, w: usize, h: usize, st: cudaStream_t));
+
+fn translated_3d(p: *const cudaMemcpy3DParms) -> Option<cudaMemcpy3DParms> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null pointer to the application's copy parameters.
+    let mut q = unsafe { p.read() };
+    q.src_ptr.ptr = rm(q.src_ptr.ptr);
+    q.dst_ptr.ptr = rm(q.dst_ptr.ptr);
+    Some(q)
+}
+
+fn memcpy_3d_impl(i: usize, p: *const cudaMemcpy3DParms) -> cudaError_t {
+    let q = translated_3d(p);
+    let pp = q.as_ref().map_or(p, |q| q as *const _);
+    forward!(i, fn(*const cudaMemcpy3DParms), pp)
+}
+variants!(memcpy_3d_impl => cudaMemcpy3D, cudaMemcpy3D_ptds; (p: *const cudaMemcpy3DParms));
+
+fn memcpy_3d_async_impl(i: usize, p: *const cudaMemcpy3DParms, st: cudaStream_t) -> cudaError_t {
+    let q = translated_3d(p);
+    let pp = q.as_ref().map_or(p, |q| q as *const _);
+    forward!(i, fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
+}
+variants!(memcpy_3d_async_impl => cudaMemcpy3DAsync, cudaMemcpy3DAsync_ptsz; (p: *const cudaMemcpy3DParms, st: cudaStream_t));
+
+fn memset_3d_impl(i: usize, mut p: cudaPitchedPtr, v: i32, e: cudaExtent) -> cudaError_t {
+    p.ptr = rm(p.ptr);
+    forward!(i, fn(cudaPitchedPtr, i32, cudaExtent), p, v, e)
+}
+variants!(memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds; (p: cudaPitchedPtr, v: i32, e: cudaExtent));
+
+fn memset_3d_async_impl(
+    i: usize,
+    mut p: cudaPitchedPtr,
+    v: i32,
+    e: cudaExtent,
+    st: cudaStream_t,
+) -> cudaError_t {
+    p.ptr = rm(p.ptr);
+    forward!(
+        i,
+        fn(cudaPitchedPtr, i32, cudaExtent, cudaStream_t),
+        p,
+        v,
+        e,
+        st
+    )
+}
+variants!(memset_3d_async_impl => cudaMemset3DAsync, cudaMemset3DAsync_ptsz;
+    (p: cudaPitchedPtr, v: i32, e: cudaExtent, st: cudaStream_t));
+
+fn memcpy_peer_impl(
+    i: usize,
+    d: *mut c_void,
+    dd: i32,
+    s: *const c_void,
+    sd: i32,
+    n: usize,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, i32, *const c_void, i32, usize),
+        rm(d),
+        dd,
+        r(s),
+        sd,
+        n
+    )
+}
+variants!(memcpy_peer_impl => cudaMemcpyPeer; (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize));
+
+fn memcpy_peer_async_impl(
+    i: usize,
+    d: *mut c_void,
+    dd: i32,
+    s: *const c_void,
+    sd: i32,
+    n: usize,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
+        rm(d),
+        dd,
+        r(s),
+        sd,
+        n,
+        st
+    )
+}
+variants!(memcpy_peer_async_impl => cudaMemcpyPeerAsync;
+    (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize, st: cudaStream_t));
+
+fn to_symbol_impl(
+    i: usize,
+    sym: *const c_void,
+    s: *const c_void,
+    n: usize,
+    off: usize,
+    k: i32,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*const c_void, *const c_void, usize, usize, i32),
+        sym,
+        r(s),
+        n,
+        off,
+        k
+    )
+}
+variants!(to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
+    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32));
+
+fn from_symbol_impl(
+    i: usize,
+    d: *mut c_void,
+    sym: *const c_void,
+    n: usize,
+    off: usize,
+    k: i32,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, *const c_void, usize, usize, i32),
+        rm(d),
+        sym,
+        n,
+        off,
+        k
+    )
+}
+variants!(from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
+    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32));
+
+fn to_symbol_async_impl(
+    i: usize,
+    sym: *const c_void,
+    s: *const c_void,
+    n: usize,
+    off: usize,
+    k: i32,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*const c_void, *const c_void, usize, usize, i32, cudaStream_t),
+        sym,
+        r(s),
+        n,
+        off,
+        k,
+        st
+    )
+}
+variants!(to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
+    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
+
+fn from_symbol_async_impl(
+    i: usize,
+    d: *mut c_void,
+    sym: *const c_void,
+    n: usize,
+    off: usize,
+    k: i32,
+    st: cudaStream_t,
+) -> cudaError_t {
+    forward!(
+        i,
+        fn(*mut c_void, *const c_void, usize, usize, i32, cudaStream_t),
+        rm(d),
+        sym,
+        n,
+        off,
+        k,
+        st
+    )
+}
+variants!(from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
+    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
+
+fn pointer_attributes_impl(
+    i: usize,
+    out: *mut cudaPointerAttributes,
+    p: *const c_void,
+) -> cudaError_t {
+    let rp = r(p);
+    let rc = forward!(i, fn(*mut cudaPointerAttributes, *const c_void), out, rp);
+    if rc == SUCCESS && rp != p && !out.is_null() {
+        // The application sees its own (virtual) pointer.
+        // SAFETY: the real runtime filled the application's non-null out-pointer.
+        unsafe { (*out).device_pointer = p as *mut c_void };
+    }
+    rc
+}
+variants!(pointer_attributes_impl => cudaPointerGetAttributes; (out: *mut cudaPointerAttributes, p: *const c_void));
+
+/// The names cudaw replaces, and with what, for this configuration.
+pub fn table() -> Vec<(usize, usize)> {
+    macro_rules! entries {
+        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
+    }
+    let mut v = entries![
+        cudaMalloc,
+        cudaFree,
+        cudaMallocPitch,
+        cudaMalloc3D,
+        cudaMallocAsync,
+        cudaMallocAsync_ptsz,
+        cudaMallocFromPoolAsync,
+        cudaMallocFromPoolAsync_ptsz,
+        cudaFreeAsync,
+        cudaFreeAsync_ptsz,
+        cudaMemGetInfo,
+        __cudaRegisterFatBinary,
+        __cudaUnregisterFatBinary,
+        __cudaRegisterFunction,
+        __cudaGetKernel,
+    ];
+    if translated() {
+        v.extend(entries![
+            cudaLaunchKernel,
+            cudaLaunchKernel_ptsz,
+            cudaLaunchCooperativeKernel,
+            cudaLaunchCooperativeKernel_ptsz,
+            __cudaLaunchKernel,
+            __cudaLaunchKernel_ptsz,
+            cudaLaunchKernelExC,
+            cudaLaunchKernelExC_ptsz,
+            cudaGraphAddKernelNode,
+            cudaGraphKernelNodeSetParams,
+            cudaGraphExecKernelNodeSetParams,
+            cudaMemcpy,
+            cudaMemcpy_ptds,
+            cudaMemcpyAsync,
+            cudaMemcpyAsync_ptsz,
+            cudaMemset,
+            cudaMemset_ptds,
+            cudaMemsetAsync,
+            cudaMemsetAsync_ptsz,
+            cudaMemcpy2D,
+            cudaMemcpy2D_ptds,
+            cudaMemcpy2DAsync,
+            cudaMemcpy2DAsync_ptsz,
+            cudaMemset2D,
+            cudaMemset2D_ptds,
+            cudaMemset2DAsync,
+            cudaMemset2DAsync_ptsz,
+            cudaMemcpy3D,
+            cudaMemcpy3D_ptds,
+            cudaMemcpy3DAsync,
+            cudaMemcpy3DAsync_ptsz,
+            cudaMemset3D,
+            cudaMemset3D_ptds,
+            cudaMemset3DAsync,
+            cudaMemset3DAsync_ptsz,
+            cudaMemcpyPeer,
+            cudaMemcpyPeerAsync,
+            cudaMemcpyToSymbol,
+            cudaMemcpyToSymbol_ptds,
+            cudaMemcpyFromSymbol,
+            cudaMemcpyFromSymbol_ptds,
+            cudaMemcpyToSymbolAsync,
+            cudaMemcpyToSymbolAsync_ptsz,
+            cudaMemcpyFromSymbolAsync,
+            cudaMemcpyFromSymbolAsync_ptsz,
+            cudaPointerGetAttributes,
+        ]);
+    }
+    v
+}
