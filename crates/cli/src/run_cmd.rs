@@ -1,0 +1,289 @@
+//! `cudaw run`: runs a program under the drop-in runtime.
+//!
+//! Finds the CUDA major the program needs (its `DT_NEEDED`, or for Python the `nvidia`
+//! runtime package PyTorch uses), the real runtime to forward to, and cudaw's libraries
+//! beside this binary; sets `LD_PRELOAD` (which, unlike `LD_LIBRARY_PATH`, also wins over
+//! an RPATH such as PyTorch's) and cudaw's variables; then replaces itself with the
+//! program, so the PID, signals and exit status are the program's own.
+
+use anyhow::{bail, Context, Result};
+use clap::Args as ClapArgs;
+use object::elf::{FileHeader64, DT_NEEDED, DT_RPATH, DT_RUNPATH};
+use object::read::elf::{Dyn, FileHeader};
+use object::Endianness;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs a CUDA program under cudaw.
+#[derive(Debug, ClapArgs)]
+#[command(
+    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it."
+)]
+pub struct Args {
+    /// Cap the program's device memory (bytes, or 8G, 512M).
+    #[arg(long, value_name = "SIZE")]
+    pub mem_limit: Option<String>,
+    /// How device pointers relate to device addresses.
+    #[arg(long, value_parser = ["mapped", "translated"])]
+    pub addressing: Option<String>,
+    /// CUDA major of the runtime to stand in for (default: found from the program).
+    #[arg(long, value_parser = ["11", "12", "13"])]
+    pub cuda: Option<String>,
+    /// The real libcudart to forward to (default: found from the program).
+    #[arg(long, value_name = "PATH")]
+    pub real_cudart: Option<PathBuf>,
+    /// Folder holding cudaw's libcudart.so.* (default: ../lib beside this binary).
+    #[arg(long, value_name = "DIR")]
+    pub lib_dir: Option<PathBuf>,
+    /// Log level: error, warn, info, debug, trace.
+    #[arg(long)]
+    pub log: Option<String>,
+    /// Print the environment cudaw would set, and run nothing.
+    #[arg(long)]
+    pub print_env: bool,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// The SONAME of each major's runtime.
+fn soname(major: u32) -> &'static str {
+    match major {
+        11 => "libcudart.so.11.0",
+        12 => "libcudart.so.12",
+        _ => "libcudart.so.13",
+    }
+}
+
+/// What an ELF file links: its DT_NEEDED names and its RPATH/RUNPATH folders.
+pub fn elf_needs(path: &Path) -> Result<Option<(Vec<String>, Vec<PathBuf>)>> {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if !data.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    let header = FileHeader64::<Endianness>::parse(&*data).context("not a 64-bit ELF file")?;
+    let endian = header.endian()?;
+    let sections = header.sections(endian, &*data)?;
+    let mut needed = Vec::new();
+    let mut paths = Vec::new();
+    if let Some((dynamic, link)) = sections.dynamic(endian, &*data)? {
+        let strings = sections.strings(endian, &*data, link)?;
+        for d in dynamic {
+            let Some(tag) = d.tag32(endian) else { continue };
+            let tag = i64::from(tag);
+            if tag == DT_NEEDED.0 || tag == DT_RPATH.0 || tag == DT_RUNPATH.0 {
+                let Ok(s) = d.string(endian, strings) else {
+                    continue;
+                };
+                let s = String::from_utf8_lossy(s).into_owned();
+                if tag == DT_NEEDED.0 {
+                    needed.push(s);
+                } else {
+                    let origin = path.parent().unwrap_or(Path::new("."));
+                    for p in s.split(':').filter(|p| !p.is_empty()) {
+                        paths.push(PathBuf::from(
+                            p.replace("$ORIGIN", &origin.to_string_lossy()),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(Some((needed, paths)))
+}
+
+/// Finds an executable on `PATH` (or the path itself if it has a slash).
+fn which(cmd: &Path) -> Option<PathBuf> {
+    if cmd.components().count() > 1 {
+        return cmd.exists().then(|| cmd.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(cmd))
+            .find(|c| c.is_file())
+    })
+}
+
+/// The Python interpreter a command runs, if it is one (directly or through a shebang).
+fn python_of(exe: &Path) -> Option<PathBuf> {
+    let name = exe.file_name()?.to_string_lossy().into_owned();
+    if name.starts_with("python") {
+        return Some(exe.to_path_buf());
+    }
+    let head = std::fs::read(exe).ok()?;
+    let first = head.split(|&b| b == b'\n').next()?;
+    let line = String::from_utf8_lossy(first);
+    let rest = line.strip_prefix("#!")?.trim();
+    let mut parts = rest.split_whitespace();
+    let interp = parts.next()?;
+    let interp = if interp.ends_with("/env") {
+        parts.next()?
+    } else {
+        interp
+    };
+    interp
+        .contains("python")
+        .then(|| which(Path::new(interp)).unwrap_or_else(|| PathBuf::from(interp)))
+}
+
+/// For a Python program: the major and real runtime of the `nvidia` runtime package that
+/// PyTorch (or any CUDA wheel) uses, found without importing torch.
+fn python_runtime(python: &Path) -> Option<(u32, PathBuf)> {
+    let script = "import importlib.util as u\ns=u.find_spec('nvidia')\nprint('\\n'.join(s.submodule_search_locations) if s else '')";
+    let out = Command::new(python).args(["-c", script]).output().ok()?;
+    for dir in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+    {
+        let d = Path::new(dir);
+        for (major, rel) in [
+            (13, "cu13/lib/libcudart.so.13"),
+            (13, "cuda_runtime/lib/libcudart.so.13"),
+            (12, "cuda_runtime/lib/libcudart.so.12"),
+            (11, "cuda_runtime/lib/libcudart.so.11.0"),
+        ] {
+            if d.join(rel).is_file() {
+                return Some((major, d.join(rel)));
+            }
+        }
+    }
+    None
+}
+
+/// Where the dynamic linker would find `name` for a program with `rpaths`.
+fn find_library(name: &str, rpaths: &[PathBuf]) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = rpaths.to_vec();
+    if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&v));
+    }
+    if let Ok(out) = Command::new("ldconfig").arg("-p").output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let line = line.trim();
+            if line.starts_with(name) {
+                if let Some(p) = line.split("=> ").nth(1) {
+                    return Some(PathBuf::from(p.trim()));
+                }
+            }
+        }
+    }
+    dirs.extend(
+        [
+            "/usr/local/cuda/lib64",
+            "/usr/local/cuda/targets/x86_64-linux/lib",
+        ]
+        .map(PathBuf::from),
+    );
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// cudaw's library folder: --lib-dir, $CUDAW_LIB_DIR, ../lib beside this binary, or the
+/// development build's target/shims/PROFILE.
+fn lib_dir(args: &Args, major: u32) -> Result<PathBuf> {
+    let name = soname(major);
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(d) = &args.lib_dir {
+        candidates.push(d.clone());
+    } else {
+        if let Some(d) = std::env::var_os("CUDAW_LIB_DIR") {
+            candidates.push(PathBuf::from(d));
+        }
+        let exe = std::env::current_exe()?.canonicalize()?;
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("../lib"));
+            if let Some(profile) = dir.file_name() {
+                candidates.push(dir.join("../shims").join(profile));
+            }
+        }
+    }
+    for c in &candidates {
+        if c.join(name).is_file() {
+            return Ok(c.canonicalize()?);
+        }
+    }
+    bail!(
+        "cannot find cudaw's {name}: looked in {} (build it with scripts/package.sh, or pass --lib-dir)",
+        candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// Runs the command (does not return on success).
+pub fn run(args: &Args) -> Result<()> {
+    let program = PathBuf::from(&args.command[0]);
+    let exe =
+        which(&program).with_context(|| format!("{}: command not found", program.display()))?;
+    let mut major: Option<u32> = args.cuda.as_deref().map(|s| s.parse().unwrap_or(13));
+    let mut real = args.real_cudart.clone();
+    if major.is_none() || real.is_none() {
+        if let Some(py) = python_of(&exe) {
+            if let Some((m, r)) = python_runtime(&py) {
+                major.get_or_insert(m);
+                real.get_or_insert(r);
+            }
+        } else if let Some((needed, rpaths)) = elf_needs(&exe)? {
+            if let Some(n) = needed.iter().find(|n| n.starts_with("libcudart.so.")) {
+                let m = if n.starts_with("libcudart.so.11") {
+                    11
+                } else if n.starts_with("libcudart.so.12") {
+                    12
+                } else {
+                    13
+                };
+                major.get_or_insert(m);
+                if real.is_none() {
+                    real = find_library(soname(major.unwrap_or(m)), &rpaths);
+                }
+            } else if !needed.iter().any(|n| n.starts_with("libcuda.so")) {
+                eprintln!(
+                    "cudaw: warning: {} does not link libcudart.so dynamically; build it with \
+                     `nvcc -cudart shared` for cudaw to see its runtime calls",
+                    exe.display()
+                );
+            }
+        }
+    }
+    let major = major.unwrap_or(13);
+    let dir = lib_dir(args, major)?;
+    let shim = dir.join(soname(major));
+    let mut env: Vec<(String, OsString)> = Vec::new();
+    let mut preload = OsString::from(&shim);
+    if let Some(p) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
+        preload.push(":");
+        preload.push(p);
+    }
+    env.push(("LD_PRELOAD".into(), preload));
+    if let Some(r) = &real {
+        env.push(("CUDAW_REAL_CUDART".into(), r.clone().into()));
+    }
+    if let Some(a) = &args.addressing {
+        env.push(("CUDAW_ADDRESSING".into(), a.into()));
+    }
+    if let Some(l) = &args.mem_limit {
+        env.push(("CUDAW_MEM_LIMIT".into(), l.into()));
+    }
+    if let Some(l) = &args.log {
+        env.push(("CUDAW_LOG".into(), l.into()));
+    }
+    if args.print_env {
+        for (k, v) in &env {
+            println!("{k}={}", v.to_string_lossy());
+        }
+        return Ok(());
+    }
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
+    bail!("cannot run {}: {err}", program.display())
+}
