@@ -758,52 +758,51 @@ impl<B: Backend> Vmm<B> {
         if let Some(s) = chunk.slots.as_mut() {
             s.put(slot);
         }
+        if chunk.busy {
+            // Another thread is releasing or restoring this chunk's memory; it finishes the job.
+            return Ok(());
+        }
         let (base, size, class) = (chunk.base, chunk.size, chunk.class);
-        if chunk.live > 0 {
-            if let (Some(c), Phys::Mapped(_), false) = (class, &chunk.phys, chunk.busy) {
+        let empty = chunk.live == 0;
+        // Only evicted allocations left: their memory is not needed until restore.
+        let idle = chunk.resident == 0 && matches!(chunk.phys, Phys::Mapped(_));
+        if !empty && !idle {
+            if let (Some(c), Phys::Mapped(_)) = (class, &chunk.phys) {
                 st.open[c].insert(ck);
             }
             return Ok(());
         }
-        debug_assert!(!chunk.busy, "a busy chunk holds busy allocations");
         if let Some(c) = class {
             st.open[c].remove(&ck);
         }
-        match std::mem::replace(&mut st.chunks[ck].phys, Phys::Unmapped) {
-            Phys::Mapped(p) => {
-                st.chunks[ck].busy = true;
-                st.releasing += size;
-                let r = MutexGuard::unlocked(st, || self.unmap_and_release(base, size, p));
-                st.releasing -= size;
-                st.chunks.remove(ck);
-                self.changed.notify_all();
-                match r {
-                    Ok(()) => {
-                        st.stats.committed -= size;
-                        st.stats.mapped -= size;
-                        st.stats.chunks -= 1;
-                        st.space.free(base, size);
-                        Ok(())
-                    }
-                    // Still mapped: the range and its memory are lost to the VMM, and stay counted.
-                    Err((false, e)) => Err(e.into()),
-                    // Unmapped but not released: the range is reusable; the memory is leaked.
-                    Err((true, e)) => {
-                        st.stats.committed -= size;
-                        st.stats.mapped -= size;
-                        st.stats.chunks -= 1;
-                        st.space.free(base, size);
-                        Err(e.into())
-                    }
-                }
-            }
-            Phys::Unmapped => {
-                st.chunks.remove(ck);
-                st.space.free(base, size);
-                Ok(())
-            }
-            Phys::Pending => unreachable!("allocations live only in created chunks"),
+        let Phys::Mapped(p) = st.chunks[ck].phys else {
+            // Unmapped and now empty.
+            st.chunks.remove(ck);
+            st.space.free(base, size);
+            return Ok(());
+        };
+        st.chunks[ck].busy = true;
+        st.releasing += size;
+        let r = MutexGuard::unlocked(st, || self.unmap_and_release(base, size, p));
+        st.releasing -= size;
+        let chunk = &mut st.chunks[ck];
+        chunk.busy = false;
+        // Unmapped but not released: the range is reusable; the memory is leaked.
+        let unmapped = !matches!(r, Err((false, _)));
+        if unmapped {
+            chunk.phys = Phys::Unmapped;
+            st.stats.committed -= size;
+            st.stats.mapped -= size;
+            st.stats.chunks -= 1;
         }
+        if st.chunks[ck].live == 0 {
+            st.chunks.remove(ck);
+            if unmapped {
+                st.space.free(base, size);
+            } // else: still mapped; the range and its memory are lost to the VMM, and stay counted.
+        }
+        self.changed.notify_all();
+        r.map_err(|(_, e)| e.into())
     }
 
     /// Evicts the given resident allocations through `staging`: copies them out, then
@@ -887,8 +886,9 @@ impl<B: Backend> Vmm<B> {
         let was_paused = st.paused;
         if pause {
             st.paused = true;
-            // Allocations already past the gate finish first, so they are evicted too.
-            while st.creating > 0 {
+            // Allocations already past the gate finish first, so they are evicted too, and
+            // releases in flight finish, so no physical memory is left when this returns.
+            while st.creating > 0 || st.releasing > 0 {
                 self.changed.wait(&mut st);
             }
         }
@@ -1069,6 +1069,14 @@ impl<B: Backend> Vmm<B> {
         // Targets may change while waiting for a release in flight: recompute after each wait.
         let (targets, create, need) = loop {
             let targets = self.targets(&st, &which, false)?;
+            if targets
+                .iter()
+                .any(|b| st.records[b].chunk.is_some_and(|ck| st.chunks[ck].busy))
+            {
+                // A free is releasing a chunk we need: let it finish.
+                self.changed.wait(&mut st);
+                continue;
+            }
             // Chunks to re-create (mapped) or backings to allocate (translated).
             let mut create: Vec<(usize, u64, u64)> = Vec::new();
             let mut need = 0u64;
