@@ -13,7 +13,8 @@ use fatbin::{Compression, EntryKind, Fatbin};
 const FIXTURES: &[&str] = &["layouts_basic.cu", "layouts_templates.cu"];
 
 /// (label, nvcc flags, output file name).
-const FORMS: &[(&str, &[&str], &str)] = &[
+type Form = (&'static str, &'static [&'static str], &'static str);
+const FORMS: &[Form] = &[
     ("default executable", &["-cudart", "shared"], "a.out"),
     (
         "sm_90 executable",
@@ -73,7 +74,7 @@ const FORMS: &[(&str, &[&str], &str)] = &[
 
 /// Compiles every (fixture, form) pair, two at a time.
 fn build_all(t: &Tools) -> Vec<(String, std::path::PathBuf)> {
-    let jobs: Vec<(&str, &(&str, &[&str], &str))> = FIXTURES
+    let jobs: Vec<(&str, &Form)> = FIXTURES
         .iter()
         .flat_map(|f| FORMS.iter().map(move |form| (*f, form)))
         .collect();

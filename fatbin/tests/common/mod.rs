@@ -96,7 +96,9 @@ pub fn cached(
     if out.is_file() {
         return out;
     }
-    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.with_extension(format!("tmp{}-{seq}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
     build(&tmp, &tmp.join(file));
@@ -169,6 +171,7 @@ pub fn cu12_fatbin(t: &Tools, src: &str) -> Option<PathBuf> {
 /// Layouts per kernel as `cuobjdump -elf` prints them: (sm, name) → (params, param_bytes),
 /// one item per kernel per cubin, sorted.
 pub type Layout = (u32, String, Vec<(u32, u32, u32)>, u32);
+type Params = (Vec<(u32, u32, u32)>, u32);
 
 fn hex(s: &str) -> u32 {
     let s = s.trim();
@@ -207,7 +210,7 @@ pub fn cuobjdump_layouts(t: &Tools, file: &Path) -> Vec<Layout> {
                     .unwrap()
             })
             .unwrap_or(0);
-        let mut kernels: BTreeMap<String, (Vec<(u32, u32, u32)>, u32)> = BTreeMap::new();
+        let mut kernels: BTreeMap<String, Params> = BTreeMap::new();
         let mut in_symtab = false;
         let mut section: Option<String> = None;
         let mut attr = String::new();
