@@ -1,7 +1,7 @@
 //! [`Fatbin`]: the lazy index over every entry of an input, with a per-SM kernel cache.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use object::elf::FileHeader64;
 use object::read::elf::{FileHeader, SectionHeader};
@@ -26,16 +26,21 @@ pub enum InputKind {
     Ptx,
 }
 
-/// Kernels the driver would load on one SM.
+/// Kernels the driver would load on one SM, indexed incrementally: entries are decompressed
+/// in input order only as far as a lookup needs.
 #[derive(Debug, Default)]
 struct SmIndex {
+    /// The entry chosen from each container (indices into `Fatbin::entries`).
+    chosen: Vec<usize>,
+    /// How many of `chosen` have been decompressed and indexed.
+    scanned: usize,
     kernels: Vec<Arc<KernelInfo>>,
     by_name: HashMap<String, usize>,
     /// The first entry that failed to decompress or parse, if any.
     first_error: Option<Error>,
 }
 
-type SmSlot = Arc<OnceLock<SmIndex>>;
+type SmSlot = Arc<Mutex<Option<SmIndex>>>;
 
 /// An indexed input: containers and entry headers, read without decompressing anything.
 ///
@@ -203,63 +208,81 @@ impl<'a> Fatbin<'a> {
             .collect()
     }
 
-    fn sm_index(&self, sm: u32) -> SmSlot {
-        let slot = {
-            let mut map = self.by_sm.lock().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(map.entry(sm).or_default())
-        };
-        // Built outside the map's lock: other SMs are not held up.
-        slot.get_or_init(|| self.build_index(sm));
-        slot
+    fn sm_slot(&self, sm: u32) -> SmSlot {
+        let mut map = self.by_sm.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(map.entry(sm).or_default())
     }
 
-    fn build_index(&self, sm: u32) -> SmIndex {
-        let mut index = SmIndex::default();
-        for entry in self.select(sm) {
-            match entry.kernels() {
-                Ok(kernels) => {
-                    for k in kernels {
-                        if !index.by_name.contains_key(&k.name) {
-                            index.by_name.insert(k.name.clone(), index.kernels.len());
-                            index.kernels.push(Arc::new(k));
-                        }
+    /// Runs `f` on the SM's index (created on first use) under its lock; other SMs are not
+    /// held up.
+    fn with_index<R>(&self, sm: u32, f: impl FnOnce(&Self, &mut SmIndex) -> R) -> R {
+        let slot = self.sm_slot(sm);
+        let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let index = guard.get_or_insert_with(|| SmIndex {
+            chosen: self
+                .select(sm)
+                .into_iter()
+                .filter_map(|e| self.entries.iter().position(|x| std::ptr::eq(x, e)))
+                .collect(),
+            ..SmIndex::default()
+        });
+        f(self, index)
+    }
+
+    /// Decompresses and indexes the next chosen entry; `false` when all are done.
+    fn scan_one(&self, index: &mut SmIndex) -> bool {
+        let Some(&i) = index.chosen.get(index.scanned) else {
+            return false;
+        };
+        index.scanned += 1;
+        let Some(entry) = self.entries.get(i) else {
+            return true;
+        };
+        match entry.kernels() {
+            Ok(kernels) => {
+                for k in kernels {
+                    if !index.by_name.contains_key(&k.name) {
+                        index.by_name.insert(k.name.clone(), index.kernels.len());
+                        index.kernels.push(Arc::new(k));
                     }
                 }
-                Err(e) => {
-                    index.first_error.get_or_insert(e);
-                }
+            }
+            Err(e) => {
+                index.first_error.get_or_insert(e);
             }
         }
-        index
+        true
     }
 
-    /// The layout of kernel `name` (mangled) as the driver would load it on SM `sm`: parsed on
-    /// first request, then cached. `Ok(None)` if no selected image has it; an error only if
-    /// it was not found and some selected entry failed to decompress or parse.
+    /// The layout of kernel `name` (mangled) as the driver would load it on SM `sm`, parsed
+    /// on first request and cached. The chosen entries are decompressed in input order only
+    /// until the name is found (all of them for a name that is absent); later requests are a
+    /// hash lookup. `Ok(None)` if no chosen image has it; an error only if it was not found
+    /// and some chosen entry failed to decompress or parse.
     pub fn kernel(&self, name: &str, sm: u32) -> Result<Option<Arc<KernelInfo>>> {
-        let slot = self.sm_index(sm);
-        let Some(index) = slot.get() else {
-            return Ok(None);
-        };
-        match index.by_name.get(name) {
-            Some(&i) => Ok(index.kernels.get(i).cloned()),
-            None => match &index.first_error {
-                Some(e) => Err(e.clone()),
-                None => Ok(None),
-            },
-        }
+        self.with_index(sm, |this, index| loop {
+            if let Some(&i) = index.by_name.get(name) {
+                return Ok(index.kernels.get(i).cloned());
+            }
+            if !this.scan_one(index) {
+                return match &index.first_error {
+                    Some(e) => Err(e.clone()),
+                    None => Ok(None),
+                };
+            }
+        })
     }
 
     /// Every kernel the driver would load on SM `sm` (first occurrence of each name), in
-    /// input order. Fails if any selected entry failed to decompress or parse.
+    /// input order, decompressing every chosen entry not yet indexed. Fails if any chosen
+    /// entry failed to decompress or parse.
     pub fn kernels_for_sm(&self, sm: u32) -> Result<Vec<Arc<KernelInfo>>> {
-        let slot = self.sm_index(sm);
-        let Some(index) = slot.get() else {
-            return Ok(Vec::new());
-        };
-        match &index.first_error {
-            Some(e) => Err(e.clone()),
-            None => Ok(index.kernels.clone()),
-        }
+        self.with_index(sm, |this, index| {
+            while this.scan_one(index) {}
+            match &index.first_error {
+                Some(e) => Err(e.clone()),
+                None => Ok(index.kernels.clone()),
+            }
+        })
     }
 }

@@ -10,9 +10,11 @@
 //!   headers only: no entry is decompressed.
 //! - [`Fatbin::kernel`] — the layout of one kernel for a device SM, parsed on first request
 //!   and cached; [`Fatbin::kernels_for_sm`] — every kernel the driver would load on that SM.
-//!   Per SM, the first request decompresses the chosen entry of every container (and only
-//!   those) and builds a name → kernel map; later requests are hash lookups. `Fatbin` is
-//!   `Sync`: share it between threads.
+//!   Per SM, a name → kernel map is built lazily: a lookup decompresses the chosen entry of
+//!   each container (and only those), in input order, until it finds the name; names already
+//!   seen are a hash lookup. `Fatbin` is `Sync`: share it between threads. For the fastest
+//!   first launch, index the one container the kernel was registered with
+//!   ([`container_len`] + [`Fatbin::parse`] on exactly its bytes).
 //! - [`Fatbin::select`] / [`select_entry`] — which entry of a container the driver runs on an
 //!   SM: an exact-SM cubin; else a cubin of the same major and a lower minor (arch-specific
 //!   `sm_XXa` cubins only on exactly their SM); else the highest PTX whose SM is ≤ the device's
