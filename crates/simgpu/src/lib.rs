@@ -1,5 +1,7 @@
 //! simgpu: a simulated CUDA device over host memory. Built as a cdylib it plays
-//! `libcuda.so.1` (see [`driver_api`] for the exported functions).
+//! `libcuda.so.1` (see [`driver_api`] for the exported functions) and the subset of
+//! `libcudart` the test programs reach through cudaw's forwarding ([`runtime_api`]), with
+//! their kernels run as host functions looked up by name ([`kernels`]).
 //!
 //! Device pointers are host addresses: a reservation is a real inaccessible address range,
 //! physical memory is a shared memory file mapped into it, so memory that is unmapped
@@ -15,8 +17,10 @@ pub mod config;
 pub mod device;
 pub mod driver_api;
 pub mod error;
+pub mod kernels;
 pub mod memory;
 mod os;
+pub mod runtime;
 pub mod runtime_api;
 pub mod stream;
 

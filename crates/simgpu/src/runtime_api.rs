@@ -1,4 +1,1066 @@
-//! The runtime subset (`cuda*`) simgpu plays for tests reached through the shim's
-//! forwarding: registration, launches of test kernels looked up by name, copies, events.
-//! Not written yet: the driver API (`driver_api`) is what exists so far; runtime entry
-//! points will be thin wrappers over the same `device`, `memory` and `stream` modules.
+//! The exported runtime API (`cuda*`, `__cuda*`): the subset of `libcudart` the test
+//! programs reach through cudaw's forwarding, played over the same device, memory and
+//! streams as the driver API (`driver_api`), so `CUDAW_REAL_CUDART` and `CUDAW_LIBCUDA`
+//! may both name `libsimgpu.so`.
+//!
+//! Handles are shared with the driver: a `cudaStream_t` is a `CUstream`, a `cudaEvent_t`
+//! a `CUevent`. Every call initialises the device on first use and makes the primary
+//! context current on the calling thread, as the real runtime does. Failures are recorded
+//! as the thread's last error; a kernel's fault is sticky. Kernels run as host functions
+//! looked up by mangled name ([`crate::kernels`]), enqueued on the launch's stream; a
+//! kernel simgpu has no host function for fails to launch with
+//! `cudaErrorInvalidDeviceFunction` and a message naming it.
+//!
+//! Every body runs inside [`runtime::guard`], so no panic crosses the C ABI.
+//!
+//! # Safety
+//!
+//! Every export has the contract of the runtime function it is named after: each pointer
+//! argument is null (refused with `cudaErrorInvalidValue` where the runtime refuses it) or
+//! valid for the reads and writes the runtime documents; host memory given to an
+//! asynchronous copy stays valid until the stream has done the copy.
+#![allow(non_snake_case, non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)] // the module's Safety section covers every export
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::device;
+use crate::kernels::{self, Launch};
+use crate::runtime::{self, error, CallConfig, Dim3, RtError, RtResult};
+use crate::stream::{Event, StreamId, Task};
+
+/// `cudaError_t` on the wire.
+pub type cudaError_t = c_uint;
+/// `cudaStream_t`, `cudaEvent_t`, `cudaKernel_t`, `cudaMemPool_t`: opaque pointers.
+pub type Handle = *mut c_void;
+
+/// `cudaRuntimeGetVersion`: CUDA 13.0.
+pub const RUNTIME_VERSION: i32 = 13000;
+
+/// `cudaMemcpyKind`.
+mod kind {
+    pub const HOST_TO_HOST: i32 = 0;
+    pub const HOST_TO_DEVICE: i32 = 1;
+    pub const DEVICE_TO_HOST: i32 = 2;
+    pub const DEVICE_TO_DEVICE: i32 = 3;
+    pub const DEFAULT: i32 = 4;
+}
+
+/// `cudaMemoryType`.
+mod memory_type {
+    pub const UNREGISTERED: i32 = 0;
+    pub const HOST: i32 = 1;
+    pub const DEVICE: i32 = 2;
+}
+
+/// The default memory pool's handle (any non-null value; never dereferenced).
+const DEFAULT_POOL: usize = 0x9001_0000;
+
+macro_rules! rt {
+    ($body:block) => {
+        runtime::entry(move || -> RtResult<()> { $body })
+    };
+}
+
+/// Writes `value` through an out-pointer; null is `cudaErrorInvalidValue`.
+///
+/// # Safety
+/// `out` is null or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, value: T) -> RtResult<()> {
+    if out.is_null() {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Reads an in-pointer; null is `cudaErrorInvalidValue`.
+///
+/// # Safety
+/// `ptr` is null or valid for a read of `T`.
+unsafe fn get<T: Copy>(ptr: *const T) -> RtResult<T> {
+    if ptr.is_null() {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    // SAFETY: non-null, and valid for reads by the caller's contract.
+    Ok(unsafe { ptr.read() })
+}
+
+/// Waits for `ticket`'s work, then reports a fault any kernel took meanwhile.
+fn finish(ticket: &crate::stream::Ticket) -> RtResult<()> {
+    ticket.wait();
+    runtime::sticky()
+}
+
+// ---- errors and versions ----
+
+/// `cudaGetLastError`: this thread's last error, reset to `cudaSuccess` (a sticky error
+/// stays).
+#[no_mangle]
+pub extern "C" fn cudaGetLastError() -> cudaError_t {
+    runtime::guard(RtError::cudaErrorUnknown.code(), || {
+        runtime::last_error(true)
+    })
+}
+
+/// `cudaPeekAtLastError`: this thread's last error, kept.
+#[no_mangle]
+pub extern "C" fn cudaPeekAtLastError() -> cudaError_t {
+    runtime::guard(RtError::cudaErrorUnknown.code(), || {
+        runtime::last_error(false)
+    })
+}
+
+/// `cudaGetErrorString`: a static description ("unrecognized error code" for others).
+#[no_mangle]
+pub extern "C" fn cudaGetErrorString(code: cudaError_t) -> *const c_char {
+    runtime::guard(c"unrecognized error code".as_ptr(), || {
+        error::description_of(code)
+            .unwrap_or(c"unrecognized error code")
+            .as_ptr()
+    })
+}
+
+/// `cudaGetErrorName`: a static name ("unrecognized error code" for others).
+#[no_mangle]
+pub extern "C" fn cudaGetErrorName(code: cudaError_t) -> *const c_char {
+    runtime::guard(c"unrecognized error code".as_ptr(), || {
+        error::name_of(code)
+            .unwrap_or(c"unrecognized error code")
+            .as_ptr()
+    })
+}
+
+/// `cudaRuntimeGetVersion`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaRuntimeGetVersion(version: *mut c_int) -> cudaError_t {
+    // SAFETY: the caller passes a valid out-pointer or null.
+    rt!({ unsafe { put(version, RUNTIME_VERSION) } })
+}
+
+/// `cudaDriverGetVersion`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDriverGetVersion(version: *mut c_int) -> cudaError_t {
+    // SAFETY: the caller passes a valid out-pointer or null.
+    rt!({ unsafe { put(version, device::DRIVER_VERSION) } })
+}
+
+// ---- devices ----
+
+/// `cudaGetDeviceCount`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDeviceCount(count: *mut c_int) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(count, 1) }
+    })
+}
+
+/// `cudaGetDevice`: always 0.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDevice(dev: *mut c_int) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(dev, 0) }
+    })
+}
+
+/// `cudaSetDevice`: device 0 only.
+#[no_mangle]
+pub extern "C" fn cudaSetDevice(dev: c_int) -> cudaError_t {
+    rt!({
+        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+        runtime::context().map(drop)
+    })
+}
+
+/// `cudaDeviceGetAttribute`: the driver's H100 values (compute capability 9.0).
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceGetAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    dev: c_int,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+        let v = device::attribute(attr)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(value, v) }
+    })
+}
+
+/// `cudaDeviceSynchronize`: waits for every stream; reports a kernel's fault.
+#[no_mangle]
+pub extern "C" fn cudaDeviceSynchronize() -> cudaError_t {
+    rt!({
+        runtime::context()?.streams.synchronize_all();
+        runtime::sticky()
+    })
+}
+
+/// `cudaMemGetInfo`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> cudaError_t {
+    rt!({
+        let (f, t) = runtime::context()?.memory().info();
+        // SAFETY: the caller passes valid out-pointers or null.
+        unsafe {
+            put(free, f as usize)?;
+            put(total, t as usize)
+        }
+    })
+}
+
+// ---- registration and launch configuration ----
+
+/// `__cudaRegisterFatBinary`: records the fatbin; returns its handle.
+#[no_mangle]
+pub extern "C" fn __cudaRegisterFatBinary(fat_cubin: *mut c_void) -> *mut *mut c_void {
+    runtime::guard(std::ptr::null_mut(), || {
+        runtime::register_fatbin(fat_cubin as usize) as *mut *mut c_void
+    })
+}
+
+/// `__cudaRegisterFatBinaryEnd`: nothing to finish.
+#[no_mangle]
+pub extern "C" fn __cudaRegisterFatBinaryEnd(_handle: *mut *mut c_void) {}
+
+/// `__cudaUnregisterFatBinary`: forgets the fatbin and its kernels.
+#[no_mangle]
+pub extern "C" fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
+    runtime::guard((), || runtime::unregister_fatbin(handle as usize))
+}
+
+/// `__cudaRegisterFunction`: host stub → mangled device name.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn __cudaRegisterFunction(
+    handle: *mut *mut c_void,
+    host_fun: *const c_char,
+    _device_fun: *mut c_char,
+    device_name: *const c_char,
+    _thread_limit: c_int,
+    _tid: *mut c_void,
+    _bid: *mut c_void,
+    _bdim: *mut c_void,
+    _gdim: *mut c_void,
+    _wsize: *mut c_int,
+) {
+    runtime::guard((), || {
+        if device_name.is_null() || host_fun.is_null() {
+            return;
+        }
+        // SAFETY: nvcc passes the kernel's mangled name, NUL-terminated and static.
+        let name = unsafe { std::ffi::CStr::from_ptr(device_name) }.to_string_lossy();
+        runtime::register_function(handle as usize, host_fun as usize, &name);
+    })
+}
+
+/// `__cudaRegisterVar`: device variables are not simulated; recorded nowhere.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn __cudaRegisterVar(
+    _handle: *mut *mut c_void,
+    _host_var: *mut c_char,
+    _device_address: *mut c_char,
+    _device_name: *const c_char,
+    _ext: c_int,
+    _size: usize,
+    _constant: c_int,
+    _global: c_int,
+) {
+}
+
+/// `__cudaPushCallConfiguration`: the `<<<grid, block, shared, stream>>>` of the next
+/// launch on this thread.
+#[no_mangle]
+pub extern "C" fn __cudaPushCallConfiguration(
+    grid: Dim3,
+    block: Dim3,
+    shared_mem: usize,
+    stream: Handle,
+) -> c_uint {
+    runtime::guard(RtError::cudaErrorUnknown.code(), || {
+        runtime::push_config(CallConfig {
+            grid,
+            block,
+            shared_mem,
+            stream: stream as u64,
+        });
+        0
+    })
+}
+
+/// `__cudaPopCallConfiguration`: the configuration the launch stub pushed.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaPopCallConfiguration(
+    grid: *mut Dim3,
+    block: *mut Dim3,
+    shared_mem: *mut usize,
+    stream: *mut Handle,
+) -> cudaError_t {
+    rt!({
+        let c = runtime::pop_config().ok_or(RtError::cudaErrorInvalidConfiguration)?;
+        // SAFETY: the launch stub passes pointers to its locals.
+        unsafe {
+            put(grid, c.grid)?;
+            put(block, c.block)?;
+            put(shared_mem, c.shared_mem)?;
+            put(stream, c.stream as Handle)
+        }
+    })
+}
+
+/// `__cudaGetKernel`: the kernel handle of a registered host stub.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaGetKernel(
+    kernel: *mut Handle,
+    host_fun: *const c_void,
+) -> cudaError_t {
+    rt!({
+        let k = runtime::kernel_handle(host_fun as usize)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(kernel, k as Handle) }
+    })
+}
+
+// ---- launches ----
+
+/// Checks a launch's shape against the device's limits.
+fn check_shape(grid: Dim3, block: Dim3) -> RtResult<()> {
+    let bad = grid.x == 0
+        || grid.y == 0
+        || grid.z == 0
+        || grid.y > 65535
+        || grid.z > 65535
+        || grid.x > i32::MAX as u32
+        || block.x == 0
+        || block.y == 0
+        || block.z == 0
+        || block.x > 1024
+        || block.y > 1024
+        || block.z > 64
+        || block.count() > 1024;
+    if bad {
+        return Err(RtError::cudaErrorInvalidConfiguration);
+    }
+    Ok(())
+}
+
+/// Launches `function` on `stream`: its host implementation, enqueued.
+///
+/// # Safety
+/// `args` holds one valid pointer per kernel parameter, as the launch API requires.
+unsafe fn launch(
+    function: runtime::Function,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> RtResult<()> {
+    let device = runtime::context()?;
+    check_shape(grid, block)?;
+    let stream = runtime::stream(stream as u64)?;
+    let Some(kernel) = kernels::find(&function.name) else {
+        eprintln!(
+            "simgpu: cannot launch kernel {}: simgpu has no host implementation of it \
+             (known kernels are listed in simgpu's kernels module); the launch fails with \
+             cudaErrorInvalidDeviceFunction",
+            function.name
+        );
+        return Err(RtError::cudaErrorInvalidDeviceFunction);
+    };
+    if args.is_null() {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    let shape = Launch {
+        grid,
+        block,
+        shared_mem,
+    };
+    // SAFETY: the caller passes the kernel's arguments, read now, before they go away.
+    let work = unsafe { kernel.prepare(&shape, args as *const *const c_void) };
+    let task: Task = Box::new(move || {
+        if runtime::sticky().is_err() {
+            return; // the context is corrupt: later work does not run
+        }
+        let checked = work.check(&device.memory());
+        match checked {
+            // SAFETY: the memory was checked; unmapping waits for the stream first.
+            Ok(()) => unsafe { work.run() },
+            Err(fault) => {
+                eprintln!("simgpu: {fault}");
+                runtime::set_sticky(fault.error);
+            }
+        }
+    });
+    device.streams.enqueue(stream, task)?;
+    Ok(())
+}
+
+/// `cudaLaunchKernel`: launches the kernel registered for host stub `func`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchKernel(
+    func: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let f = runtime::function(func as usize)?;
+        // SAFETY: the launch's contract.
+        unsafe { launch(f, grid, block, args, shared_mem, stream) }
+    })
+}
+
+/// `cudaLaunchKernel_ptsz` (per-thread default stream: simgpu's NULL stream).
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchKernel_ptsz(
+    func: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaLaunchKernel(func, grid, block, args, shared_mem, stream) }
+}
+
+/// `__cudaLaunchKernel`: launches the kernel behind a handle from `__cudaGetKernel`.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaLaunchKernel(
+    kernel: Handle,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let f = runtime::function_of_kernel(kernel as usize)?;
+        // SAFETY: the launch's contract.
+        unsafe { launch(f, grid, block, args, shared_mem, stream) }
+    })
+}
+
+/// `__cudaLaunchKernel_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaLaunchKernel_ptsz(
+    kernel: Handle,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { __cudaLaunchKernel(kernel, grid, block, args, shared_mem, stream) }
+}
+
+// ---- memory ----
+
+/// `cudaMalloc`: `*ptr = NULL` for size 0.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if ptr.is_null() {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let addr = match size {
+            0 => 0,
+            _ => device.memory().alloc(size as u64)?,
+        };
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr as *mut c_void) }
+    })
+}
+
+/// `cudaFree`: `cudaFree(NULL)` initialises the runtime; otherwise waits for the device
+/// first, as the runtime does.
+#[no_mangle]
+pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if ptr.is_null() {
+            return Ok(());
+        }
+        device.streams.synchronize_all();
+        // SAFETY: stream work is finished; later accesses fault, as on a GPU.
+        unsafe { device.memory().free(ptr as u64) }?;
+        Ok(())
+    })
+}
+
+/// `cudaMallocAsync`: allocated at once (simgpu has no pool to order).
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocAsync(
+    ptr: *mut *mut c_void,
+    size: usize,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        runtime::stream(stream as u64)?;
+        // SAFETY: same contract as cudaMalloc.
+        match unsafe { cudaMalloc(ptr, size) } {
+            0 => Ok(()),
+            code => Err(RtError::from_code(code)),
+        }
+    })
+}
+
+/// `cudaMallocAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocAsync_ptsz(
+    ptr: *mut *mut c_void,
+    size: usize,
+    stream: Handle,
+) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaMallocAsync(ptr, size, stream) }
+}
+
+/// `cudaFreeAsync`: freed when the stream reaches this point.
+#[no_mangle]
+pub extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: Handle) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let stream = runtime::stream(stream as u64)?;
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let addr = ptr as u64;
+        let task: Task = Box::new(move || {
+            // SAFETY: earlier work on this stream is done; the program gave the memory up.
+            if let Err(e) = unsafe { device.memory().free(addr) } {
+                eprintln!("simgpu: cudaFreeAsync({addr:#x}): not an allocation ({e})");
+            }
+        });
+        device.streams.enqueue(stream, task)?;
+        Ok(())
+    })
+}
+
+/// `cudaFreeAsync_ptsz`.
+#[no_mangle]
+pub extern "C" fn cudaFreeAsync_ptsz(ptr: *mut c_void, stream: Handle) -> cudaError_t {
+    cudaFreeAsync(ptr, stream)
+}
+
+/// `cudaHostAlloc`: pinned host memory the device can reach.
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostAlloc(
+    ptr: *mut *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if ptr.is_null() {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let addr = match size {
+            0 => 0,
+            _ => {
+                let a = device.memory().host_alloc(size as u64)?;
+                runtime::add_pinned(a, size as u64);
+                a
+            }
+        };
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr as *mut c_void) }
+    })
+}
+
+/// `cudaMallocHost`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> cudaError_t {
+    // SAFETY: same contract as cudaHostAlloc.
+    unsafe { cudaHostAlloc(ptr, size, 0) }
+}
+
+/// `cudaFreeHost`: waits for the device first.
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if ptr.is_null() {
+            return Ok(());
+        }
+        device.streams.synchronize_all();
+        // SAFETY: the program gives the memory up; stream work using it is finished.
+        unsafe { device.memory().host_free(ptr as u64) }?;
+        runtime::remove_pinned(ptr as u64);
+        Ok(())
+    })
+}
+
+/// `cudaHostRegister`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostRegister(
+    ptr: *mut c_void,
+    size: usize,
+    _flags: c_uint,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?
+            .memory()
+            .host_register(ptr as u64, size as u64)?;
+        runtime::add_pinned(ptr as u64, size as u64);
+        Ok(())
+    })
+}
+
+/// `cudaHostUnregister`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostUnregister(ptr: *mut c_void) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        device.streams.synchronize_all();
+        device.memory().host_unregister(ptr as u64)?;
+        runtime::remove_pinned(ptr as u64);
+        Ok(())
+    })
+}
+
+/// `cudaDeviceGetDefaultMemPool`: one pool, whose attributes simgpu accepts and keeps.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceGetDefaultMemPool(pool: *mut Handle, dev: c_int) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(pool, DEFAULT_POOL as Handle) }
+    })
+}
+
+/// `cudaDeviceGetMemPool`: the default pool.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceGetMemPool(pool: *mut Handle, dev: c_int) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaDeviceGetDefaultMemPool(pool, dev) }
+}
+
+static RELEASE_THRESHOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `cudaMemPoolSetAttribute`: the release threshold (4) is kept; the reuse flags (1–3) and
+/// the resettable high-water marks (6, 8) are accepted.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemPoolSetAttribute(
+    pool: Handle,
+    attr: c_int,
+    value: *mut c_void,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        if pool as usize != DEFAULT_POOL || value.is_null() {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        match attr {
+            1..=3 => Ok(()),
+            4 => {
+                // SAFETY: the threshold attribute's value is a `cuuint64_t` (checked non-null).
+                let v = unsafe { get(value as *const u64) }?;
+                RELEASE_THRESHOLD.store(v, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            6 | 8 => Ok(()),
+            _ => Err(RtError::cudaErrorInvalidValue),
+        }
+    })
+}
+
+/// `cudaMemPoolGetAttribute`: the release threshold as set; 0 for the others.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemPoolGetAttribute(
+    pool: Handle,
+    attr: c_int,
+    value: *mut c_void,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        if pool as usize != DEFAULT_POOL {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        // SAFETY: attributes 1–3 are `int`, 4–8 `cuuint64_t` (the caller's buffer).
+        unsafe {
+            match attr {
+                1..=3 => put(value as *mut c_int, 0),
+                4 => put(
+                    value as *mut u64,
+                    RELEASE_THRESHOLD.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+                5..=8 => put(value as *mut u64, 0),
+                _ => Err(RtError::cudaErrorInvalidValue),
+            }
+        }
+    })
+}
+
+/// `cudaPointerAttributes`, the fields every CUDA major shares (CUDA 13 appends more,
+/// which simgpu leaves as the caller had them).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PointerAttributes {
+    /// `cudaMemoryType`.
+    pub type_: c_int,
+    /// The device ordinal.
+    pub device: c_int,
+    /// The address the device uses.
+    pub device_pointer: *mut c_void,
+    /// The address the host uses.
+    pub host_pointer: *mut c_void,
+}
+
+/// `cudaPointerGetAttributes`: device memory, the runtime's pinned host memory, or
+/// unregistered host memory.
+#[no_mangle]
+pub unsafe extern "C" fn cudaPointerGetAttributes(
+    attributes: *mut PointerAttributes,
+    ptr: *const c_void,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let p = ptr as *mut c_void;
+        let value = if runtime::is_pinned(ptr as u64) {
+            PointerAttributes {
+                type_: memory_type::HOST,
+                device: 0,
+                device_pointer: p,
+                host_pointer: p,
+            }
+        } else if device.memory().check_device(ptr as u64, 1, false).is_ok() {
+            PointerAttributes {
+                type_: memory_type::DEVICE,
+                device: 0,
+                device_pointer: p,
+                host_pointer: std::ptr::null_mut(),
+            }
+        } else {
+            PointerAttributes {
+                type_: memory_type::UNREGISTERED,
+                device: -2,
+                device_pointer: std::ptr::null_mut(),
+                host_pointer: p,
+            }
+        };
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(attributes, value) }
+    })
+}
+
+// ---- copies and memset ----
+
+/// Enqueues a copy of `len` bytes; `wait` makes it synchronous. Device sides are checked
+/// first. Like the real runtime, a copy from pageable host memory is staged at once (the
+/// caller may reuse the buffer when the call returns) and a copy to pageable host memory
+/// is waited for.
+fn enqueue_copy(
+    dst: u64,
+    src: u64,
+    len: usize,
+    kind: i32,
+    stream: StreamId,
+    wait: bool,
+) -> RtResult<()> {
+    let device = runtime::context()?;
+    if len == 0 {
+        return Ok(());
+    }
+    if dst == 0 || src == 0 {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    let (dst_device, src_device, dst_pageable, src_pageable) = {
+        let memory = device.memory();
+        let reachable = |addr: u64| memory.check_device(addr, 1, false).is_ok();
+        let (dst_device, src_device) = match kind {
+            kind::HOST_TO_HOST => (false, false),
+            kind::HOST_TO_DEVICE => (true, false),
+            kind::DEVICE_TO_HOST => (false, true),
+            kind::DEVICE_TO_DEVICE => (true, true),
+            kind::DEFAULT => (reachable(dst), reachable(src)),
+            _ => return Err(RtError::cudaErrorInvalidMemcpyDirection),
+        };
+        if dst_device {
+            memory.check_device(dst, len as u64, true)?;
+        }
+        if src_device {
+            memory.check_device(src, len as u64, false)?;
+        }
+        (
+            dst_device,
+            src_device,
+            !dst_device && !reachable(dst),
+            !src_device && !reachable(src),
+        )
+    };
+    let task: Task = if src_pageable && dst_device && !wait {
+        // SAFETY: the caller's source buffer is valid for `len` bytes during the call.
+        let staged = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
+        Box::new(move || {
+            // SAFETY: the destination was checked writable device memory when enqueued.
+            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, len) }
+        })
+    } else {
+        Box::new(move || {
+            // SAFETY: device sides were checked when enqueued; host sides are the caller's
+            // promise, kept until the stream has done the copy. `copy` allows overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
+        })
+    };
+    let ticket = device.streams.enqueue(stream, task)?;
+    if wait || (dst_pageable && src_device) {
+        finish(&ticket)?;
+    }
+    Ok(())
+}
+
+/// `cudaMemcpy`: ordered on the NULL stream, returns when done.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: c_int,
+) -> cudaError_t {
+    rt!({ enqueue_copy(dst as u64, src as u64, count, kind, StreamId::Null, true) })
+}
+
+/// `cudaMemcpyAsync`: returns before the copy is done.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: c_int,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        let s = runtime::stream(stream as u64)?;
+        enqueue_copy(dst as u64, src as u64, count, kind, s, false)
+    })
+}
+
+/// `cudaMemcpyAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: c_int,
+    stream: Handle,
+) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaMemcpyAsync(dst, src, count, kind, stream) }
+}
+
+fn enqueue_memset(dst: u64, value: c_int, len: usize, stream: StreamId) -> RtResult<()> {
+    let device = runtime::context()?;
+    if len == 0 {
+        return Ok(());
+    }
+    device.memory().check_device(dst, len as u64, true)?;
+    let byte = value as u8;
+    let task: Task = Box::new(move || {
+        // SAFETY: the range was checked writable device memory when enqueued.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, byte, len) }
+    });
+    device.streams.enqueue(stream, task)?;
+    Ok(())
+}
+
+/// `cudaMemset`: on the NULL stream, asynchronous to the host as on a GPU.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset(dst: *mut c_void, value: c_int, count: usize) -> cudaError_t {
+    rt!({ enqueue_memset(dst as u64, value, count, StreamId::Null) })
+}
+
+/// `cudaMemsetAsync`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemsetAsync(
+    dst: *mut c_void,
+    value: c_int,
+    count: usize,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        let s = runtime::stream(stream as u64)?;
+        enqueue_memset(dst as u64, value, count, s)
+    })
+}
+
+/// `cudaMemsetAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemsetAsync_ptsz(
+    dst: *mut c_void,
+    value: c_int,
+    count: usize,
+    stream: Handle,
+) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaMemsetAsync(dst, value, count, stream) }
+}
+
+// ---- streams ----
+
+/// `cudaStreamCreateWithFlags`: `cudaStreamNonBlocking` (1) or default (0).
+#[no_mangle]
+pub unsafe extern "C" fn cudaStreamCreateWithFlags(
+    stream: *mut Handle,
+    flags: c_uint,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if stream.is_null() || flags > 1 {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let id = device.streams.create(flags);
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(stream, device::handle_of(id) as Handle) }
+    })
+}
+
+/// `cudaStreamCreate`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaStreamCreate(stream: *mut Handle) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaStreamCreateWithFlags(stream, 0) }
+}
+
+/// `cudaStreamDestroy`: work already enqueued still completes.
+#[no_mangle]
+pub extern "C" fn cudaStreamDestroy(stream: Handle) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        match runtime::stream(stream as u64)? {
+            StreamId::Created(id) => Ok(device.streams.destroy(id)?),
+            StreamId::Null => Err(RtError::cudaErrorInvalidResourceHandle),
+        }
+    })
+}
+
+/// `cudaStreamSynchronize`: reports a kernel's fault.
+#[no_mangle]
+pub extern "C" fn cudaStreamSynchronize(stream: Handle) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        finish(&device.streams.tail(runtime::stream(stream as u64)?)?)
+    })
+}
+
+/// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending.
+#[no_mangle]
+pub extern "C" fn cudaStreamQuery(stream: Handle) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        match device.streams.idle(runtime::stream(stream as u64)?)? {
+            true => runtime::sticky(),
+            false => Err(RtError::cudaErrorNotReady),
+        }
+    })
+}
+
+/// `cudaStreamIsCapturing`: simgpu never captures (`cudaStreamCaptureStatusNone`).
+#[no_mangle]
+pub unsafe extern "C" fn cudaStreamIsCapturing(stream: Handle, status: *mut c_int) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        runtime::stream(stream as u64)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(status, 0) }
+    })
+}
+
+// ---- events ----
+
+/// `cudaEventCreateWithFlags`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaEventCreateWithFlags(
+    event: *mut Handle,
+    flags: c_uint,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if event.is_null() || flags > 0xf {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let handle = device.add_event(Event::new(flags));
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(event, handle as Handle) }
+    })
+}
+
+/// `cudaEventCreate`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaEventCreate(event: *mut Handle) -> cudaError_t {
+    // SAFETY: same contract.
+    unsafe { cudaEventCreateWithFlags(event, 0) }
+}
+
+/// `cudaEventRecord`.
+#[no_mangle]
+pub extern "C" fn cudaEventRecord(event: Handle, stream: Handle) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let e = device.event(event as u64)?;
+        Ok(e.record(&device.streams, runtime::stream(stream as u64)?)?)
+    })
+}
+
+/// `cudaEventRecord_ptsz`.
+#[no_mangle]
+pub extern "C" fn cudaEventRecord_ptsz(event: Handle, stream: Handle) -> cudaError_t {
+    cudaEventRecord(event, stream)
+}
+
+/// `cudaEventSynchronize`: reports a kernel's fault.
+#[no_mangle]
+pub extern "C" fn cudaEventSynchronize(event: Handle) -> cudaError_t {
+    rt!({
+        runtime::context()?.event(event as u64)?.synchronize();
+        runtime::sticky()
+    })
+}
+
+/// `cudaEventQuery`: `cudaErrorNotReady` until the stream reaches the last record.
+#[no_mangle]
+pub extern "C" fn cudaEventQuery(event: Handle) -> cudaError_t {
+    rt!({
+        match runtime::context()?.event(event as u64)?.done() {
+            true => runtime::sticky(),
+            false => Err(RtError::cudaErrorNotReady),
+        }
+    })
+}
+
+/// `cudaEventElapsedTime`: real milliseconds between two completed records.
+#[no_mangle]
+pub unsafe extern "C" fn cudaEventElapsedTime(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let value = Event::elapsed_ms(&*device.event(start as u64)?, &*device.event(end as u64)?)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(ms, value) }
+    })
+}
+
+/// `cudaEventDestroy`.
+#[no_mangle]
+pub extern "C" fn cudaEventDestroy(event: Handle) -> cudaError_t {
+    rt!({ Ok(runtime::context()?.remove_event(event as u64)?) })
+}
