@@ -24,6 +24,8 @@ pub mod tag {
     pub const MALLOC_3D: u32 = 3;
     /// `cudaMallocAsync` / `cudaMallocFromPoolAsync`.
     pub const ASYNC: u32 = 4;
+    /// `cuMemAlloc` / `cuMemAllocAsync` handed out through a driver entry point.
+    pub const DRIVER: u32 = 5;
 }
 
 /// Pitch alignment for `cudaMallocPitch` / `cudaMalloc3D` (what the runtime uses on
@@ -74,6 +76,7 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
         .get(usize::try_from(ordinal).map_err(|_| ERROR_INVALID_VALUE)?)
         .ok_or(ERROR_INVALID_VALUE)?;
     let r = slot.get_or_init(|| {
+        let started = std::time::Instant::now();
         // The runtime creates and makes current the device's primary context.
         let rc = call_real!(cudaFree: fn(*mut c_void) -> cudaError_t, std::ptr::null_mut());
         if rc != SUCCESS {
@@ -94,9 +97,10 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
         };
         let vmm = Vmm::new(backend, vcfg).map_err(|e| e.to_string())?;
         log::info(format_args!(
-            "device {ordinal}: cudaw manages its memory ({:?} addressing, granularity {} KiB)",
+            "device {ordinal}: cudaw manages its memory ({:?} addressing, granularity {} KiB, ready in {:.1} ms)",
             cfg.addressing,
-            vmm.granularity() >> 10
+            vmm.granularity() >> 10,
+            started.elapsed().as_secs_f64() * 1e3
         ));
         Ok(DeviceMemory {
             vmm,
@@ -161,6 +165,15 @@ impl DeviceMemory {
     /// Allocates `size` bytes, retrying once after completed stream-ordered frees when out
     /// of memory.
     pub fn alloc(&self, size: u64, tag: u32) -> Result<Allocation, cudaError_t> {
+        let a = self.alloc_inner(size, tag)?;
+        log::debug(format_args!(
+            "allocated {} bytes at {:#x} (backing {:#x}, tag {tag})",
+            a.size, a.base, a.backing
+        ));
+        Ok(a)
+    }
+
+    fn alloc_inner(&self, size: u64, tag: u32) -> Result<Allocation, cudaError_t> {
         self.reap(false);
         match self.vmm.alloc(size, tag) {
             Ok(a) => Ok(a),
@@ -262,4 +275,51 @@ mod tests {
         assert_eq!(align_up(0, 512), Some(0));
         assert_eq!(align_up(usize::MAX, 512), None);
     }
+}
+
+/// One line per managed device, plus driver-level memory and registrations: what cudaw did
+/// for this process. Logged at exit at info level.
+pub fn summary() -> String {
+    let mut parts = Vec::new();
+    for (i, m) in managed_devices() {
+        let s = m.vmm.stats();
+        parts.push(format!(
+            "device {i}: {} live allocations, {} MiB requested (peak {} MiB), {} MiB mapped (peak {} MiB)",
+            s.allocations,
+            s.requested >> 20,
+            s.peak_requested >> 20,
+            s.mapped >> 20,
+            s.peak_mapped >> 20
+        ));
+    }
+    let d = crate::entry_points::snapshot();
+    let (fatbins, kernels) = crate::registry::counts();
+    parts.push(format!(
+        "driver-level: {} handles ({} MiB, peak {} MiB), {} mappings, {} reservations",
+        d.handles.len(),
+        d.bytes() >> 20,
+        d.peak_bytes >> 20,
+        d.mappings.len(),
+        d.reservations.len()
+    ));
+    parts.push(format!("registered: {fatbins} fatbins, {kernels} kernels"));
+    parts.join("; ")
+}
+
+extern "C" fn log_summary_at_exit() {
+    crate::boundary::guard("the exit summary", (), || {
+        if log::enabled(log::Level::Info) {
+            log::info(format_args!("at exit: {}", summary()));
+        }
+    })
+}
+
+/// Arranges for [`summary`] to be logged when the process exits.
+pub fn log_summary_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a function with no arguments that never unwinds (it runs inside
+        // the panic boundary).
+        unsafe { libc::atexit(log_summary_at_exit) };
+    });
 }
