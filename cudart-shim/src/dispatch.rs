@@ -155,6 +155,7 @@ fn initialise() {
             }
         }
     }
+    crate::memory::log_summary_at_exit_once();
     gate::mark_initialised();
 }
 

@@ -18,6 +18,7 @@
 pub mod boundary;
 pub mod config;
 pub mod dispatch;
+pub mod entry_points;
 pub mod gate;
 pub mod log;
 pub mod memory;

@@ -264,18 +264,6 @@ pub fn align_up(v: usize, a: usize) -> Option<usize> {
     v.checked_add(a - 1).map(|x| x & !(a - 1))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alignment() {
-        assert_eq!(align_up(1, 512), Some(512));
-        assert_eq!(align_up(512, 512), Some(512));
-        assert_eq!(align_up(0, 512), Some(0));
-        assert_eq!(align_up(usize::MAX, 512), None);
-    }
-}
 
 /// One line per managed device, plus driver-level memory and registrations: what cudaw did
 /// for this process. Logged at exit at info level.
@@ -322,4 +310,17 @@ pub fn log_summary_at_exit_once() {
         // the panic boundary).
         unsafe { libc::atexit(log_summary_at_exit) };
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment() {
+        assert_eq!(align_up(1, 512), Some(512));
+        assert_eq!(align_up(512, 512), Some(512));
+        assert_eq!(align_up(0, 512), Some(0));
+        assert_eq!(align_up(usize::MAX, 512), None);
+    }
 }

@@ -25,3 +25,25 @@ macro_rules! call_real {
         }
     };
 }
+
+/// Defines exported-name wrappers that share one implementation taking the real function's
+/// dispatch index: `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`. Each body runs
+/// inside the panic boundary.
+#[macro_export]
+macro_rules! variants {
+    ($imp:ident => $($name:ident),+ ; $params:tt) => {
+        $( $crate::variant!($imp, $name, $params); )+
+    };
+}
+
+/// One wrapper of [`variants!`].
+#[macro_export]
+macro_rules! variant {
+    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+        extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
+            $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || {
+                $imp($crate::dispatch::idx::$name, $($a),*)
+            })
+        }
+    };
+}

@@ -26,6 +26,16 @@ unsafe fn real_as<F: Copy>(i: usize) -> Option<F> {
     Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
 }
 
+/// Calls the real function at dispatch index `i` through `call`, typed as `F`; returns
+/// `cudaErrorNotSupported` when the real runtime lacks it.
+pub(crate) fn forward_raw<F: Copy>(i: usize, call: impl FnOnce(F) -> cudaError_t) -> cudaError_t {
+    // SAFETY: callers name `F` as the runtime header's signature for index `i`.
+    match unsafe { real_as::<F>(i) } {
+        Some(f) => call(f),
+        None => ERROR_NOT_SUPPORTED,
+    }
+}
+
 /// Calls the real function at index `$i` with signature `fn($t...) -> cudaError_t`.
 macro_rules! forward {
     ($i:expr, fn($($t:ty),*), $($arg:expr),*) => {
@@ -38,21 +48,7 @@ macro_rules! forward {
     };
 }
 
-/// Defines exported-name wrappers that share one implementation taking the real index:
-/// `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`.
-macro_rules! variants {
-    ($imp:ident => $($name:ident),+ ; $params:tt) => {
-        $( variant!($imp, $name, $params); )+
-    };
-}
-
-macro_rules! variant {
-    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
-        extern "C" fn $name($($a: $t),*) -> cudaError_t {
-            guard(stringify!($name), ERROR_UNKNOWN, || $imp(idx::$name, $($a),*))
-        }
-    };
-}
+use crate::variants;
 
 // ---------------------------------------------------------------- allocation (always)
 
@@ -1015,6 +1011,7 @@ pub fn table() -> Vec<(usize, usize)> {
         __cudaRegisterFunction,
         __cudaGetKernel,
     ];
+    v.extend(crate::entry_points::table());
     if translated() {
         v.extend(entries![
             cudaLaunchKernel,
