@@ -1064,3 +1064,193 @@ pub unsafe extern "C" fn cudaEventElapsedTime(
 pub extern "C" fn cudaEventDestroy(event: Handle) -> cudaError_t {
     rt!({ Ok(runtime::context()?.remove_event(event as u64)?) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(code: cudaError_t) {
+        assert_eq!(code, 0, "{:?}", error::name_of(code));
+    }
+
+    /// Registers `name` under a fresh fake host stub; returns the stub.
+    fn register(name: &std::ffi::CStr) -> *const c_void {
+        static STUBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let stub = 0x5000 + 16 * STUBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = __cudaRegisterFatBinary(std::ptr::null_mut());
+        // SAFETY: a static NUL-terminated name; the other pointers are unused.
+        unsafe {
+            __cudaRegisterFunction(
+                handle,
+                stub as *const c_char,
+                std::ptr::null_mut(),
+                name.as_ptr(),
+                -1,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        __cudaRegisterFatBinaryEnd(handle);
+        stub as *const c_void
+    }
+
+    #[test]
+    fn a_launch_runs_on_its_stream_between_copies() {
+        let stub = register(c"_Z10vector_addPKfS0_Pfi");
+        let n = 1000usize;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b = vec![0.25f32; n];
+        let mut c = vec![0f32; n];
+        let bytes = n * 4;
+        let mut d = [std::ptr::null_mut::<c_void>(); 3];
+        let mut stream: Handle = std::ptr::null_mut();
+        let (mut start, mut end): (Handle, Handle) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers and buffers of the sizes given; the stream is
+        // synchronised before the host buffers go.
+        unsafe {
+            for p in &mut d {
+                ok(cudaMalloc(p, bytes));
+            }
+            ok(cudaStreamCreateWithFlags(&mut stream, 1));
+            ok(cudaEventCreate(&mut start));
+            ok(cudaEventCreate(&mut end));
+            ok(cudaEventRecord(start, stream));
+            ok(cudaMemcpyAsync(
+                d[0],
+                a.as_ptr().cast(),
+                bytes,
+                kind::HOST_TO_DEVICE,
+                stream,
+            ));
+            ok(cudaMemcpyAsync(
+                d[1],
+                b.as_ptr().cast(),
+                bytes,
+                kind::DEFAULT,
+                stream,
+            ));
+            let ni = n as c_int;
+            let mut args = [
+                (&d[0]) as *const _ as *mut c_void,
+                (&d[1]) as *const _ as *mut c_void,
+                (&d[2]) as *const _ as *mut c_void,
+                (&ni) as *const _ as *mut c_void,
+            ];
+            let mut kernel: Handle = std::ptr::null_mut();
+            ok(__cudaGetKernel(&mut kernel, stub));
+            ok(__cudaLaunchKernel(
+                kernel,
+                Dim3::x(4),
+                Dim3::x(256),
+                args.as_mut_ptr(),
+                0,
+                stream,
+            ));
+            ok(cudaMemcpyAsync(
+                c.as_mut_ptr().cast(),
+                d[2],
+                bytes,
+                kind::DEVICE_TO_HOST,
+                stream,
+            ));
+            ok(cudaEventRecord(end, stream));
+            ok(cudaStreamSynchronize(stream));
+            ok(cudaEventQuery(end));
+            let mut ms = -1f32;
+            ok(cudaEventElapsedTime(&mut ms, start, end));
+            assert!(ms >= 0.0);
+            // The same kernel through its host stub, on the NULL stream.
+            ok(cudaMemset(d[2], 0, bytes));
+            ok(cudaLaunchKernel(
+                stub,
+                Dim3::x(4),
+                Dim3::x(256),
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut(),
+            ));
+            let mut c2 = vec![0f32; n];
+            ok(cudaMemcpy(
+                c2.as_mut_ptr().cast(),
+                d[2],
+                bytes,
+                kind::DEVICE_TO_HOST,
+            ));
+            assert_eq!(c, c2);
+            for p in d {
+                ok(cudaFree(p));
+            }
+            ok(cudaStreamDestroy(stream));
+            ok(cudaEventDestroy(start));
+            ok(cudaEventDestroy(end));
+        }
+        assert!(c.iter().enumerate().all(|(i, &v)| v == i as f32 + 0.25));
+    }
+
+    #[test]
+    fn failures_are_the_runtimes_and_set_the_last_error() {
+        let stub = register(c"_Z14not_simulatedv") as usize;
+        std::thread::spawn(move || {
+            let stub = stub as *const c_void;
+            // SAFETY: valid pointers or deliberately invalid values the runtime refuses.
+            unsafe {
+                let mut args: [*mut c_void; 0] = [];
+                let rc = cudaLaunchKernel(
+                    stub,
+                    Dim3::x(1),
+                    Dim3::x(1),
+                    args.as_mut_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                );
+                assert_eq!(rc, 98);
+                assert_eq!(cudaPeekAtLastError(), 98);
+                assert_eq!(cudaGetLastError(), 98);
+                assert_eq!(cudaGetLastError(), 0);
+                let rc = cudaLaunchKernel(
+                    0x7770 as *const c_void,
+                    Dim3::x(1),
+                    Dim3::x(1),
+                    args.as_mut_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                );
+                assert_eq!(rc, 98, "an unregistered stub");
+                let vstub = register(c"_Z10vector_addPKfS0_Pfi");
+                let rc = cudaLaunchKernel(
+                    vstub,
+                    Dim3::x(1),
+                    Dim3::x(2048),
+                    args.as_mut_ptr(),
+                    0,
+                    std::ptr::null_mut(),
+                );
+                assert_eq!(rc, 9, "too many threads per block");
+                let mut x = 0u8;
+                let p = (&mut x) as *mut u8 as *mut c_void;
+                assert_eq!(cudaMemcpy(p, p, 1, 7), 21);
+                assert_eq!(cudaStreamSynchronize(0x35 as Handle), 400);
+                assert_eq!(cudaSetDevice(1), 101);
+                assert_eq!(cudaGetLastError(), 101);
+                let mut v = 0;
+                ok(cudaDeviceGetAttribute(&mut v, 75, 0));
+                assert_eq!(v, 9);
+                ok(cudaRuntimeGetVersion(&mut v));
+                assert_eq!(v, 13000);
+                let mut status = 1;
+                ok(cudaStreamIsCapturing(std::ptr::null_mut(), &mut status));
+                assert_eq!(status, 0);
+                ok(cudaFree(std::ptr::null_mut()));
+                let name = std::ffi::CStr::from_ptr(cudaGetErrorName(98));
+                assert_eq!(name.to_str(), Ok("cudaErrorInvalidDeviceFunction"));
+                let text = std::ffi::CStr::from_ptr(cudaGetErrorString(12345));
+                assert_eq!(text.to_str(), Ok("unrecognized error code"));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}
