@@ -264,7 +264,6 @@ pub fn align_up(v: usize, a: usize) -> Option<usize> {
     v.checked_add(a - 1).map(|x| x & !(a - 1))
 }
 
-
 /// One line per managed device, plus driver-level memory and registrations: what cudaw did
 /// for this process. Logged at exit at info level.
 pub fn summary() -> String {
