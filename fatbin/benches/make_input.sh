@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the large input of `cargo bench -p fatbin --bench large`: a template-heavy .cu file
 # (KERNELS instantiations, several parameter layouts each) compiled once by nvcc for eight
-# SMs with nvcc 13's default zstd compression, its fatbin container then concatenated until
+# SMs with zstd compression (-Xfatbin -compress-all), its fatbin container then concatenated until
 # the file reaches SIZE_MB (default 300, like libtorch_cuda.so's .nv_fatbin).
 # Output: target/fatbin-bench/large.fatbin (not committed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(dirname "$(readlink -f "${CUDAW_CUDA_BIN:-$root/target/cuda/bin}/nvcc")")
-kernels=${KERNELS:-1500}
+kernels=${KERNELS:-450}
 size_mb=${SIZE_MB:-300}
 out=$root/target/fatbin-bench
 mkdir -p "$out"
@@ -29,7 +29,7 @@ archs=""
 for sm in 75 80 86 89 90 100 120; do archs="$archs -gencode arch=compute_$sm,code=sm_$sm"; done
 archs="$archs -gencode arch=compute_120,code=compute_120"
 # shellcheck disable=SC2086
-"$bin/nvcc" -fatbin $archs -o "$out/one.fatbin" "$src"
+"$bin/nvcc" -fatbin -Xfatbin -compress-all $archs -o "$out/one.fatbin" "$src"
 one=$(stat -c %s "$out/one.fatbin")
 copies=$(( (size_mb * 1024 * 1024 + one - 1) / one ))
 : >"$out/large.fatbin.tmp"

@@ -3,7 +3,6 @@
 //! Indexing reads headers only; [`Entry::payload`] decompresses on request.
 
 use std::borrow::Cow;
-use std::io::Read;
 
 use crate::error::{slice_at, u16_at, u32_at, u64_at, Error, Result};
 use crate::raw::{container_len_at, CONTAINER_MAGIC};
@@ -196,14 +195,11 @@ fn decompress<'p>(
                 offset,
                 reason,
             };
-            // Grow the output as data arrives: a lying size field costs no memory.
-            let cap = uncompressed_size.min((input.len() as u64).saturating_mul(64)) as usize;
-            let mut out = Vec::with_capacity(cap);
-            let decoder =
-                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| err(e.to_string()))?;
-            decoder
-                .take(uncompressed_size.saturating_add(1))
-                .read_to_end(&mut out)
+            // Capacity is only reserved (virtual memory), never touched beyond what the
+            // decoder writes; a larger output than declared is an error, not a reallocation.
+            let mut out = Vec::with_capacity(uncompressed_size as usize);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(input, &mut out))
                 .map_err(|e| err(e.to_string()))?;
             if out.len() as u64 != uncompressed_size {
                 return Err(err(format!(

@@ -197,13 +197,21 @@ impl<'a> Fatbin<'a> {
     /// (`__nv_relfatbin`) count only when the input has no other container, as in an `-rdc`
     /// object: in a linked program the driver loads the linked image.
     pub fn select(&self, sm: u32) -> Vec<&Entry<'a>> {
+        self.select_indices(sm)
+            .into_iter()
+            .filter_map(|i| self.entries.get(i))
+            .collect()
+    }
+
+    /// [`Fatbin::select`] as indices into [`Fatbin::entries`].
+    fn select_indices(&self, sm: u32) -> Vec<usize> {
         let only_relocatable = self.containers.iter().all(|c| c.relocatable);
         self.containers
             .iter()
             .filter(|c| only_relocatable || !c.relocatable)
             .filter_map(|c| {
                 let entries = self.entries.get(c.entries.clone())?;
-                select_entry(entries, sm).and_then(|i| entries.get(i))
+                select_entry(entries, sm).map(|i| c.entries.start + i)
             })
             .collect()
     }
@@ -219,11 +227,7 @@ impl<'a> Fatbin<'a> {
         let slot = self.sm_slot(sm);
         let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
         let index = guard.get_or_insert_with(|| SmIndex {
-            chosen: self
-                .select(sm)
-                .into_iter()
-                .filter_map(|e| self.entries.iter().position(|x| std::ptr::eq(x, e)))
-                .collect(),
+            chosen: self.select_indices(sm),
             ..SmIndex::default()
         });
         f(self, index)
