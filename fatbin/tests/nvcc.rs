@@ -64,6 +64,18 @@ const FORMS: &[Form] = &[
         &["-rdc=true", "-arch=sm_90", "-cudart", "shared"],
         "a.out",
     ),
+    (
+        "shared library",
+        &[
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-arch=sm_90",
+            "-cudart",
+            "shared",
+        ],
+        "lib.so",
+    ),
     ("sm_90a cubin", &["-cubin", "-arch=sm_90a"], "k.cubin"),
     (
         "ptx only",
@@ -184,7 +196,26 @@ fn forms_have_the_expected_shape() {
     assert!(fb.containers().iter().all(|c| c.relocatable));
     assert!(!fb.kernels_for_sm(90).unwrap().is_empty());
 
+    // The raw-pointer helpers read exactly the declared lengths.
+    assert_eq!(
+        fatbin::container_len(&none[..16]).unwrap(),
+        none.len() as u64
+    );
+    assert_eq!(
+        fatbin::detect_image_kind(&none),
+        Some(fatbin::ImageKind::Fatbin)
+    );
+
     let a = parse(&["-arch=sm_90a", "-cubin"], "k.cubin");
+    assert_eq!(
+        fatbin::detect_image_kind(&a),
+        Some(fatbin::ImageKind::Cubin)
+    );
+    let needed = match fatbin::elf_image_len(&a[..64]) {
+        Err(fatbin::Error::Truncated { offset, needed, .. }) => (offset + needed) as usize,
+        other => panic!("expected a request for the section headers, got {other:?}"),
+    };
+    assert_eq!(fatbin::elf_image_len(&a[..needed]).unwrap(), a.len() as u64);
     let fb = Fatbin::parse(&a).unwrap();
     assert_eq!(fb.input_kind(), fatbin::InputKind::Cubin);
     assert_eq!(fb.entries()[0].sm, 90);
