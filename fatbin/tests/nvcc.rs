@@ -271,6 +271,29 @@ fn ptx_layouts_equal_cubin_layouts() {
                 assert_eq!(c.max_threads, p.max_threads, "{}", c.name);
             }
         }
+
+        // A PTX-only fatbin (JIT): its layouts equal the sm_90 cubin's.
+        let path = nvcc(
+            &t,
+            src,
+            &["-fatbin", "-gencode", "arch=compute_90,code=compute_90"],
+            "k.fatbin",
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let fb = Fatbin::parse(&bytes).unwrap();
+        assert!(fb.entries().iter().all(|e| e.kind == EntryKind::Ptx));
+        let mut jit: Vec<_> = fb
+            .kernels_for_sm(90)
+            .unwrap()
+            .iter()
+            .map(|k| (k.name.clone(), k.params.clone(), k.param_bytes))
+            .collect();
+        jit.sort();
+        let want: Vec<_> = elf
+            .iter()
+            .map(|k| (k.name.clone(), k.params.clone(), k.param_bytes))
+            .collect();
+        assert_eq!(jit, want, "{src}: PTX-only layouts differ from the cubin's");
     }
 }
 
