@@ -162,3 +162,11 @@ fn image_choice_rules() {
     assert_eq!(select_entry(&es, 120), Some(3));
     assert_eq!(select_entry(&es, 70), None);
 }
+
+#[test]
+fn fatbin_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<fatbin::Fatbin<'static>>();
+    check::<fatbin::KernelInfo>();
+    check::<fatbin::Error>();
+}
