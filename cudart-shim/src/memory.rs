@@ -280,7 +280,7 @@ pub fn summary() -> String {
         ));
     }
     let d = crate::entry_points::snapshot();
-    let (fatbins, kernels) = crate::registry::counts();
+    let (fatbins, kernels) = crate::registry::counts_ever();
     parts.push(format!(
         "driver-level: {} handles ({} MiB, peak {} MiB), {} mappings, {} reservations",
         d.handles.len(),
@@ -289,7 +289,9 @@ pub fn summary() -> String {
         d.mappings.len(),
         d.reservations.len()
     ));
-    parts.push(format!("registered: {fatbins} fatbins, {kernels} kernels"));
+    parts.push(format!(
+        "registered over the run: {fatbins} fatbins, {kernels} kernels"
+    ));
     parts.join("; ")
 }
 

@@ -5,6 +5,7 @@
 use fatbin::{Fatbin, KernelInfo};
 use parking_lot::RwLock;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// One registered fatbin.
@@ -77,6 +78,9 @@ struct Registry {
 }
 
 static REGISTRY: OnceLock<RwLock<Registry>> = OnceLock::new();
+/// Registrations over the process's life (unregistration at exit does not lower them).
+static FATBINS_EVER: AtomicUsize = AtomicUsize::new(0);
+static FUNCTIONS_EVER: AtomicUsize = AtomicUsize::new(0);
 
 fn registry() -> &'static RwLock<Registry> {
     REGISTRY.get_or_init(Default::default)
@@ -90,6 +94,7 @@ pub fn add_fatbin(handle: usize, data: Option<&'static [u8]>) {
         parsed: OnceLock::new(),
     });
     registry().write().fatbins.insert(handle, rec);
+    FATBINS_EVER.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Forgets a fatbin and its kernels.
@@ -113,6 +118,7 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
             parsed: OnceLock::new(),
         }),
     };
+    FUNCTIONS_EVER.fetch_add(1, Ordering::Relaxed);
     r.functions.insert(
         host_fun,
         Arc::new(FunctionRecord {
@@ -141,8 +147,16 @@ pub fn function_of_kernel(kernel: usize) -> Option<Arc<FunctionRecord>> {
     r.functions.get(&host).cloned()
 }
 
-/// How many fatbins and kernels are registered.
+/// How many fatbins and kernels are registered now.
 pub fn counts() -> (usize, usize) {
     let r = registry().read();
     (r.fatbins.len(), r.functions.len())
+}
+
+/// How many fatbins and kernels were ever registered.
+pub fn counts_ever() -> (usize, usize) {
+    (
+        FATBINS_EVER.load(Ordering::Relaxed),
+        FUNCTIONS_EVER.load(Ordering::Relaxed),
+    )
 }
