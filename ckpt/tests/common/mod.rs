@@ -1,0 +1,111 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use ckpt::*;
+
+/// A fixed description.
+pub fn meta() -> ImageMetadata {
+    ImageMetadata {
+        process: ProcessInfo {
+            pid: 4242,
+            executable: "/usr/bin/python3.12".into(),
+            hostname: "gpu-node-7".into(),
+            cudaw_version: "0.1.0".into(),
+            created_unix_nanos: 1_790_000_000_123_456_789,
+            cuda_runtime_major: 13,
+            addressing: Addressing::Mapped,
+        },
+        gpu: GpuInfo {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: "GPU-8d3a2c1e-0f4b-4e6d-9a7c-1b2c3d4e5f60".into(),
+            compute_capability_major: 9,
+            compute_capability_minor: 0,
+            total_memory: 85_029_158_912,
+        },
+    }
+}
+
+/// splitmix64: a fixed-seed generator for contents and corruption offsets.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Deterministic contents of allocation `id` at `offset..offset + buf.len()`.
+pub fn fill(id: u64, offset: u64, buf: &mut [u8]) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        let x = offset + i as u64;
+        *b = (x.wrapping_mul(31) ^ id.wrapping_mul(0x9e37) ^ (x >> 8)) as u8;
+    }
+}
+
+/// The whole contents of `r`.
+pub fn contents(r: &AllocationRecord) -> Vec<u8> {
+    let mut v = vec![0; r.size as usize];
+    fill(r.id, 0, &mut v);
+    v
+}
+
+/// A small image: three allocations (one empty), chunk size 64.
+pub fn small_table() -> Vec<AllocationRecord> {
+    vec![
+        AllocationRecord {
+            id: 7,
+            base: 0x7f00_0000_0000,
+            size: 300,
+            order: 0,
+            tag: 1,
+        },
+        AllocationRecord {
+            id: 3,
+            base: 0x7f00_0000_1000,
+            size: 0,
+            order: 1,
+            tag: 2,
+        },
+        AllocationRecord {
+            id: 9,
+            base: 0x7f00_0000_0200,
+            size: 129,
+            order: 2,
+            tag: 3,
+        },
+    ]
+}
+
+/// Writes `table` (contents from [`fill`]) whole.
+pub fn image(table: &[AllocationRecord], chunk_size: u64) -> Vec<u8> {
+    let mut w = ImageWriter::begin(Vec::new(), &meta(), table, WriterOptions { chunk_size })
+        .expect("begin");
+    for r in table {
+        w.write_allocation(r.id, &contents(r)).expect("write");
+    }
+    w.finish().expect("finish")
+}
+
+/// Opens and verifies `bytes`, reads every allocation; the first error.
+pub fn open_verify_read(bytes: &[u8]) -> Result<(), ImageError> {
+    let mut r = ImageReader::open(std::io::Cursor::new(bytes))?;
+    r.verify()?;
+    let ids: Vec<(u64, u64)> = r
+        .allocations()
+        .iter()
+        .map(|e| (e.record.id, e.record.size))
+        .collect();
+    for (id, size) in ids {
+        let mut buf = vec![0; size as usize];
+        r.read_allocation(id, &mut buf)?;
+    }
+    Ok(())
+}
