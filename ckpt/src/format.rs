@@ -266,6 +266,7 @@ pub(crate) fn layout(
             chunk_count: n,
         });
         at = at.checked_add(span).ok_or_else(|| overflow(r.id))?;
+        // Both sums are at most the sum of the spans, which fits (checked above).
         chunk_count += n;
         data_bytes += r.size;
     }

@@ -1,0 +1,225 @@
+//! The format as the crate docs describe it, written by hand here: the writer's output must
+//! equal it byte for byte, and a newer minor version (longer header, extra fields, longer
+//! records, bytes after the table, a gap before the data, a longer trailer, an optional
+//! flag) must be readable.
+
+mod common;
+
+use std::io::Cursor;
+
+use ckpt::*;
+use common::{contents, meta, small_table};
+use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
+
+/// What a newer writer might add.
+#[derive(Default)]
+struct Extras {
+    minor: u16,
+    flags: u64,
+    header: usize,
+    blocks: bool,
+    record: usize,
+    after_table: usize,
+    gap: usize,
+    trailer: usize,
+}
+
+fn string(v: &mut Vec<u8>, s: &str) {
+    v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    v.extend_from_slice(s.as_bytes());
+}
+
+fn block(v: &mut Vec<u8>, inner: Vec<u8>) {
+    v.extend_from_slice(&(inner.len() as u32).to_le_bytes());
+    v.extend_from_slice(&inner);
+}
+
+/// An image written from the documentation alone.
+fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
+    let m = meta();
+    let p = &m.process;
+    let mut pb = Vec::new();
+    pb.extend_from_slice(&p.pid.to_le_bytes());
+    string(&mut pb, &p.executable);
+    string(&mut pb, &p.hostname);
+    string(&mut pb, &p.cudaw_version);
+    pb.extend_from_slice(&p.created_unix_nanos.to_le_bytes());
+    pb.extend_from_slice(&p.cuda_runtime_major.to_le_bytes());
+    pb.push(0); // mapped
+    if x.blocks {
+        pb.extend_from_slice(&0xdead_beef_u64.to_le_bytes());
+    }
+    let g = &m.gpu;
+    let mut gb = Vec::new();
+    string(&mut gb, &g.name);
+    string(&mut gb, &g.uuid);
+    gb.extend_from_slice(&g.compute_capability_major.to_le_bytes());
+    gb.extend_from_slice(&g.compute_capability_minor.to_le_bytes());
+    gb.extend_from_slice(&g.total_memory.to_le_bytes());
+    if x.blocks {
+        string(&mut gb, "a field from the future");
+    }
+    let mut md = Vec::new();
+    block(&mut md, pb);
+    block(&mut md, gb);
+    let record_len = 48 + x.record;
+    let header_len = 128 + x.header;
+    let metadata_len = md.len() + 12 + record_len * table.len() + x.after_table;
+    let data_offset = (header_len + metadata_len + x.gap) as u64;
+
+    // Data and the table's data offsets.
+    let mut data = Vec::new();
+    let mut sums = Vec::new();
+    let mut offsets = Vec::new();
+    for r in table {
+        offsets.push(data_offset + data.len() as u64);
+        let bytes = contents(r);
+        for (k, payload) in bytes.chunks(chunk_size as usize).enumerate() {
+            let mut c = Vec::new();
+            c.extend_from_slice(&r.id.to_le_bytes());
+            c.extend_from_slice(&(k as u64 * chunk_size).to_le_bytes());
+            c.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            c.extend_from_slice(payload);
+            let sum = xxh3_64(&c);
+            c.extend_from_slice(&sum.to_le_bytes());
+            sums.push(sum);
+            data.extend_from_slice(&c);
+        }
+    }
+    md.extend_from_slice(&(table.len() as u64).to_le_bytes());
+    md.extend_from_slice(&(record_len as u32).to_le_bytes());
+    for (r, off) in table.iter().zip(&offsets) {
+        for v in [r.id, r.base, r.size, r.order] {
+            md.extend_from_slice(&v.to_le_bytes());
+        }
+        md.extend_from_slice(&r.tag.to_le_bytes());
+        md.extend_from_slice(&0u32.to_le_bytes());
+        md.extend_from_slice(&off.to_le_bytes());
+        md.extend(std::iter::repeat_n(0xab, x.record));
+    }
+    md.extend(std::iter::repeat_n(0xcd, x.after_table));
+    assert_eq!(md.len(), metadata_len);
+
+    let trailer_len = 32 + x.trailer;
+    let trailer_offset = data_offset + data.len() as u64;
+    let file_len = trailer_offset + trailer_len as u64;
+    let mut h = Vec::new();
+    h.extend_from_slice(b"CUDAWIMG");
+    h.extend_from_slice(&1u16.to_le_bytes());
+    h.extend_from_slice(&x.minor.to_le_bytes());
+    h.extend_from_slice(&(header_len as u32).to_le_bytes());
+    let chunk_count = sums.len() as u64;
+    for v in [
+        x.flags,
+        chunk_size,
+        header_len as u64,
+        metadata_len as u64,
+        data_offset,
+        data.len() as u64,
+        trailer_offset,
+        trailer_len as u64,
+        file_len,
+        xxh3_64(&md),
+        table.len() as u64,
+        chunk_count,
+        0,
+    ] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h.extend(std::iter::repeat_n(0x11, x.header));
+    let hs = xxh3_64(&h);
+    h.extend_from_slice(&hs.to_le_bytes());
+    assert_eq!(h.len(), header_len);
+
+    let mut digest = Xxh3Default::new();
+    digest.update(&h);
+    digest.update(&md);
+    for s in &sums {
+        digest.update(&s.to_le_bytes());
+    }
+    let mut img = h;
+    img.extend_from_slice(&md);
+    img.extend(std::iter::repeat_n(0xee, x.gap));
+    img.extend_from_slice(&data);
+    img.extend_from_slice(&chunk_count.to_le_bytes());
+    let data_bytes: u64 = table.iter().map(|r| r.size).sum();
+    img.extend_from_slice(&data_bytes.to_le_bytes());
+    img.extend_from_slice(&digest.digest().to_le_bytes());
+    img.extend(std::iter::repeat_n(0x22, x.trailer));
+    img.extend_from_slice(b"CUDAWEND");
+    assert_eq!(img.len() as u64, file_len);
+    img
+}
+
+#[test]
+fn writer_output_is_the_documented_format() {
+    for chunk_size in [16, 64, 100, 1 << 20] {
+        let table = small_table();
+        assert_eq!(
+            common::image(&table, chunk_size),
+            by_hand(&table, chunk_size, &Extras::default()),
+            "chunk size {chunk_size}"
+        );
+    }
+}
+
+#[test]
+fn newer_minor_version_is_read() {
+    let table = small_table();
+    let x = Extras {
+        minor: 7,
+        flags: 1 << 40, // an optional flag this build does not know
+        header: 24,
+        blocks: true,
+        record: 8,
+        after_table: 16,
+        gap: 40,
+        trailer: 8,
+    };
+    let img = by_hand(&table, 64, &x);
+    let mut r = ImageReader::open(Cursor::new(&img)).expect("a newer minor opens");
+    assert_eq!((r.header().major, r.header().minor), (1, 7));
+    assert_eq!(r.metadata(), &meta());
+    let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+    assert_eq!(records, table);
+    r.verify().expect("verifies");
+    for a in &table {
+        let mut buf = vec![0; a.size as usize];
+        r.read_allocation(a.id, &mut buf).unwrap();
+        assert_eq!(buf, contents(a));
+    }
+    assert_eq!(r.summary().format_version, "1.7");
+}
+
+#[test]
+fn unknown_required_flag_is_refused() {
+    let img = by_hand(
+        &small_table(),
+        64,
+        &Extras {
+            flags: 1 << 3,
+            ..Extras::default()
+        },
+    );
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(
+        matches!(e, ImageError::UnsupportedFlags { flags: 8 }),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_addressing_mode_is_kept() {
+    let mut img = by_hand(&small_table(), 64, &Extras::default());
+    // The addressing byte ends the process block; reseal the metadata checksum and digest.
+    let m = meta();
+    let p = &m.process;
+    let at =
+        128 + 4 + 4 + 4 * 3 + p.executable.len() + p.hostname.len() + p.cudaw_version.len() + 8 + 4;
+    assert_eq!(img[at], 0);
+    img[at] = 5;
+    common::reseal(&mut img);
+    let mut r = ImageReader::open(Cursor::new(&img)).unwrap();
+    assert_eq!(r.metadata().process.addressing, Addressing::Other(5));
+    r.verify().unwrap();
+}
