@@ -16,8 +16,8 @@ use crate::format::{
 use crate::meta::{self, AllocationEntry, AllocationRecord, Dec, ImageMetadata};
 use crate::summary::Summary;
 
-/// Largest scratch buffer [`ImageReader::verify`] uses.
-const VERIFY_SCRATCH: u64 = 1 << 20;
+/// Bytes read and hashed at a time: small enough to be hashed while still in cache.
+const PIECE: u64 = 256 << 10;
 
 /// The trailer's records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,10 +304,10 @@ impl<R: Read + Seek> ImageReader<R> {
     }
 
     /// Reads every chunk, checking its header and checksum, then the whole-image digest.
-    /// Uses a scratch buffer of at most 1 MiB.
+    /// Uses a scratch buffer of at most 256 KiB.
     pub fn verify(&mut self) -> Result<VerifyReport, ImageError> {
         let mut digest = self.prefix_digest.clone();
-        let mut scratch = vec![0u8; self.header.chunk_size.min(VERIFY_SCRATCH) as usize];
+        let mut scratch = vec![0u8; self.header.chunk_size.min(PIECE) as usize];
         let mut chunks = 0u64;
         let mut data_bytes = 0u64;
         for i in 0..self.entries.len() {
@@ -422,8 +422,13 @@ impl<R: Read + Seek> ImageReader<R> {
             match dest {
                 Dest::Into(buf) => {
                     debug_assert_eq!(buf.len() as u64, len);
-                    r.read_exact_at(payload_at, buf, file_len, "reading chunk data")?;
-                    hash.update(buf);
+                    let mut done = 0u64;
+                    for piece in buf.chunks_mut(PIECE as usize) {
+                        let at = payload_at + done;
+                        r.read_exact_at(at, piece, file_len, "reading chunk data")?;
+                        hash.update(piece);
+                        done += piece.len() as u64;
+                    }
                 }
                 Dest::Scratch(scratch) => {
                     let mut done = 0u64;
