@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs bench torch"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -34,8 +34,9 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; }
 le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "nan" && a <= b) }'; }
 
-# compare NAME GOAL UNIT NATIVE_VALUES... -- CUDAW_VALUES...: the verdict uses the best of
-# each side (least noise from other tenants of the host); the medians are reported beside.
+# compare NAME GOAL UNIT NATIVE_VALUES... -- CUDAW_VALUES...: the i-th values of each side
+# ran back to back, so the verdict is the median of the per-pair ratios (drift of the shared
+# host cancels within a pair); best-of-N and medians are reported beside it.
 compare() {
   local name=$1 goal=$2 unit=$3; shift 3
   local nat=() cw=() side=n
@@ -44,13 +45,14 @@ compare() {
     [ -z "$v" ] && continue
     if [ $side = n ]; then nat+=("$v"); else cw+=("$v"); fi
   done
-  local nb cb nm cm r rm st
+  local nb cb nm cm rb pr st i pairs=()
   nb=$(printf '%s\n' "${nat[@]}" | minimum); cb=$(printf '%s\n' "${cw[@]}" | minimum)
   nm=$(printf '%s\n' "${nat[@]}" | median); cm=$(printf '%s\n' "${cw[@]}" | median)
-  r=$(ratio "$cb" "$nb"); rm=$(ratio "$cm" "$nm")
-  echo "$name native ${nat[*]} cudaw ${cw[*]}" >>"$OUT/bench.txt"
-  if le "$r" "$goal"; then st=PASS; else st=FAIL; fi
-  row "bench: $name ratio" $st "$r best-of-${#nat[@]} ($nb vs $cb $unit; medians $nm vs $cm, ratio $rm; goal <= $goal)"
+  for i in "${!nat[@]}"; do [ -n "${cw[$i]:-}" ] && pairs+=("$(ratio "${cw[$i]}" "${nat[$i]}")"); done
+  pr=$(printf '%s\n' "${pairs[@]}" | median); rb=$(ratio "$cb" "$nb")
+  echo "$name native ${nat[*]} cudaw ${cw[*]} pair-ratios ${pairs[*]}" >>"$OUT/bench.txt"
+  if le "$pr" "$goal"; then st=PASS; else st=FAIL; fi
+  row "bench: $name" $st "ratio $pr (median of ${#pairs[@]} pairs; best $nb vs $cb $unit = $rb; medians $nm vs $cm; goal <= $goal)"
 }
 
 [ -x "$CUDAW" ] || { echo "dist/bin/cudaw missing: run scripts/package.sh first (and carry dist)" >&2; exit 2; }
@@ -69,18 +71,23 @@ if want vmm && [ -x dist/bin/vmm_check ]; then
   fi
 fi
 
-if want programs; then
+if want programs || want bench; then
   : >"$OUT/programs.log"
   for src in tests/cuda/programs/*.cu tests/cuda/gpu/*.cu; do
     name=$(basename "$src" .cu)
+    if ! want programs && [ "$name" != launch_loop ]; then continue; fi
+    [ "$name" = call_overhead ] && continue
     extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas)
     if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/$name" "$src" "${extra[@]}" >>"$OUT/programs.log" 2>&1; then
       row "program $name (compile)" FAIL "nvcc failed, see programs.log"; continue
     fi
   done
+fi
+
+if want programs; then
   for exe in "$WORK"/*; do
     name=$(basename "$exe")
-    [ "$name" = launch_loop ] && continue
+    case $name in launch_loop | call_overhead) continue ;; esac
     timeout 120 "$exe" >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
     for mode in mapped translated; do
       if [ $mode = translated ] && [ "$name" = cublas_gemm ]; then
@@ -114,18 +121,32 @@ if want programs && [ -x "$WORK/vector_add" ]; then
   fi
 fi
 
+  # What the trampoline adds to one forwarded call, in ns (a launch makes three such calls).
+if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/gpu/call_overhead.cu >>"$OUT/programs.log" 2>&1; then
+  cn=$(taskset -c 3 "$WORK/call_overhead" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  cc=$(taskset -c 3 "$CUDAW" run -- "$WORK/call_overhead" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  d=$(awk -v a="$cc" -v b="$cn" 'BEGIN { printf "%.2f", a - b }')
+  if le "$d" 2; then st=PASS; else st=FAIL; fi
+  row "bench: cost of one forwarded call" $st "+$d ns (native $cn ns, cudaw $cc ns per cudaPeekAtLastError; goal <= 2 ns)"
+fi
+
 if want bench && [ -x "$WORK/launch_loop" ]; then
-  nat=(); cw=()
+  nat=(); cw=(); ctl=()
   for i in $(seq "$REPS"); do
     # Pinned to one core: the loop is CPU-bound, and a wandering thread is most of the noise.
-    nat+=("$(taskset -c 3 "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p')")
-    cw+=("$(taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p')")
+    # The order alternates, so neither side always runs second.
+    one_nat() { taskset -c 3 "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
+    one_cw() { taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
+    if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_nat)"); cw+=("$(one_cw)"); else cw+=("$(one_cw)"); nat+=("$(one_nat)"); fi
+    ctl+=("$(one_nat)")
   done
+  # Control: native against native shows how far two identical runs drift apart.
+  compare "launch loop control (native vs native)" 1.02 us "${nat[@]}" -- "${ctl[@]}"
   compare "empty-kernel launch loop" 1.02 us "${nat[@]}" -- "${cw[@]}"
 fi
 
+T="examples/torch_train.py"
 if want torch; then
-  T="examples/torch_train.py"
   run_losses() { # label env... -- extra args
     local label=$1; shift
     env "$@" timeout 300 python3 $T --steps 20 --print-losses >"$WORK/loss.$label" 2>>"$OUT/torch.log"
@@ -164,7 +185,9 @@ if want torch; then
       row "torch under cudaw ($conf): forwarded, memory cudaw's" FAIL "fwd='$fwd' kernels=$kernels owned=$owned; see torch-evidence.$conf.log"
     fi
   done
-  if want bench; then
+fi
+
+if want torchbench; then
     nat=(); cw=()
     for i in $(seq "${TORCH_REPS:-4}"); do
       nat+=("$(python3 $T --bench --steps 300 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p')")
@@ -177,7 +200,6 @@ if want torch; then
       cw+=("$("$CUDAW" run -- python3 examples/torch_first_op.py 2>>"$OUT/torch.log" | tee -a "$OUT/first_op.cudaw" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p')")
     done
     compare "import torch + first CUDA op" 1.05 s "${nat[@]}" -- "${cw[@]}"
-  fi
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.
