@@ -39,7 +39,7 @@ mod vmm;
 
 pub use backend::{Backend, BackendError};
 pub use budget::Budget;
-pub use config::{Addressing, ChunkPolicy, Config, ALLOCATION_ALIGNMENT};
+pub use config::{parse_size, Addressing, ChunkPolicy, Config, ALLOCATION_ALIGNMENT};
 pub use error::{StagingError, VmmError};
 pub use staging::{HostCopy, HostStaging, LoadRange, Source, Staging, StagingRange};
 pub use table::{Allocation, AllocationId, AllocationTable, Residency};

@@ -27,18 +27,6 @@ struct Options {
     json: bool,
 }
 
-fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let (digits, shift) = match t.chars().last()? {
-        'k' | 'K' => (&t[..t.len() - 1], 10),
-        'm' | 'M' => (&t[..t.len() - 1], 20),
-        'g' | 'G' => (&t[..t.len() - 1], 30),
-        't' | 'T' => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
-}
-
 fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         size: 8 << 30,
@@ -50,8 +38,8 @@ fn parse_args() -> Result<Options, String> {
     while let Some(a) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
-            "--size" => o.size = parse_size(&value("--size")?).ok_or("bad --size")?,
-            "--chunk" => o.chunk = Some(parse_size(&value("--chunk")?).ok_or("bad --chunk")?),
+            "--size" => o.size = vmm::parse_size(&value("--size")?).ok_or("bad --size")?,
+            "--chunk" => o.chunk = Some(vmm::parse_size(&value("--chunk")?).ok_or("bad --chunk")?),
             "--streams" => o.streams = value("--streams")?.parse().map_err(|_| "bad --streams")?,
             "--json" => o.json = true,
             "-h" | "--help" => {
