@@ -15,9 +15,10 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 6] = [
+const PROGRAMS: [&str; 7] = [
     "malloc_async",
     "multithread",
+    "pause_target",
     "reduction",
     "streams_events",
     "struct_of_pointers",
@@ -97,6 +98,7 @@ macro_rules! programs {
 programs!(
     malloc_async,
     multithread,
+    pause_target,
     reduction,
     streams_events,
     struct_of_pointers,
@@ -155,8 +157,8 @@ fn an_unknown_kernel_fails_to_launch_naming_it() {
 }
 
 /// A kernel that touches memory that is not the device's faults like a GPU's: the launch
-/// itself succeeds, the next synchronisation reports cudaErrorIllegalAddress (700), and the
-/// error is sticky: reading it does not clear it and later calls fail with it.
+/// itself returns success, the next synchronisation reports cudaErrorIllegalAddress (700),
+/// and the error is sticky: reading it does not clear it and later calls fail with it.
 const FAULTING_KERNEL: &str = r#"
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -168,8 +170,12 @@ int main() {
   float* d;
   if (cudaMalloc(&d, 256 * sizeof(float)) != cudaSuccess) return 3;
   static float host[256];
-  vector_add<<<1, 256>>>(d, d, host, 256);
-  std::printf("launch: %d\n", (int)cudaGetLastError());
+  // The launch's own result: the kernel may already have faulted on simgpu's stream
+  // worker by the time cudaGetLastError would run.
+  float* h = host;
+  int n = 256;
+  void* args[] = {&d, &d, &h, &n};
+  std::printf("launch: %d\n", (int)cudaLaunchKernel((const void*)vector_add, dim3(1), dim3(256), args, 0, 0));
   std::printf("sync: %d\n", (int)cudaDeviceSynchronize());
   std::printf("last: %d\n", (int)cudaGetLastError());
   std::printf("again: %d\n", (int)cudaGetLastError());

@@ -26,6 +26,10 @@ pub struct Config {
     pub addressing: Addressing,
     /// `CUDAW_MEM_LIMIT`, in bytes.
     pub mem_limit: Option<u64>,
+    /// `CUDAW_PAUSE_SIGNAL` (default `SIGUSR1`; `off` disables pause and resume).
+    pub pause_signal: Option<i32>,
+    /// `CUDAW_RESUME_SIGNAL` (default `SIGUSR2`; `off` disables pause and resume).
+    pub resume_signal: Option<i32>,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -65,6 +69,30 @@ impl Config {
                 }
             },
         };
+        let mut signal = |k: &str, default: i32| {
+            match get(k).filter(|v| !v.trim().is_empty()) {
+            None => Some(default),
+            Some(v) if matches!(v.trim(), "off" | "none" | "0") => None,
+            Some(v) => parse_signal(&v).or_else(|| {
+                warnings.push(format!(
+                    "{k}={v:?} is not a signal (USR1, SIGUSR2, RTMIN+3, a number, or off); using {default}"
+                ));
+                Some(default)
+            }),
+        }
+        };
+        let pause_signal = signal("CUDAW_PAUSE_SIGNAL", libc::SIGUSR1);
+        let resume_signal = signal("CUDAW_RESUME_SIGNAL", libc::SIGUSR2);
+        let (pause_signal, resume_signal) = match (pause_signal, resume_signal) {
+            (Some(p), Some(r)) if p == r => {
+                warnings.push(format!(
+                    "the pause and resume signals are the same ({p}); pause and resume are off"
+                ));
+                (None, None)
+            }
+            (Some(p), Some(r)) => (Some(p), Some(r)),
+            _ => (None, None),
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
@@ -72,6 +100,8 @@ impl Config {
             libcuda: path("CUDAW_LIBCUDA"),
             addressing,
             mem_limit,
+            pause_signal,
+            resume_signal,
             warnings,
         }
     }
@@ -104,6 +134,40 @@ pub fn parse_size(s: &str) -> Option<u64> {
     let f: f64 = num.parse().ok()?;
     let v = f * mult as f64;
     (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
+}
+
+/// Parses a signal: a name with or without `SIG` (`USR1`, `SIGUSR2`, `HUP`, `RTMIN+3`), or
+/// a number. Signals a program cannot catch (`KILL`, `STOP`) and out-of-range numbers are
+/// refused.
+pub fn parse_signal(s: &str) -> Option<i32> {
+    let s = s.trim().to_ascii_uppercase();
+    let name = s.strip_prefix("SIG").unwrap_or(&s);
+    let n = if let Ok(n) = name.parse::<i32>() {
+        n
+    } else if let Some(off) = name.strip_prefix("RTMIN") {
+        let off = match off.strip_prefix('+') {
+            Some(k) => k.parse::<i32>().ok()?,
+            None if off.is_empty() => 0,
+            None => return None,
+        };
+        libc::SIGRTMIN() + off
+    } else {
+        match name {
+            "USR1" => libc::SIGUSR1,
+            "USR2" => libc::SIGUSR2,
+            "HUP" => libc::SIGHUP,
+            "INT" => libc::SIGINT,
+            "QUIT" => libc::SIGQUIT,
+            "TERM" => libc::SIGTERM,
+            "CONT" => libc::SIGCONT,
+            "URG" => libc::SIGURG,
+            "WINCH" => libc::SIGWINCH,
+            "PWR" => libc::SIGPWR,
+            _ => return None,
+        }
+    };
+    let ok = n > 0 && n <= libc::SIGRTMAX() && n != libc::SIGKILL && n != libc::SIGSTOP;
+    ok.then_some(n)
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -144,5 +208,36 @@ mod tests {
         assert_eq!(c.log_level, Level::Debug);
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("sideways"));
+    }
+
+    #[test]
+    fn signals() {
+        assert_eq!(parse_signal("USR1"), Some(libc::SIGUSR1));
+        assert_eq!(parse_signal("sigusr2"), Some(libc::SIGUSR2));
+        assert_eq!(parse_signal("10"), Some(10));
+        assert_eq!(parse_signal("RTMIN+2"), Some(libc::SIGRTMIN() + 2));
+        assert_eq!(parse_signal("KILL"), None);
+        assert_eq!(parse_signal("9"), None);
+        assert_eq!(parse_signal("0"), None);
+        assert_eq!(parse_signal("bogus"), None);
+        let c = Config::from_lookup(|_| None);
+        assert_eq!(
+            (c.pause_signal, c.resume_signal),
+            (Some(libc::SIGUSR1), Some(libc::SIGUSR2))
+        );
+        let c = Config::from_lookup(|k| match k {
+            "CUDAW_PAUSE_SIGNAL" => Some("SIGHUP".into()),
+            "CUDAW_RESUME_SIGNAL" => Some("nonsense".into()),
+            _ => None,
+        });
+        assert_eq!(
+            (c.pause_signal, c.resume_signal),
+            (Some(libc::SIGHUP), Some(libc::SIGUSR2))
+        );
+        assert_eq!(c.warnings.len(), 1);
+        let c = Config::from_lookup(|k| (k == "CUDAW_PAUSE_SIGNAL").then(|| "off".into()));
+        assert_eq!((c.pause_signal, c.resume_signal), (None, None));
+        let c = Config::from_lookup(|k| k.ends_with("_SIGNAL").then(|| "USR1".into()));
+        assert_eq!((c.pause_signal, c.resume_signal), (None, None));
     }
 }

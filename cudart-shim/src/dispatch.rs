@@ -156,6 +156,7 @@ fn initialise() {
         }
     }
     crate::memory::log_summary_at_exit_once();
+    crate::pause::install_once();
     gate::mark_initialised();
 }
 

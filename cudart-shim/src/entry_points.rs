@@ -101,6 +101,7 @@ fn to_cu(rc: cudaError_t) -> u32 {
 
 extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
     guard("cuMemAlloc", 999, || {
+        let _in_flight = crate::pause::enter();
         if dptr.is_null() || size == 0 {
             return CU_ERROR_INVALID_VALUE;
         }
@@ -118,6 +119,7 @@ extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
 extern "C" fn cuMemFree(ptr: u64) -> u32 {
     guard("cuMemFree", 999, || match memory::lookup(ptr) {
         Some((mem, a)) if a.base == ptr => {
+            let _in_flight = crate::pause::enter();
             crate::call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
             match mem.vmm.free(ptr) {
                 Ok(()) => CU_SUCCESS,
@@ -138,7 +140,10 @@ extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: cudaStream_t)
 
 extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     guard("cuMemFreeAsync", 999, || match memory::lookup(ptr) {
-        Some((mem, a)) if a.base == ptr => to_cu(mem.free_on_stream(ptr, stream)),
+        Some((mem, a)) if a.base == ptr => {
+            let _in_flight = crate::pause::enter();
+            to_cu(mem.free_on_stream(ptr, stream))
+        }
         Some(_) => CU_ERROR_INVALID_VALUE,
         None => drv_forward!(3, fn(u64, cudaStream_t), ptr, stream),
     })

@@ -22,6 +22,7 @@ pub mod entry_points;
 pub mod gate;
 pub mod log;
 pub mod memory;
+pub mod pause;
 pub mod real;
 pub mod real_fn;
 pub mod registry;

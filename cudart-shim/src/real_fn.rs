@@ -28,7 +28,7 @@ macro_rules! call_real {
 
 /// Defines exported-name wrappers that share one implementation taking the real function's
 /// dispatch index: `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`. Each body runs
-/// inside the panic boundary.
+/// inside the panic boundary, counted in flight for pause ([`crate::pause::enter`]).
 #[macro_export]
 macro_rules! variants {
     ($imp:ident => $($name:ident),+ ; $params:tt) => {
@@ -42,6 +42,7 @@ macro_rules! variant {
     ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
         extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
             $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || {
+                let _in_flight = $crate::pause::enter();
                 $imp($crate::dispatch::idx::$name, $($a),*)
             })
         }

@@ -646,10 +646,14 @@ variants!(exec_kernel_node_set_impl => cudaGraphExecKernelNodeSetParams;
     (exec: *mut c_void, node: *mut c_void, p: *const cudaKernelNodeParams));
 
 fn r(p: *const c_void) -> *const c_void {
-    to_real(p)
+    if translated() {
+        to_real(p)
+    } else {
+        p
+    }
 }
 fn rm(p: *mut c_void) -> *mut c_void {
-    to_real(p) as *mut c_void
+    r(p) as *mut c_void
 }
 
 fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
@@ -1010,6 +1014,42 @@ pub fn table() -> Vec<(usize, usize)> {
         __cudaUnregisterFatBinary,
         __cudaRegisterFunction,
         __cudaGetKernel,
+        // Copies and sets are wrapped in both addressings so that pause waits for them
+        // (one atomic pair each); launches stay forwarded in mapped addressing.
+        cudaMemcpy,
+        cudaMemcpy_ptds,
+        cudaMemcpyAsync,
+        cudaMemcpyAsync_ptsz,
+        cudaMemset,
+        cudaMemset_ptds,
+        cudaMemsetAsync,
+        cudaMemsetAsync_ptsz,
+        cudaMemcpy2D,
+        cudaMemcpy2D_ptds,
+        cudaMemcpy2DAsync,
+        cudaMemcpy2DAsync_ptsz,
+        cudaMemset2D,
+        cudaMemset2D_ptds,
+        cudaMemset2DAsync,
+        cudaMemset2DAsync_ptsz,
+        cudaMemcpy3D,
+        cudaMemcpy3D_ptds,
+        cudaMemcpy3DAsync,
+        cudaMemcpy3DAsync_ptsz,
+        cudaMemset3D,
+        cudaMemset3D_ptds,
+        cudaMemset3DAsync,
+        cudaMemset3DAsync_ptsz,
+        cudaMemcpyPeer,
+        cudaMemcpyPeerAsync,
+        cudaMemcpyToSymbol,
+        cudaMemcpyToSymbol_ptds,
+        cudaMemcpyFromSymbol,
+        cudaMemcpyFromSymbol_ptds,
+        cudaMemcpyToSymbolAsync,
+        cudaMemcpyToSymbolAsync_ptsz,
+        cudaMemcpyFromSymbolAsync,
+        cudaMemcpyFromSymbolAsync_ptsz,
     ];
     v.extend(crate::entry_points::table());
     if translated() {
@@ -1025,40 +1065,6 @@ pub fn table() -> Vec<(usize, usize)> {
             cudaGraphAddKernelNode,
             cudaGraphKernelNodeSetParams,
             cudaGraphExecKernelNodeSetParams,
-            cudaMemcpy,
-            cudaMemcpy_ptds,
-            cudaMemcpyAsync,
-            cudaMemcpyAsync_ptsz,
-            cudaMemset,
-            cudaMemset_ptds,
-            cudaMemsetAsync,
-            cudaMemsetAsync_ptsz,
-            cudaMemcpy2D,
-            cudaMemcpy2D_ptds,
-            cudaMemcpy2DAsync,
-            cudaMemcpy2DAsync_ptsz,
-            cudaMemset2D,
-            cudaMemset2D_ptds,
-            cudaMemset2DAsync,
-            cudaMemset2DAsync_ptsz,
-            cudaMemcpy3D,
-            cudaMemcpy3D_ptds,
-            cudaMemcpy3DAsync,
-            cudaMemcpy3DAsync_ptsz,
-            cudaMemset3D,
-            cudaMemset3D_ptds,
-            cudaMemset3DAsync,
-            cudaMemset3DAsync_ptsz,
-            cudaMemcpyPeer,
-            cudaMemcpyPeerAsync,
-            cudaMemcpyToSymbol,
-            cudaMemcpyToSymbol_ptds,
-            cudaMemcpyFromSymbol,
-            cudaMemcpyFromSymbol_ptds,
-            cudaMemcpyToSymbolAsync,
-            cudaMemcpyToSymbolAsync_ptsz,
-            cudaMemcpyFromSymbolAsync,
-            cudaMemcpyFromSymbolAsync_ptsz,
             cudaPointerGetAttributes,
         ]);
     }

@@ -289,10 +289,14 @@ impl Run {
     }
 }
 
-/// Runs `program` under cudaw on simgpu: `cudaw run --lib-dir target/shims/debug
-/// --real-cudart libsimgpu.so --addressing MODE -- PROGRAM`, with `CUDAW_LIBCUDA`
-/// naming simgpu too and `CUDAW_LOG=debug`, plus `env`.
-pub fn run_under_cudaw(program: &Path, addressing: Addressing, env: &[(&str, &str)]) -> Run {
+/// The command that runs `program` under cudaw on simgpu: `cudaw run --lib-dir
+/// target/shims/debug --real-cudart libsimgpu.so --addressing MODE -- PROGRAM`, with
+/// `CUDAW_LIBCUDA` naming simgpu too and `CUDAW_LOG=debug`, plus `env`.
+pub fn command_under_cudaw(
+    program: &Path,
+    addressing: Addressing,
+    env: &[(&str, &str)],
+) -> Command {
     let sim = simgpu();
     let mut cmd = Command::new(cudaw());
     cmd.arg("run")
@@ -310,6 +314,12 @@ pub fn run_under_cudaw(program: &Path, addressing: Addressing, env: &[(&str, &st
     for (k, v) in env {
         cmd.env(k, v);
     }
+    cmd
+}
+
+/// Runs `program` under cudaw on simgpu ([`command_under_cudaw`]) to completion.
+pub fn run_under_cudaw(program: &Path, addressing: Addressing, env: &[(&str, &str)]) -> Run {
+    let mut cmd = command_under_cudaw(program, addressing, env);
     Run {
         output: cmd
             .output()

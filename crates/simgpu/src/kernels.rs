@@ -324,6 +324,11 @@ pub static KERNELS: &[Kernel] = &[
         declaration: "iota_times(long long* v, int n, int k)",
         prepare: iota_times,
     },
+    Kernel {
+        name: "_Z3mixPjPKjij",
+        declaration: "mix(unsigned* x, const unsigned* y, int n, unsigned k)",
+        prepare: mix,
+    },
 ];
 
 /// The kernel registered under `name`, if simgpu has a host implementation of it.
@@ -545,6 +550,34 @@ unsafe fn iota_times(name: &'static str, l: &Launch, args: *const *const c_void)
     })
 }
 
+/// CUDA: `if (i < n) x[i] = x[i] * 1664525u + y[i] + k;`
+unsafe fn mix(name: &'static str, l: &Launch, args: *const *const c_void) -> Work {
+    // SAFETY: the parameters as declared (the caller's contract).
+    let (x, y, n, k) = unsafe {
+        (
+            Dev::<u32>::new(arg(args, 0)),
+            Dev::<u32>::new(arg(args, 1)),
+            arg::<i32>(args, 2),
+            arg::<u32>(args, 3),
+        )
+    };
+    let l = *l;
+    let m = l.covered(n);
+    let regions = vec![x.region(m, true), y.region(m, false)];
+    Work::new(name, regions, move || {
+        // SAFETY: every index below is in the checked regions.
+        l.each_index(n, |i| unsafe {
+            x.set(
+                i,
+                x.get(i)
+                    .wrapping_mul(1_664_525)
+                    .wrapping_add(y.get(i))
+                    .wrapping_add(k),
+            )
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,5 +743,15 @@ mod tests {
             &[p(&pv), p(&po), p(&n3)],
         );
         assert_eq!(out, 3 + 6);
+        let mut x = vec![2u32; 100];
+        let y: Vec<u32> = (0..100).collect();
+        let (px, py) = (ptr(&mut x), y.as_ptr() as u64);
+        let k = 5u32;
+        run(
+            "_Z3mixPjPKjij",
+            Launch::linear(1, 64),
+            &[p(&px), p(&py), p(&n), p(&k)],
+        );
+        assert_eq!((x[10], x[64]), (2 * 1_664_525 + 10 + 5, 2));
     }
 }
