@@ -107,34 +107,9 @@ impl Config {
     }
 }
 
-/// Parses a size: plain bytes, or a number with a binary suffix `K`, `M`, `G`, `T`
-/// (optionally followed by `B` or `iB`): `8G`, `512M`, `1.5G`, `4096`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let unit = unit.trim().to_ascii_uppercase();
-    let unit = unit.trim_end_matches("IB").trim_end_matches('B');
-    let mult: u64 = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        _ => return None,
-    };
-    if num.is_empty() {
-        return None;
-    }
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult);
-    }
-    let f: f64 = num.parse().ok()?;
-    let v = f * mult as f64;
-    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
-}
+/// Parses a size: plain bytes, or `8G`, `512M`, `1.5G` (one parser for every size an
+/// operator writes: [`vmm::parse_size`]).
+pub use vmm::parse_size;
 
 /// Parses a signal: a name with or without `SIG` (`USR1`, `SIGUSR2`, `HUP`, `RTMIN+3`), or
 /// a number. Signals a program cannot catch (`KILL`, `STOP`) and out-of-range numbers are
