@@ -157,16 +157,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("8G"), Some(8 << 30));
-        assert_eq!(parse_size("512M"), Some(512 << 20));
-        assert_eq!(parse_size("512MiB"), Some(512 << 20));
-        assert_eq!(parse_size("1.5G"), Some(3 << 29));
-        assert_eq!(parse_size("12X"), None);
-        assert_eq!(parse_size("G"), None);
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("99999999999T"), None);
+    fn memory_limit_from_the_environment() {
+        let with = |v: &str| {
+            let v = v.to_owned();
+            Config::from_lookup(move |k| (k == "CUDAW_MEM_LIMIT").then(|| v.clone()))
+        };
+        assert_eq!(with("8G").mem_limit, Some(8 << 30));
+        assert_eq!(with("1.5G").mem_limit, Some(3 << 29));
+        assert_eq!(with("").mem_limit, None);
+        let bad = with("lots");
+        assert_eq!(bad.mem_limit, None);
+        assert!(
+            bad.warnings
+                .iter()
+                .any(|w| w.contains("CUDAW_MEM_LIMIT=\"lots\"")),
+            "{:?}",
+            bad.warnings
+        );
     }
 
     #[test]
