@@ -15,8 +15,6 @@ pub const ERROR_INVALID_VALUE: cudaError_t = 1;
 pub const ERROR_MEMORY_ALLOCATION: cudaError_t = 2;
 /// `cudaErrorInitializationError`.
 pub const ERROR_INITIALIZATION: cudaError_t = 3;
-/// `cudaErrorInvalidDevicePointer`.
-pub const ERROR_INVALID_DEVICE_POINTER: cudaError_t = 17;
 /// `cudaErrorNotReady`.
 pub const ERROR_NOT_READY: cudaError_t = 600;
 /// `cudaErrorNotSupported`.

@@ -79,7 +79,9 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
     match memory::lookup(ptr as u64) {
         Some((mem, a)) => {
             if a.base != ptr as u64 {
-                return ERROR_INVALID_DEVICE_POINTER;
+                // What the current runtime answers for a pointer that is not an allocation's
+                // start (cudaErrorInvalidDevicePointer is deprecated since CUDA 10.1).
+                return ERROR_INVALID_VALUE;
             }
             // cudaFree synchronises: no kernel may still use the memory once it is unmapped.
             let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
@@ -237,7 +239,7 @@ variants!(malloc_from_pool_impl => cudaMallocFromPoolAsync, cudaMallocFromPoolAs
 fn free_async_impl(i: usize, ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
     match memory::lookup(ptr as u64) {
         Some((mem, a)) if a.base == ptr as u64 => mem.free_on_stream(a.base, stream),
-        Some(_) => ERROR_INVALID_DEVICE_POINTER,
+        Some(_) => ERROR_INVALID_VALUE,
         None => forward!(i, fn(*mut c_void, cudaStream_t), ptr, stream),
     }
 }
