@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
 #   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
-#   dist/bin/cudaw  dist/bin/cudaw-ckpt (once it exists)  dist/bin/vmm_check
+#   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check
 # `cudaw run` finds the libraries in ../lib beside its own binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -30,6 +30,8 @@ pub struct Config {
     pub pause_signal: Option<i32>,
     /// `CUDAW_RESUME_SIGNAL` (default `SIGUSR2`; `off` disables pause and resume).
     pub resume_signal: Option<i32>,
+    /// `CUDAW_CONTROL_SOCKET` (`off` turns the control socket off; default on).
+    pub control_socket: bool,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -102,6 +104,10 @@ impl Config {
             mem_limit,
             pause_signal,
             resume_signal,
+            control_socket: !matches!(
+                get("CUDAW_CONTROL_SOCKET").as_deref().map(str::trim),
+                Some("off" | "none" | "0")
+            ),
             warnings,
         }
     }

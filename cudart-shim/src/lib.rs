@@ -17,6 +17,7 @@
 
 pub mod boundary;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod entry_points;
 pub mod gate;

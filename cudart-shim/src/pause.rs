@@ -11,6 +11,9 @@
 //! - resume: restore every allocation at the same address ([`vmm::Vmm::restore_all`]),
 //!   then open the gate. A resume while running does nothing.
 //!
+//! The same thread serves the control socket ([`crate::control`], `cudaw-ckpt`): socket
+//! requests and signals go through [`handle`] one at a time.
+//!
 //! Not covered: a thread already inside a *forwarded* call (one cudaw does not wrap, such
 //! as a kernel launch in mapped addressing) when the gate closes is not waited for; the
 //! device synchronisation covers work it already queued, and a short settle
@@ -24,6 +27,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use vmm::HostStaging;
+
+pub use cudaw_control::Moved;
 
 /// cudaw's wrapped calls running now (threads inside at least one).
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -128,27 +133,40 @@ pub fn install_once() {
 
 fn install() -> Result<(), String> {
     let cfg = crate::config::get();
-    let (Some(pause), Some(resume)) = (cfg.pause_signal, cfg.resume_signal) else {
+    let listener = crate::control::listen();
+    let signals = cfg.pause_signal.zip(cfg.resume_signal);
+    if signals.is_none() {
         log::info(format_args!("pause/resume signals disabled"));
+    }
+    if signals.is_none() && listener.is_none() {
         return Ok(());
+    }
+    let read_fd = match signals {
+        Some((pause, _)) => {
+            let mut fds = [0i32; 2];
+            // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                return Err(format!("pipe2: {}", std::io::Error::last_os_error()));
+            }
+            let (read_fd, write_fd) = (fds[0], fds[1]);
+            // SAFETY: sets a flag on the pipe's write end, which we own.
+            unsafe {
+                let fl = libc::fcntl(write_fd, libc::F_GETFL);
+                libc::fcntl(write_fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+            PIPE_WRITE.store(write_fd, Ordering::SeqCst);
+            PAUSE_SIGNAL.store(pause, Ordering::SeqCst);
+            read_fd
+        }
+        None => -1,
     };
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe2: {}", std::io::Error::last_os_error()));
-    }
-    let (read_fd, write_fd) = (fds[0], fds[1]);
-    // SAFETY: sets a flag on the pipe's write end, which we own.
-    unsafe {
-        let fl = libc::fcntl(write_fd, libc::F_GETFL);
-        libc::fcntl(write_fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-    }
-    PIPE_WRITE.store(write_fd, Ordering::SeqCst);
-    PAUSE_SIGNAL.store(pause, Ordering::SeqCst);
     std::thread::Builder::new()
         .name("cudaw-control".into())
-        .spawn(move || control_loop(read_fd))
+        .spawn(move || control_loop(read_fd, listener))
         .map_err(|e| format!("spawning the control thread: {e}"))?;
+    let Some((pause, resume)) = signals else {
+        return Ok(());
+    };
     for (sig, what) in [(pause, "pause"), (resume, "resume")] {
         // SAFETY: sigaction structs are plain data; zeroed is a valid starting point.
         let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -180,31 +198,70 @@ fn install() -> Result<(), String> {
     Ok(())
 }
 
-fn control_loop(fd: i32) {
+/// The control thread: serves the signals' pipe (`fd`, or -1) and the control socket, one
+/// request at a time, so that signals and socket requests are serialised.
+fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
+    use std::os::fd::AsRawFd;
+    let mut fd = fd;
     let mut buf = [0u8; 64];
     loop {
-        // SAFETY: reads into a live local buffer of the length given.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let mut polls = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: listener.as_ref().map_or(-1, |l| l.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if polls.iter().all(|p| p.fd < 0) {
+            return;
+        }
+        // SAFETY: `polls` is a live array of the length given; poll ignores negative fds.
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             log::error(format_args!(
-                "control thread: reading its pipe failed: {}; pause/resume stop working",
+                "control thread: poll failed: {}; pause/resume stop working",
                 std::io::Error::last_os_error()
             ));
             return;
         }
-        if n == 0 {
-            return;
-        }
-        for &b in &buf[..n as usize] {
-            let req = if b == BYTE_PAUSE {
-                Request::Pause
+        if fd >= 0 && polls[0].revents != 0 {
+            // SAFETY: reads into a live local buffer of the length given.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                    log::error(format_args!(
+                        "control thread: reading its pipe failed: {}; the pause/resume signals stop working",
+                        std::io::Error::last_os_error()
+                    ));
+                    fd = -1;
+                }
+            } else if n == 0 {
+                fd = -1;
             } else {
-                Request::Resume
-            };
-            crate::boundary::guard("the control thread", (), || handle(req));
+                for &b in &buf[..n as usize] {
+                    let req = if b == BYTE_PAUSE {
+                        Request::Pause
+                    } else {
+                        Request::Resume
+                    };
+                    crate::boundary::guard("the control thread", (), || {
+                        let _ = handle(req);
+                    });
+                }
+            }
+        }
+        if let Some(l) = &listener {
+            if polls[1].revents != 0 {
+                crate::boundary::guard("the control socket", (), || crate::control::serve_one(l));
+            }
         }
     }
 }
@@ -212,15 +269,35 @@ fn control_loop(fd: i32) {
 /// Whether cudaw has paused the process (memory evicted, gate closed).
 static PAUSED: Mutex<bool> = Mutex::new(false);
 
-/// Carries out one request (on the control thread; callable directly from tests).
-pub fn handle(req: Request) {
+/// Carries out one request (on the control thread; callable directly from tests): what it
+/// moved, or why it failed.
+pub fn handle(req: Request) -> Result<Moved, String> {
     let mut paused = PAUSED.lock();
     match (req, *paused) {
-        (Request::Pause, true) => log::info(format_args!("pause: already paused")),
-        (Request::Resume, false) => log::info(format_args!("resume: not paused")),
-        (Request::Pause, false) => *paused = pause(),
-        (Request::Resume, true) => *paused = !resume(),
+        (Request::Pause, true) => {
+            log::info(format_args!("pause: already paused"));
+            Ok(Moved::default())
+        }
+        (Request::Resume, false) => {
+            log::info(format_args!("resume: not paused"));
+            Ok(Moved::default())
+        }
+        (Request::Pause, false) => {
+            let r = pause();
+            *paused = r.is_ok();
+            r
+        }
+        (Request::Resume, true) => {
+            let r = resume();
+            *paused = r.is_err();
+            r
+        }
     }
+}
+
+/// Whether the process is paused now.
+pub fn is_paused() -> bool {
+    *PAUSED.lock()
 }
 
 fn synchronise_all() {
@@ -235,8 +312,8 @@ fn synchronise_all() {
     }
 }
 
-/// Pauses; returns whether the process is paused afterwards.
-fn pause() -> bool {
+/// Pauses; on failure the process runs on as before.
+fn pause() -> Result<Moved, String> {
     let started = Instant::now();
     gate::close();
     let mut warned = false;
@@ -264,31 +341,35 @@ fn pause() -> bool {
                 evicted.push((ordinal, m));
             }
             Err(e) => {
-                log::error(format_args!(
-                    "pause: evicting device {ordinal} failed: {e}; resuming"
-                ));
+                let msg = format!("evicting device {ordinal} failed: {e}; resumed");
+                log::error(format_args!("pause: {msg}"));
                 for (o, m) in evicted {
                     if let Err(e) = m.vmm.restore_all(&mut HostStaging) {
                         log::error(format_args!("pause: restoring device {o} failed: {e}"));
                     }
                 }
                 gate::open();
-                return false;
+                return Err(msg);
             }
         }
     }
     let mapped: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().mapped)
         .sum();
+    let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "paused: {allocations} allocations, {bytes} bytes evicted in {:.1} ms; {mapped} bytes of device memory still mapped",
-        started.elapsed().as_secs_f64() * 1e3
+        "paused: {allocations} allocations, {bytes} bytes evicted in {ms:.1} ms; {mapped} bytes of device memory still mapped"
     ));
-    true
+    Ok(Moved {
+        allocations: allocations as u64,
+        bytes,
+        ms,
+        changed: true,
+    })
 }
 
-/// Resumes; returns whether the process runs again.
-fn resume() -> bool {
+/// Resumes; on failure the process stays paused.
+fn resume() -> Result<Moved, String> {
     let started = Instant::now();
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
@@ -299,19 +380,25 @@ fn resume() -> bool {
             }
             Err(e) => {
                 // Staying paused keeps the program off memory that is not there.
-                log::error(format_args!(
-                    "resume: restoring device {ordinal} failed: {e}; staying paused (send the resume signal again to retry)"
-                ));
-                return false;
+                let msg = format!(
+                    "restoring device {ordinal} failed: {e}; staying paused (resume again to retry)"
+                );
+                log::error(format_args!("resume: {msg}"));
+                return Err(msg);
             }
         }
     }
+    let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "resumed: {allocations} allocations, {bytes} bytes restored in {:.1} ms",
-        started.elapsed().as_secs_f64() * 1e3
+        "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms"
     ));
     gate::open();
-    true
+    Ok(Moved {
+        allocations: allocations as u64,
+        bytes,
+        ms,
+        changed: true,
+    })
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! | `nvcc` | `$CUDAW_CUDA_BIN` or `target/cuda/bin` (`scripts/setup-cuda.sh`); absent: the test is skipped with a message, or fails when `CUDAW_REQUIRE_CUDA_TOOLS` is set |
 //! | `libcudart.so.13` (the shim) | `target/shims/debug/` (`scripts/build-shims.sh`, which `scripts/test.sh` runs first); absent: the test fails saying so |
 //! | `libsimgpu.so` | the test binary's `deps/` folder (simgpu is a dev-dependency) |
-//! | `cudaw` | `target/PROFILE/cudaw` beside the test binary, built with `cargo build -p cudaw-cli` on first use |
+//! | `cudaw`, `cudaw-ckpt` | `target/PROFILE/` beside the test binary, built with `cargo build -p cudaw-cli --bins` on first use |
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -186,44 +186,56 @@ pub fn shims() -> PathBuf {
 }
 
 /// The `cudaw` launcher beside the test binary (`target/PROFILE/cudaw`), brought up to
-/// date with `cargo build -p cudaw-cli --bin cudaw` once per test process.
+/// date with `cargo build -p cudaw-cli --bins` once per test process.
 pub fn cudaw() -> PathBuf {
-    static CUDAW: OnceLock<PathBuf> = OnceLock::new();
-    CUDAW
-        .get_or_init(|| {
-            let profile_dir = deps_dir().parent().expect("profile folder").to_path_buf();
-            let target_dir = profile_dir.parent().expect("target folder").to_path_buf();
-            let profile = profile_dir
-                .file_name()
-                .expect("profile name")
-                .to_string_lossy()
-                .into_owned();
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut cmd = Command::new(cargo);
-            cmd.current_dir(workspace())
-                .args(["build", "-q", "-p", "cudaw-cli", "--bin", "cudaw"])
-                .arg("--target-dir")
-                .arg(&target_dir);
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    cmd.arg("--release");
-                }
-                other => {
-                    cmd.args(["--profile", other]);
-                }
+    cli_dir().join("cudaw")
+}
+
+/// `cudaw-ckpt` beside the test binary (`target/PROFILE/cudaw-ckpt`), built as [`cudaw`] is.
+pub fn cudaw_ckpt() -> PathBuf {
+    cli_dir().join("cudaw-ckpt")
+}
+
+/// The folder holding `cudaw` and `cudaw-ckpt`, both brought up to date once per test
+/// process.
+fn cli_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let profile_dir = deps_dir().parent().expect("profile folder").to_path_buf();
+        let target_dir = profile_dir.parent().expect("target folder").to_path_buf();
+        let profile = profile_dir
+            .file_name()
+            .expect("profile name")
+            .to_string_lossy()
+            .into_owned();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace())
+            .args(["build", "-q", "-p", "cudaw-cli", "--bins"])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
             }
-            let out = cmd.output().expect("running cargo build for cudaw");
-            assert!(
-                out.status.success(),
-                "building cudaw failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let exe = profile_dir.join("cudaw");
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let out = cmd.output().expect("running cargo build for cudaw");
+        assert!(
+            out.status.success(),
+            "building cudaw and cudaw-ckpt failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for bin in ["cudaw", "cudaw-ckpt"] {
+            let exe = profile_dir.join(bin);
             assert!(exe.is_file(), "{} missing after cargo build", exe.display());
-            exe
-        })
-        .clone()
+        }
+        profile_dir
+    })
+    .clone()
 }
 
 /// How device pointers relate to device addresses (`cudaw run --addressing`).

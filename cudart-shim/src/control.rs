@@ -1,0 +1,264 @@
+//! The control socket: `$CUDAW_RUN_DIR/PID.sock` (default `$XDG_RUNTIME_DIR/cudaw`, else
+//! `/tmp/cudaw-UID`; the folder is created 0700, the socket is 0600), served by the pause
+//! module's control thread for `cudaw-ckpt`. One JSON request line, one JSON reply line
+//! ([`cudaw_control`]); the peer's uid (`SO_PEERCRED`) must be the process owner's or
+//! root's. The socket is removed at exit; one left by a dead process of the same PID is
+//! replaced.
+//!
+//! One connection is served at a time, on the control thread, with a 2 s limit on reading
+//! the request and on writing the reply: a client that stalls delays the next request by
+//! at most that.
+
+use crate::{config, log, memory, pause};
+use cudaw_control::{DeviceStatus, Reply, Request, State, Status, MAX_REQUEST};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The socket this process created, and the PID that created it (a forked child's exit
+/// must not remove its parent's socket).
+static SOCKET: OnceLock<(PathBuf, u32)> = OnceLock::new();
+
+const IO_LIMIT: Duration = Duration::from_secs(2);
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Creates the socket and arranges its removal at exit; `None` (after a warning) when it
+/// cannot be created, or `CUDAW_CONTROL_SOCKET=off`.
+pub fn listen() -> Option<UnixListener> {
+    if !config::get().control_socket {
+        log::info(format_args!(
+            "control socket disabled (CUDAW_CONTROL_SOCKET=off)"
+        ));
+        return None;
+    }
+    match try_listen() {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::warn(format_args!("control socket not created: {e}"));
+            None
+        }
+    }
+}
+
+fn try_listen() -> Result<UnixListener, String> {
+    let uid = euid();
+    let dir = cudaw_control::run_dir_from_env(uid);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let meta = std::fs::metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid {
+        return Err(format!(
+            "{} is not a folder owned by uid {uid}; refusing to put the socket there",
+            dir.display()
+        ));
+    }
+    let pid = std::process::id();
+    let path = cudaw_control::socket_path(&dir, pid);
+    // Our PID's socket can only be a dead process's: replace it.
+    match std::fs::remove_file(&path) {
+        Ok(()) => log::info(format_args!("replaced a stale {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("removing the stale {}: {e}", path.display())),
+    }
+    let listener = UnixListener::bind(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod 0600 {}: {e}", path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if SOCKET.set((path.clone(), pid)).is_ok() {
+        // SAFETY: registers a function with no arguments that never unwinds (it runs
+        // inside the panic boundary).
+        unsafe { libc::atexit(remove_at_exit) };
+    }
+    log::info(format_args!("control socket {}", path.display()));
+    Ok(listener)
+}
+
+extern "C" fn remove_at_exit() {
+    crate::boundary::guard("removing the control socket", (), || {
+        if let Some((path, pid)) = SOCKET.get() {
+            if *pid == std::process::id() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    })
+}
+
+/// The connecting process's uid, from `SO_PEERCRED`.
+fn peer_uid(stream: &UnixStream) -> Result<u32, String> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live local of that size.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("SO_PEERCRED: {}", std::io::Error::last_os_error()));
+    }
+    Ok(cred.uid)
+}
+
+/// Accepts one waiting connection (if any) and answers it.
+pub fn serve_one(listener: &UnixListener) {
+    let stream = match listener.accept() {
+        Ok((s, _)) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+        Err(e) => {
+            log::warn(format_args!("control socket: accept: {e}"));
+            // Avoid spinning on a persistent error.
+            std::thread::sleep(Duration::from_millis(10));
+            return;
+        }
+    };
+    if let Err(e) = answer(stream) {
+        log::warn(format_args!("control socket: {e}"));
+    }
+}
+
+fn answer(mut stream: UnixStream) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(IO_LIMIT))?;
+    stream.set_write_timeout(Some(IO_LIMIT))?;
+    let reply = match peer_uid(&stream) {
+        Err(e) => Reply::error(e),
+        Ok(uid) if uid != 0 && uid != euid() => {
+            log::warn(format_args!(
+                "control socket: refused a request from uid {uid} (the process belongs to uid {})",
+                euid()
+            ));
+            Reply::error(format!(
+                "permission denied: uid {uid} may not control process {} (owner uid {}; only the owner or root may)",
+                std::process::id(),
+                euid()
+            ))
+        }
+        Ok(_) => match read_line(&mut stream) {
+            Err(e) => Reply::error(e),
+            Ok(line) => match Request::parse(&line) {
+                Err(e) => {
+                    log::warn(format_args!("control socket: {e}"));
+                    Reply::error(e)
+                }
+                Ok(req) => execute(req),
+            },
+        },
+    };
+    stream.write_all(reply.to_line().as_bytes())?;
+    stream.flush()
+}
+
+/// Reads up to the first newline (or the end), at most [`MAX_REQUEST`] bytes.
+fn read_line(stream: &mut UnixStream) -> Result<String, String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let n = match stream.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!(
+                    "no request line within {} s (send one JSON line ending in a newline, e.g. {{\"cmd\":\"status\"}})",
+                    IO_LIMIT.as_secs()
+                ))
+            }
+            Err(e) => return Err(format!("reading the request: {e}")),
+        };
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            buf.truncate(i);
+            break;
+        }
+        if buf.len() > MAX_REQUEST {
+            return Err(format!("request longer than {MAX_REQUEST} bytes"));
+        }
+    }
+    String::from_utf8(buf).map_err(|_| "the request is not UTF-8".to_owned())
+}
+
+/// Carries out one request through the pause module (the same functions the signals use).
+pub fn execute(req: Request) -> Reply {
+    match req {
+        Request::Pause => match pause::handle(pause::Request::Pause) {
+            Ok(m) => Reply {
+                ok: true,
+                pause: Some(m),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(e),
+        },
+        Request::Resume => match pause::handle(pause::Request::Resume) {
+            Ok(m) => Reply {
+                ok: true,
+                resume: Some(m),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(e),
+        },
+        Request::Status => Reply {
+            ok: true,
+            status: Some(status()),
+            ..Reply::default()
+        },
+    }
+}
+
+/// The process's state and memory now.
+pub fn status() -> Status {
+    let devices = memory::managed_devices()
+        .map(|(ordinal, m)| {
+            let s = m.vmm.stats();
+            DeviceStatus {
+                ordinal,
+                allocations: s.allocations,
+                resident: s.resident,
+                evicted: s.evicted,
+                mapped: s.mapped,
+                limit: s.limit,
+            }
+        })
+        .collect();
+    Status {
+        pid: std::process::id(),
+        state: if pause::is_paused() {
+            State::Paused
+        } else {
+            State::Running
+        },
+        addressing: match config::get().addressing {
+            config::Addressing::Mapped => "mapped",
+            config::Addressing::Translated => "translated",
+        }
+        .to_owned(),
+        devices,
+    }
+}
