@@ -501,8 +501,11 @@ fn translate_args(
     })
 }
 
-fn launch_impl(
+/// Forwards a launch of `rec`'s kernel (`f` is what the caller named it by: a host stub or a
+/// `cudaKernel_t`), its arguments rewritten for translated addressing.
+fn forward_launch(
     i: usize,
+    rec: Option<std::sync::Arc<registry::FunctionRecord>>,
     f: *const c_void,
     g: Dim3,
     b: Dim3,
@@ -510,7 +513,7 @@ fn launch_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let mut buf = translate_args(registry::function(f as usize), args);
+    let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     forward!(
         i,
@@ -522,6 +525,18 @@ fn launch_impl(
         shm,
         s
     )
+}
+
+fn launch_impl(
+    i: usize,
+    f: *const c_void,
+    g: Dim3,
+    b: Dim3,
+    args: *mut *mut c_void,
+    shm: usize,
+    s: cudaStream_t,
+) -> cudaError_t {
+    forward_launch(i, registry::function(f as usize), f, g, b, args, shm, s)
 }
 variants!(launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
     (f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
@@ -535,17 +550,15 @@ fn launch_kernel_handle_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let mut buf = translate_args(registry::function_of_kernel(k as usize), args);
-    let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    forward!(
+    forward_launch(
         i,
-        fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+        registry::function_of_kernel(k as usize),
         k,
         g,
         b,
-        a,
+        args,
         shm,
-        s
+        s,
     )
 }
 variants!(launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;

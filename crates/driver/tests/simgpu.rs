@@ -5,7 +5,6 @@
 //! process: this binary re-executed with `CUDAW_TEST_CHILD` naming the role.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::{Arc, OnceLock};
 
@@ -14,18 +13,11 @@ use driver::error::{CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY};
 use driver::{sys, Driver, DriverBackend, LibCuda, Stream};
 use vmm::Backend;
 
+mod common;
+use common::simgpu_path;
+
 const MIB: u64 = 1 << 20;
 const CHILD_ENV: &str = "CUDAW_TEST_CHILD";
-
-/// `libsimgpu.so`, built by cargo into the same `deps/` folder as this test binary.
-fn simgpu_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [deps.join("libsimgpu.so"), deps.join("../libsimgpu.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libsimgpu.so not found next to {}", exe.display()))
-}
 
 /// The driver shared by this process's tests, initialised, primary context retained.
 fn shared() -> &'static (Arc<LibCuda>, DriverBackend) {

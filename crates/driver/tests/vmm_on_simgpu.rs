@@ -2,23 +2,16 @@
 //! evict, (touching evicted memory faults: checked in a child process), restore, read back.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
 use driver::{Driver, DriverBackend, LibCuda};
 use vmm::{Backend, Config, HostStaging, Residency, Vmm};
 
-const CHILD_ENV: &str = "CUDAW_TEST_CHILD";
+mod common;
+use common::simgpu_path;
 
-fn simgpu_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [deps.join("libsimgpu.so"), deps.join("../libsimgpu.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libsimgpu.so not found next to {}", exe.display()))
-}
+const CHILD_ENV: &str = "CUDAW_TEST_CHILD";
 
 fn new_vmm(config: Config) -> Vmm<DriverBackend> {
     let lib: Arc<dyn Driver> =
