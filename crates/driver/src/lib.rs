@@ -12,6 +12,7 @@ pub mod api;
 pub mod backend;
 pub mod error;
 pub mod loader;
+pub mod staging;
 
 /// The CUDA driver ABI types (CUDA 13.0 layouts).
 pub use cudarc::driver::sys;
@@ -20,3 +21,4 @@ pub use api::{Context, Device, Driver, Event, PhysicalHandle, Stream};
 pub use backend::DriverBackend;
 pub use error::{DriverError, Result};
 pub use loader::LibCuda;
+pub use staging::{PinnedStaging, StagingConfig};

@@ -1,0 +1,966 @@
+//! [`PinnedStaging`]: the [`vmm::Staging`] that pause and resume copy through, at close to
+//! the PCIe limit.
+//!
+//! A pageable copy (`cuMemcpyDtoH` into a `Vec<u8>`) goes through the driver's own small
+//! staging buffer one piece at a time: 3.3 GiB/s device to host on an H100, where a copy
+//! into page-locked memory runs at 48 GiB/s. Pinning the destination at pause time costs
+//! more than the copy itself. So this staging keeps a small pool of page-locked (pinned)
+//! buffers, and for each batch of ranges:
+//!
+//! - **save** (device → host): the calling thread issues asynchronous copies into the
+//!   buffers, round-robin over several streams, and records an event per buffer; host
+//!   threads take the buffers in order, prefault the destination pages while the copy is
+//!   still on the wire, wait for the event and copy the bytes into the pageable
+//!   destination (`Vec<u8>`, the [`HostCopy::Memory`] the VMM keeps). A buffer is refilled
+//!   as soon as its bytes are out, so the DMA engines and the host copies overlap.
+//! - **load** (host → device): host threads take the batches in order, wait until their
+//!   buffer's previous copy has left it, copy the bytes in and issue the asynchronous copy.
+//!
+//! Destinations of 2 MiB or more are advised for transparent huge pages
+//! (`madvise(MADV_HUGEPAGE)`): one fault per 2 MiB instead of 512, and a cheaper free.
+//!
+//! Ranges of any size are packed into the buffers: a small one shares a buffer with its
+//! neighbours, a large one spans several. Every call waits for all its copies before it
+//! returns, on success and on failure, so the pool is idle between calls and a failure
+//! loses nothing: the VMM keeps the device memory mapped until `save` has returned `Ok`,
+//! and keeps its host copies until `load` has.
+//!
+//! The pool is made on first use for each context (device) and kept: pinning memory is
+//! slow (its cost is part of the first pause). If it cannot be made (page-locked memory
+//! refused), the staging falls back to [`vmm::HostStaging`]'s synchronous copies and says
+//! so in [`PinnedStaging::take_notes`].
+//!
+//! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 4),
+//! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 8M), `CUDAW_STAGING_THREADS` (host
+//! copy threads, default the CPUs available, at most 16).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use vmm::{HostCopy, HostStaging, LoadRange, Source, Staging, StagingError, StagingRange};
+
+use crate::api::{
+    Context, Driver, Event, Stream, EVENT_DISABLE_TIMING, MEMHOSTALLOC_PORTABLE,
+    STREAM_NON_BLOCKING,
+};
+use crate::backend::DriverBackend;
+use crate::error::DriverError;
+
+/// The variable that sets how many streams copy at once.
+pub const STREAMS_ENV: &str = "CUDAW_STAGING_STREAMS";
+/// The variable that sets the size of one pinned buffer (`8M`, `4194304`).
+pub const BUFFER_ENV: &str = "CUDAW_STAGING_BUFFER";
+/// The variable that sets how many host threads copy between the buffers and host memory.
+pub const THREADS_ENV: &str = "CUDAW_STAGING_THREADS";
+
+/// The most streams, buffers or threads accepted.
+const MAX_COUNT: usize = 256;
+/// The smallest and largest buffer accepted.
+const MIN_BUFFER: usize = 4 << 10;
+const MAX_BUFFER: usize = 1 << 30;
+/// Host pages, and transparent huge pages.
+const PAGE: usize = 4 << 10;
+const HUGE_PAGE: usize = 2 << 20;
+
+/// How [`PinnedStaging`] copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagingConfig {
+    /// Streams the copies are spread over (`CUDAW_STAGING_STREAMS`).
+    pub streams: usize,
+    /// Bytes in one pinned buffer (`CUDAW_STAGING_BUFFER`), a multiple of 4 KiB.
+    pub buffer_bytes: usize,
+    /// Pinned buffers in the pool; the pool holds `buffers * buffer_bytes` bytes.
+    pub buffers: usize,
+    /// Host threads copying between the pinned buffers and host memory
+    /// (`CUDAW_STAGING_THREADS`).
+    pub threads: usize,
+    /// Advise destinations of at least 2 MiB for transparent huge pages.
+    pub huge_pages: bool,
+    /// Fault the destination pages in while the device copy is on the wire.
+    pub prefault: bool,
+}
+
+impl Default for StagingConfig {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+        StagingConfig::new(4, 8 << 20, cpus.min(16))
+    }
+}
+
+impl StagingConfig {
+    /// `streams` streams, buffers of `buffer_bytes` (rounded up to 4 KiB; clamped to
+    /// 4 KiB ..= 1 GiB), `threads` host threads, and enough buffers for every thread to
+    /// hold one while each stream has two copies in flight.
+    pub fn new(streams: usize, buffer_bytes: usize, threads: usize) -> Self {
+        let streams = streams.clamp(1, MAX_COUNT);
+        let threads = threads.clamp(1, MAX_COUNT);
+        StagingConfig {
+            streams,
+            buffer_bytes: buffer_bytes
+                .clamp(MIN_BUFFER, MAX_BUFFER)
+                .next_multiple_of(PAGE),
+            buffers: (threads + 2 * streams).min(MAX_COUNT),
+            threads,
+            huge_pages: true,
+            prefault: true,
+        }
+    }
+
+    /// Reads [`STREAMS_ENV`], [`BUFFER_ENV`] and [`THREADS_ENV`] through `get` (the
+    /// environment, or a test's map); a bad value keeps the default and adds a warning.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>, warnings: &mut Vec<String>) -> Self {
+        let d = StagingConfig::default();
+        let mut count = |key: &str, default: usize| -> usize {
+            match get(key).filter(|v| !v.trim().is_empty()) {
+                None => default,
+                Some(v) => match v.trim().parse::<usize>() {
+                    Ok(n) if (1..=MAX_COUNT).contains(&n) => n,
+                    _ => {
+                        warnings.push(format!(
+                            "{key}={v:?} is not a count from 1 to {MAX_COUNT}; using {default}"
+                        ));
+                        default
+                    }
+                },
+            }
+        };
+        let streams = count(STREAMS_ENV, d.streams);
+        let threads = count(THREADS_ENV, d.threads);
+        let buffer = match get(BUFFER_ENV).filter(|v| !v.trim().is_empty()) {
+            None => d.buffer_bytes,
+            Some(v) => match vmm::parse_size(&v).and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if (MIN_BUFFER..=MAX_BUFFER).contains(&n) => n,
+                _ => {
+                    warnings.push(format!(
+                        "{BUFFER_ENV}={v:?} is not a size from 4K to 1G (like 8M); using {}M",
+                        d.buffer_bytes >> 20
+                    ));
+                    d.buffer_bytes
+                }
+            },
+        };
+        StagingConfig::new(streams, buffer, threads)
+    }
+
+    /// Page-locked host memory the pool holds.
+    pub fn pinned_bytes(&self) -> usize {
+        self.buffers * self.buffer_bytes
+    }
+}
+
+/// The staging pause and resume use: pinned buffers on several streams, host copies on
+/// several threads (see the module documentation). One pool per context, made on first
+/// use and kept until [`PinnedStaging::release`] or drop.
+pub struct PinnedStaging {
+    config: StagingConfig,
+    pools: HashMap<usize, Pool>,
+    notes: Vec<String>,
+}
+
+impl std::fmt::Debug for PinnedStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedStaging")
+            .field("config", &self.config)
+            .field("pools", &self.pools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PinnedStaging {
+    /// A staging with this configuration; nothing is allocated until first use.
+    pub fn new(config: StagingConfig) -> Self {
+        PinnedStaging {
+            config,
+            pools: HashMap::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &StagingConfig {
+        &self.config
+    }
+
+    /// Makes the pool for `backend`'s context now, if it is not there yet (otherwise the
+    /// first save or load makes it).
+    pub fn prepare(&mut self, backend: &DriverBackend) -> Result<(), DriverError> {
+        self.pool(backend).map(drop)
+    }
+
+    /// Whether a pool for `backend`'s context exists.
+    pub fn is_prepared(&self, backend: &DriverBackend) -> bool {
+        self.pools.contains_key(&backend.context().0)
+    }
+
+    /// Frees every pool (waiting for nothing: no copy is in flight between calls).
+    pub fn release(&mut self) -> Result<(), DriverError> {
+        let mut first = None;
+        for (_, pool) in self.pools.drain() {
+            if let Err(e) = pool.free() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// What happened that the caller may want to log (a fallback to synchronous copies),
+    /// since the last call.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
+    fn pool(&mut self, backend: &DriverBackend) -> Result<&Pool, DriverError> {
+        let key = backend.context().0;
+        if !self.pools.contains_key(&key) {
+            let pool = Pool::new(backend.driver().clone(), backend.context(), &self.config)?;
+            self.pools.insert(key, pool);
+        }
+        Ok(&self.pools[&key])
+    }
+
+    /// The pool, or `None` after noting why synchronous copies are used instead.
+    fn pool_or_note(&mut self, backend: &DriverBackend) -> Option<&Pool> {
+        let key = backend.context().0;
+        match self.pool(backend) {
+            Ok(_) => self.pools.get(&key),
+            Err(e) => {
+                self.notes.push(format!(
+                    "no pinned staging pool ({} x {} bytes): {e}; copying synchronously through pageable memory",
+                    self.config.buffers, self.config.buffer_bytes
+                ));
+                None
+            }
+        }
+    }
+
+    /// Drops a pool whose streams failed to synchronise: the next call makes a new one.
+    fn discard_if_broken(&mut self, backend: &DriverBackend, broken: bool) {
+        if broken {
+            if let Some(pool) = self.pools.remove(&backend.context().0) {
+                drop(pool.free());
+            }
+        }
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            eprintln!("cudaw: freeing the pinned staging pool: {e}");
+        }
+    }
+}
+
+impl Staging<DriverBackend> for PinnedStaging {
+    fn save(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let config = self.config;
+        let (result, broken) = match self.pool_or_note(backend) {
+            Some(pool) => pool.save(&config, ranges),
+            None => return HostStaging.save(backend, ranges),
+        };
+        self.discard_if_broken(backend, broken);
+        result
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        // Refuse what cannot be loaded before copying anything.
+        let mut sources = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match r.source {
+                Source::Memory(bytes) if bytes.len() as u64 == r.len => sources.push(bytes),
+                Source::Memory(bytes) => {
+                    return Err(StagingError::Io(format!(
+                        "host copy of allocation {:?} holds {} bytes, expected {}",
+                        r.id,
+                        bytes.len(),
+                        r.len
+                    )))
+                }
+                other => {
+                    return Err(StagingError::Unsupported {
+                        id: r.id,
+                        source_kind: other.kind(),
+                    })
+                }
+            }
+        }
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let config = self.config;
+        let (result, broken) = match self.pool_or_note(backend) {
+            Some(pool) => pool.load(&config, ranges, &sources),
+            None => return HostStaging.load(backend, ranges),
+        };
+        self.discard_if_broken(backend, broken);
+        result
+    }
+}
+
+/// A driver failure as a staging failure, naming the call that failed.
+fn staging_error(e: DriverError) -> StagingError {
+    StagingError::Backend(vmm::BackendError::new(
+        e.code,
+        format!("{} in {}", e.name, e.call),
+    ))
+}
+
+// ---- the pool ----
+
+/// One pinned buffer: its place in the pool, its stream and the event of its last copy.
+struct Slot {
+    offset: usize,
+    stream: Stream,
+    event: Event,
+}
+
+/// Pinned buffers, streams and events in one context.
+struct Pool {
+    driver: Arc<dyn Driver>,
+    context: Context,
+    host: *mut u8,
+    buffer_bytes: usize,
+    streams: Vec<Stream>,
+    slots: Vec<Slot>,
+}
+
+// SAFETY: `host` is page-locked memory owned by the pool alone (freed in `free`); every
+// use of it is ordered by the pipeline (a buffer is written by one party at a time), and
+// the driver handles are usable from any thread.
+unsafe impl Send for Pool {}
+// SAFETY: as for `Send`: shared use goes through the pipeline's turn-taking.
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    fn new(
+        driver: Arc<dyn Driver>,
+        context: Context,
+        config: &StagingConfig,
+    ) -> Result<Pool, DriverError> {
+        driver.ctx_set_current(context)?;
+        let mut pool = Pool {
+            driver,
+            context,
+            host: std::ptr::null_mut(),
+            buffer_bytes: config.buffer_bytes,
+            streams: Vec::new(),
+            slots: Vec::new(),
+        };
+        // On failure, dropping the half-made pool frees what was made.
+        let made = (|| -> Result<(), DriverError> {
+            pool.host = pool
+                .driver
+                .mem_host_alloc(config.pinned_bytes(), MEMHOSTALLOC_PORTABLE)?;
+            for _ in 0..config.streams {
+                let s = pool.driver.stream_create(STREAM_NON_BLOCKING)?;
+                pool.streams.push(s);
+            }
+            for i in 0..config.buffers {
+                let event = pool.driver.event_create(EVENT_DISABLE_TIMING)?;
+                pool.slots.push(Slot {
+                    offset: i * config.buffer_bytes,
+                    stream: pool.streams[i % pool.streams.len()],
+                    event,
+                });
+            }
+            Ok(())
+        })();
+        match made {
+            Ok(()) => Ok(pool),
+            Err(e) => {
+                drop(pool.free());
+                Err(e)
+            }
+        }
+    }
+
+    /// The start of buffer `slot`.
+    fn buffer(&self, slot: usize) -> *mut u8 {
+        // SAFETY: `offset` is inside the pool's allocation (slot < buffers).
+        unsafe { self.host.add(self.slots[slot].offset) }
+    }
+
+    /// Waits for every stream.
+    fn synchronize(&self) -> Result<(), DriverError> {
+        let mut first = self.driver.ctx_set_current(self.context).err();
+        for &s in &self.streams {
+            if let Err(e) = self.driver.stream_synchronize(s) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Frees everything (after waiting for the streams).
+    fn free(mut self) -> Result<(), DriverError> {
+        self.free_parts()
+    }
+
+    fn free_parts(&mut self) -> Result<(), DriverError> {
+        if self.host.is_null() && self.slots.is_empty() && self.streams.is_empty() {
+            return Ok(());
+        }
+        let mut first = self.synchronize().err();
+        let mut note = |r: Result<(), DriverError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
+        for slot in self.slots.drain(..) {
+            note(self.driver.event_destroy(slot.event));
+        }
+        for s in self.streams.drain(..) {
+            note(self.driver.stream_destroy(s));
+        }
+        if !self.host.is_null() {
+            // SAFETY: `host` came from mem_host_alloc; the streams are synchronised (or
+            // gone), so no copy uses it, and it is nulled so it is freed once.
+            note(unsafe { self.driver.mem_free_host(self.host) });
+            self.host = std::ptr::null_mut();
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Copies `ranges` off the device. Returns the result and whether the pool is broken.
+    fn save(
+        &self,
+        config: &StagingConfig,
+        ranges: &[StagingRange],
+    ) -> (Result<Vec<HostCopy>, StagingError>, bool) {
+        let mut lens = Vec::with_capacity(ranges.len());
+        let mut dests: Vec<Vec<u8>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let Ok(len) = usize::try_from(r.len) else {
+                let e = format!("range of {} bytes exceeds the address space", r.len);
+                return (Err(StagingError::Io(e)), false);
+            };
+            let mut v = Vec::new();
+            if v.try_reserve_exact(len).is_err() {
+                let e = format!(
+                    "cannot allocate {len} bytes of host memory for allocation {:?}",
+                    r.id
+                );
+                return (Err(StagingError::Io(e)), false);
+            }
+            if config.huge_pages {
+                advise_huge_pages(v.as_mut_ptr(), len);
+            }
+            lens.push(len);
+            dests.push(v);
+        }
+        let targets: Vec<HostPtr> = dests.iter_mut().map(|v| HostPtr(v.as_mut_ptr())).collect();
+        let plan = Plan::new(&lens, self.buffer_bytes);
+        let copied = self.run_save(config, ranges, &targets, &plan);
+        let synced = self.synchronize();
+        let broken = synced.is_err();
+        if let Err(e) = copied.and(synced.map_err(staging_error)) {
+            return (Err(e), broken);
+        }
+        for (v, &len) in dests.iter_mut().zip(&lens) {
+            // SAFETY: the plan's pieces cover every byte of each range exactly once and
+            // every piece was copied (no failure), so the first `len` bytes are written;
+            // the capacity is at least `len` (reserved above).
+            unsafe { v.set_len(len) };
+        }
+        (Ok(dests.into_iter().map(HostCopy::Memory).collect()), false)
+    }
+
+    fn run_save(
+        &self,
+        config: &StagingConfig,
+        ranges: &[StagingRange],
+        targets: &[HostPtr],
+        plan: &Plan,
+    ) -> Result<(), StagingError> {
+        let n = self.slots.len();
+        let pipe = Pipeline::new(n);
+        let threads = config.threads.min(plan.batches.len()).max(1);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| self.save_worker(config, targets, plan, &pipe));
+            }
+            // The issuer: fills buffers in order, each once its previous bytes are out.
+            let issued = self.driver.ctx_set_current(self.context).and_then(|()| {
+                for (k, batch) in plan.batches.iter().enumerate() {
+                    let slot = k % n;
+                    if !pipe.wait_turn(slot, k / n) {
+                        break;
+                    }
+                    let at = self.buffer(slot);
+                    let Slot { stream, event, .. } = self.slots[slot];
+                    for p in &plan.pieces[batch.clone()] {
+                        // SAFETY: the piece lies inside buffer `slot` (the plan packs at
+                        // most `buffer_bytes` per batch), which nobody else touches until
+                        // the worker that takes batch `k` has waited for `event`; the
+                        // streams are synchronised before the pool is used or freed again.
+                        unsafe {
+                            self.driver.memcpy_dtoh_async(
+                                at.add(p.at),
+                                ranges[p.range].addr + p.offset as u64,
+                                p.len,
+                                stream,
+                            )?
+                        };
+                    }
+                    self.driver.event_record(event, stream)?;
+                    pipe.push(k);
+                }
+                Ok(())
+            });
+            if let Err(e) = issued {
+                pipe.fail(staging_error(e));
+            }
+            pipe.close();
+        });
+        pipe.result()
+    }
+
+    fn save_worker(
+        &self,
+        config: &StagingConfig,
+        targets: &[HostPtr],
+        plan: &Plan,
+        pipe: &Pipeline,
+    ) {
+        if let Err(e) = self.driver.ctx_set_current(self.context) {
+            pipe.fail(staging_error(e));
+            return;
+        }
+        let n = self.slots.len();
+        while let Some(k) = pipe.pop() {
+            let slot = k % n;
+            let pieces = &plan.pieces[plan.batches[k].clone()];
+            if config.prefault {
+                for p in pieces {
+                    // SAFETY: the piece's destination lies inside its range's reserved
+                    // capacity, and only this thread writes it.
+                    unsafe { prefault(targets[p.range].0.add(p.offset), p.len) };
+                }
+            }
+            if let Err(e) = self.driver.event_synchronize(self.slots[slot].event) {
+                pipe.fail(staging_error(e));
+                return;
+            }
+            let from = self.buffer(slot);
+            for p in pieces {
+                // SAFETY: the device copy into the buffer is complete (event above); the
+                // destination lies inside the range's reserved capacity and no other
+                // thread writes these bytes (the plan's pieces are disjoint).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        from.add(p.at),
+                        targets[p.range].0.add(p.offset),
+                        p.len,
+                    )
+                };
+            }
+            pipe.release(slot);
+        }
+    }
+
+    /// Copies `sources` onto the device. Returns the result and whether the pool is broken.
+    fn load(
+        &self,
+        config: &StagingConfig,
+        ranges: &[LoadRange<'_>],
+        sources: &[&[u8]],
+    ) -> (Result<(), StagingError>, bool) {
+        let lens: Vec<usize> = sources.iter().map(|s| s.len()).collect();
+        let plan = Plan::new(&lens, self.buffer_bytes);
+        let n = self.slots.len();
+        let pipe = Pipeline::new(n);
+        let next = AtomicUsize::new(0);
+        let threads = config.threads.min(plan.batches.len()).max(1);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let r = self.load_worker(ranges, sources, &plan, &pipe, &next);
+                    if let Err(e) = r {
+                        pipe.fail(staging_error(e));
+                    }
+                });
+            }
+        });
+        let synced = self.synchronize();
+        let broken = synced.is_err();
+        let result = pipe.result().and(synced.map_err(staging_error));
+        (result, broken)
+    }
+
+    fn load_worker(
+        &self,
+        ranges: &[LoadRange<'_>],
+        sources: &[&[u8]],
+        plan: &Plan,
+        pipe: &Pipeline,
+        next: &AtomicUsize,
+    ) -> Result<(), DriverError> {
+        self.driver.ctx_set_current(self.context)?;
+        let n = self.slots.len();
+        loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            if k >= plan.batches.len() || !pipe.wait_turn(k % n, k / n) {
+                return Ok(());
+            }
+            let slot = k % n;
+            let Slot { stream, event, .. } = self.slots[slot];
+            if k >= n {
+                // The buffer's previous copy (batch k - n) must have left it.
+                self.driver.event_synchronize(event)?;
+            }
+            let at = self.buffer(slot);
+            let pieces = &plan.pieces[plan.batches[k].clone()];
+            for p in pieces {
+                let src = &sources[p.range][p.offset..p.offset + p.len];
+                // SAFETY: the piece lies inside buffer `slot`, which is ours until we
+                // release it: its previous device copy is done (event above) and the
+                // next batch to use it waits for our turn.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), at.add(p.at), p.len) };
+            }
+            for p in pieces {
+                // SAFETY: the buffer stays allocated and unchanged until the copy is done:
+                // the next writer of this buffer waits for `event`, recorded after it, and
+                // the streams are synchronised before the pool is used or freed again.
+                unsafe {
+                    self.driver.memcpy_htod_async(
+                        ranges[p.range].addr + p.offset as u64,
+                        at.add(p.at),
+                        p.len,
+                        stream,
+                    )?
+                };
+            }
+            self.driver.event_record(event, stream)?;
+            pipe.release(slot);
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Err(e) = self.free_parts() {
+            eprintln!("cudaw: freeing a pinned staging pool: {e}");
+        }
+    }
+}
+
+// ---- the plan: ranges cut into pieces, pieces packed into buffer-sized batches ----
+
+/// Part of one range, at `offset` in it, copied through a buffer at `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    range: usize,
+    offset: usize,
+    len: usize,
+    at: usize,
+}
+
+/// Batches of pieces, each fitting one buffer; batch `k` uses buffer `k % buffers`.
+#[derive(Debug)]
+struct Plan {
+    pieces: Vec<Piece>,
+    batches: Vec<std::ops::Range<usize>>,
+}
+
+impl Plan {
+    fn new(lens: &[usize], buffer: usize) -> Plan {
+        let mut pieces = Vec::new();
+        let mut batches = Vec::new();
+        let (mut start, mut used) = (0, 0);
+        for (range, &len) in lens.iter().enumerate() {
+            let mut offset = 0;
+            while offset < len {
+                if used == buffer {
+                    batches.push(start..pieces.len());
+                    (start, used) = (pieces.len(), 0);
+                }
+                let take = (len - offset).min(buffer - used);
+                pieces.push(Piece {
+                    range,
+                    offset,
+                    len: take,
+                    at: used,
+                });
+                offset += take;
+                used += take;
+            }
+        }
+        if pieces.len() > start {
+            batches.push(start..pieces.len());
+        }
+        Plan { pieces, batches }
+    }
+}
+
+// ---- the pipeline: buffers taken in turn, a queue of filled buffers, the first error ----
+
+struct Queue {
+    ready: VecDeque<usize>,
+    closed: bool,
+}
+
+struct Pipeline {
+    /// How many batches each buffer has been through.
+    turns: Mutex<Vec<usize>>,
+    turned: Condvar,
+    queue: Mutex<Queue>,
+    queued: Condvar,
+    failed: AtomicBool,
+    error: Mutex<Option<StagingError>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Pipeline {
+    fn new(buffers: usize) -> Pipeline {
+        Pipeline {
+            turns: Mutex::new(vec![0; buffers]),
+            turned: Condvar::new(),
+            queue: Mutex::new(Queue {
+                ready: VecDeque::new(),
+                closed: false,
+            }),
+            queued: Condvar::new(),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    /// Waits until buffer `slot` has been through `round` batches; `false` on failure.
+    fn wait_turn(&self, slot: usize, round: usize) -> bool {
+        let mut turns = lock(&self.turns);
+        loop {
+            if self.failed.load(Ordering::SeqCst) {
+                return false;
+            }
+            if turns[slot] >= round {
+                return true;
+            }
+            turns = self
+                .turned
+                .wait(turns)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Buffer `slot` is done with its batch.
+    fn release(&self, slot: usize) {
+        lock(&self.turns)[slot] += 1;
+        self.turned.notify_all();
+    }
+
+    fn push(&self, batch: usize) {
+        lock(&self.queue).ready.push_back(batch);
+        self.queued.notify_one();
+    }
+
+    fn close(&self) {
+        lock(&self.queue).closed = true;
+        self.queued.notify_all();
+    }
+
+    /// The next filled batch; `None` once closed and empty, or on failure.
+    fn pop(&self) -> Option<usize> {
+        let mut q = lock(&self.queue);
+        loop {
+            if self.failed.load(Ordering::SeqCst) {
+                return None;
+            }
+            if let Some(k) = q.ready.pop_front() {
+                return Some(k);
+            }
+            if q.closed {
+                return None;
+            }
+            q = self
+                .queued
+                .wait(q)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Records the first failure and wakes everyone so they stop.
+    fn fail(&self, e: StagingError) {
+        lock(&self.error).get_or_insert(e);
+        self.failed.store(true, Ordering::SeqCst);
+        // Take each lock once so no waiter misses the flag between its check and its wait.
+        drop(lock(&self.turns));
+        self.turned.notify_all();
+        drop(lock(&self.queue));
+        self.queued.notify_all();
+    }
+
+    fn result(&self) -> Result<(), StagingError> {
+        match lock(&self.error).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+// ---- host memory ----
+
+/// A destination in host memory, shared by the copy threads (each writes its own pieces).
+#[derive(Clone, Copy)]
+struct HostPtr(*mut u8);
+
+// SAFETY: the threads write disjoint pieces of the memory behind it (see `Plan`), and
+// the owner does not touch it until they have all been joined.
+unsafe impl Send for HostPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostPtr {}
+
+/// Advises the whole 2 MiB pages inside `[ptr, ptr + len)` for transparent huge pages.
+/// Advice only: failures (no THP support) are ignored.
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+    let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: advice on whole pages of memory this process owns (a reserved but
+        // unwritten allocation); MADV_HUGEPAGE changes no contents.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+}
+
+/// Whether `MADV_POPULATE_WRITE` works here: 0 not tried yet, 1 yes, 2 no (Linux < 5.14).
+static POPULATE: AtomicU8 = AtomicU8::new(0);
+
+/// Faults in the pages of `[ptr, ptr + len)` for writing, without changing any byte that
+/// another thread may own: whole pages through `MADV_POPULATE_WRITE` (which changes no
+/// contents), else by writing a zero to the first byte of each page inside the range.
+///
+/// # Safety
+/// `[ptr, ptr + len)` is writable memory of this process that only the caller writes
+/// until it overwrites it.
+unsafe fn prefault(ptr: *mut u8, len: usize) {
+    let (begin, end) = (ptr as usize, ptr as usize + len);
+    let start = begin.next_multiple_of(PAGE);
+    let stop = end / PAGE * PAGE;
+    if stop > start && POPULATE.load(Ordering::Relaxed) != 2 {
+        // SAFETY: whole pages of memory this process owns; populating changes no bytes.
+        let rc = unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                stop - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            POPULATE.store(1, Ordering::Relaxed);
+            // The partial pages at the ends fault on the copy itself.
+            return;
+        }
+        POPULATE.store(2, Ordering::Relaxed);
+    }
+    let mut at = begin;
+    while at < end {
+        // SAFETY: `at` is inside the caller's range, which only the caller writes.
+        unsafe { std::ptr::write_volatile(at as *mut u8, 0) };
+        at = (at + 1).next_multiple_of(PAGE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(lens: &[usize], buffer: usize) {
+        let plan = Plan::new(lens, buffer);
+        // Every byte of every range exactly once, in order.
+        let mut next = vec![0usize; lens.len()];
+        for p in &plan.pieces {
+            assert_eq!(p.offset, next[p.range], "{p:?}");
+            assert!(p.len > 0);
+            next[p.range] += p.len;
+        }
+        assert_eq!(next, lens);
+        // Batches: consecutive, disjoint inside one buffer, none empty.
+        let mut expect = 0;
+        for b in &plan.batches {
+            assert_eq!(b.start, expect);
+            assert!(b.end > b.start);
+            expect = b.end;
+            let mut used = 0;
+            for p in &plan.pieces[b.clone()] {
+                assert_eq!(p.at, used, "pieces are packed");
+                used += p.len;
+            }
+            assert!(used <= buffer);
+        }
+        assert_eq!(expect, plan.pieces.len());
+    }
+
+    #[test]
+    fn plans_cover_every_byte_once() {
+        check(&[], 4096);
+        check(&[1], 4096);
+        check(&[4096], 4096);
+        check(&[4097], 4096);
+        check(&[1, 1, 1, 4095, 1, 8192, 3, 10000, 4096], 4096);
+        check(&[0, 5, 0], 4096);
+        let plan = Plan::new(&[1, 2, 3], 4096);
+        assert_eq!(plan.batches.len(), 1, "small ranges share a buffer");
+        let plan = Plan::new(&[3 * 4096 + 1], 4096);
+        assert_eq!(plan.batches.len(), 4, "a large range spans buffers");
+    }
+
+    #[test]
+    fn configuration_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let mut w = Vec::new();
+        let c = StagingConfig::from_lookup(
+            env(&[(STREAMS_ENV, "2"), (BUFFER_ENV, "1M"), (THREADS_ENV, "3")]),
+            &mut w,
+        );
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!((c.streams, c.buffer_bytes, c.threads), (2, 1 << 20, 3));
+        assert_eq!(c.buffers, 3 + 2 * 2);
+        assert_eq!(c.pinned_bytes(), 7 << 20);
+        let d = StagingConfig::default();
+        let c = StagingConfig::from_lookup(
+            env(&[
+                (STREAMS_ENV, "0"),
+                (BUFFER_ENV, "huge"),
+                (THREADS_ENV, "-1"),
+            ]),
+            &mut w,
+        );
+        assert_eq!(c, d);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("CUDAW_STAGING_STREAMS=\"0\""), "{w:?}");
+        assert!(w
+            .iter()
+            .any(|m| m.contains("CUDAW_STAGING_BUFFER=\"huge\"")));
+        assert_eq!(StagingConfig::new(1, 5000, 1).buffer_bytes, 8192);
+    }
+
+    #[test]
+    fn prefault_writes_only_inside_the_range() {
+        let mut v = vec![7u8; 5 * PAGE];
+        // SAFETY: a range inside `v`, which only this thread uses.
+        unsafe { prefault(v.as_mut_ptr().add(100), 3 * PAGE) };
+        assert!(v[..100].iter().all(|&b| b == 7));
+        assert!(v[100 + 3 * PAGE..].iter().all(|&b| b == 7));
+    }
+}
