@@ -32,6 +32,9 @@ pub struct Config {
     pub resume_signal: Option<i32>,
     /// `CUDAW_CONTROL_SOCKET` (`off` turns the control socket off; default on).
     pub control_socket: bool,
+    /// `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`: how
+    /// pause and resume copy.
+    pub staging: driver::StagingConfig,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -95,6 +98,7 @@ impl Config {
             (Some(p), Some(r)) => (Some(p), Some(r)),
             _ => (None, None),
         };
+        let staging = driver::StagingConfig::from_lookup(&get, &mut warnings);
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
@@ -108,6 +112,7 @@ impl Config {
                 get("CUDAW_CONTROL_SOCKET").as_deref().map(str::trim),
                 Some("off" | "none" | "0")
             ),
+            staging,
             warnings,
         }
     }
@@ -196,6 +201,8 @@ mod tests {
         assert_eq!(c.log_level, Level::Debug);
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("sideways"));
+        let c = Config::from_lookup(|k| (k == "CUDAW_STAGING_STREAMS").then(|| "3".into()));
+        assert_eq!(c.staging.streams, 3);
     }
 
     #[test]

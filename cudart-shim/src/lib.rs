@@ -27,5 +27,6 @@ pub mod pause;
 pub mod real;
 pub mod real_fn;
 pub mod registry;
+pub mod staging;
 pub mod types;
 pub mod wrappers;

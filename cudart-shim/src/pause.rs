@@ -20,13 +20,13 @@
 //! ([`SETTLE`]) followed by a second synchronisation covers one that queues work just
 //! after, but nothing bounds how long such a thread may take.
 
+use crate::staging::staging;
 use crate::types::*;
 use crate::{call_real, gate, log, memory};
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use vmm::HostStaging;
 
 pub use cudaw_control::Moved;
 
@@ -334,7 +334,7 @@ fn pause() -> Result<Moved, String> {
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
         m.reap(true);
-        match m.vmm.evict_all(&mut HostStaging) {
+        match m.vmm.evict_all(&mut staging()) {
             Ok(moved) => {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
@@ -344,7 +344,7 @@ fn pause() -> Result<Moved, String> {
                 let msg = format!("evicting device {ordinal} failed: {e}; resumed");
                 log::error(format_args!("pause: {msg}"));
                 for (o, m) in evicted {
-                    if let Err(e) = m.vmm.restore_all(&mut HostStaging) {
+                    if let Err(e) = m.vmm.restore_all(&mut staging()) {
                         log::error(format_args!("pause: restoring device {o} failed: {e}"));
                     }
                 }
@@ -373,7 +373,7 @@ fn resume() -> Result<Moved, String> {
     let started = Instant::now();
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
-        match m.vmm.restore_all(&mut HostStaging) {
+        match m.vmm.restore_all(&mut staging()) {
             Ok(moved) => {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
