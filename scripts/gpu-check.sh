@@ -6,15 +6,16 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
+#   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -202,9 +203,28 @@ if want torchbench; then
     compare "import torch + first CUDA op" 1.05 s "${nat[@]}" -- "${cw[@]}"
 fi
 
+if want pausebench; then
+  # Pause and resume of a process holding PAUSE_SIZES GiB under cudaw, beside a pinned copy
+  # of the same size (the ceiling) and NVIDIA's cuCheckpointProcess* on the same program.
+  built=1
+  for f in pause_target pinned_copy driver_checkpoint; do
+    extra=(); [ $f = driver_checkpoint ] && extra=(-ldl)
+    if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/$f" "tests/cuda/gpu/pause/$f.cu" "${extra[@]}" >>"$OUT/programs.log" 2>&1; then
+      row "pausebench: compile $f" FAIL "nvcc failed, see programs.log"; built=0
+    fi
+  done
+  if [ $built = 1 ]; then
+    # shellcheck disable=SC2086
+    python3 scripts/pausebench.py --bin "$WORK" --dist "$ROOT/dist" --sizes ${PAUSE_SIZES:-8 32} \
+      --reps "${PAUSE_REPS:-3}" --log "$OUT/pausebench.txt" --json "$OUT/pausebench.json" \
+      --verdicts "$WORK/pausebench.verdicts"
+    while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
+  fi
+fi
+
 # At most 8 files come back from a device run: the logs travel as one archive.
 ( cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null \
-  && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt -delete )
+  && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -delete )
 echo
 echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT, logs.tar.gz) =="
 cat "$TABLE"

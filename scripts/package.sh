@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
 #   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
-#   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check
+#   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check  dist/bin/staging_bench
 # `cudaw run` finds the libraries in ../lib beside its own binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +13,11 @@ cargo build -q --release -p cudaw-cli
 for b in cudaw cudaw-ckpt; do
   if [ -f "$target/release/$b" ]; then cp "$target/release/$b" dist/bin/; fi
 done
-if cargo build -q --release -p driver --example vmm_check 2>/dev/null; then
-  cp "$target/release/examples/vmm_check" dist/bin/
-fi
+for ex in vmm_check staging_bench; do
+  if cargo build -q --release -p driver --example $ex 2>/dev/null; then
+    cp "$target/release/examples/$ex" dist/bin/
+  fi
+done
 if [ -f "$target/release/libdriver_shim.so" ]; then cp "$target/release/libdriver_shim.so" dist/lib/libcuda.so.1; fi
 strip dist/bin/* dist/lib/* 2>/dev/null || true
 du -sh dist
