@@ -4,10 +4,11 @@
 //! pageable memory, freeing it), to choose the staging's defaults on a real machine.
 //!
 //! ```text
-//! staging_bench [--size 8G] [--alloc 512M] [--configs 4/8M/16,8/4M/16/nohp/nopf] [--host] [--pageable]
+//! staging_bench [--size 8G] [--alloc 512M] [--configs 4/8M/16,8/4M/16/nohp/nopf] [--host] [--pageable] [--register]
 //! ```
 //! A configuration is `STREAMS/BUFFER/THREADS`, optionally followed by `/nohp` (no huge
-//! page advice), `/nopf` (no prefault) or `/bN` (N buffers). Prints one line per run;
+//! page advice), `/nopf` (no prefault), `/nt` (streaming stores), `/hostalloc` (pool from
+//! cuMemHostAlloc) or `/bN` (N buffers). Prints one line per run;
 //! exit code 0 only if every restored sample matched.
 
 use std::error::Error;
@@ -27,6 +28,7 @@ struct Options {
     configs: Vec<StagingConfig>,
     host: bool,
     pageable: bool,
+    register: bool,
 }
 
 fn parse_config(text: &str) -> Result<StagingConfig, String> {
@@ -46,6 +48,8 @@ fn parse_config(text: &str) -> Result<StagingConfig, String> {
         match *flag {
             "nohp" => c.huge_pages = false,
             "nopf" => c.prefault = false,
+            "nt" => c.streaming_stores = true,
+            "hostalloc" => c.pin_in_place = false,
             b if b.starts_with('b') => c.buffers = num(&b[1..])?.max(1),
             other => return Err(format!("{text:?}: unknown flag {other:?}")),
         }
@@ -60,6 +64,7 @@ fn parse_args() -> Result<Options, String> {
         configs: Vec::new(),
         host: false,
         pageable: false,
+        register: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -74,7 +79,8 @@ fn parse_args() -> Result<Options, String> {
             }
             "--host" => o.host = true,
             "--pageable" => o.pageable = true,
-            "-h" | "--help" => return Err("usage: staging_bench [--size 8G] [--alloc 512M] [--configs 4/8M/16,8/4M/16/nohp/nopf/b32] [--host] [--pageable]".into()),
+            "--register" => o.register = true,
+            "-h" | "--help" => return Err("usage: staging_bench [--size 8G] [--alloc 512M] [--configs 4/8M/16,8/4M/16/nohp/nopf/b32] [--host] [--pageable] [--register]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -91,7 +97,195 @@ fn value_of(i: usize) -> u8 {
     (i * 7 + 1) as u8
 }
 
-/// One evict + restore of everything, timed. Returns (prepare s, evict s, restore s, ok).
+/// A staging that times the calls of another: what the VMM adds is the rest.
+struct Timed<'a, S> {
+    inner: &'a mut S,
+    save_s: f64,
+    load_s: f64,
+}
+
+impl<S: Staging<DriverBackend>> Staging<DriverBackend> for Timed<'_, S> {
+    fn save(
+        &mut self,
+        b: &DriverBackend,
+        r: &[vmm::StagingRange],
+    ) -> Result<Vec<vmm::HostCopy>, vmm::StagingError> {
+        let t = Instant::now();
+        let x = self.inner.save(b, r);
+        self.save_s += t.elapsed().as_secs_f64();
+        x
+    }
+
+    fn load(
+        &mut self,
+        b: &DriverBackend,
+        r: &[vmm::LoadRange<'_>],
+    ) -> Result<(), vmm::StagingError> {
+        let t = Instant::now();
+        let x = self.inner.load(b, r);
+        self.load_s += t.elapsed().as_secs_f64();
+        x
+    }
+}
+
+/// Fresh host memory pinned in place (`cuMemHostRegister`) instead of copied through a
+/// pool: populating it on 16 threads, registering it, copying straight into and out of
+/// it, unregistering it, each timed.
+fn register_experiment(
+    cuda: &Arc<dyn Driver>,
+    context: driver::Context,
+    allocs: &[vmm::Allocation],
+) -> Res<()> {
+    let len = allocs[0].size as usize;
+    let total = (len * allocs.len()) as f64 / GIB;
+    let mut dests: Vec<Vec<u8>> = allocs.iter().map(|_| Vec::with_capacity(len)).collect();
+    let ptrs: Vec<usize> = dests.iter_mut().map(|v| v.as_mut_ptr() as usize).collect();
+    for &p in &ptrs {
+        let start = p.next_multiple_of(2 << 20);
+        let end = (p + len) / (2 << 20) * (2 << 20);
+        // SAFETY: advice on whole pages of our own allocations; changes no bytes.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+    let piece = 8usize << 20;
+    let per = len.div_ceil(piece);
+    let parallel = |threads: usize, f: &(dyn Fn(usize, usize) -> Res<()> + Sync)| -> Res<f64> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::Mutex::new(None::<String>);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if k >= ptrs.len() * per {
+                        break;
+                    }
+                    if let Err(e) = f(k / per, k % per) {
+                        *failed.lock().unwrap() = Some(e.to_string());
+                        break;
+                    }
+                });
+            }
+        });
+        if let Some(e) = failed.into_inner().unwrap() {
+            return Err(e.into());
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let populate = parallel(16, &|i, j| {
+        let start = (ptrs[i] + j * piece).next_multiple_of(4096);
+        let end = ((ptrs[i] + ((j + 1) * piece).min(len)) / 4096) * 4096;
+        // SAFETY: whole pages of our own allocation; populating changes no bytes.
+        let rc = unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(format!("madvise: {}", std::io::Error::last_os_error()).into());
+        }
+        Ok(())
+    })?;
+    println!(
+        "register: populate {total:.1} GiB on 16 threads: {populate:.3} s {:6.2} GiB/s",
+        total / populate
+    );
+    // Register: whole allocations from one thread, then 8 MiB pieces from 16 threads.
+    let t = Instant::now();
+    for &p in &ptrs[..ptrs.len() / 2] {
+        // SAFETY: our own populated allocation, unregistered below before it is freed.
+        unsafe { cuda.mem_host_register(p as *mut u8, len, 1)? };
+    }
+    let whole = t.elapsed().as_secs_f64();
+    let half = total / 2.0;
+    println!("register: cuMemHostRegister {half:.1} GiB as {} x {} MiB on 1 thread: {whole:.3} s {:6.2} GiB/s", ptrs.len() / 2, len >> 20, half / whole);
+    let second = &ptrs[ptrs.len() / 2..];
+    let pieces_s = {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let t = Instant::now();
+        let n = second.len() * per;
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    let _ = cuda.ctx_set_current(context);
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if k >= n {
+                            break;
+                        }
+                        let p = second[k / per] + (k % per) * piece;
+                        // SAFETY: as above; pieces are disjoint.
+                        if let Err(e) = unsafe { cuda.mem_host_register(p as *mut u8, piece, 1) } {
+                            println!("register piece failed: {e}");
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        t.elapsed().as_secs_f64()
+    };
+    println!("register: cuMemHostRegister {half:.1} GiB as 8 MiB pieces on 16 threads: {pieces_s:.3} s {:6.2} GiB/s", half / pieces_s);
+    // Copies straight between the device and registered memory, 4 streams, 8 MiB pieces.
+    let streams: Vec<_> = (0..4)
+        .map(|_| cuda.stream_create(1))
+        .collect::<Result<_, _>>()?;
+    for dir in ["dtoh", "htod"] {
+        let t = Instant::now();
+        let mut k = 0;
+        for (i, a) in allocs.iter().enumerate() {
+            for j in 0..per {
+                let off = j * piece;
+                let n = piece.min(len - off);
+                let h = (ptrs[i] + off) as *mut u8;
+                // SAFETY: registered host memory we own, synchronised below.
+                unsafe {
+                    if dir == "dtoh" {
+                        cuda.memcpy_dtoh_async(h, a.base + off as u64, n, streams[k % 4])?;
+                    } else {
+                        cuda.memcpy_htod_async(a.base + off as u64, h, n, streams[k % 4])?;
+                    }
+                }
+                k += 1;
+            }
+        }
+        for &st in &streams {
+            cuda.stream_synchronize(st)?;
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "register: {dir} into registered memory: {s:.3} s {:6.2} GiB/s",
+            total / s
+        );
+    }
+    let t = Instant::now();
+    for &p in &ptrs[..ptrs.len() / 2] {
+        // SAFETY: registered above; no copy uses it any more.
+        unsafe { cuda.mem_host_unregister(p as *mut u8)? };
+    }
+    for &p in second {
+        for j in 0..per {
+            // SAFETY: as above.
+            unsafe { cuda.mem_host_unregister((p + j * piece) as *mut u8)? };
+        }
+    }
+    let un = t.elapsed().as_secs_f64();
+    println!(
+        "register: cuMemHostUnregister {total:.1} GiB: {un:.3} s {:6.2} GiB/s",
+        total / un
+    );
+    for st in streams {
+        cuda.stream_destroy(st)?;
+    }
+    for v in &mut dests {
+        // SAFETY: populated (zeroed) or copied into above.
+        unsafe { v.set_len(len) };
+    }
+    Ok(())
+}
+
+/// One evict + restore of everything, timed. Returns (evict s, restore s, ok).
 fn one_run<S: Staging<DriverBackend>>(
     vmm: &Vmm<DriverBackend>,
     staging: &mut S,
@@ -234,6 +428,11 @@ fn run(o: &Options) -> Res<bool> {
         bytes / GIB
     );
     let mut all_ok = true;
+    if o.register {
+        if let Err(e) = register_experiment(&cuda, vmm.backend().context(), &allocs) {
+            println!("register experiment failed: {e}");
+        }
+    }
     if o.pageable {
         let (e, r, ok) = one_run(&vmm, &mut HostStaging, &allocs)?;
         all_ok &= ok;
@@ -249,16 +448,30 @@ fn run(o: &Options) -> Res<bool> {
         staging.prepare(vmm.backend())?;
         let prep = t.elapsed().as_secs_f64();
         for rep in 0..2 {
-            let (e, r, ok) = one_run(&vmm, &mut staging, &allocs)?;
+            let mut timed = Timed {
+                inner: &mut staging,
+                save_s: 0.0,
+                load_s: 0.0,
+            };
+            let (e, r, ok) = one_run(&vmm, &mut timed, &allocs)?;
+            println!(
+                "   staging alone: save {:.3} s {:6.2} GiB/s, load {:.3} s {:6.2} GiB/s",
+                timed.save_s,
+                bytes / GIB / timed.save_s,
+                timed.load_s,
+                bytes / GIB / timed.load_s
+            );
             all_ok &= ok;
             println!(
-                "staging {}s/{}K/{}t/{}b hp={} pf={} rep {rep}: pool {:.1} MiB in {:.1} ms; evict {e:.3} s {:6.2} GiB/s, restore {r:.3} s {:6.2} GiB/s, ok {ok}",
+                "staging {}s/{}K/{}t/{}b hp={} pf={} nt={} pin-in-place={} rep {rep}: pool {:.1} MiB in {:.1} ms; evict {e:.3} s {:6.2} GiB/s, restore {r:.3} s {:6.2} GiB/s, ok {ok}",
                 c.streams,
                 c.buffer_bytes >> 10,
                 c.threads,
                 c.buffers,
                 c.huge_pages,
                 c.prefault,
+                c.streaming_stores,
+                c.pin_in_place,
                 c.pinned_bytes() as f64 / (1 << 20) as f64,
                 prep * 1e3,
                 bytes / GIB / e,

@@ -31,11 +31,11 @@
 //! so in [`PinnedStaging::take_notes`].
 //!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 4),
-//! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 8M), `CUDAW_STAGING_THREADS` (host
+//! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
 //! copy threads, default the CPUs available, at most 16).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use vmm::{HostCopy, HostStaging, LoadRange, Source, Staging, StagingError, StagingRange};
@@ -79,12 +79,18 @@ pub struct StagingConfig {
     pub huge_pages: bool,
     /// Fault the destination pages in while the device copy is on the wire.
     pub prefault: bool,
+    /// Copy into the destination with streaming (non-temporal) stores.
+    pub streaming_stores: bool,
+    /// Make the pool from ordinary memory (huge pages, faulted in on all threads) pinned in
+    /// place with `cuMemHostRegister`, rather than with `cuMemHostAlloc`: several times
+    /// faster to make. Falls back to `cuMemHostAlloc` if registering fails.
+    pub pin_in_place: bool,
 }
 
 impl Default for StagingConfig {
     fn default() -> Self {
         let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
-        StagingConfig::new(4, 8 << 20, cpus.min(16))
+        StagingConfig::new(4, 4 << 20, cpus.min(16))
     }
 }
 
@@ -104,6 +110,8 @@ impl StagingConfig {
             threads,
             huge_pages: true,
             prefault: true,
+            streaming_stores: false,
+            pin_in_place: true,
         }
     }
 
@@ -331,6 +339,9 @@ struct Pool {
     driver: Arc<dyn Driver>,
     context: Context,
     host: *mut u8,
+    /// `Some(len)`: `host` is an `mmap` of `len` bytes registered with the driver;
+    /// `None`: it came from `cuMemHostAlloc`.
+    mapped: Option<usize>,
     buffer_bytes: usize,
     streams: Vec<Stream>,
     slots: Vec<Slot>,
@@ -354,15 +365,22 @@ impl Pool {
             driver,
             context,
             host: std::ptr::null_mut(),
+            mapped: None,
             buffer_bytes: config.buffer_bytes,
             streams: Vec::new(),
             slots: Vec::new(),
         };
         // On failure, dropping the half-made pool frees what was made.
         let made = (|| -> Result<(), DriverError> {
-            pool.host = pool
-                .driver
-                .mem_host_alloc(config.pinned_bytes(), MEMHOSTALLOC_PORTABLE)?;
+            let bytes = config.pinned_bytes();
+            match config
+                .pin_in_place
+                .then(|| pin_in_place(&*pool.driver, bytes, config.threads))
+                .flatten()
+            {
+                Some(host) => (pool.host, pool.mapped) = (host, Some(bytes)),
+                None => pool.host = pool.driver.mem_host_alloc(bytes, MEMHOSTALLOC_PORTABLE)?,
+            }
             for _ in 0..config.streams {
                 let s = pool.driver.stream_create(STREAM_NON_BLOCKING)?;
                 pool.streams.push(s);
@@ -425,9 +443,18 @@ impl Pool {
             note(self.driver.stream_destroy(s));
         }
         if !self.host.is_null() {
-            // SAFETY: `host` came from mem_host_alloc; the streams are synchronised (or
-            // gone), so no copy uses it, and it is nulled so it is freed once.
-            note(unsafe { self.driver.mem_free_host(self.host) });
+            match self.mapped.take() {
+                Some(len) => {
+                    // SAFETY: `host` was registered by `pin_in_place`; the streams are
+                    // synchronised (or gone), so no copy uses it.
+                    note(unsafe { self.driver.mem_host_unregister(self.host) });
+                    // SAFETY: our own mapping of `len` bytes, used by nothing any more.
+                    unsafe { libc::munmap(self.host.cast(), len) };
+                }
+                // SAFETY: `host` came from mem_host_alloc; the streams are synchronised
+                // (or gone), so no copy uses it.
+                None => note(unsafe { self.driver.mem_free_host(self.host) }),
+            }
             self.host = std::ptr::null_mut();
         }
         first.map_or(Ok(()), Err)
@@ -559,11 +586,12 @@ impl Pool {
                 // destination lies inside the range's reserved capacity and no other
                 // thread writes these bytes (the plan's pieces are disjoint).
                 unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        from.add(p.at),
-                        targets[p.range].0.add(p.offset),
-                        p.len,
-                    )
+                    let (src, dst) = (from.add(p.at), targets[p.range].0.add(p.offset));
+                    if config.streaming_stores {
+                        copy_streaming(src, dst, p.len)
+                    } else {
+                        std::ptr::copy_nonoverlapping(src, dst, p.len)
+                    }
                 };
             }
             pipe.release(slot);
@@ -836,42 +864,117 @@ fn advise_huge_pages(ptr: *mut u8, len: usize) {
     }
 }
 
-/// Whether `MADV_POPULATE_WRITE` works here: 0 not tried yet, 1 yes, 2 no (Linux < 5.14).
-static POPULATE: AtomicU8 = AtomicU8::new(0);
+/// `CU_MEMHOSTREGISTER_PORTABLE`: pinned for every context.
+const MEMHOSTREGISTER_PORTABLE: u32 = 0x1;
 
-/// Faults in the pages of `[ptr, ptr + len)` for writing, without changing any byte that
-/// another thread may own: whole pages through `MADV_POPULATE_WRITE` (which changes no
-/// contents), else by writing a zero to the first byte of each page inside the range.
+/// Page-locked memory made by pinning ordinary memory in place: an anonymous mapping
+/// advised for huge pages, faulted in on `threads` threads, then registered with the
+/// driver. Several times faster than `cuMemHostAlloc`, which faults the memory in on one
+/// thread. `None` if any step fails (nothing is left behind).
+fn pin_in_place(driver: &dyn Driver, bytes: usize, threads: usize) -> Option<*mut u8> {
+    // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let base = p as usize;
+    advise_huge_pages(p.cast(), bytes);
+    let part = bytes.div_ceil(threads.max(1)).next_multiple_of(PAGE);
+    std::thread::scope(|s| {
+        for start in (0..bytes).step_by(part) {
+            s.spawn(move || {
+                let len = part.min(bytes - start);
+                // SAFETY: a part of our fresh mapping that only this thread touches.
+                unsafe { prefault((base + start) as *mut u8, len) };
+            });
+        }
+    });
+    // SAFETY: our own mapping of `bytes` bytes; it stays mapped until unregistered (the
+    // pool unregisters before unmapping).
+    match unsafe { driver.mem_host_register(p.cast(), bytes, MEMHOSTREGISTER_PORTABLE) } {
+        Ok(()) => Some(p.cast()),
+        Err(_) => {
+            // SAFETY: our own mapping, registered with nobody.
+            unsafe { libc::munmap(p, bytes) };
+            None
+        }
+    }
+}
+
+/// Faults in the pages of `[ptr, ptr + len)` for writing by writing a zero to the first
+/// byte of each page inside the range (one fault per huge page where the range has them).
+/// Only bytes inside the range are written. (`MADV_POPULATE_WRITE` measured 3x slower than
+/// touching on 16 threads, on an H100 host with Linux 6.18.)
 ///
 /// # Safety
 /// `[ptr, ptr + len)` is writable memory of this process that only the caller writes
 /// until it overwrites it.
 unsafe fn prefault(ptr: *mut u8, len: usize) {
-    let (begin, end) = (ptr as usize, ptr as usize + len);
-    let start = begin.next_multiple_of(PAGE);
-    let stop = end / PAGE * PAGE;
-    if stop > start && POPULATE.load(Ordering::Relaxed) != 2 {
-        // SAFETY: whole pages of memory this process owns; populating changes no bytes.
-        let rc = unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                stop - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if rc == 0 {
-            POPULATE.store(1, Ordering::Relaxed);
-            // The partial pages at the ends fault on the copy itself.
-            return;
-        }
-        POPULATE.store(2, Ordering::Relaxed);
-    }
-    let mut at = begin;
+    let (mut at, end) = (ptr as usize, ptr as usize + len);
     while at < end {
         // SAFETY: `at` is inside the caller's range, which only the caller writes.
         unsafe { std::ptr::write_volatile(at as *mut u8, 0) };
         at = (at + 1).next_multiple_of(PAGE);
     }
+}
+
+/// Copies `len` bytes with non-temporal (streaming) stores where the destination allows:
+/// the destination's cache lines are not read first, and do not evict the pinned buffers
+/// from the cache.
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`.
+unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let head = (dst as usize).next_multiple_of(16) - dst as usize;
+        if len >= head + 256 {
+            // SAFETY: the caller's contract covers [0, len); the head is in range.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+            let body = (len - head) / 64 * 64;
+            let (s, d) = (
+                // SAFETY: inside the caller's ranges.
+                unsafe { src.add(head) },
+                // SAFETY: inside the caller's ranges; 16-byte aligned by construction.
+                unsafe { dst.add(head) },
+            );
+            let mut i = 0;
+            while i < body {
+                // SAFETY: SSE2 is part of x86_64; `i + 64 <= body` keeps every access in
+                // range; the destination is 16-byte aligned as streaming stores need.
+                unsafe {
+                    let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
+                    let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
+                    let c = _mm_loadu_si128(s.add(i + 32).cast::<__m128i>());
+                    let e = _mm_loadu_si128(s.add(i + 48).cast::<__m128i>());
+                    _mm_stream_si128(d.add(i).cast::<__m128i>(), a);
+                    _mm_stream_si128(d.add(i + 16).cast::<__m128i>(), b);
+                    _mm_stream_si128(d.add(i + 32).cast::<__m128i>(), c);
+                    _mm_stream_si128(d.add(i + 48).cast::<__m128i>(), e);
+                }
+                i += 64;
+            }
+            // SAFETY: orders the streaming stores before what follows (the release of the
+            // buffer and, later, the readers of the destination).
+            unsafe { _mm_sfence() };
+            let done = head + body;
+            // SAFETY: the tail is inside the caller's ranges.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), len - done) };
+            return;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
 }
 
 #[cfg(test)]
@@ -953,6 +1056,28 @@ mod tests {
             .iter()
             .any(|m| m.contains("CUDAW_STAGING_BUFFER=\"huge\"")));
         assert_eq!(StagingConfig::new(1, 5000, 1).buffer_bytes, 8192);
+    }
+
+    #[test]
+    fn streaming_copies_are_exact_at_every_alignment() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for (from, to, len) in [
+            (0, 0, 5000),
+            (1, 3, 4000),
+            (5, 0, 300),
+            (7, 9, 255),
+            (3, 1, 4096),
+        ] {
+            let mut dst = vec![0xEEu8; 5100];
+            // SAFETY: both ranges are inside their vectors.
+            unsafe { copy_streaming(src.as_ptr().add(from), dst.as_mut_ptr().add(to), len) };
+            assert_eq!(
+                &dst[to..to + len],
+                &src[from..from + len],
+                "{from} {to} {len}"
+            );
+            assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0xEE));
+        }
     }
 
     #[test]

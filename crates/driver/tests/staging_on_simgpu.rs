@@ -139,7 +139,8 @@ fn default_configuration_round_trips() {
 
 #[test]
 fn degenerate_pipelines_round_trip() {
-    // One buffer shared by many threads; more threads than batches; one thread.
+    // One buffer shared by many threads; more threads than batches; one thread and a
+    // pool from cuMemHostAlloc; streaming stores.
     let mut one_buffer = small(1, 4096, 4);
     one_buffer.buffers = 1;
     round_trips(Config::mapped(), one_buffer);
@@ -147,7 +148,11 @@ fn degenerate_pipelines_round_trip() {
     let mut plain = small(1, 4096, 1);
     plain.huge_pages = false;
     plain.prefault = false;
+    plain.pin_in_place = false;
     round_trips(Config::translated(), plain);
+    let mut streaming = small(2, BUFFER, 3);
+    streaming.streaming_stores = true;
+    round_trips(Config::mapped(), streaming);
 }
 
 /// Takes device access away from the mapping at `addr` (or gives it back).
