@@ -7,7 +7,7 @@
 //! staging_bench [--size 8G] [--alloc 512M] [--configs 4/8M/16,8/4M/16/nohp/nopf] [--host] [--pageable] [--register]
 //! ```
 //! A configuration is `STREAMS/BUFFER/THREADS`, optionally followed by `/nohp` (no huge
-//! page advice), `/nopf` (no prefault), `/nt` (streaming stores), `/hostalloc` (pool from
+//! page advice), `/nopf` (no prefault), `/nt` or `/nont` (streaming stores or not), `/hostalloc` (pool from
 //! cuMemHostAlloc) or `/bN` (N buffers). Prints one line per run;
 //! exit code 0 only if every restored sample matched.
 
@@ -49,6 +49,7 @@ fn parse_config(text: &str) -> Result<StagingConfig, String> {
             "nohp" => c.huge_pages = false,
             "nopf" => c.prefault = false,
             "nt" => c.streaming_stores = true,
+            "nont" => c.streaming_stores = false,
             "hostalloc" => c.pin_in_place = false,
             b if b.starts_with('b') => c.buffers = num(&b[1..])?.max(1),
             other => return Err(format!("{text:?}: unknown flag {other:?}")),
