@@ -345,3 +345,15 @@ fn summary_serialises_to_json() {
     let back: Summary = serde_json::from_value(v).unwrap();
     assert_eq!(back, s);
 }
+
+#[test]
+fn verify_reports_progress_chunk_by_chunk() {
+    let table = common::small_table();
+    let bytes = common::image(&table, 64);
+    let mut r = ImageReader::open(Cursor::new(&bytes)).unwrap();
+    let mut seen = Vec::new();
+    let report = r.verify_with_progress(|done| seen.push(done)).unwrap();
+    assert_eq!(seen.len() as u64, report.chunks);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.last().copied(), Some(report.data_bytes));
+}

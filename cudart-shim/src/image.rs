@@ -591,15 +591,16 @@ pub(crate) fn restore(
         done: 0,
         total: data_total,
     });
-    if let Err(e) = reader.verify() {
+    if let Err(e) = reader.verify_with_progress(|done| {
+        report(Progress {
+            phase: Phase::Verify,
+            done,
+            total: data_total,
+        })
+    }) {
         let e = image_failure(path, "reading", e);
         return Err(refuse(ctl, e));
     }
-    report(Progress {
-        phase: Phase::Verify,
-        done: data_total,
-        total: data_total,
-    });
     let verify_ms = ms(verify_started);
     let load_started = Instant::now();
     let (mut allocations, mut bytes) = (0u64, 0u64);

@@ -35,7 +35,7 @@ impl Bars {
             self.finish();
             let bar = ProgressBar::new(p.total);
             let style = ProgressStyle::with_template(
-                "{prefix:>10} [{bar:32}] {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} {eta:>4}",
+                "{prefix:>9} [{wide_bar}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> ");
