@@ -157,6 +157,9 @@ fn dump_and_restore(addressing: Addressing, tag: &str) {
     assert_eq!(d["pause"]["changed"], false, "{d}");
     assert_eq!(d["state"], "paused", "{d}");
     t.assert_paused_in(&t.path("c.img"));
+    // Once more under the same name: written from the open image it replaces.
+    t.ok(&["dump", &t.pid, "-o", "c.img"]);
+    t.assert_paused_in(&t.path("c.img"));
     std::fs::remove_file(t.path("b.img")).unwrap();
     inspect_verified(&t, &t.path("c.img"));
     let out = t.ok(&["restore", &t.pid, "-i", "c.img"]);
@@ -459,6 +462,39 @@ fn clear_failures_for_paths_pids_and_usage() {
     let j: Value = serde_json::from_slice(&out.stdout).expect("--json failure");
     assert_eq!(j["kind"], "io", "{j}");
     t.assert_running();
+    // A refused restore of a running process leaves it running.
+    t.ok(&["dump", &pid, "-o", "good.img", "--leave-running"]);
+    images::flipped(&t.path("good.img"), &t.path("bad.img"), 2000);
+    t.fails(
+        &["restore", &pid, "-i", "bad.img"],
+        3,
+        "the process was resumed",
+    );
+    t.assert_running();
+    // Another user (when we can act as one) may neither dump nor restore.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::process::CommandExt;
+        for args in [
+            ["dump", &pid, "-o", "/tmp/x.img"],
+            ["restore", &pid, "-i", s(&t.path("good.img"))],
+        ] {
+            let out = std::process::Command::new(cudaw_tests::cudaw_ckpt())
+                .args(args)
+                .env("CUDAW_RUN_DIR", &t.run_dir)
+                .uid(65534)
+                .gid(65534)
+                .output()
+                .expect("running cudaw-ckpt as nobody");
+            assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+            let err = text(&out.stderr);
+            assert!(
+                err.contains("permission denied") || err.contains("another user"),
+                "{err}"
+            );
+        }
+        t.assert_running();
+    }
     // PIDs.
     t.fails(
         &["dump", "99999999", "-o", "x.img"],
