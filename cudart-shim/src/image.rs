@@ -291,8 +291,8 @@ fn write_image(
                 ))
             }
             Residency::EvictedToHost => {
-                let (m, w, report, done) = (dev.map(|d| d.1), &mut w, &mut *report, &mut done);
-                let m = m.expect("allocations come from a device");
+                // Allocations come from `dev`: it is `Some` when there are any.
+                let Some((_, m)) = dev else { break };
                 let r = m
                     .vmm
                     .with_host_copy(a.id, |bytes| -> Result<(), ImageError> {
@@ -300,24 +300,19 @@ fn write_image(
                         for piece in bytes.chunks(WRITE_PIECE) {
                             w.write_chunk(id, off, piece)?;
                             off += piece.len() as u64;
-                            *done += piece.len() as u64;
+                            done += piece.len() as u64;
                             report(Progress {
                                 phase: Phase::Write,
-                                done: *done,
+                                done,
                                 total,
                             });
                         }
                         Ok(())
-                    });
-                match r {
-                    Ok(r) => r.map_err(wfail)?,
-                    Err(e) => {
-                        return Err(Failure::new(
-                            ErrorKind::Failed,
-                            format!("allocation {id}: {e}"),
-                        ))
-                    }
-                }
+                    })
+                    .map_err(|e| {
+                        Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
+                    })?;
+                r.map_err(wfail)?;
             }
             Residency::InFile { .. } => {
                 let Some(img) = old.as_deref_mut() else {

@@ -114,7 +114,7 @@ enum Command {
     /// dump leaves the process as it was.
     ///
     /// The image records the process (PID, executable, host, time), the GPU (name, UUID
-    /// when the driver gives it, device ordinal), the addressing mode and every
+    /// when the CUDA runtime reports it, device ordinal), the addressing mode and every
     /// allocation (address, size, creation order).
     #[command(verbatim_doc_comment)]
     #[command(after_help = "Examples:\n  \
