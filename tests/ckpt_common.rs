@@ -153,6 +153,20 @@ impl Target {
         self.log.lock().unwrap().clone()
     }
 
+    /// Waits (up to 10 s) until the shim's log contains `what` (the log is read on
+    /// another thread: a line the shim wrote before replying may not be read yet).
+    pub fn wait_log(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in the log within 10 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Its control socket.
     pub fn socket(&self) -> PathBuf {
         self.run_dir.join(format!("{}.sock", self.pid))

@@ -102,11 +102,7 @@ fn dump_and_resume(addressing: Addressing, tag: &str) {
         "{out}"
     );
     t.assert_running();
-    assert!(
-        t.log().contains(&format!("(from {})", s(&a))),
-        "{}",
-        t.log()
-    );
+    t.wait_log(&format!("(from {})", s(&a)));
     t.wait_ran();
 
     // --leave-running: written, and running again.
