@@ -15,7 +15,8 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 7] = [
+const PROGRAMS: [&str; 8] = [
+    "ckpt_target",
     "malloc_async",
     "multithread",
     "pause_target",
@@ -96,6 +97,7 @@ macro_rules! programs {
 }
 
 programs!(
+    ckpt_target,
     malloc_async,
     multithread,
     pause_target,

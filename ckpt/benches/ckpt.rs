@@ -29,6 +29,7 @@ fn meta() -> ImageMetadata {
             compute_capability_major: 9,
             compute_capability_minor: 0,
             total_memory: 80 * GIB,
+            ordinal: Some(0),
         },
     }
 }

@@ -47,6 +47,16 @@ pub enum Difference {
         /// Base in the process.
         process: u64,
     },
+    /// The same id has a different creation sequence number (another process, or
+    /// allocations made in another order).
+    OrderMismatch {
+        /// The id.
+        id: u64,
+        /// Creation order in the image.
+        image: u64,
+        /// Creation order in the process.
+        process: u64,
+    },
 }
 
 impl fmt::Display for Difference {
@@ -68,12 +78,17 @@ impl fmt::Display for Difference {
                 f,
                 "allocation {id} is at {image:#x} in the image, {process:#x} in the process"
             ),
+            Difference::OrderMismatch { id, image, process } => write!(
+                f,
+                "allocation {id} is creation number {image} in the image, {process} in the process"
+            ),
         }
     }
 }
 
 /// How `image` differs from `process`, allocations matched by id; ordered by id (for one id,
-/// base before size). Empty when every allocation matches in base and size.
+/// base, then size, then creation order). Empty when every allocation matches in base, size
+/// and creation order.
 pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) -> Vec<Difference> {
     let mut by_id: BTreeMap<u64, (Option<&AllocationRecord>, Option<&AllocationRecord>)> =
         BTreeMap::new();
@@ -109,6 +124,13 @@ pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) 
                         id,
                         image: i.size,
                         process: p.size,
+                    });
+                }
+                if i.order != p.order {
+                    out.push(Difference::OrderMismatch {
+                        id,
+                        image: i.order,
+                        process: p.order,
                     });
                 }
             }

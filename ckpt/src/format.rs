@@ -13,7 +13,7 @@ pub const END_MAGIC: [u8; 8] = *b"CUDAWEND";
 /// The format major version this build writes and reads.
 pub const FORMAT_MAJOR: u16 = 1;
 /// The format minor version this build writes (it reads any minor of its major).
-pub const FORMAT_MINOR: u16 = 0;
+pub const FORMAT_MINOR: u16 = 1;
 /// Header length in format 1.0.
 pub const HEADER_LEN: u64 = 128;
 /// Longest header accepted (newer minors may extend it).

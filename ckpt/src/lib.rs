@@ -20,6 +20,7 @@
 //!     gpu: GpuInfo {
 //!         name: "NVIDIA H100 80GB HBM3".into(), uuid: "GPU-0".into(),
 //!         compute_capability_major: 9, compute_capability_minor: 0, total_memory: 80 << 30,
+//!         ordinal: Some(0),
 //!     },
 //! };
 //! let table = [AllocationRecord { id: 1, base: 0x7f00_0000_0000, size: 100, order: 0, tag: 0 }];
@@ -37,7 +38,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Format 1.0, byte for byte
+//! # Format 1.1, byte for byte
 //!
 //! Every integer is little-endian. Checksums and the digest are XXH3-64 (seed 0). An image
 //! is four sections, one after the other:
@@ -49,13 +50,13 @@
 //! trailer   32 bytes, last in the file
 //! ```
 //!
-//! **Header** (128 bytes in 1.0):
+//! **Header** (128 bytes in 1.x so far):
 //!
 //! | offset | size | field |
 //! | ---: | ---: | --- |
 //! | 0 | 8 | magic `b"CUDAWIMG"` |
 //! | 8 | 2 | format major (1): a reader refuses any other major |
-//! | 10 | 2 | format minor (0): a reader reads any minor of its major |
+//! | 10 | 2 | format minor (1): a reader reads any minor of its major |
 //! | 12 | 4 | header length (128; a newer minor may make it longer, at most 4096) |
 //! | 16 | 8 | flags: bits 0–31 required (a reader refuses unknown ones), 32–63 optional; none defined |
 //! | 24 | 8 | chunk size: payload bytes per chunk (16 ..= 2^30; default 8 MiB) |
@@ -72,7 +73,7 @@
 //! | 112 | 8 | reserved, 0 |
 //! | header length − 8 | 8 | XXH3-64 of the header's bytes before this field |
 //!
-//! Sections may not start before the previous one ends (1.0 writes them back to back).
+//! Sections may not start before the previous one ends (1.0 and 1.1 write them back to back).
 //!
 //! **Metadata**: a *string* is a u32 byte length (at most 65536) and UTF-8 bytes; a *block*
 //! is a u32 byte length and that many bytes, of which a reader decodes the fields it knows
@@ -82,8 +83,9 @@
 //! process block: u32 pid, string executable, string hostname, string cudaw_version,
 //!                u64 created (ns since the Unix epoch), u32 CUDA runtime major,
 //!                u8 addressing (0 mapped, 1 translated)
-//! GPU block:     string name, string UUID, u32 compute capability major, u32 minor,
-//!                u64 total memory (bytes)
+//! GPU block:     string name, string UUID (empty when unknown), u32 compute capability
+//!                major, u32 minor, u64 total memory (bytes),
+//!                u32 device ordinal (since 1.1; 0xffffffff: unknown; absent in 1.0)
 //! u64 allocation count, u32 record length (48 in 1.0, longer records are read in part), then
 //! per allocation: u64 id, u64 base, u64 size, u64 creation order, u32 tag, u32 reserved (0),
 //!                 u64 data offset (file offset of its first chunk)

@@ -69,6 +69,10 @@ pub struct GpuInfo {
     pub compute_capability_minor: u32,
     /// Total device memory in bytes.
     pub total_memory: u64,
+    /// The CUDA device ordinal in the producing process (format 1.1; `None` in a 1.0
+    /// image). With the name it identifies the GPU when the UUID is unknown (empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordinal: Option<u32>,
 }
 
 /// Process and GPU description of an image.
@@ -176,6 +180,11 @@ impl<'a> Dec<'a> {
         self.base + self.pos as u64
     }
 
+    /// Bytes not decoded yet.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
     pub fn err(&self, detail: impl Into<String>) -> ImageError {
         ImageError::Malformed {
             what: self.what,
@@ -236,7 +245,7 @@ impl<'a> Dec<'a> {
     }
 }
 
-/// Encodes the process and GPU blocks (format 1.0).
+/// Encodes the process and GPU blocks (format 1.1).
 pub(crate) fn encode_description(meta: &ImageMetadata, e: &mut Enc) {
     let p = &meta.process;
     e.block(|e| {
@@ -255,10 +264,11 @@ pub(crate) fn encode_description(meta: &ImageMetadata, e: &mut Enc) {
         e.u32(g.compute_capability_major);
         e.u32(g.compute_capability_minor);
         e.u64(g.total_memory);
+        e.u32(g.ordinal.unwrap_or(u32::MAX));
     });
 }
 
-/// Encodes the allocation table (format 1.0).
+/// Encodes the allocation table (format 1.x).
 pub(crate) fn encode_table(table: &[AllocationEntry], e: &mut Enc) {
     e.u64(table.len() as u64);
     e.u32(RECORD_LEN);
@@ -294,6 +304,11 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
         compute_capability_major: b.u32()?,
         compute_capability_minor: b.u32()?,
         total_memory: b.u64()?,
+        // Added in 1.1: absent from a 1.0 image's block.
+        ordinal: match b.remaining() {
+            0 => None,
+            _ => Some(b.u32()?).filter(|&o| o != u32::MAX),
+        },
     };
     let count_at = d.offset();
     let count = d.u64()?;

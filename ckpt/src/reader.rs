@@ -306,6 +306,15 @@ impl<R: Read + Seek> ImageReader<R> {
     /// Reads every chunk, checking its header and checksum, then the whole-image digest.
     /// Uses a scratch buffer of at most 256 KiB.
     pub fn verify(&mut self) -> Result<VerifyReport, ImageError> {
+        self.verify_with_progress(|_| {})
+    }
+
+    /// [`ImageReader::verify`], calling `progress` after each chunk with the allocation
+    /// bytes checked so far (for progress bars).
+    pub fn verify_with_progress(
+        &mut self,
+        mut progress: impl FnMut(u64),
+    ) -> Result<VerifyReport, ImageError> {
         let mut digest = self.prefix_digest.clone();
         let mut scratch = vec![0u8; self.header.chunk_size.min(PIECE) as usize];
         let mut chunks = 0u64;
@@ -316,6 +325,7 @@ impl<R: Read + Seek> ImageReader<R> {
                 digest.update(&sum.to_le_bytes());
                 chunks += 1;
                 data_bytes += len;
+                progress(data_bytes);
             }
         }
         let computed = digest.digest();

@@ -11,10 +11,11 @@ use ckpt::*;
 use common::{contents, meta, small_table};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3Default};
 
-/// What a newer writer might add.
-#[derive(Default)]
+/// What a newer writer might add (or an older one lack).
 struct Extras {
     minor: u16,
+    /// Writes the 1.1 device ordinal (a 1.0 writer did not).
+    ordinal: bool,
     flags: u64,
     header: usize,
     blocks: bool,
@@ -22,6 +23,22 @@ struct Extras {
     after_table: usize,
     gap: usize,
     trailer: usize,
+}
+
+impl Default for Extras {
+    fn default() -> Self {
+        Extras {
+            minor: 1,
+            ordinal: true,
+            flags: 0,
+            header: 0,
+            blocks: false,
+            record: 0,
+            after_table: 0,
+            gap: 0,
+            trailer: 0,
+        }
+    }
 }
 
 fn string(v: &mut Vec<u8>, s: &str) {
@@ -56,6 +73,9 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     gb.extend_from_slice(&g.compute_capability_major.to_le_bytes());
     gb.extend_from_slice(&g.compute_capability_minor.to_le_bytes());
     gb.extend_from_slice(&g.total_memory.to_le_bytes());
+    if x.ordinal {
+        gb.extend_from_slice(&g.ordinal.unwrap_or(u32::MAX).to_le_bytes());
+    }
     if x.blocks {
         string(&mut gb, "a field from the future");
     }
@@ -175,6 +195,7 @@ fn newer_minor_version_is_read() {
         after_table: 16,
         gap: 40,
         trailer: 8,
+        ..Extras::default()
     };
     let img = by_hand(&table, 64, &x);
     let mut r = ImageReader::open(Cursor::new(&img)).expect("a newer minor opens");
@@ -189,6 +210,24 @@ fn newer_minor_version_is_read() {
         assert_eq!(buf, contents(a));
     }
     assert_eq!(r.summary().format_version, "1.7");
+}
+
+#[test]
+fn format_1_0_without_the_device_ordinal_is_read() {
+    let table = small_table();
+    let x = Extras {
+        minor: 0,
+        ordinal: false,
+        ..Extras::default()
+    };
+    let img = by_hand(&table, 64, &x);
+    let mut r = ImageReader::open(Cursor::new(&img)).expect("a 1.0 image opens");
+    assert_eq!((r.header().major, r.header().minor), (1, 0));
+    let mut expected = meta();
+    expected.gpu.ordinal = None;
+    assert_eq!(r.metadata(), &expected);
+    r.verify().expect("verifies");
+    assert_eq!(r.summary().format_version, "1.0");
 }
 
 #[test]

@@ -274,6 +274,7 @@ fn check_against_lists_every_difference() {
     let mut running = table.clone();
     running[0].size = 301; // 7: size
     running[2].base += 0x100; // 9: base
+    running[2].order += 1; // 9: creation order
     running.remove(1); // 3: only in the image
     running.push(AllocationRecord {
         id: 11,
@@ -301,6 +302,11 @@ fn check_against_lists_every_difference() {
                 image: 0x7f00_0000_0200,
                 process: 0x7f00_0000_0300
             },
+            Difference::OrderMismatch {
+                id: 9,
+                image: table[2].order,
+                process: table[2].order + 1
+            },
             Difference::MissingFromImage {
                 id: 11,
                 base: 0x1000,
@@ -327,9 +333,10 @@ fn summary_serialises_to_json() {
     let mut s = r.summary();
     s.verified = Some(r.verify().unwrap());
     let v: serde_json::Value = serde_json::to_value(&s).unwrap();
-    assert_eq!(v["format_version"], "1.0");
+    assert_eq!(v["format_version"], "1.1");
     assert_eq!(v["process"]["pid"], 4242);
     assert_eq!(v["process"]["addressing"], "mapped");
+    assert_eq!(v["gpu"]["ordinal"], 3);
     assert_eq!(v["gpu"]["compute_capability_major"], 9);
     assert_eq!(v["allocations"][2]["id"], 9);
     assert_eq!(v["allocations"][2]["size"], 129);
@@ -337,4 +344,16 @@ fn summary_serialises_to_json() {
     assert_eq!(v["verified"]["chunks"], 8);
     let back: Summary = serde_json::from_value(v).unwrap();
     assert_eq!(back, s);
+}
+
+#[test]
+fn verify_reports_progress_chunk_by_chunk() {
+    let table = common::small_table();
+    let bytes = common::image(&table, 64);
+    let mut r = ImageReader::open(Cursor::new(&bytes)).unwrap();
+    let mut seen = Vec::new();
+    let report = r.verify_with_progress(|done| seen.push(done)).unwrap();
+    assert_eq!(seen.len() as u64, report.chunks);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.last().copied(), Some(report.data_bytes));
 }

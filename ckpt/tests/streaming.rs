@@ -83,6 +83,7 @@ fn one_gib_streams_in_bounded_memory() {
             compute_capability_major: 9,
             compute_capability_minor: 0,
             total_memory: 80 * GIB,
+            ordinal: Some(0),
         },
     };
     let dir = tempfile::tempdir().unwrap();

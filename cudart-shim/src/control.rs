@@ -1,22 +1,25 @@
 //! The control socket: `$CUDAW_RUN_DIR/PID.sock` (default `$XDG_RUNTIME_DIR/cudaw`, else
 //! `/tmp/cudaw-UID`; the folder is created 0700, the socket is 0600), served by the pause
-//! module's control thread for `cudaw-ckpt`. One JSON request line, one JSON reply line
-//! ([`cudaw_control`]); the peer's uid (`SO_PEERCRED`) must be the process owner's or
-//! root's. The socket is removed at exit; one left by a dead process of the same PID is
-//! replaced.
+//! module's control thread for `cudaw-ckpt`. One JSON request line, progress lines if the
+//! request asks for them, one JSON reply line ([`cudaw_control`]); the peer's uid
+//! (`SO_PEERCRED`) must be the process owner's or root's. The socket is removed at exit;
+//! one left by a dead process of the same PID is replaced.
 //!
 //! One connection is served at a time, on the control thread, with a 2 s limit on reading
-//! the request and on writing the reply: a client that stalls delays the next request by
-//! at most that.
+//! the request and on writing each line: a client that stalls delays the next request by
+//! at most that (a client that goes away during a long request does not stop it).
 
 use crate::{config, log, memory, pause};
-use cudaw_control::{DeviceStatus, Reply, Request, State, Status, MAX_REQUEST};
+use cudaw_control::{
+    DeviceStatus, ErrorKind, Progress, Reply, Request, State, Status, MAX_REQUEST,
+};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use vmm::Residency;
 
 /// The socket this process created, and the PID that created it (a forked child's exit
 /// must not remove its parent's socket).
@@ -142,31 +145,78 @@ fn answer(mut stream: UnixStream) -> std::io::Result<()> {
     stream.set_read_timeout(Some(IO_LIMIT))?;
     stream.set_write_timeout(Some(IO_LIMIT))?;
     let reply = match peer_uid(&stream) {
-        Err(e) => Reply::error(e),
+        Err(e) => Reply::error(ErrorKind::Request, e),
         Ok(uid) if uid != 0 && uid != euid() => {
             log::warn(format_args!(
                 "control socket: refused a request from uid {uid} (the process belongs to uid {})",
                 euid()
             ));
-            Reply::error(format!(
-                "permission denied: uid {uid} may not control process {} (owner uid {}; only the owner or root may)",
-                std::process::id(),
-                euid()
-            ))
+            Reply::error(
+                ErrorKind::Request,
+                format!(
+                    "permission denied: uid {uid} may not control process {} (owner uid {}; only the owner or root may)",
+                    std::process::id(),
+                    euid()
+                ),
+            )
         }
         Ok(_) => match read_line(&mut stream) {
-            Err(e) => Reply::error(e),
+            Err(e) => Reply::error(ErrorKind::Request, e),
             Ok(line) => match Request::parse(&line) {
                 Err(e) => {
                     log::warn(format_args!("control socket: {e}"));
-                    Reply::error(e)
+                    Reply::error(ErrorKind::Request, e)
                 }
-                Ok(req) => execute(req),
+                Ok(req) => {
+                    let mut sink = Sink {
+                        stream: &stream,
+                        on: req.wants_progress(),
+                        last: None,
+                    };
+                    execute(req, &mut |p| sink.send(p))
+                }
             },
         },
     };
     stream.write_all(reply.to_line().as_bytes())?;
     stream.flush()
+}
+
+/// Sends progress lines to the client, about ten a second per phase (always the first and
+/// the last of a phase); stops after a failed write.
+struct Sink<'a> {
+    stream: &'a UnixStream,
+    on: bool,
+    last: Option<(Progress, Instant)>,
+}
+
+impl Sink<'_> {
+    const EVERY: Duration = Duration::from_millis(100);
+
+    fn send(&mut self, p: Progress) {
+        if !self.on {
+            return;
+        }
+        let due = match self.last {
+            None => true,
+            Some((q, at)) => {
+                q.phase != p.phase
+                    || (p.done >= p.total && q.done < q.total)
+                    || (at.elapsed() >= Self::EVERY && p.done != q.done)
+            }
+        };
+        if !due {
+            return;
+        }
+        self.last = Some((p, Instant::now()));
+        let mut s = self.stream;
+        if let Err(e) = s.write_all(p.to_line().as_bytes()) {
+            log::info(format_args!(
+                "control socket: the client stopped reading progress ({e}); carrying on"
+            ));
+            self.on = false;
+        }
+    }
 }
 
 /// Reads up to the first newline (or the end), at most [`MAX_REQUEST`] bytes.
@@ -205,30 +255,61 @@ fn read_line(stream: &mut UnixStream) -> Result<String, String> {
     String::from_utf8(buf).map_err(|_| "the request is not UTF-8".to_owned())
 }
 
-/// Carries out one request through the pause module (the same functions the signals use).
-pub fn execute(req: Request) -> Reply {
-    match req {
-        Request::Pause => match pause::handle(pause::Request::Pause) {
-            Ok(m) => Reply {
+/// Carries out one request through the pause module (the same functions the signals use),
+/// `report` receiving its progress.
+pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
+    let absolute = |path: String| -> Result<PathBuf, String> {
+        let p = PathBuf::from(path);
+        if p.is_absolute() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "the image path {} is not absolute (the process's working folder is not the client's)",
+                p.display()
+            ))
+        }
+    };
+    let req = match req {
+        Request::Status {} => {
+            return Reply {
                 ok: true,
-                pause: Some(m),
+                status: Some(status()),
                 ..Reply::default()
+            }
+        }
+        Request::Pause { .. } => pause::Request::Pause,
+        Request::Resume { .. } => pause::Request::Resume,
+        Request::Dump {
+            path,
+            leave_running,
+            ..
+        } => match absolute(path) {
+            Ok(path) => pause::Request::Dump {
+                path,
+                leave_running,
             },
-            Err(e) => Reply::error(e),
+            Err(e) => return Reply::error(ErrorKind::Request, e),
         },
-        Request::Resume => match pause::handle(pause::Request::Resume) {
-            Ok(m) => Reply {
+        Request::Restore { path, force, .. } => match absolute(path) {
+            Ok(path) => pause::Request::Restore { path, force },
+            Err(e) => return Reply::error(ErrorKind::Request, e),
+        },
+    };
+    match pause::handle(req, report) {
+        Ok(out) => {
+            let mut r = Reply {
                 ok: true,
-                resume: Some(m),
                 ..Reply::default()
-            },
-            Err(e) => Reply::error(e),
-        },
-        Request::Status => Reply {
-            ok: true,
-            status: Some(status()),
-            ..Reply::default()
-        },
+            };
+            match out {
+                pause::Outcome::Pause(m) => r.pause = Some(m),
+                pause::Outcome::Resume(m) => r.resume = Some(m),
+                pause::Outcome::Dump(d) => r.dump = Some(d),
+                pause::Outcome::Restore(d) => r.restore = Some(d),
+            }
+            r
+        }
+        Err(e) => Reply::error(e.kind, e.message),
     }
 }
 
@@ -237,11 +318,19 @@ pub fn status() -> Status {
     let devices = memory::managed_devices()
         .map(|(ordinal, m)| {
             let s = m.vmm.stats();
+            let in_file = m
+                .vmm
+                .snapshot()
+                .iter()
+                .filter(|a| matches!(a.residency, Residency::InFile { .. }))
+                .map(|a| a.size)
+                .sum();
             DeviceStatus {
                 ordinal,
                 allocations: s.allocations,
                 resident: s.resident,
                 evicted: s.evicted,
+                in_file,
                 mapped: s.mapped,
                 limit: s.limit,
             }
@@ -259,6 +348,7 @@ pub fn status() -> Status {
             config::Addressing::Translated => "translated",
         }
         .to_owned(),
+        image: pause::image_path().map(|p| p.to_string_lossy().into_owned()),
         devices,
     }
 }

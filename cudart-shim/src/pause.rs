@@ -12,7 +12,10 @@
 //!   then open the gate. A resume while running does nothing.
 //!
 //! The same thread serves the control socket ([`crate::control`], `cudaw-ckpt`): socket
-//! requests and signals go through [`handle`] one at a time.
+//! requests and signals go through [`handle`] one at a time. Dump and restore
+//! ([`crate::image`]) build on pause and resume: after a dump without `--leave-running`
+//! the allocations' bytes live only in the image ([`vmm::Residency::InFile`]) and a
+//! resume loads them from it ([`Load`]).
 //!
 //! Not covered: a thread already inside a *forwarded* call (one cudaw does not wrap, such
 //! as a kernel launch in mapped addressing) when the gate closes is not waited for; the
@@ -22,13 +25,18 @@
 
 use crate::staging::staging;
 use crate::types::*;
-use crate::{call_real, gate, log, memory};
+use crate::{call_real, gate, image, log, memory};
+use ckpt::{ImageError, ImageReader};
+use driver::DriverBackend;
 use parking_lot::Mutex;
 use std::cell::Cell;
+use std::fs::File;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use vmm::{Backend, HostCopy, LoadRange, Source, Staging, StagingError, StagingRange};
 
-pub use cudaw_control::Moved;
+pub use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored};
 
 /// cudaw's wrapped calls running now (threads inside at least one).
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -90,13 +98,70 @@ pub fn in_flight() -> usize {
 }
 
 /// One control request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// Pause.
     Pause,
     /// Resume.
     Resume,
+    /// Write an image of every allocation to `path` (absolute); stay paused with the bytes
+    /// only in the image, or resume when `leave_running`.
+    Dump {
+        /// The image's path.
+        path: PathBuf,
+        /// Resume once written.
+        leave_running: bool,
+    },
+    /// Check the image at `path` against the process, load it and resume.
+    Restore {
+        /// The image's path.
+        path: PathBuf,
+        /// Accept another process's image whose table matches.
+        force: bool,
+    },
 }
+
+/// What a request did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A pause's result.
+    Pause(Moved),
+    /// A resume's result.
+    Resume(Moved),
+    /// A dump's result.
+    Dump(Dumped),
+    /// A restore's result.
+    Restore(Restored),
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// What kind of failure (scripts read it).
+    pub kind: ErrorKind,
+    /// The message for people.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where a long request reports its progress (the control socket sends it on when the
+/// client asked; signals ignore it).
+pub type Report<'a> = &'a mut dyn FnMut(Progress);
 
 const BYTE_PAUSE: u8 = b'P';
 const BYTE_RESUME: u8 = b'R';
@@ -253,7 +318,7 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
                         Request::Resume
                     };
                     crate::boundary::guard("the control thread", (), || {
-                        let _ = handle(req);
+                        let _ = handle(req, &mut |_| {});
                     });
                 }
             }
@@ -266,38 +331,65 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
     }
 }
 
-/// Whether cudaw has paused the process (memory evicted, gate closed).
-static PAUSED: Mutex<bool> = Mutex::new(false);
+/// What the control thread knows about the process.
+pub(crate) struct Ctl {
+    /// cudaw has paused it (memory evicted, gate closed).
+    pub paused: bool,
+    /// The image holding allocations' bytes after a dump without `--leave-running`
+    /// (open: a resume reads it even if the file is renamed or removed meanwhile).
+    pub image: Option<Held>,
+}
+
+/// An image some allocations' bytes live in.
+pub(crate) struct Held {
+    /// Where it was written.
+    pub path: PathBuf,
+    /// It, open.
+    pub reader: ImageReader<File>,
+}
+
+static CTL: Mutex<Ctl> = Mutex::new(Ctl {
+    paused: false,
+    image: None,
+});
 
 /// Carries out one request (on the control thread; callable directly from tests): what it
-/// moved, or why it failed.
-pub fn handle(req: Request) -> Result<Moved, String> {
-    let mut paused = PAUSED.lock();
-    match (req, *paused) {
-        (Request::Pause, true) => {
+/// did, or why it failed. `report` receives progress.
+pub fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
+    let mut ctl = CTL.lock();
+    match req {
+        Request::Pause if ctl.paused => {
             log::info(format_args!("pause: already paused"));
-            Ok(Moved::default())
+            Ok(Outcome::Pause(Moved::default()))
         }
-        (Request::Resume, false) => {
+        Request::Resume if !ctl.paused => {
             log::info(format_args!("resume: not paused"));
-            Ok(Moved::default())
+            Ok(Outcome::Resume(Moved::default()))
         }
-        (Request::Pause, false) => {
-            let r = pause();
-            *paused = r.is_ok();
-            r
+        Request::Pause => {
+            let m = pause(report)?;
+            ctl.paused = true;
+            Ok(Outcome::Pause(m))
         }
-        (Request::Resume, true) => {
-            let r = resume();
-            *paused = r.is_err();
-            r
+        Request::Resume => resume(&mut ctl, report).map(Outcome::Resume),
+        Request::Dump {
+            path,
+            leave_running,
+        } => image::dump(&mut ctl, &path, leave_running, report).map(Outcome::Dump),
+        Request::Restore { path, force } => {
+            image::restore(&mut ctl, &path, force, report).map(Outcome::Restore)
         }
     }
 }
 
 /// Whether the process is paused now.
 pub fn is_paused() -> bool {
-    *PAUSED.lock()
+    CTL.lock().paused
+}
+
+/// The image holding the paused process's memory, if a dump left it there.
+pub fn image_path() -> Option<PathBuf> {
+    CTL.lock().image.as_ref().map(|h| h.path.clone())
 }
 
 fn synchronise_all() {
@@ -312,8 +404,212 @@ fn synchronise_all() {
     }
 }
 
+/// Evicts every resident allocation of one device to host memory: the one place that says
+/// how (today plain synchronous copies into `Vec<u8>`s). A pinned multi-stream staging may
+/// take its place as long as it leaves [`HostCopy::Memory`] copies, which dump reads with
+/// [`vmm::Vmm::with_host_copy`]. `copied` receives the bytes copied since its last call.
+pub(crate) fn evict_device(
+    m: &memory::DeviceMemory,
+    copied: &mut dyn FnMut(u64),
+) -> Result<vmm::Moved, vmm::VmmError> {
+    m.vmm.evict_all(&mut Evict { copied })
+}
+
+/// The process's pinned staging ([`staging()`]), given batches of about [`BATCH`] bytes so
+/// that progress can be counted between them.
+struct Evict<'a> {
+    copied: &'a mut dyn FnMut(u64),
+}
+
+/// Bytes per save or load handed to the pinned staging at once (a progress step).
+const BATCH: u64 = 512 << 20;
+
+/// Splits `ranges` into consecutive runs of about [`BATCH`] bytes (a range is never split).
+fn batches<T>(ranges: &[T], len: impl Fn(&T) -> u64) -> impl Iterator<Item = &[T]> {
+    let mut rest = ranges;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (mut n, mut bytes) = (0, 0u64);
+        while n < rest.len() && (n == 0 || bytes < BATCH) {
+            bytes += len(&rest[n]);
+            n += 1;
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Some(head)
+    })
+}
+
+impl Staging<DriverBackend> for Evict<'_> {
+    fn save(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for batch in batches(ranges, |r| r.len) {
+            out.extend(staging().save(backend, batch)?);
+            (self.copied)(batch.iter().map(|r| r.len).sum());
+        }
+        Ok(out)
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        staging().load(backend, ranges)
+    }
+}
+
+/// Loads allocations onto the device: from the host copies the VMM holds and from an
+/// image (the allocations a dump left in it, or every allocation for a restore when
+/// `image_only`). Reads the image one chunk at a time through one chunk-sized buffer,
+/// every chunk's checksum checked as it is read.
+pub(crate) struct Load<'a> {
+    /// The image to read from.
+    pub image: Option<&'a mut ImageReader<File>>,
+    /// Load every range from the image, whatever the VMM holds (restore).
+    pub image_only: bool,
+    /// Bytes loaded so far.
+    pub done: u64,
+    /// Bytes to load in all.
+    pub total: u64,
+    /// Where progress goes.
+    pub report: Report<'a>,
+    /// The image's own failure, when reading it failed (a damaged file).
+    pub image_error: Option<ImageError>,
+    buf: Vec<u8>,
+}
+
+impl<'a> Load<'a> {
+    pub(crate) fn new(
+        image: Option<&'a mut ImageReader<File>>,
+        image_only: bool,
+        total: u64,
+        report: Report<'a>,
+    ) -> Self {
+        Load {
+            image,
+            image_only,
+            done: 0,
+            total,
+            report,
+            image_error: None,
+            buf: Vec::new(),
+        }
+    }
+
+    fn advance_by(&mut self, n: u64) {
+        self.done += n;
+        (self.report)(Progress {
+            phase: Phase::Load,
+            done: self.done,
+            total: self.total,
+        });
+    }
+
+    fn load_from_image(
+        &mut self,
+        backend: &DriverBackend,
+        r: &LoadRange<'_>,
+    ) -> Result<(), StagingError> {
+        let id = r.id.0;
+        let Some(img) = self.image.as_deref_mut() else {
+            return Err(StagingError::Io(format!(
+                "allocation {id} is in an image, but no image is open"
+            )));
+        };
+        match img.allocation(id).map(|e| e.record.size) {
+            Some(size) if size == r.len => {}
+            other => {
+                return Err(StagingError::Io(format!(
+                    "allocation {id} ({} bytes) is {} in the image",
+                    r.len,
+                    other.map_or("missing".to_owned(), |s| format!("{s} bytes"))
+                )))
+            }
+        }
+        let cs = img.chunk_size().min(r.len.max(1));
+        let cs = usize::try_from(cs).map_err(|_| StagingError::Io("chunk size".into()))?;
+        if self.buf.len() < cs {
+            self.buf.resize(cs, 0);
+        }
+        let mut off = 0u64;
+        while off < r.len {
+            let n = (r.len - off).min(cs as u64) as usize;
+            let piece = &mut self.buf[..n];
+            if let Err(e) = img.read_range(id, off, piece) {
+                let msg = e.to_string();
+                self.image_error = Some(e);
+                return Err(StagingError::Io(msg));
+            }
+            backend.copy_from_host(r.addr + off, piece)?;
+            off += n as u64;
+            self.done += n as u64;
+            (self.report)(Progress {
+                phase: Phase::Load,
+                done: self.done,
+                total: self.total,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Staging<DriverBackend> for Load<'_> {
+    fn save(
+        &mut self,
+        _backend: &DriverBackend,
+        _ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        Err(StagingError::Io("this staging only loads".into()))
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        // Runs of ranges held in host memory go through the pinned staging a batch at a
+        // time; ranges in the image are read chunk by chunk.
+        let mut i = 0;
+        while i < ranges.len() {
+            let from_memory =
+                |r: &LoadRange<'_>| !self.image_only && matches!(r.source, Source::Memory(_));
+            if from_memory(&ranges[i]) {
+                let mut j = i;
+                while j < ranges.len() && from_memory(&ranges[j]) {
+                    j += 1;
+                }
+                for batch in batches(&ranges[i..j], |r| r.len) {
+                    staging().load(backend, batch)?;
+                    self.advance_by(batch.iter().map(|r| r.len).sum());
+                }
+                i = j;
+                continue;
+            }
+            let r = &ranges[i];
+            if let Source::Retained = r.source {
+                if !self.image_only {
+                    return Err(StagingError::Unsupported {
+                        id: r.id,
+                        source_kind: "retained",
+                    });
+                }
+            }
+            self.load_from_image(backend, r)?;
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
 /// Pauses; on failure the process runs on as before.
-fn pause() -> Result<Moved, String> {
+pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     let started = Instant::now();
     gate::close();
     let mut warned = false;
@@ -330,11 +626,28 @@ fn pause() -> Result<Moved, String> {
     synchronise_all();
     std::thread::sleep(SETTLE);
     synchronise_all();
+    let total: u64 = memory::managed_devices()
+        .map(|(_, m)| m.vmm.stats().resident)
+        .sum();
+    let mut done = 0u64;
+    report(Progress {
+        phase: Phase::Evict,
+        done,
+        total,
+    });
     let mut evicted: Vec<(i32, &'static memory::DeviceMemory)> = Vec::new();
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
         m.reap(true);
-        match m.vmm.evict_all(&mut staging()) {
+        let r = evict_device(m, &mut |n| {
+            done += n;
+            report(Progress {
+                phase: Phase::Evict,
+                done,
+                total: total.max(done),
+            });
+        });
+        match r {
             Ok(moved) => {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
@@ -349,7 +662,7 @@ fn pause() -> Result<Moved, String> {
                     }
                 }
                 gate::open();
-                return Err(msg);
+                return Err(Failure::new(ErrorKind::Failed, msg));
             }
         }
     }
@@ -368,30 +681,64 @@ fn pause() -> Result<Moved, String> {
     })
 }
 
-/// Resumes; on failure the process stays paused.
-fn resume() -> Result<Moved, String> {
+/// Resumes (loading from host copies and from the image a dump left, if any); on failure
+/// the process stays paused, its memory where it was.
+pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
     let started = Instant::now();
+    let total: u64 = memory::managed_devices()
+        .map(|(_, m)| m.vmm.stats().evicted)
+        .sum();
+    let mut load = Load::new(
+        ctl.image.as_mut().map(|h| &mut h.reader),
+        false,
+        total,
+        report,
+    );
+    (load.report)(Progress {
+        phase: Phase::Load,
+        done: 0,
+        total,
+    });
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
-        match m.vmm.restore_all(&mut staging()) {
+        match m.vmm.restore_all(&mut load) {
             Ok(moved) => {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
             }
             Err(e) => {
                 // Staying paused keeps the program off memory that is not there.
-                let msg = format!(
-                    "restoring device {ordinal} failed: {e}; staying paused (resume again to retry)"
-                );
+                let image_error = load.image_error.take();
+                drop(load);
+                let (kind, msg) = match (image_error, &ctl.image) {
+                    (Some(ie), Some(h)) => (
+                        ErrorKind::BadImage,
+                        format!(
+                            "the image {} that holds the process's memory is damaged: {ie}; staying paused (`cudaw-ckpt restore PID -i IMAGE` can load another image of this process)",
+                            h.path.display()
+                        ),
+                    ),
+                    _ => (
+                        ErrorKind::Failed,
+                        format!(
+                            "restoring device {ordinal} failed: {e}; staying paused (resume again to retry)"
+                        ),
+                    ),
+                };
                 log::error(format_args!("resume: {msg}"));
-                return Err(msg);
+                return Err(Failure::new(kind, msg));
             }
         }
     }
+    let from = match ctl.image.take() {
+        Some(h) => format!(" (from {})", h.path.display()),
+        None => String::new(),
+    };
     let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms"
+        "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms{from}"
     ));
+    ctl.paused = false;
     gate::open();
     Ok(Moved {
         allocations: allocations as u64,

@@ -21,6 +21,7 @@ pub fn meta() -> ImageMetadata {
             compute_capability_major: 9,
             compute_capability_minor: 0,
             total_memory: 85_029_158_912,
+            ordinal: Some(3),
         },
     }
 }

@@ -1,20 +1,25 @@
-//! `cudaw-ckpt`: pause, resume and inspect processes running under cudaw, through their
-//! control sockets (`$CUDAW_RUN_DIR/PID.sock`).
+//! `cudaw-ckpt`: pause, resume, dump, restore and inspect processes running under cudaw,
+//! through their control sockets (`$CUDAW_RUN_DIR/PID.sock`), and inspect checkpoint
+//! images.
 
 #![forbid(unsafe_code)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::MetadataExt;
+mod ckpt_client;
+mod ckpt_inspect;
+mod ckpt_progress;
+
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use clap::{Parser, Subcommand};
-use cudaw_control::{Moved, Reply, Request, Status};
+use cudaw_control::{Moved, Request, Status};
 
-/// Pause, resume and inspect CUDA programs running under cudaw.
+use ckpt_client::{absolute, fail, kind_of, request, utf8, Kind};
+use ckpt_progress::Bars;
+
+/// Pause, resume, checkpoint and restore CUDA programs running under cudaw.
 ///
 /// A program started with `cudaw run` (or with cudaw's libcudart.so preloaded) serves a
 /// control socket at $CUDAW_RUN_DIR/PID.sock (default $XDG_RUNTIME_DIR/cudaw, else
@@ -25,18 +30,28 @@ use cudaw_control::{Moved, Reply, Request, Status};
 /// wait. Resuming puts every allocation back at the same address and lets the calls
 /// through. `kill -USR1 PID` / `kill -USR2 PID` do the same without a reply.
 ///
+/// Dumping writes every allocation into a checkpoint image (the process writes it itself,
+/// as its owner); restoring checks an image against the process and loads it.
+///
 /// Examples:
 ///
 ///   cudaw-ckpt status                  every process under cudaw on this machine
 ///
 ///   cudaw-ckpt pause 4242              pause; prints what was evicted and how long it took
 ///
-///   cudaw-ckpt status 4242 --json      one process, as JSON
+///   cudaw-ckpt dump 4242 -o job.img    checkpoint; 4242 stays paused, its memory in job.img
 ///
-///   cudaw-ckpt resume 4242
+///   cudaw-ckpt resume 4242             continue (loads job.img back into device memory)
 ///
-/// Exit status: 0 on success, 1 on any failure (no such process, not under cudaw,
-/// permission, the request failed), 2 for a usage error.
+///   cudaw-ckpt restore 4242 -i job.img go back to job.img's memory, and continue
+///
+///   cudaw-ckpt inspect job.img --verify
+///
+/// Exit status: 0 on success; 1 on a failure (no such process, not under cudaw,
+/// permission, the file system, the request failed); 3 when an image is at fault (not a
+/// cudaw image, another format version, truncated, corrupt, or another process's);
+/// 2 for a usage error. With --json, a failure prints {"ok":false,"kind":...,"error":...}
+/// on standard output too.
 #[derive(Debug, Parser)]
 #[command(name = "cudaw-ckpt", version, about, verbatim_doc_comment)]
 struct Cli {
@@ -47,20 +62,40 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Pause a process: evict its device memory to host memory and hold its CUDA calls.
-    /// Waits until done; prints the allocations and bytes evicted and the time taken.
+    ///
+    /// Waits until done; prints the allocations and bytes evicted and the time taken (a
+    /// progress bar on a terminal). Pausing a paused process changes nothing.
+    #[command(
+        after_help = "Examples:\n  cudaw-ckpt pause 4242\n  cudaw-ckpt pause 4242 --json    \
+                            {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}"
+    )]
     Pause {
         /// The process ID.
         pid: u32,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Resume a paused process: restore its device memory at the same addresses.
-    /// Waits until done; prints the allocations and bytes restored and the time taken.
+    ///
+    /// Loads from host memory, or from the image a `dump` left the memory in. Waits until
+    /// done; prints the allocations and bytes restored and the time taken. If the image
+    /// holding the memory is damaged the process stays paused (restore another image).
+    #[command(after_help = "Examples:\n  cudaw-ckpt resume 4242\n  cudaw-ckpt resume 4242 --json")]
     Resume {
         /// The process ID.
         pid: u32,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Show a process's state (running or paused), addressing mode and memory per device;
     /// without a PID, every process under cudaw on this machine (dead sockets are
     /// reported as stale and skipped).
+    #[command(
+        after_help = "Examples:\n  cudaw-ckpt status\n  cudaw-ckpt status 4242 --json    \
+                            {\"pid\",\"state\",\"addressing\",\"image\",\"devices\":[...]}"
+    )]
     Status {
         /// The process ID (default: all).
         pid: Option<u32>,
@@ -69,129 +104,189 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a checkpoint image of a process's device memory.
+    ///
+    /// Pauses the process (if running), then the process itself writes every allocation
+    /// into FILE (streamed in 8 MiB checksummed chunks, through a temporary file renamed
+    /// into place, mode 0600), and stays paused with its memory only in FILE: no device
+    /// memory and no host copy held. A later `resume` loads FILE back; keep FILE until
+    /// then. With --leave-running the process resumes once FILE is written. A failed
+    /// dump leaves the process as it was.
+    ///
+    /// The image records the process (PID, executable, host, time), the GPU (name, UUID
+    /// when the CUDA runtime reports it, device ordinal), the addressing mode and every
+    /// allocation (address, size, creation order).
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt dump 4242 -o /scratch/job.img              checkpoint, stay paused\n  \
+        cudaw-ckpt dump 4242 -o job.img --leave-running       checkpoint, keep running\n  \
+        cudaw-ckpt dump 4242 -o job.img --json                {\"path\",\"image_bytes\",\"allocations\",\"bytes\",\"digest\",\"pause\",\"write_ms\",\"state\",\"ms\"}")]
+    Dump {
+        /// The process ID.
+        pid: u32,
+        /// The image file to write (replaced if it exists). Relative paths are taken from
+        /// the current folder; the process must be able to write there.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Resume the process once the image is written.
+        #[arg(long)]
+        leave_running: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load a checkpoint image into a process's device memory and resume it.
+    ///
+    /// The process checks FILE against itself before touching anything: the format and
+    /// version, the allocation table (every address, size and creation order), the
+    /// addressing mode, that it made the image itself (this PID on this host; --force
+    /// accepts another process's image whose table matches), and every chunk checksum.
+    /// Only then does it load the image and resume. A running process is paused first.
+    /// A refused or failed restore leaves the process as it was: a paused process stays
+    /// paused with its memory intact (`resume` continues it unchanged).
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt restore 4242 -i /scratch/job.img\n  \
+        cudaw-ckpt restore 4242 -i job.img --json      {\"path\",\"allocations\",\"bytes\",\"pause\",\"verify_ms\",\"load_ms\",\"state\",\"ms\"}\n\n\
+        Exit status 3: the image is bad or not this process's; the process is unchanged.")]
+    Restore {
+        /// The process ID.
+        pid: u32,
+        /// The image file to load.
+        #[arg(short = 'i', long = "input", value_name = "FILE")]
+        input: PathBuf,
+        /// Accept an image another process made, when its allocation table matches.
+        #[arg(long)]
+        force: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a checkpoint image: format, producing process, GPU, allocation table.
+    ///
+    /// Reading the header checks the format, version, header and metadata checksums, the
+    /// table and the file length (a truncated image fails here). --verify also reads every
+    /// chunk and checks its checksum and the whole-image digest. Exit status 3 when the
+    /// image is bad, with a message naming what and where.
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt inspect job.img\n  \
+        cudaw-ckpt inspect job.img --verify            check every chunk\n  \
+        cudaw-ckpt inspect job.img --verify --json     {\"format_version\",\"process\",\"gpu\",\"allocations\":[...],\"verified\":{...}}")]
+    Inspect {
+        /// The image file.
+        file: PathBuf,
+        /// Check every chunk checksum and the image digest.
+        #[arg(long)]
+        verify: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+        /// List every allocation (default: the first 20).
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+impl Command {
+    fn json(&self) -> bool {
+        match self {
+            Command::Pause { json, .. }
+            | Command::Resume { json, .. }
+            | Command::Status { json, .. }
+            | Command::Dump { json, .. }
+            | Command::Restore { json, .. }
+            | Command::Inspect { json, .. } => *json,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.command.json();
     let result = match cli.command {
-        Command::Pause { pid } => pause_or_resume(pid, Request::Pause),
-        Command::Resume { pid } => pause_or_resume(pid, Request::Resume),
+        Command::Pause { pid, json } => pause_or_resume(pid, true, json),
+        Command::Resume { pid, json } => pause_or_resume(pid, false, json),
         Command::Status {
             pid: Some(pid),
             json,
         } => status_one(pid, json),
         Command::Status { pid: None, json } => status_all(json),
+        Command::Dump {
+            pid,
+            output,
+            leave_running,
+            json,
+        } => dump(pid, &output, leave_running, json),
+        Command::Restore {
+            pid,
+            input,
+            force,
+            json,
+        } => restore(pid, &input, force, json),
+        Command::Inspect {
+            file,
+            verify,
+            json,
+            all,
+        } => ckpt_inspect::run(&file, verify, json, all),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cudaw-ckpt: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Our effective uid (the owner of /proc/self).
-fn my_uid() -> Result<u32> {
-    Ok(std::fs::metadata("/proc/self")
-        .context("reading /proc/self")?
-        .uid())
-}
-
-fn run_dir() -> Result<PathBuf> {
-    Ok(cudaw_control::run_dir_from_env(my_uid()?))
-}
-
-/// Connects to `pid`'s socket, or explains why not.
-fn connect(pid: u32) -> Result<UnixStream> {
-    let dir = run_dir()?;
-    let path = cudaw_control::socket_path(&dir, pid);
-    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    let owner = std::fs::metadata(&proc_dir).ok().map(|m| m.uid());
-    let Some(owner) = owner else {
-        bail!("no process with PID {pid}");
-    };
-    match UnixStream::connect(&path) {
-        Ok(s) => Ok(s),
-        Err(e) => {
-            let me = my_uid()?;
-            match e.kind() {
-                std::io::ErrorKind::PermissionDenied => bail!(
-                    "permission denied on {}: process {pid} belongs to uid {owner}; only its owner or root may control it",
-                    path.display()
-                ),
-                std::io::ErrorKind::NotFound if owner != me && me != 0 => bail!(
-                    "process {pid} belongs to another user (uid {owner}); only its owner or root may control it (its socket is not in your run folder {})",
-                    dir.display()
-                ),
-                std::io::ErrorKind::NotFound => bail!(
-                    "process {pid} is not running under cudaw (no control socket {}; start it with `cudaw run`, and check CUDAW_RUN_DIR matches)",
-                    path.display()
-                ),
-                std::io::ErrorKind::ConnectionRefused => bail!(
-                    "process {pid} is not serving its control socket {} (a stale socket: the PID now belongs to another process, or cudaw's control thread has stopped)",
-                    path.display()
-                ),
-                _ => Err(anyhow!(e).context(format!("connecting to {}", path.display()))),
+            let kind = kind_of(&e);
+            if json {
+                let v = serde_json::json!({
+                    "ok": false,
+                    "kind": kind.as_str(),
+                    "error": format!("{e:#}"),
+                });
+                println!("{v}");
             }
+            eprintln!("cudaw-ckpt: error: {e:#}");
+            ExitCode::from(kind.exit_code())
         }
     }
-}
-
-/// Sends one request to `pid` and returns its reply (an error if not ok).
-fn request(pid: u32, req: Request) -> Result<Reply> {
-    let stream = connect(pid)?;
-    exchange(stream, req).with_context(|| format!("process {pid}"))
-}
-
-fn exchange(mut stream: UnixStream, req: Request) -> Result<Reply> {
-    // Pausing a large process takes a while; status and a stalled server do not.
-    let limit = match req {
-        Request::Status => Duration::from_secs(10),
-        _ => Duration::from_secs(3600),
-    };
-    stream.set_read_timeout(Some(limit))?;
-    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    // A server that refuses us (another user's process) replies without reading the
-    // request: read its reply even when sending failed.
-    let sent = stream.write_all(req.to_line().as_bytes());
-    let mut line = String::new();
-    let read = BufReader::new(stream).read_line(&mut line);
-    if line.is_empty() {
-        sent.context("sending the request")?;
-        read.context("reading the reply")?;
-        bail!("the process closed the connection without replying");
-    }
-    let reply = Reply::parse(&line).map_err(|e| anyhow!(e))?;
-    if !reply.ok {
-        bail!(
-            "{}",
-            reply
-                .error
-                .as_deref()
-                .unwrap_or("request failed (no reason given)")
-        );
-    }
-    Ok(reply)
 }
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-fn pause_or_resume(pid: u32, req: Request) -> Result<()> {
-    let reply = request(pid, req)?;
-    let (moved, verb, already): (Option<Moved>, &str, &str) = match req {
-        Request::Pause => (reply.pause, "paused", "already paused"),
-        _ => (reply.resume, "resumed", "not paused; nothing to resume"),
+/// Sends `req` (asking for progress when bars are drawn) and returns the reply.
+fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Reply> {
+    let mut bars = Bars::new(json);
+    if bars.wanted() {
+        match &mut req {
+            Request::Pause { progress }
+            | Request::Resume { progress }
+            | Request::Dump { progress, .. }
+            | Request::Restore { progress, .. } => *progress = true,
+            Request::Status {} => {}
+        }
+    }
+    let r = request(pid, &req, &mut |p| bars.update(p));
+    bars.finish();
+    r
+}
+
+fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
+    let req = if pause {
+        Request::PAUSE
+    } else {
+        Request::RESUME
     };
-    let m = moved.ok_or_else(|| anyhow!("the reply carries no result: {reply:?}"))?;
-    if m.changed {
-        let what = if req == Request::Pause {
-            "evicted"
-        } else {
-            "restored"
-        };
+    let reply = with_bars(pid, req, json)?;
+    let (moved, verb, already): (Option<Moved>, &str, &str) = if pause {
+        (reply.pause, "paused", "already paused")
+    } else {
+        (reply.resume, "resumed", "not paused; nothing to resume")
+    };
+    let m = moved.ok_or_else(|| fail(Kind::Connection, "the reply carries no result"))?;
+    if json {
+        println!("{}", serde_json::to_string(&m)?);
+    } else if m.changed {
+        let what = if pause { "evicted" } else { "restored" };
         println!(
             "{pid}: {verb}: {} allocations, {} bytes ({}) {what} in {:.1} ms",
             m.allocations,
@@ -205,6 +300,120 @@ fn pause_or_resume(pid: u32, req: Request) -> Result<()> {
     Ok(())
 }
 
+/// Checks, before asking the process, that `path` can be an image file to write.
+fn check_output(path: &Path) -> Result<()> {
+    if path.file_name().is_none() {
+        return Err(fail(Kind::Io, format!("{} names no file", path.display())));
+    }
+    if path.is_dir() {
+        return Err(fail(
+            Kind::Io,
+            format!(
+                "{} is a folder; name the image file to write",
+                path.display()
+            ),
+        ));
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(fail(
+            Kind::Io,
+            format!(
+                "cannot write {}: {} is not a folder",
+                path.display(),
+                dir.display()
+            ),
+        )),
+        Err(e) => Err(fail(
+            Kind::Io,
+            format!(
+                "cannot write {}: the folder {}: {e}",
+                path.display(),
+                dir.display()
+            ),
+        )),
+    }
+}
+
+fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> {
+    let path = absolute(output)?;
+    check_output(&path)?;
+    let req = Request::Dump {
+        path: utf8(&path)?,
+        leave_running,
+        progress: false,
+    };
+    let reply = with_bars(pid, req, json)?;
+    let d = reply
+        .dump
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no dump result"))?;
+    if json {
+        println!("{}", serde_json::to_string(&d)?);
+        return Ok(());
+    }
+    let paused = if d.pause.changed {
+        format!(
+            "paused ({} evicted in {:.1} ms), ",
+            mib(d.pause.bytes),
+            d.pause.ms
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{pid}: {paused}{} allocations, {} bytes ({}) written to {} ({} bytes) in {:.1} ms",
+        d.allocations,
+        d.bytes,
+        mib(d.bytes),
+        d.path,
+        d.image_bytes,
+        d.write_ms
+    );
+    match d.resume {
+        Some(m) => println!("{pid}: running again ({} loaded in {:.1} ms)", mib(m.bytes), m.ms),
+        None => println!(
+            "{pid}: paused, its device memory only in {} (keep the file): `cudaw-ckpt resume {pid}` loads it back",
+            d.path
+        ),
+    }
+    Ok(())
+}
+
+fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
+    let path = absolute(input)?;
+    // A file that is no readable image is refused before the process is asked (which
+    // checks it again, and everything else, itself).
+    if let Err(e) = ckpt_inspect::open(&path) {
+        if kind_of(&e) != Kind::Permission {
+            return Err(e.context(format!("process {pid} left unchanged")));
+        }
+    }
+    let req = Request::Restore {
+        path: utf8(&path)?,
+        force,
+        progress: false,
+    };
+    let reply = with_bars(pid, req, json)?;
+    let r = reply
+        .restore
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no restore result"))?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "{pid}: restored {} allocations, {} bytes ({}) from {} (checked in {:.1} ms, loaded in {:.1} ms); running",
+        r.allocations,
+        r.bytes,
+        mib(r.bytes),
+        r.path,
+        r.verify_ms,
+        r.load_ms
+    );
+    Ok(())
+}
+
 fn print_status(s: &Status) {
     println!(
         "{}: {} ({} addressing)",
@@ -212,13 +421,21 @@ fn print_status(s: &Status) {
         s.state.as_str(),
         s.addressing
     );
+    if let Some(img) = &s.image {
+        println!("  memory in the image {img} (resume loads it)");
+    }
     if s.devices.is_empty() {
         println!("  no device memory managed yet");
     }
     for d in &s.devices {
         let limit = d.limit.map_or_else(|| "none".to_owned(), mib);
+        let in_file = if d.in_file > 0 {
+            format!(" ({} in the image)", mib(d.in_file))
+        } else {
+            String::new()
+        };
         println!(
-            "  device {}: {} allocations, {} resident, {} evicted, {} mapped, limit {limit}",
+            "  device {}: {} allocations, {} resident, {} evicted{in_file}, {} mapped, limit {limit}",
             d.ordinal,
             d.allocations,
             mib(d.resident),
@@ -229,10 +446,10 @@ fn print_status(s: &Status) {
 }
 
 fn status_one(pid: u32, json: bool) -> Result<()> {
-    let reply = request(pid, Request::Status)?;
+    let reply = request(pid, &Request::Status {}, &mut |_| {})?;
     let s = reply
         .status
-        .ok_or_else(|| anyhow!("the reply carries no status"))?;
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no status"))?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
     } else {
@@ -257,14 +474,14 @@ fn sockets(dir: &Path) -> Result<Vec<u32>> {
 }
 
 fn status_all(json: bool) -> Result<()> {
-    let dir = run_dir()?;
+    let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
     let mut stale = Vec::new();
     for pid in sockets(&dir)? {
         let path = cudaw_control::socket_path(&dir, pid);
         let reply = UnixStream::connect(&path)
             .map_err(anyhow::Error::from)
-            .and_then(|s| exchange(s, Request::Status));
+            .and_then(|s| ckpt_client::exchange(s, &Request::Status {}, &mut |_| {}));
         match reply.map(|r| r.status) {
             Ok(Some(s)) => live.push(s),
             Ok(None) => stale.push((pid, "no status in the reply".to_owned())),

@@ -1,7 +1,8 @@
 //! The control socket's protocol, one definition for both sides: the drop-in runtime
 //! (`cudart-shim`, which serves `$CUDAW_RUN_DIR/PID.sock`) and `cudaw-ckpt` (which connects).
 //!
-//! One request line of JSON → one reply line of JSON, then the server closes the
+//! One request line of JSON → zero or more progress lines (only when the request asks
+//! with `"progress":true`) → one reply line of JSON; then the server closes the
 //! connection:
 //!
 //! ```text
@@ -9,9 +10,20 @@
 //! ← {"ok":true,"pause":{"allocations":5,"bytes":327680,"ms":1.2,"changed":true}}
 //! → {"cmd":"status"}
 //! ← {"ok":true,"status":{"pid":42,"state":"paused","addressing":"mapped","devices":[...]}}
+//! → {"cmd":"dump","path":"/abs/job.img","progress":true}
+//! ← {"progress":{"phase":"evict","done":0,"total":327680}}
+//! ← {"progress":{"phase":"write","done":327680,"total":327680}}
+//! ← {"ok":true,"dump":{"path":"/abs/job.img","image_bytes":...,"state":"paused",...}}
+//! → {"cmd":"restore","path":"/abs/job.img"}
+//! ← {"ok":false,"kind":"bad_image","error":"checksum mismatch in chunk 0 of ..."}
 //! → nonsense
-//! ← {"ok":false,"error":"malformed request ..."}
+//! ← {"ok":false,"kind":"request","error":"malformed request ..."}
 //! ```
+//!
+//! Requests of the first version (`{"cmd":"pause"}`, `{"cmd":"resume"}`,
+//! `{"cmd":"status"}`) stay valid and get exactly one reply line. A client tells a
+//! progress line from the reply by [`Line::parse`]: a progress line has a `progress` key
+//! and no `ok` key.
 //!
 //! Pure: no I/O beyond reading the variables it is given.
 
@@ -20,37 +32,105 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The longest request line the server reads, in bytes.
-pub const MAX_REQUEST: usize = 4096;
+/// The longest request line the server reads, in bytes (a path may be 4096 bytes long).
+pub const MAX_REQUEST: usize = 16384;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 
 /// One request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Pause: evict every allocation to host memory and hold CUDA calls.
-    Pause,
-    /// Resume: restore every allocation at its address and let calls through.
-    Resume,
+    Pause {
+        /// Stream [`Progress`] lines before the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        progress: bool,
+    },
+    /// Resume: restore every allocation at its address (from host memory, or from the
+    /// image a dump left it in) and let calls through.
+    Resume {
+        /// Stream [`Progress`] lines before the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        progress: bool,
+    },
     /// Report the process's state and memory.
-    Status,
+    Status {},
+    /// Pause (if running), write every allocation to the image at `path` (written by the
+    /// process itself, as its owner, through a temporary file renamed into place), then
+    /// stay paused with the allocations' bytes only in the image (a later resume reads
+    /// them from it), or resume when `leave_running`.
+    Dump {
+        /// The image's absolute path.
+        path: String,
+        /// Resume once the image is written (the host copies are loaded back).
+        #[serde(default, skip_serializing_if = "is_false")]
+        leave_running: bool,
+        /// Stream [`Progress`] lines before the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        progress: bool,
+    },
+    /// Check the image at `path` against the process (format, allocation table, every
+    /// chunk checksum) before touching anything, then load it into device memory and
+    /// resume. Pauses a running process first. A refused or failed restore leaves the
+    /// process as it was (a paused process paused, its memory intact).
+    Restore {
+        /// The image's absolute path.
+        path: String,
+        /// Accept an image another process made when its allocation table matches.
+        #[serde(default, skip_serializing_if = "is_false")]
+        force: bool,
+        /// Stream [`Progress`] lines before the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        progress: bool,
+    },
 }
 
 impl Request {
+    /// `{"cmd":"pause"}`.
+    pub const PAUSE: Request = Request::Pause { progress: false };
+    /// `{"cmd":"resume"}`.
+    pub const RESUME: Request = Request::Resume { progress: false };
+
     /// Parses one request line.
     pub fn parse(line: &str) -> Result<Request, String> {
         serde_json::from_str(line.trim()).map_err(|e| {
             format!(
-                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}} or {{\"cmd\":\"status\"}})",
+                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}})",
                 truncate(line.trim(), 80)
             )
         })
     }
 
     /// The request as one line, newline included.
-    pub fn to_line(self) -> String {
-        let mut s = serde_json::to_string(&self).unwrap_or_default();
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_default();
         s.push('\n');
         s
+    }
+
+    /// The command's name (`pause`, `dump`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Pause { .. } => "pause",
+            Request::Resume { .. } => "resume",
+            Request::Status {} => "status",
+            Request::Dump { .. } => "dump",
+            Request::Restore { .. } => "restore",
+        }
+    }
+
+    /// Whether the client asked for progress lines.
+    pub fn wants_progress(&self) -> bool {
+        match self {
+            Request::Pause { progress }
+            | Request::Resume { progress }
+            | Request::Dump { progress, .. }
+            | Request::Restore { progress, .. } => *progress,
+            Request::Status {} => false,
+        }
     }
 }
 
@@ -95,34 +175,128 @@ pub struct Moved {
     pub changed: bool,
 }
 
-/// One managed device's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceStatus {
-    /// The CUDA device ordinal.
-    pub ordinal: i32,
-    /// Live allocations.
+/// What a dump did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dumped {
+    /// The image's path.
+    pub path: String,
+    /// The image's length in bytes.
+    pub image_bytes: u64,
+    /// Allocations written.
     pub allocations: u64,
-    /// Requested bytes of resident allocations.
-    pub resident: u64,
-    /// Requested bytes of evicted allocations.
-    pub evicted: u64,
-    /// Physical bytes mapped on the device now.
-    pub mapped: u64,
-    /// The memory limit, if any (`CUDAW_MEM_LIMIT`).
-    pub limit: Option<u64>,
+    /// Allocation bytes written.
+    pub bytes: u64,
+    /// The image's digest (its trailer's xxh3-64), as `inspect` shows it.
+    pub digest: u64,
+    /// The pause the dump began with (`changed` false: the process was already paused).
+    pub pause: Moved,
+    /// Milliseconds spent writing the image (after the pause).
+    pub write_ms: f64,
+    /// The resume `--leave-running` ended with (`None` without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Moved>,
+    /// The process's state now: `paused` (its allocations' bytes only in the image) or
+    /// `running`.
+    pub state: State,
+    /// Milliseconds the whole request took.
+    pub ms: f64,
 }
 
-/// A process's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Status {
-    /// The process.
-    pub pid: u32,
-    /// Running or paused.
+/// What a restore did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restored {
+    /// The image's path.
+    pub path: String,
+    /// Allocations loaded.
+    pub allocations: u64,
+    /// Bytes loaded.
+    pub bytes: u64,
+    /// The pause the restore began with (`changed` false: the process was already
+    /// paused).
+    pub pause: Moved,
+    /// Milliseconds spent checking the image (every chunk) before loading.
+    pub verify_ms: f64,
+    /// Milliseconds spent loading it into device memory.
+    pub load_ms: f64,
+    /// The process's state now (`running`).
     pub state: State,
-    /// `mapped` or `translated`.
-    pub addressing: String,
-    /// Every device cudaw manages memory on.
-    pub devices: Vec<DeviceStatus>,
+    /// Milliseconds the whole request took.
+    pub ms: f64,
+}
+
+/// Which part of a long request a [`Progress`] line counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Copying device memory to host memory (pause, and the pause a dump or restore
+    /// begins with).
+    Evict,
+    /// Writing the image (dump).
+    Write,
+    /// Checking every chunk of the image before loading it (restore).
+    Verify,
+    /// Copying into device memory (resume, restore, `dump --leave-running`).
+    Load,
+}
+
+impl Phase {
+    /// A short verb for progress bars.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Phase::Evict => "evicting",
+            Phase::Write => "writing",
+            Phase::Verify => "verifying",
+            Phase::Load => "loading",
+        }
+    }
+}
+
+/// Where a long request stands: `done` of `total` bytes of one phase. Sent as
+/// `{"progress":{"phase":"write","done":1048576,"total":8589934592}}`, at most about ten
+/// a second per phase, the first with `done` 0 and the last with `done` = `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The phase.
+    pub phase: Phase,
+    /// Bytes done.
+    pub done: u64,
+    /// Bytes in all.
+    pub total: u64,
+}
+
+impl Progress {
+    /// The progress line, newline included.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(&ProgressLine { progress: *self }).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressLine {
+    progress: Progress,
+}
+
+/// Why a request failed, for scripts (`cudaw-ckpt` exits 3 for `bad_image` and
+/// `mismatch`, 1 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request line is malformed, or not allowed (permission).
+    Request,
+    /// The file is not a readable cudaw image: not one at all, another format version,
+    /// truncated, or corrupt (a checksum does not match).
+    BadImage,
+    /// The image is sound but not this process's: its allocation table (addresses,
+    /// sizes, creation order), addressing mode or producer differ.
+    Mismatch,
+    /// The file system refused: the image cannot be created, written or read.
+    Io,
+    /// The process cannot do it now (memory on several devices; an allocation's bytes
+    /// are nowhere), or a device operation failed.
+    Failed,
 }
 
 /// One reply.
@@ -133,6 +307,9 @@ pub struct Reply {
     /// Why not, when not ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What kind of failure, when not ok (absent from servers before dump and restore).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
     /// A pause's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<Moved>,
@@ -142,14 +319,21 @@ pub struct Reply {
     /// A status request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// A dump's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump: Option<Dumped>,
+    /// A restore's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Restored>,
 }
 
 impl Reply {
     /// A failure reply.
-    pub fn error(msg: impl Into<String>) -> Reply {
+    pub fn error(kind: ErrorKind, msg: impl Into<String>) -> Reply {
         Reply {
             ok: false,
             error: Some(msg.into()),
+            kind: Some(kind),
             ..Reply::default()
         }
     }
@@ -166,6 +350,63 @@ impl Reply {
         s.push('\n');
         s
     }
+}
+
+/// One line from the server: a progress line or the final reply.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line {
+    /// Where the request stands; more lines follow.
+    Progress(Progress),
+    /// The reply; the last line.
+    Reply(Box<Reply>),
+}
+
+impl Line {
+    /// Parses one line the server sent.
+    pub fn parse(line: &str) -> Result<Line, String> {
+        if let Ok(p) = serde_json::from_str::<ProgressLine>(line.trim()) {
+            return Ok(Line::Progress(p.progress));
+        }
+        Reply::parse(line).map(|r| Line::Reply(Box::new(r)))
+    }
+}
+
+/// One managed device's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// The CUDA device ordinal.
+    pub ordinal: i32,
+    /// Live allocations.
+    pub allocations: u64,
+    /// Requested bytes of resident allocations.
+    pub resident: u64,
+    /// Requested bytes of evicted allocations (in host memory or in an image).
+    pub evicted: u64,
+    /// Of `evicted`, the bytes held only in an image file (after a dump), not in host
+    /// memory.
+    #[serde(default)]
+    pub in_file: u64,
+    /// Physical bytes mapped on the device now.
+    pub mapped: u64,
+    /// The memory limit, if any (`CUDAW_MEM_LIMIT`).
+    pub limit: Option<u64>,
+}
+
+/// A process's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The process.
+    pub pid: u32,
+    /// Running or paused.
+    pub state: State,
+    /// `mapped` or `translated`.
+    pub addressing: String,
+    /// The image holding the paused process's memory (after a dump without
+    /// `--leave-running`); a resume loads it from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Every device cudaw manages memory on.
+    pub devices: Vec<DeviceStatus>,
 }
 
 /// The run folder: `CUDAW_RUN_DIR`, else `$XDG_RUNTIME_DIR/cudaw`, else `/tmp/cudaw-UID`.
@@ -204,10 +445,73 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
-        for r in [Request::Pause, Request::Resume, Request::Status] {
-            assert_eq!(Request::parse(&r.to_line()), Ok(r));
+        for r in [
+            Request::PAUSE,
+            Request::RESUME,
+            Request::Status {},
+            Request::Pause { progress: true },
+            Request::Dump {
+                path: "/a b/c.img".into(),
+                leave_running: true,
+                progress: true,
+            },
+            Request::Restore {
+                path: "/x.img".into(),
+                force: true,
+                progress: false,
+            },
+        ] {
+            assert_eq!(Request::parse(&r.to_line()), Ok(r.clone()), "{r:?}");
         }
-        assert_eq!(Request::Pause.to_line(), "{\"cmd\":\"pause\"}\n");
+        assert_eq!(Request::PAUSE.to_line(), "{\"cmd\":\"pause\"}\n");
+        assert_eq!(
+            Request::Dump {
+                path: "/j.img".into(),
+                leave_running: false,
+                progress: false
+            }
+            .to_line(),
+            "{\"cmd\":\"dump\",\"path\":\"/j.img\"}\n"
+        );
+    }
+
+    #[test]
+    fn first_version_requests_stay_valid() {
+        assert_eq!(Request::parse("{\"cmd\":\"pause\"}"), Ok(Request::PAUSE));
+        assert_eq!(
+            Request::parse("{\"cmd\":\"resume\"}\n"),
+            Ok(Request::RESUME)
+        );
+        assert_eq!(
+            Request::parse(" {\"cmd\":\"status\"} "),
+            Ok(Request::Status {})
+        );
+        assert_eq!(
+            Request::parse("{\"cmd\":\"dump\",\"path\":\"/p\",\"progress\":true}"),
+            Ok(Request::Dump {
+                path: "/p".into(),
+                leave_running: false,
+                progress: true
+            })
+        );
+    }
+
+    #[test]
+    fn progress_lines_and_replies_are_told_apart() {
+        let p = Progress {
+            phase: Phase::Write,
+            done: 5,
+            total: 10,
+        };
+        assert_eq!(
+            p.to_line(),
+            "{\"progress\":{\"phase\":\"write\",\"done\":5,\"total\":10}}\n"
+        );
+        assert_eq!(Line::parse(&p.to_line()), Ok(Line::Progress(p)));
+        let r = Reply::error(ErrorKind::BadImage, "bad");
+        assert_eq!(Line::parse(&r.to_line()), Ok(Line::Reply(Box::new(r))));
+        assert!(Line::parse("{\"progress\":1}").is_err());
+        assert!(Line::parse("nonsense").is_err());
     }
 
     #[test]
@@ -219,6 +523,9 @@ mod tests {
             "{\"cmd\":\"explode\"}",
             "{\"cmd\":1}",
             "[1]",
+            "{\"cmd\":\"dump\"}",
+            "{\"cmd\":\"dump\",\"path\":\"/p\",\"frobnicate\":1}",
+            "{\"cmd\":\"status\",\"progress\":true}",
         ] {
             let e = Request::parse(bad).unwrap_err();
             assert!(e.contains("malformed request"), "{bad}: {e}");
@@ -233,11 +540,13 @@ mod tests {
                 pid: 7,
                 state: State::Paused,
                 addressing: "mapped".into(),
+                image: Some("/j.img".into()),
                 devices: vec![DeviceStatus {
                     ordinal: 0,
                     allocations: 5,
                     resident: 0,
                     evicted: 327680,
+                    in_file: 327680,
                     mapped: 0,
                     limit: None,
                 }],
@@ -245,8 +554,15 @@ mod tests {
             ..Reply::default()
         };
         assert_eq!(Reply::parse(&r.to_line()), Ok(r));
-        let e = Reply::error("no");
-        assert_eq!(e.to_line(), "{\"ok\":false,\"error\":\"no\"}\n");
+        let e = Reply::error(ErrorKind::Io, "no");
+        assert_eq!(
+            e.to_line(),
+            "{\"ok\":false,\"error\":\"no\",\"kind\":\"io\"}\n"
+        );
+        // A first-version status (no in_file, no image) still parses.
+        let old = r#"{"ok":true,"status":{"pid":1,"state":"running","addressing":"mapped","devices":[{"ordinal":0,"allocations":1,"resident":4,"evicted":0,"mapped":4,"limit":null}]}}"#;
+        let r = Reply::parse(old).unwrap();
+        assert_eq!(r.status.unwrap().devices[0].in_file, 0);
     }
 
     #[test]

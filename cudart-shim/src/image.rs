@@ -1,0 +1,652 @@
+//! Dump and restore: the process writes its own checkpoint image, and checks and loads one.
+//!
+//! **Dump** (`cudaw-ckpt dump`): pause if running ([`pause::pause`]), then stream every
+//! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
+//! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
+//! bytes a previous dump left in an image, from that image one chunk at a time. The image is
+//! written to a temporary file beside `path` (mode 0600), synced and renamed into place, so
+//! a failed dump never leaves a partial image under the name asked for. Then either resume
+//! (`--leave-running`), or mark every allocation as held in the image
+//! ([`vmm::Vmm::mark_in_file`]), which frees the host copies: a later resume reads the
+//! image. A failed dump leaves the process as it was (a pause it began with is undone).
+//!
+//! **Restore** (`cudaw-ckpt restore`): open the image (format, checksums of header and
+//! metadata, table, length), pause if running, compare its allocation table with the
+//! process's (ids, addresses, sizes, creation order), its addressing mode and its producer
+//! (this PID on this host, unless forced), then read every chunk and the image digest —
+//! all before touching anything. Only then load it into device memory (each chunk checked
+//! again as it is read; a failure rolls the load back) and resume. A refused or failed
+//! restore leaves the process as it was: a paused process stays paused with its memory
+//! where it was, a running one runs on.
+//!
+//! One device per image: a process with allocations on several devices cannot be dumped.
+
+use crate::memory::{self, DeviceMemory};
+use crate::pause::{self, Ctl, Failure, Held, Load, Report};
+use crate::types::*;
+use crate::{call_real, config, log};
+use ckpt::{
+    AllocationRecord, GpuInfo, ImageError, ImageMetadata, ImageReader, ImageWriter, ProcessInfo,
+    WriterOptions,
+};
+use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored, State};
+use std::fs::File;
+use std::io::BufWriter;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use vmm::{Allocation, AllocationId, Residency};
+
+/// Bytes handed to the writer at a time (progress granularity).
+const WRITE_PIECE: usize = 8 << 20;
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+/// The one device with allocations (`None`: no allocations anywhere).
+fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
+    let with: Vec<(i32, &'static DeviceMemory)> = memory::managed_devices()
+        .filter(|(_, m)| m.vmm.stats().allocations > 0)
+        .collect();
+    match with.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        many => Err(Failure::new(
+            ErrorKind::Failed,
+            format!(
+                "the process has memory on {} devices ({}); an image holds one device's memory",
+                many.len(),
+                many.iter()
+                    .map(|(o, _)| o.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+fn record(a: &Allocation) -> AllocationRecord {
+    AllocationRecord {
+        id: a.id.0,
+        base: a.base,
+        size: a.size,
+        order: a.order,
+        tag: a.tag,
+    }
+}
+
+fn addressing() -> ckpt::Addressing {
+    match config::get().addressing {
+        config::Addressing::Mapped => ckpt::Addressing::Mapped,
+        config::Addressing::Translated => ckpt::Addressing::Translated,
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The CUDA major of this build (`libcudart.so.13` → 13).
+fn runtime_major() -> u32 {
+    crate::dispatch::SONAME
+        .strip_prefix("libcudart.so.")
+        .and_then(|v| v.split('.').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The device's UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, from the real
+/// runtime's `cudaGetDeviceProperties` (`uuid` follows the 256-byte name in every CUDA
+/// major); empty when the runtime does not give it.
+fn device_uuid(ordinal: i32) -> String {
+    // Larger than any CUDA version's cudaDeviceProp.
+    let mut prop = vec![0u64; 1024];
+    let rc = call_real!(
+        cudaGetDeviceProperties: fn(*mut std::ffi::c_void, i32) -> cudaError_t,
+        prop.as_mut_ptr().cast(),
+        ordinal
+    );
+    if rc != SUCCESS {
+        return String::new();
+    }
+    let bytes: Vec<u8> = prop[32..34].iter().flat_map(|w| w.to_le_bytes()).collect();
+    if bytes.iter().all(|&b| b == 0) {
+        return String::new();
+    }
+    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+fn gpu_info(dev: Option<(i32, &DeviceMemory)>) -> GpuInfo {
+    let mut g = GpuInfo {
+        name: String::new(),
+        uuid: String::new(),
+        compute_capability_major: 0,
+        compute_capability_minor: 0,
+        total_memory: 0,
+        ordinal: None,
+    };
+    let Some((ordinal, m)) = dev else { return g };
+    g.ordinal = u32::try_from(ordinal).ok();
+    let b = m.vmm.backend();
+    let (drv, d) = (b.driver(), b.device());
+    g.name = drv.device_name(d).unwrap_or_default();
+    use driver::sys::CUdevice_attribute as A;
+    let attr = |a| {
+        drv.device_attribute(d, a)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(0)
+    };
+    g.compute_capability_major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    g.compute_capability_minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    g.total_memory = drv.device_total_mem(d).unwrap_or(0);
+    g.uuid = device_uuid(ordinal);
+    g
+}
+
+fn metadata(dev: Option<(i32, &DeviceMemory)>) -> ImageMetadata {
+    ImageMetadata {
+        process: ProcessInfo {
+            pid: std::process::id(),
+            executable: std::fs::read_link("/proc/self/exe")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            hostname: hostname(),
+            cudaw_version: env!("CARGO_PKG_VERSION").to_owned(),
+            created_unix_nanos: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                .unwrap_or(0),
+            cuda_runtime_major: runtime_major(),
+            addressing: addressing(),
+        },
+        gpu: gpu_info(dev),
+    }
+}
+
+/// How a reader's or writer's error is classed: the file system's, or the image's.
+fn image_failure(path: &Path, what: &str, e: ImageError) -> Failure {
+    match e {
+        ImageError::Io { .. } => {
+            Failure::new(ErrorKind::Io, format!("{what} {}: {e}", path.display()))
+        }
+        e => Failure::new(ErrorKind::BadImage, format!("{}: {e}", path.display())),
+    }
+}
+
+/// Opens an image and checks everything but the data.
+fn open_image(path: &Path) -> Result<ImageReader<File>, Failure> {
+    let f = File::open(path).map_err(|e| {
+        Failure::new(
+            ErrorKind::Io,
+            format!("cannot open the image {}: {e}", path.display()),
+        )
+    })?;
+    if f.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(Failure::new(
+            ErrorKind::Io,
+            format!("{} is a folder, not an image", path.display()),
+        ));
+    }
+    ImageReader::open(f).map_err(|e| image_failure(path, "reading", e))
+}
+
+/// A temporary file beside `path`, created for writing (mode 0600).
+fn create_temporary(path: &Path) -> Result<(PathBuf, File), Failure> {
+    let io = |msg: String| Failure::new(ErrorKind::Io, msg);
+    if !path.is_absolute() {
+        return Err(Failure::new(
+            ErrorKind::Request,
+            format!("the image path {} is not absolute", path.display()),
+        ));
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| io(format!("{} names no file", path.display())))?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(io(format!("{} is not a folder", dir.display()))),
+        Err(e) => {
+            return Err(io(format!(
+                "cannot write {}: the folder {}: {e}",
+                path.display(),
+                dir.display()
+            )))
+        }
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(io(format!(
+            "{} is a folder; name the image file to write",
+            path.display()
+        )));
+    }
+    let tmp = dir.join(format!(
+        ".{}.cudaw-{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io(format!("cannot create the image {}: {e}", path.display())))?;
+    Ok((tmp, f))
+}
+
+/// Writes the image of `dev`'s allocations into `file`. Returns the allocation count and
+/// bytes.
+fn write_image(
+    file: File,
+    path: &Path,
+    dev: Option<(i32, &'static DeviceMemory)>,
+    mut old: Option<&mut ImageReader<File>>,
+    report: Report<'_>,
+) -> Result<(u64, u64), Failure> {
+    let allocations: Vec<Allocation> = dev.map(|(_, m)| m.vmm.snapshot()).unwrap_or_default();
+    let table: Vec<AllocationRecord> = allocations.iter().map(record).collect();
+    let meta = metadata(dev);
+    let out = BufWriter::with_capacity(1 << 20, file);
+    let wfail = |e: ImageError| image_failure(path, "writing", e);
+    let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default()).map_err(wfail)?;
+    let total: u64 = table.iter().map(|r| r.size).sum();
+    let mut done = 0u64;
+    report(Progress {
+        phase: Phase::Write,
+        done,
+        total,
+    });
+    let mut buf: Vec<u8> = Vec::new();
+    for a in &allocations {
+        if a.size == 0 {
+            continue;
+        }
+        let id = a.id.0;
+        match a.residency {
+            Residency::Resident => {
+                return Err(Failure::new(
+                    ErrorKind::Failed,
+                    format!(
+                        "allocation {id} at {:#x} is on the device while paused",
+                        a.base
+                    ),
+                ))
+            }
+            Residency::EvictedToHost => {
+                // Allocations come from `dev`: it is `Some` when there are any.
+                let Some((_, m)) = dev else { break };
+                let r = m
+                    .vmm
+                    .with_host_copy(a.id, |bytes| -> Result<(), ImageError> {
+                        let mut off = 0u64;
+                        for piece in bytes.chunks(WRITE_PIECE) {
+                            w.write_chunk(id, off, piece)?;
+                            off += piece.len() as u64;
+                            done += piece.len() as u64;
+                            report(Progress {
+                                phase: Phase::Write,
+                                done,
+                                total,
+                            });
+                        }
+                        Ok(())
+                    })
+                    .map_err(|e| {
+                        Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
+                    })?;
+                r.map_err(wfail)?;
+            }
+            Residency::InFile { .. } => {
+                let Some(img) = old.as_deref_mut() else {
+                    return Err(Failure::new(
+                        ErrorKind::Failed,
+                        format!("allocation {id} is in an image, but no image is open"),
+                    ));
+                };
+                let cs = img.chunk_size().min(a.size) as usize;
+                if buf.len() < cs {
+                    buf.resize(cs, 0);
+                }
+                let mut off = 0u64;
+                while off < a.size {
+                    let n = (a.size - off).min(cs as u64) as usize;
+                    img.read_range(id, off, &mut buf[..n]).map_err(|e| {
+                        Failure::new(
+                            ErrorKind::BadImage,
+                            format!("reading allocation {id} from the image that holds it: {e}"),
+                        )
+                    })?;
+                    w.write_chunk(id, off, &buf[..n]).map_err(wfail)?;
+                    off += n as u64;
+                    done += n as u64;
+                    report(Progress {
+                        phase: Phase::Write,
+                        done,
+                        total,
+                    });
+                }
+            }
+        }
+    }
+    let out = w.finish().map_err(wfail)?;
+    let file = out.into_inner().map_err(|e| {
+        Failure::new(
+            ErrorKind::Io,
+            format!("writing {}: {}", path.display(), e.error()),
+        )
+    })?;
+    file.sync_all().map_err(|e| {
+        Failure::new(
+            ErrorKind::Io,
+            format!("writing {} (fsync): {e}", path.display()),
+        )
+    })?;
+    Ok((table.len() as u64, total))
+}
+
+/// Undoes the pause a request began with, after it failed; returns what to add to the
+/// error message.
+fn undo_pause(ctl: &mut Ctl, we_paused: bool) -> &'static str {
+    if !we_paused {
+        return "; the process is still paused, its memory as it was";
+    }
+    match pause::resume(ctl, &mut |_| {}) {
+        Ok(_) => "; the process was resumed",
+        Err(e) => {
+            log::error(format_args!("undoing the pause failed: {e}"));
+            "; the process stays paused (resuming it failed too: see its log)"
+        }
+    }
+}
+
+/// `cudaw-ckpt dump`.
+pub(crate) fn dump(
+    ctl: &mut Ctl,
+    path: &Path,
+    leave_running: bool,
+    report: Report<'_>,
+) -> Result<Dumped, Failure> {
+    let started = Instant::now();
+    // Before touching the process: the file can be created.
+    let (tmp, file) = create_temporary(path)?;
+    let we_paused = !ctl.paused;
+    let pause_moved = if we_paused {
+        match pause::pause(report) {
+            Ok(m) => {
+                ctl.paused = true;
+                m
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        }
+    } else {
+        Moved::default()
+    };
+    let write_started = Instant::now();
+    let written = single_device().and_then(|dev| {
+        let old = ctl.image.as_mut().map(|h| &mut h.reader);
+        let n = write_image(file, path, dev, old, report)?;
+        std::fs::rename(&tmp, path).map_err(|e| {
+            Failure::new(
+                ErrorKind::Io,
+                format!("renaming {} to {}: {e}", tmp.display(), path.display()),
+            )
+        })?;
+        Ok((dev, n))
+    });
+    let (dev, (allocations, bytes)) = match written {
+        Ok(v) => v,
+        Err(mut e) => {
+            let _ = std::fs::remove_file(&tmp);
+            e.message.push_str(undo_pause(ctl, we_paused));
+            log::error(format_args!("dump: {}", e.message));
+            return Err(e);
+        }
+    };
+    let write_ms = ms(write_started);
+    // Reopened: what later resumes read, checked as written.
+    let reader = match open_image(path) {
+        Ok(r) => r,
+        Err(mut e) => {
+            e.message = format!("the image just written does not read back: {}", e.message);
+            e.message.push_str(undo_pause(ctl, we_paused));
+            log::error(format_args!("dump: {}", e.message));
+            return Err(e);
+        }
+    };
+    let image_bytes = reader.header().file_len;
+    let digest = reader.trailer().digest;
+    let entries: Vec<(u64, u64)> = reader
+        .allocations()
+        .iter()
+        .map(|e| (e.record.id, e.data_offset))
+        .collect();
+    let (resume, state) = if leave_running {
+        let m = pause::resume(ctl, report).map_err(|mut e| {
+            e.message = format!(
+                "the image {} is written, but resuming failed: {}",
+                path.display(),
+                e.message
+            );
+            e
+        })?;
+        (Some(m), State::Running)
+    } else {
+        // From now on the bytes live only in the new image.
+        ctl.image = Some(Held {
+            path: path.to_path_buf(),
+            reader,
+        });
+        if let Some((_, m)) = dev {
+            for (id, offset) in entries {
+                if let Err(e) = m.vmm.mark_in_file(AllocationId(id), offset) {
+                    // Its host copy stays; the image holds it too.
+                    log::warn(format_args!("dump: allocation {id}: {e}"));
+                }
+            }
+        }
+        (None, State::Paused)
+    };
+    let total_ms = ms(started);
+    log::info(format_args!(
+        "dumped: {allocations} allocations, {bytes} bytes to {} ({image_bytes} bytes) in {write_ms:.1} ms; {}",
+        path.display(),
+        state.as_str()
+    ));
+    Ok(Dumped {
+        path: path.to_string_lossy().into_owned(),
+        image_bytes,
+        allocations,
+        bytes,
+        digest,
+        pause: pause_moved,
+        write_ms,
+        resume,
+        state,
+        ms: total_ms,
+    })
+}
+
+/// Every way `reader` does not fit this process; empty when it fits.
+fn mismatches(
+    reader: &ImageReader<File>,
+    dev: Option<(i32, &'static DeviceMemory)>,
+    force: bool,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    let meta = reader.metadata();
+    let (pid, host) = (std::process::id(), hostname());
+    if !force && (meta.process.pid != pid || meta.process.hostname != host) {
+        why.push(format!(
+            "it was made by process {} ({}) on host {:?}, not by this process ({pid} on {host:?}); --force restores another process's image whose allocation table matches",
+            meta.process.pid, meta.process.executable, meta.process.hostname
+        ));
+    }
+    if meta.process.addressing != addressing() {
+        why.push(format!(
+            "it was made in {:?} addressing, this process uses {:?}",
+            meta.process.addressing,
+            addressing()
+        ));
+    }
+    let table: Vec<AllocationRecord> = dev
+        .map(|(_, m)| m.vmm.snapshot().iter().map(record).collect())
+        .unwrap_or_default();
+    let diff = reader.check_against(&table);
+    if !diff.is_empty() {
+        const SHOWN: usize = 5;
+        let mut s = format!(
+            "its allocation table ({} allocations) differs from the process's ({}): ",
+            reader.allocations().len(),
+            table.len()
+        );
+        let shown: Vec<String> = diff.iter().take(SHOWN).map(|d| d.to_string()).collect();
+        s.push_str(&shown.join("; "));
+        if diff.len() > SHOWN {
+            s.push_str(&format!("; and {} more differences", diff.len() - SHOWN));
+        }
+        why.push(s);
+    }
+    if let (Some(o), Some((ordinal, _))) = (meta.gpu.ordinal, dev) {
+        if i64::from(o) != i64::from(ordinal) {
+            why.push(format!(
+                "it holds device {o}'s memory, the process's is on device {ordinal}"
+            ));
+        }
+    }
+    why
+}
+
+/// `cudaw-ckpt restore`.
+pub(crate) fn restore(
+    ctl: &mut Ctl,
+    path: &Path,
+    force: bool,
+    report: Report<'_>,
+) -> Result<Restored, Failure> {
+    let started = Instant::now();
+    // Before touching the process: the file is a readable image of this format.
+    let mut reader = open_image(path).inspect_err(|e| {
+        log::warn(format_args!("restore refused: {}", e.message));
+    })?;
+    let we_paused = !ctl.paused;
+    let pause_moved = if we_paused {
+        let m = pause::pause(report)?;
+        ctl.paused = true;
+        m
+    } else {
+        Moved::default()
+    };
+    let refuse = |ctl: &mut Ctl, mut e: Failure| -> Failure {
+        e.message.push_str(undo_pause(ctl, we_paused));
+        log::warn(format_args!("restore refused: {}", e.message));
+        e
+    };
+    let dev = match single_device() {
+        Ok(d) => d,
+        Err(e) => return Err(refuse(ctl, e)),
+    };
+    let why = mismatches(&reader, dev, force);
+    if !why.is_empty() {
+        let e = Failure::new(
+            ErrorKind::Mismatch,
+            format!(
+                "{} is not an image of this process: {}",
+                path.display(),
+                why.join("; ")
+            ),
+        );
+        return Err(refuse(ctl, e));
+    }
+    // Every chunk and the digest, before loading anything.
+    let verify_started = Instant::now();
+    let data_total = reader.trailer().data_bytes;
+    report(Progress {
+        phase: Phase::Verify,
+        done: 0,
+        total: data_total,
+    });
+    if let Err(e) = reader.verify_with_progress(|done| {
+        report(Progress {
+            phase: Phase::Verify,
+            done,
+            total: data_total,
+        })
+    }) {
+        let e = image_failure(path, "reading", e);
+        return Err(refuse(ctl, e));
+    }
+    let verify_ms = ms(verify_started);
+    let load_started = Instant::now();
+    let (mut allocations, mut bytes) = (0u64, 0u64);
+    if let Some((ordinal, m)) = dev {
+        let mut load = Load::new(Some(&mut reader), true, data_total, report);
+        (load.report)(Progress {
+            phase: Phase::Load,
+            done: 0,
+            total: data_total,
+        });
+        match m.vmm.restore_all(&mut load) {
+            Ok(moved) => {
+                allocations = moved.allocations as u64;
+                bytes = moved.bytes;
+            }
+            Err(e) => {
+                let kind = if load.image_error.is_some() {
+                    ErrorKind::BadImage
+                } else {
+                    ErrorKind::Failed
+                };
+                drop(load);
+                let e = Failure::new(
+                    kind,
+                    format!(
+                        "loading {} into device {ordinal} failed: {e} (the load was rolled back)",
+                        path.display()
+                    ),
+                );
+                return Err(refuse(ctl, e));
+            }
+        }
+    }
+    let load_ms = ms(load_started);
+    // Every allocation is on the device: no image holds the process's memory any more.
+    ctl.image = None;
+    ctl.paused = false;
+    crate::gate::open();
+    let total_ms = ms(started);
+    log::info(format_args!(
+        "restored: {allocations} allocations, {bytes} bytes from {} (checked in {verify_ms:.1} ms, loaded in {load_ms:.1} ms); running",
+        path.display()
+    ));
+    Ok(Restored {
+        path: path.to_string_lossy().into_owned(),
+        allocations,
+        bytes,
+        pause: pause_moved,
+        verify_ms,
+        load_ms,
+        state: State::Running,
+        ms: total_ms,
+    })
+}
