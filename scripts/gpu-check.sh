@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +15,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -220,6 +220,73 @@ if want pausebench; then
       --verdicts "$WORK/pausebench.verdicts"
     while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
   fi
+fi
+
+if want limits; then
+  # Memory limits under PyTorch (examples/torch_limits.py prints `PASS | name | detail`
+  # lines, turned into rows here). About 2 minutes of GPU time.
+  L=examples/torch_limits.py
+  rows_from() { # label file
+    local verdict name detail
+    while IFS='|' read -r verdict name detail; do
+      verdict=$(echo "$verdict" | tr -d ' ')
+      case $verdict in PASS | FAIL) row "limits $1:$(echo "$name" | sed 's/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-150)" ;; esac
+    done <"$2"
+  }
+  export CUDAW_RUN_DIR="$WORK/run"
+  for conf in default expandable; do
+    envs=(); [ $conf = expandable ] && envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+    # nvidia-smi samples every 200 ms while the process runs: it must stay within the limit
+    # plus what the process holds outside PyTorch's allocator (the CUDA context, measured
+    # by the script) and 512 MiB of slack for kernels loaded lazily and library handles.
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -lms 200 >"$OUT/limits-smi.$conf.csv" 2>/dev/null &
+    sampler=$!
+    env "${envs[@]}" CUDAW_LOG=info timeout 300 "$CUDAW" run --mem-limit 4G -- python3 $L single --limit 4G --over 5G \
+      >"$OUT/limits.$conf.out" 2>"$OUT/limits.$conf.log"; rc=$?
+    kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+    rows_from "($conf)" "$OUT/limits.$conf.out"
+    [ $rc -eq 0 ] || row "limits ($conf): script exit status" FAIL "rc $rc; see limits.$conf.log"
+    pid=$(sed -n 's/^pid=\([0-9]*\).*/\1/p' "$OUT/limits.$conf.out" | head -1)
+    ctx=$(sed -n 's/.*context_mib=\([0-9]*\).*/\1/p' "$OUT/limits.$conf.out" | head -1)
+    max=$(awk -F', *' -v p="$pid" '$1 == p && $2 + 0 > m { m = $2 + 0 } END { print m + 0 }' "$OUT/limits-smi.$conf.csv")
+    if [ -z "$pid" ] || [ -z "$ctx" ] || [ "$max" -eq 0 ]; then
+      row "limits ($conf): nvidia-smi use <= limit + context" SKIP "pid '$pid' not seen by nvidia-smi (a PID namespace?) or no context figure ('$ctx')"
+    elif [ "$max" -le $((4096 + ctx + 512)) ]; then
+      row "limits ($conf): nvidia-smi use <= limit + context" PASS "peak $max MiB <= 4096 + context $ctx + 512 MiB"
+    else
+      row "limits ($conf): nvidia-smi use <= limit + context" FAIL "peak $max MiB > 4096 + context $ctx + 512 MiB"
+    fi
+    refused=$(grep -c "bytes refused: the process's limit" "$OUT/limits.$conf.log")
+    if [ $conf = expandable ]; then
+      # The memory came from cuMemCreate through the driver entry points, and was limited there.
+      handles=$(grep -o "driver-level: [0-9]* handles ([0-9]* MiB, peak [0-9]* MiB)" "$OUT/limits.$conf.log" | sed -n 's/.*peak \([0-9]*\) MiB.*/\1/p' | head -1)
+      if [ "${handles:-0}" -gt 0 ] && [ "$refused" -gt 0 ]; then
+        row "limits (expandable): cuMemCreate limited" PASS "driver-level peak ${handles} MiB; $refused refusals logged"
+      else
+        row "limits (expandable): cuMemCreate limited" FAIL "driver-level peak '${handles}' MiB, $refused refusals; see limits.expandable.log"
+      fi
+    elif [ "$refused" -eq 0 ]; then
+      row "limits (default): refusals logged" FAIL "no 'bytes refused' line in limits.default.log"
+    fi
+  done
+
+  # Two processes whose limits (75% each) add up to more than the card: the holder takes
+  # 55% of the card and trains; the grower takes 1 GiB at a time until a clean
+  # OutOfMemoryError (the node ledger, or the card itself); the holder keeps training.
+  sync="$WORK/share"; mkdir -p "$sync"
+  CUDAW_LOG=info timeout 300 "$CUDAW" run --mem-limit 75% -- python3 $L share --role hold --sync "$sync" \
+    >"$OUT/limits-hold.out" 2>"$OUT/limits-hold.log" &
+  holder=$!
+  CUDAW_LOG=info timeout 300 "$CUDAW" run --mem-limit 75% -- python3 $L share --role grow --sync "$sync" \
+    >"$OUT/limits-grow.out" 2>"$OUT/limits-grow.log"; rg=$?
+  touch "$sync/grown" # the holder stops waiting even if the grower died early
+  wait $holder; rh=$?
+  rows_from "(two processes)" "$OUT/limits-hold.out"
+  rows_from "(two processes)" "$OUT/limits-grow.out"
+  [ $rh -eq 0 ] && [ $rg -eq 0 ] || row "limits (two processes): exit status" FAIL "holder rc $rh, grower rc $rg; see limits-hold.log, limits-grow.log"
+  why=$(grep -o "bytes refused: the card's.*" "$OUT/limits-grow.log" | head -1 | cut -c1-120)
+  row "limits (two processes): what refused the grower" info "${why:-the driver itself (no ledger refusal logged)}"
+  unset CUDAW_RUN_DIR
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.

@@ -24,8 +24,10 @@ pub struct Config {
     pub libcuda: Option<PathBuf>,
     /// `CUDAW_ADDRESSING`.
     pub addressing: Addressing,
-    /// `CUDAW_MEM_LIMIT`, in bytes.
-    pub mem_limit: Option<u64>,
+    /// `CUDAW_MEM_LIMIT`: the device memory limits (sizes, percentages, per device).
+    pub mem_limits: MemLimits,
+    /// `CUDAW_LEDGER` (`off` keeps this process out of the node ledger; default on).
+    pub ledger: bool,
     /// `CUDAW_PAUSE_SIGNAL` (default `SIGUSR1`; `off` disables pause and resume).
     pub pause_signal: Option<i32>,
     /// `CUDAW_RESUME_SIGNAL` (default `SIGUSR2`; `off` disables pause and resume).
@@ -62,17 +64,14 @@ impl Config {
                 Addressing::Mapped
             }
         };
-        let mem_limit = match get("CUDAW_MEM_LIMIT").filter(|v| !v.trim().is_empty()) {
-            None => None,
-            Some(v) => match parse_size(&v) {
-                Some(n) => Some(n),
-                None => {
-                    warnings.push(format!(
-                        "CUDAW_MEM_LIMIT={v:?} is not a size (bytes, or with K, M, G, T: 8G, 512M); no limit"
-                    ));
-                    None
-                }
-            },
+        let mem_limits = match get("CUDAW_MEM_LIMIT") {
+            None => MemLimits::default(),
+            Some(v) => MemLimits::parse(&v).unwrap_or_else(|e| {
+                warnings.push(format!(
+                    "CUDAW_MEM_LIMIT: {e}; no limit (write bytes, 8G, 512M, 75%, or per device 0:8G,1:4G)"
+                ));
+                MemLimits::default()
+            }),
         };
         let mut signal = |k: &str, default: i32| {
             match get(k).filter(|v| !v.trim().is_empty()) {
@@ -105,7 +104,11 @@ impl Config {
             real_cudart: path("CUDAW_REAL_CUDART"),
             libcuda: path("CUDAW_LIBCUDA"),
             addressing,
-            mem_limit,
+            mem_limits,
+            ledger: !matches!(
+                get("CUDAW_LEDGER").as_deref().map(str::trim),
+                Some("off" | "none" | "0")
+            ),
             pause_signal,
             resume_signal,
             control_socket: !matches!(
@@ -118,9 +121,8 @@ impl Config {
     }
 }
 
-/// Parses a size: plain bytes, or `8G`, `512M`, `1.5G` (one parser for every size an
-/// operator writes: [`vmm::parse_size`]).
-pub use vmm::parse_size;
+/// The limit syntax of `CUDAW_MEM_LIMIT` (one parser, shared with `cudaw run --mem-limit`).
+pub use cudaw_ledger::MemLimits;
 
 /// Parses a signal: a name with or without `SIG` (`USR1`, `SIGUSR2`, `HUP`, `RTMIN+3`), or
 /// a number. Signals a program cannot catch (`KILL`, `STOP`) and out-of-range numbers are
@@ -168,23 +170,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn memory_limit_from_the_environment() {
+    fn memory_limits_from_the_environment() {
         let with = |v: &str| {
             let v = v.to_owned();
             Config::from_lookup(move |k| (k == "CUDAW_MEM_LIMIT").then(|| v.clone()))
         };
-        assert_eq!(with("8G").mem_limit, Some(8 << 30));
-        assert_eq!(with("1.5G").mem_limit, Some(3 << 29));
-        assert_eq!(with("").mem_limit, None);
+        let total = 80 << 30;
+        assert_eq!(with("8G").mem_limits.resolve(0, total), Some(8 << 30));
+        assert_eq!(with("1.5G").mem_limits.resolve(3, total), Some(3 << 29));
+        assert_eq!(with("25%").mem_limits.resolve(0, total), Some(20 << 30));
+        let per = with("0:8G,1:4G").mem_limits;
+        assert_eq!(
+            (
+                per.resolve(0, total),
+                per.resolve(1, total),
+                per.resolve(2, total)
+            ),
+            (Some(8 << 30), Some(4 << 30), None)
+        );
+        assert!(with("").mem_limits.is_empty());
         let bad = with("lots");
-        assert_eq!(bad.mem_limit, None);
+        assert!(bad.mem_limits.is_empty());
         assert!(
             bad.warnings
                 .iter()
-                .any(|w| w.contains("CUDAW_MEM_LIMIT=\"lots\"")),
+                .any(|w| w.contains("CUDAW_MEM_LIMIT: \"lots\" is not a size")),
             "{:?}",
             bad.warnings
         );
+        assert!(Config::from_lookup(|_| None).ledger);
+        assert!(!Config::from_lookup(|k| (k == "CUDAW_LEDGER").then(|| "off".into())).ledger);
     }
 
     #[test]

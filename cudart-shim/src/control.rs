@@ -50,7 +50,9 @@ pub fn listen() -> Option<UnixListener> {
     }
 }
 
-fn try_listen() -> Result<UnixListener, String> {
+/// The run folder (`CUDAW_RUN_DIR`), created 0700 if missing; refused unless it is a
+/// folder owned by this process's user. The control socket and the node ledgers live there.
+pub fn run_dir() -> Result<PathBuf, String> {
     let uid = euid();
     let dir = cudaw_control::run_dir_from_env(uid);
     std::fs::DirBuilder::new()
@@ -61,10 +63,15 @@ fn try_listen() -> Result<UnixListener, String> {
     let meta = std::fs::metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !meta.is_dir() || meta.uid() != uid {
         return Err(format!(
-            "{} is not a folder owned by uid {uid}; refusing to put the socket there",
+            "{} is not a folder owned by uid {uid}; refusing to use it",
             dir.display()
         ));
     }
+    Ok(dir)
+}
+
+fn try_listen() -> Result<UnixListener, String> {
+    let dir = run_dir()?;
     let pid = std::process::id();
     let path = cudaw_control::socket_path(&dir, pid);
     // Our PID's socket can only be a dead process's: replace it.
@@ -315,16 +322,37 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
 
 /// The process's state and memory now.
 pub fn status() -> Status {
-    let devices = memory::managed_devices()
-        .map(|(ordinal, m)| {
-            let s = m.vmm.stats();
-            let in_file = m
-                .vmm
-                .snapshot()
-                .iter()
-                .filter(|a| matches!(a.residency, Residency::InFile { .. }))
-                .map(|a| a.size)
-                .sum();
+    // Devices with cudaw's allocations or a budget (memory taken through the driver alone,
+    // as PyTorch's expandable segments do, has a budget and no VMM).
+    let mut ordinals: Vec<i32> = memory::managed_devices()
+        .map(|(o, _)| o)
+        .chain(memory::budgets().map(|(o, _)| o))
+        .collect();
+    ordinals.sort_unstable();
+    ordinals.dedup();
+    let devices = ordinals
+        .into_iter()
+        .map(|ordinal| {
+            let s = memory::managed_devices()
+                .find(|(o, _)| *o == ordinal)
+                .map(|(_, m)| m.vmm.stats())
+                .unwrap_or_default();
+            let in_file = memory::managed_devices()
+                .find(|(o, _)| *o == ordinal)
+                .map(|(_, m)| {
+                    m.vmm
+                        .snapshot()
+                        .iter()
+                        .filter(|a| matches!(a.residency, Residency::InFile { .. }))
+                        .map(|a| a.size)
+                        .sum()
+                })
+                .unwrap_or(0);
+            let budget = memory::budgets()
+                .find(|(o, _)| *o == ordinal)
+                .map(|(_, b)| b);
+            let usage = budget.map(|b| b.usage()).unwrap_or_default();
+            let node = budget.and_then(|b| b.node());
             DeviceStatus {
                 ordinal,
                 allocations: s.allocations,
@@ -332,7 +360,12 @@ pub fn status() -> Status {
                 evicted: s.evicted,
                 in_file,
                 mapped: s.mapped,
-                limit: s.limit,
+                limit: usage.limit.or(s.limit),
+                used: usage.used,
+                peak: usage.peak,
+                refused: usage.refused,
+                node_used: node.as_ref().map(|v| v.used()),
+                node_capacity: node.as_ref().map(|v| v.capacity),
             }
         })
         .collect();

@@ -2,10 +2,14 @@
 //! driver functions through it (PyTorch's expandable segments take memory with
 //! `cuMemCreate` + `cuMemMap` this way); for the allocation calls cudaw hands out its own
 //! versions, so that memory is cudaw's too: `cuMemAlloc`/`cuMemFree` (and the async pair)
-//! come from the VMM like `cudaMalloc`; the VMM primitives (`cuMemCreate`, `cuMemMap`,
-//! `cuMemUnmap`, `cuMemRelease`, `cuMemAddressReserve`, `cuMemAddressFree`) go to the
-//! driver and are recorded — handles, mappings and reservations — for accounting and for
-//! pause. Every other name passes through untouched.
+//! and `cuMemAllocPitch` come from the VMM like `cudaMalloc`; the VMM primitives
+//! (`cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressReserve`,
+//! `cuMemAddressFree`) go to the driver and are recorded — handles, mappings and
+//! reservations — for accounting and for pause. `cuMemCreate` of device memory and
+//! `cuMemAllocManaged` are charged to the device's budget first (refused with
+//! `CUDA_ERROR_OUT_OF_MEMORY` over the limit), and given back when the memory goes (a
+//! released handle at its last unmap). `cuMemGetInfo` and `cuDeviceTotalMem` report the
+//! limit, as `cudaMemGetInfo` does. Every other name passes through untouched.
 
 #![allow(non_snake_case)]
 
@@ -14,7 +18,7 @@ use crate::dispatch::idx;
 use crate::memory::{self, tag};
 use crate::types::*;
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -26,7 +30,7 @@ const CU_ERROR_OUT_OF_MEMORY: u32 = 2;
 const CU_ERROR_NOT_SUPPORTED: u32 = 801;
 
 /// The driver functions cudaw replaces: (name, index in [`REAL`]).
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 14] = [
     "cuMemAlloc",
     "cuMemFree",
     "cuMemAllocAsync",
@@ -37,6 +41,10 @@ const NAMES: [&str; 10] = [
     "cuMemUnmap",
     "cuMemAddressReserve",
     "cuMemAddressFree",
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
+    "cuMemAllocManaged",
+    "cuMemAllocPitch",
 ];
 
 /// The real driver function behind each of [`NAMES`], as the entry point returned it.
@@ -53,6 +61,10 @@ pub struct DriverMemory {
     pub reservations: BTreeMap<u64, u64>,
     /// Peak bytes of live physical handles.
     pub peak_bytes: u64,
+    /// Handles of device memory charged to a budget: handle → (device, bytes).
+    pub charged: BTreeMap<u64, (i32, u64)>,
+    /// Charged handles released while still mapped: charged until their last unmap.
+    pub released_mapped: BTreeSet<u64>,
 }
 
 impl DriverMemory {
@@ -127,7 +139,13 @@ extern "C" fn cuMemFree(ptr: u64) -> u32 {
             }
         }
         Some(_) => CU_ERROR_INVALID_VALUE,
-        None => drv_forward!(1, fn(u64), ptr),
+        None => {
+            let rc = drv_forward!(1, fn(u64), ptr);
+            if rc == CU_SUCCESS {
+                memory::freed_managed(ptr);
+            }
+            rc
+        }
     })
 }
 
@@ -149,8 +167,45 @@ extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     })
 }
 
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: u32 = 1;
+
+/// The device a `CUmemAllocationProp` places memory on, if it is device memory:
+/// `location` (`{ CUmemLocationType type; int id; }`) lies at offset 8, after `type` and
+/// `requestedHandleTypes` (two 4-byte enums), in every CUDA version.
+///
+/// # Safety
+/// `prop` is null or points to a `CUmemAllocationProp`.
+unsafe fn device_of(prop: *const c_void) -> Option<i32> {
+    if prop.is_null() {
+        return None;
+    }
+    // SAFETY: a CUmemAllocationProp is at least 16 bytes (caller's contract); 4-aligned.
+    let (kind, id) = unsafe {
+        let p = prop as *const u8;
+        (
+            (p.add(8) as *const u32).read(),
+            (p.add(12) as *const i32).read(),
+        )
+    };
+    (kind == LOCATION_DEVICE).then_some(id)
+}
+
 extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
     guard("cuMemCreate", 999, || {
+        let _in_flight = crate::pause::enter();
+        // SAFETY: the application's property pointer, as the API requires.
+        let charge = match unsafe { device_of(prop) } {
+            Some(dev) if size > 0 && !handle.is_null() => match memory::budget(dev) {
+                Ok(b) => match b.try_acquire(size as u64) {
+                    Ok(()) => Some((dev, b)),
+                    Err(_) => return CU_ERROR_OUT_OF_MEMORY,
+                },
+                // The driver says what is wrong with the ordinal.
+                Err(_) => None,
+            },
+            _ => None,
+        };
         let rc = drv_forward!(
             4,
             fn(*mut u64, usize, *const c_void, u64),
@@ -159,22 +214,48 @@ extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, fl
             prop,
             flags
         );
-        if rc == CU_SUCCESS && !handle.is_null() {
+        if rc != CU_SUCCESS {
+            if let Some((_, b)) = charge {
+                b.give_back(size as u64);
+            }
+            return rc;
+        }
+        if !handle.is_null() {
             // SAFETY: the driver wrote the new handle through the caller's pointer.
             let h = unsafe { handle.read() };
             let mut t = tracked().lock();
             t.handles.insert(h, size as u64);
             t.peak_bytes = t.peak_bytes.max(t.bytes());
+            if let Some((dev, _)) = charge {
+                t.charged.insert(h, (dev, size as u64));
+            }
         }
         rc
     })
+}
+
+/// Gives `handle`'s charge back, if it has one.
+fn uncharge_handle(t: &mut DriverMemory, handle: u64) {
+    t.released_mapped.remove(&handle);
+    if let Some((dev, bytes)) = t.charged.remove(&handle) {
+        memory::uncharge(dev, bytes);
+    }
 }
 
 extern "C" fn cuMemRelease(handle: u64) -> u32 {
     guard("cuMemRelease", 999, || {
         let rc = drv_forward!(5, fn(u64), handle);
         if rc == CU_SUCCESS {
-            tracked().lock().handles.remove(&handle);
+            let mut t = tracked().lock();
+            t.handles.remove(&handle);
+            // The driver frees a handle still mapped at its last unmap.
+            if t.mappings.values().any(|&(_, h)| h == handle) {
+                if t.charged.contains_key(&handle) {
+                    t.released_mapped.insert(handle);
+                }
+            } else {
+                uncharge_handle(&mut t, handle);
+            }
         }
         rc
     })
@@ -203,10 +284,14 @@ extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> u32 {
         let rc = drv_forward!(7, fn(u64, usize), ptr, size);
         if rc == CU_SUCCESS {
             let end = ptr.saturating_add(size as u64);
-            tracked()
-                .lock()
-                .mappings
-                .retain(|&a, _| a < ptr || a >= end);
+            let mut t = tracked().lock();
+            let gone: Vec<u64> = t.mappings.range(ptr..end).map(|(_, &(_, h))| h).collect();
+            t.mappings.retain(|&a, _| a < ptr || a >= end);
+            for h in gone {
+                if t.released_mapped.contains(&h) && !t.mappings.values().any(|&(_, m)| m == h) {
+                    uncharge_handle(&mut t, h);
+                }
+            }
         }
         rc
     })
@@ -248,6 +333,102 @@ extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> u32 {
     })
 }
 
+extern "C" fn cuMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
+    guard("cuMemGetInfo", 999, || {
+        if free.is_null() || total.is_null() {
+            return drv_forward!(10, fn(*mut usize, *mut usize), free, total);
+        }
+        let dev = memory::current_device();
+        if let Ok(d) = dev {
+            memory::reap_completed(d);
+        }
+        let (mut f, mut t) = (0usize, 0usize);
+        let rc = drv_forward!(10, fn(*mut usize, *mut usize), &mut f, &mut t);
+        if rc != CU_SUCCESS {
+            return rc;
+        }
+        let (f, t) = match dev {
+            Ok(d) => memory::reported_memory(d, f as u64, t as u64),
+            Err(_) => (f as u64, t as u64),
+        };
+        // SAFETY: both non-null out-pointers from the caller.
+        unsafe {
+            free.write(f as usize);
+            total.write(t as usize);
+        }
+        CU_SUCCESS
+    })
+}
+
+extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: i32) -> u32 {
+    guard("cuDeviceTotalMem", 999, || {
+        let rc = drv_forward!(11, fn(*mut usize, i32), bytes, dev);
+        if rc == CU_SUCCESS && !bytes.is_null() && memory::has_limit(dev) {
+            if let Some(limit) = memory::budget(dev).ok().and_then(|b| b.limit()) {
+                // SAFETY: the driver wrote the total through the caller's non-null pointer.
+                unsafe { bytes.write((bytes.read() as u64).min(limit) as usize) };
+            }
+        }
+        rc
+    })
+}
+
+extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) -> u32 {
+    guard("cuMemAllocManaged", 999, || {
+        if dptr.is_null() || size == 0 {
+            return drv_forward!(12, fn(*mut u64, usize, u32), dptr, size, flags);
+        }
+        let dev = match memory::current_device() {
+            Ok(d) => d,
+            Err(e) => return to_cu(e),
+        };
+        let charged = match memory::charge_managed(dev, size as u64) {
+            Ok(c) => c,
+            Err(e) => return to_cu(e),
+        };
+        let rc = drv_forward!(12, fn(*mut u64, usize, u32), dptr, size, flags);
+        if rc == CU_SUCCESS {
+            // SAFETY: the driver wrote the pointer through the caller's non-null pointer.
+            memory::record_managed(unsafe { dptr.read() }, dev, charged);
+        } else {
+            memory::uncharge(dev, charged);
+        }
+        rc
+    })
+}
+
+extern "C" fn cuMemAllocPitch(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: u32,
+) -> u32 {
+    guard("cuMemAllocPitch", 999, || {
+        let _in_flight = crate::pause::enter();
+        if dptr.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
+            return CU_ERROR_INVALID_VALUE;
+        }
+        let Some(p) = memory::align_up(width.max(1), memory::PITCH_ALIGNMENT) else {
+            return CU_ERROR_INVALID_VALUE;
+        };
+        let Some(size) = p.checked_mul(height).filter(|&s| s > 0) else {
+            return CU_ERROR_INVALID_VALUE;
+        };
+        match memory::current().and_then(|m| m.alloc(size as u64, tag::PITCH)) {
+            Ok(a) => {
+                // SAFETY: non-null out-pointers from the caller.
+                unsafe {
+                    dptr.write(a.base);
+                    pitch.write(p);
+                }
+                CU_SUCCESS
+            }
+            Err(e) => to_cu(e),
+        }
+    })
+}
+
 /// cudaw's replacement for driver function `name`, if it has one.
 fn replacement(name: &str) -> Option<(usize, usize)> {
     let i = NAMES.iter().position(|n| *n == name)?;
@@ -261,7 +442,11 @@ fn replacement(name: &str) -> Option<(usize, usize)> {
         6 => cuMemMap as *const () as usize,
         7 => cuMemUnmap as *const () as usize,
         8 => cuMemAddressReserve as *const () as usize,
-        _ => cuMemAddressFree as *const () as usize,
+        9 => cuMemAddressFree as *const () as usize,
+        10 => cuMemGetInfo as *const () as usize,
+        11 => cuDeviceTotalMem as *const () as usize,
+        12 => cuMemAllocManaged as *const () as usize,
+        _ => cuMemAllocPitch as *const () as usize,
     };
     Some((i, f))
 }

@@ -4,12 +4,18 @@
 //! VMM calls in the device's primary context (the runtime's own context). Stream-ordered
 //! frees (`cudaFreeAsync`) take effect when their stream reaches them: an event is recorded
 //! and the memory is released once it has completed.
+//!
+//! One [`DeviceBudget`] per device (`CUDAW_MEM_LIMIT` and the node ledger), asked before any
+//! device memory is taken: by the VMM for every chunk it creates (granule rounding
+//! included), by the driver entry points for `cuMemCreate`, and here for managed memory.
 
 use crate::config::Addressing;
 use crate::types::*;
 use crate::{call_real, log};
+use cudaw_ledger::{DeviceBudget, Ledger, Note};
 use driver::{DriverBackend, LibCuda};
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 use vmm::{Allocation, Config as VmmConfig, Vmm, VmmError};
@@ -45,6 +51,8 @@ pub struct DeviceMemory {
 
 static DRIVER: OnceLock<Result<Arc<LibCuda>, String>> = OnceLock::new();
 static DEVICES: [OnceLock<Result<DeviceMemory, String>>; MAX_DEVICES] =
+    [const { OnceLock::new() }; MAX_DEVICES];
+static BUDGETS: [OnceLock<Result<Arc<DeviceBudget>, String>>; MAX_DEVICES] =
     [const { OnceLock::new() }; MAX_DEVICES];
 
 fn driver() -> Result<Arc<LibCuda>, String> {
@@ -91,11 +99,10 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
             Addressing::Mapped => VmmConfig::mapped(),
             Addressing::Translated => VmmConfig::translated(),
         };
-        let vcfg = match cfg.mem_limit {
-            Some(l) => vcfg.with_memory_limit(l),
-            None => vcfg,
-        };
-        let vmm = Vmm::new(backend, vcfg).map_err(|e| e.to_string())?;
+        // The budget holds the limit, over the VMM's chunks and the driver's cuMemCreate
+        // together: the VMM itself has none.
+        let budget = budget_arc(ordinal).map_err(|e| format!("its memory budget: {e}"))?;
+        let vmm = Vmm::with_budget(backend, vcfg, budget).map_err(|e| e.to_string())?;
         log::info(format_args!(
             "device {ordinal}: cudaw manages its memory ({:?} addressing, granularity {} KiB, ready in {:.1} ms)",
             cfg.addressing,
@@ -121,6 +128,229 @@ pub fn current() -> Result<&'static DeviceMemory, cudaError_t> {
     device(current_device()?)
 }
 
+/// What cudaw reads about a device from the real runtime (`cudaGetDeviceProperties`).
+#[derive(Debug, Clone)]
+pub struct DeviceFacts {
+    /// `totalGlobalMem`: the card's memory in bytes.
+    pub total: u64,
+    /// `uuid`.
+    pub uuid: [u8; 16],
+}
+
+/// Offsets in `cudaDeviceProp`, the same in CUDA 11, 12 and 13: `char name[256]`,
+/// `cudaUUID_t uuid` (16 bytes), `char luid[8]`, `unsigned luidDeviceNodeMask`, then
+/// (8-aligned) `size_t totalGlobalMem`.
+pub const PROP_UUID: usize = 256;
+/// See [`PROP_UUID`].
+pub const PROP_TOTAL_GLOBAL_MEM: usize = 288;
+
+/// The real runtime's properties of device `ordinal`: its memory and UUID.
+pub fn device_facts(ordinal: i32) -> Result<DeviceFacts, cudaError_t> {
+    // Larger than any version's cudaDeviceProp (about 1 KiB), 8-byte aligned.
+    let mut buf = vec![0u64; 1024];
+    let p = buf.as_mut_ptr() as *mut c_void;
+    let mut rc =
+        call_real!(cudaGetDeviceProperties_v2: fn(*mut c_void, i32) -> cudaError_t, p, ordinal);
+    if rc == ERROR_NOT_SUPPORTED {
+        rc = call_real!(cudaGetDeviceProperties: fn(*mut c_void, i32) -> cudaError_t, p, ordinal);
+    }
+    if rc != SUCCESS {
+        return Err(rc);
+    }
+    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let total = u64::from_ne_bytes(
+        bytes[PROP_TOTAL_GLOBAL_MEM..PROP_TOTAL_GLOBAL_MEM + 8]
+            .try_into()
+            .expect("8 bytes"),
+    );
+    let mut uuid = [0u8; 16];
+    uuid.copy_from_slice(&bytes[PROP_UUID..PROP_UUID + 16]);
+    Ok(DeviceFacts { total, uuid })
+}
+
+/// The GPU's name in the ledger: its UUID as `nvidia-smi -L` writes it (`GPU-…`), or
+/// `device-ORDINAL` when the runtime gives none.
+pub fn ledger_key(ordinal: i32, uuid: &[u8; 16]) -> String {
+    if uuid.iter().all(|&b| b == 0) {
+        return format!("device-{ordinal}");
+    }
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
+    let facts = device_facts(ordinal)
+        .map_err(|rc| format!("cudaGetDeviceProperties({ordinal}) failed ({rc})"))?;
+    let cfg = crate::config::get();
+    let limit = cfg.mem_limits.resolve(ordinal, facts.total);
+    if let Some(l) = limit {
+        log::info(format_args!(
+            "device {ordinal}: memory limit {l} bytes ({:.2} GiB of the card's {:.2} GiB; CUDAW_MEM_LIMIT={})",
+            l as f64 / GIB,
+            facts.total as f64 / GIB,
+            cfg.mem_limits
+        ));
+    }
+    let ledger = if cfg.ledger {
+        let key = ledger_key(ordinal, &facts.uuid);
+        let opened = crate::control::run_dir().and_then(|dir| {
+            let path = cudaw_ledger::ledger::path(&dir, &key);
+            Ledger::open(&path, facts.total, limit).map_err(|e| e.to_string())
+        });
+        match opened {
+            Ok(l) => {
+                log::info(format_args!(
+                    "device {ordinal}: node ledger {}",
+                    l.path().display()
+                ));
+                Some(l)
+            }
+            Err(e) => {
+                log::warn(format_args!(
+                    "device {ordinal}: no node ledger ({e}); this process's memory is not shared with the others' accounting"
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    leave_ledgers_at_exit_once();
+    Ok(Arc::new(DeviceBudget::new(
+        limit,
+        ledger,
+        move |n| match n {
+            Note::Refused(r) => log::info(format_args!("device {ordinal}: {r}")),
+            Note::LedgerFailed(m) => log::warn(format_args!("device {ordinal}: node ledger: {m}")),
+        },
+    )))
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn budget_arc(ordinal: i32) -> Result<Arc<DeviceBudget>, cudaError_t> {
+    let slot = usize::try_from(ordinal)
+        .ok()
+        .and_then(|i| BUDGETS.get(i))
+        .ok_or(ERROR_INVALID_VALUE)?;
+    thread_local! {
+        static CREATING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    let r = match slot.get() {
+        Some(r) => r,
+        None => {
+            if CREATING.with(|c| c.replace(true)) {
+                // Re-entered while creating one (the real runtime called back into an
+                // export): no budget for this inner call, rather than a deadlock.
+                return Err(ERROR_NOT_READY);
+            }
+            let r = slot.get_or_init(|| new_budget(ordinal));
+            CREATING.with(|c| c.set(false));
+            r
+        }
+    };
+    match r {
+        Ok(b) => Ok(b.clone()),
+        Err(e) => {
+            log::error(format_args!("device {ordinal}: {e}"));
+            Err(ERROR_INITIALIZATION)
+        }
+    }
+}
+
+/// Whether `CUDAW_MEM_LIMIT` gives device `ordinal` a limit (asking creates no budget: a
+/// program that only looks at a device's properties does not join its ledger).
+pub fn has_limit(ordinal: i32) -> bool {
+    crate::config::get()
+        .mem_limits
+        .for_device(ordinal)
+        .is_some()
+}
+
+/// The memory budget of device `ordinal` (its limit and its entry in the node ledger),
+/// created on first use.
+pub fn budget(ordinal: i32) -> Result<&'static DeviceBudget, cudaError_t> {
+    budget_arc(ordinal)?;
+    match BUDGETS[ordinal as usize].get() {
+        Some(Ok(b)) => Ok(b),
+        _ => Err(ERROR_INITIALIZATION),
+    }
+}
+
+/// Every device with a budget, with its ordinal.
+pub fn budgets() -> impl Iterator<Item = (i32, &'static DeviceBudget)> {
+    BUDGETS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s.get() {
+            Some(Ok(b)) => Some((i as i32, &**b)),
+            _ => None,
+        })
+}
+
+extern "C" fn leave_ledgers_at_exit() {
+    crate::boundary::guard("leaving the node ledgers", (), || {
+        for (_, b) in budgets() {
+            b.leave();
+        }
+    })
+}
+
+fn leave_ledgers_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a function with no arguments that never unwinds (it runs inside
+        // the panic boundary).
+        unsafe { libc::atexit(leave_ledgers_at_exit) };
+    });
+}
+
+/// Managed memory is counted in units of this (the GPU's large page).
+pub const MANAGED_GRANULE: u64 = 2 << 20;
+
+/// Managed allocations (`cudaMallocManaged`, `cuMemAllocManaged`): pointer → (device,
+/// bytes charged to its budget).
+static MANAGED: Mutex<BTreeMap<u64, (i32, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Charges a managed allocation of `size` bytes to device `ordinal`'s budget (rounded up to
+/// [`MANAGED_GRANULE`]); the bytes charged, or `cudaErrorMemoryAllocation`.
+pub fn charge_managed(ordinal: i32, size: u64) -> Result<u64, cudaError_t> {
+    let bytes = size
+        .checked_next_multiple_of(MANAGED_GRANULE)
+        .ok_or(ERROR_MEMORY_ALLOCATION)?;
+    budget(ordinal)?
+        .try_acquire(bytes)
+        .map_err(|_| ERROR_MEMORY_ALLOCATION)?;
+    Ok(bytes)
+}
+
+/// Records a managed allocation charged with [`charge_managed`].
+pub fn record_managed(ptr: u64, ordinal: i32, bytes: u64) {
+    MANAGED.lock().insert(ptr, (ordinal, bytes));
+}
+
+/// Gives back a charge that [`charge_managed`] took for an allocation that then failed.
+pub fn uncharge(ordinal: i32, bytes: u64) {
+    if let Ok(b) = budget(ordinal) {
+        b.give_back(bytes);
+    }
+}
+
+/// After the real runtime freed `ptr`: gives its managed charge back, if it had one.
+pub fn freed_managed(ptr: u64) {
+    let charge = MANAGED.lock().remove(&ptr);
+    if let Some((ordinal, bytes)) = charge {
+        uncharge(ordinal, bytes);
+    }
+}
+
 /// Every device whose memory cudaw manages, with its ordinal.
 pub fn managed_devices() -> impl Iterator<Item = (i32, &'static DeviceMemory)> {
     DEVICES
@@ -130,6 +360,24 @@ pub fn managed_devices() -> impl Iterator<Item = (i32, &'static DeviceMemory)> {
             Some(Ok(m)) => Some((i as i32, m)),
             _ => None,
         })
+}
+
+/// Before reporting device `ordinal`'s memory: releases the stream-ordered frees its
+/// streams have passed, so that memory freed with `cudaFreeAsync` and synchronised shows
+/// as free.
+pub fn reap_completed(ordinal: i32) {
+    if let Some((_, m)) = managed_devices().find(|(o, _)| *o == ordinal) {
+        m.reap(false);
+    }
+}
+
+/// `(free, total)` as the program must see them on device `ordinal`, from the card's
+/// figures: see [`DeviceBudget::memory_info`].
+pub fn reported_memory(ordinal: i32, card_free: u64, card_total: u64) -> (u64, u64) {
+    match budget(ordinal) {
+        Ok(b) => b.memory_info(card_free, card_total),
+        Err(_) => (card_free, card_total),
+    }
 }
 
 /// The allocation containing `ptr`, on whichever device owns it.
@@ -277,6 +525,22 @@ pub fn summary() -> String {
             s.peak_requested >> 20,
             s.mapped >> 20,
             s.peak_mapped >> 20
+        ));
+    }
+    for (i, b) in budgets() {
+        let u = b.usage();
+        parts.push(format!(
+            "device {i} budget: limit {}, {} MiB held (peak {} MiB), {} allocations refused{}",
+            u.limit
+                .map_or_else(|| "none".to_owned(), |l| format!("{} MiB", l >> 20)),
+            u.used >> 20,
+            u.peak >> 20,
+            u.refused,
+            if b.has_ledger() {
+                ", in the node ledger"
+            } else {
+                ""
+            }
         ));
     }
     let d = crate::entry_points::snapshot();

@@ -94,7 +94,13 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
                 Err(e) => e.cuda_error_code(),
             }
         }
-        None => forward!(i, fn(*mut c_void), ptr),
+        None => {
+            let rc = forward!(i, fn(*mut c_void), ptr);
+            if rc == SUCCESS {
+                memory::freed_managed(ptr as u64);
+            }
+            rc
+        }
     }
 }
 variants!(free_impl => cudaFree; (ptr: *mut c_void));
@@ -246,26 +252,74 @@ fn free_async_impl(i: usize, ptr: *mut c_void, stream: cudaStream_t) -> cudaErro
 variants!(free_async_impl => cudaFreeAsync, cudaFreeAsync_ptsz; (ptr: *mut c_void, stream: cudaStream_t));
 
 fn mem_get_info_impl(i: usize, free: *mut usize, total: *mut usize) -> cudaError_t {
-    let mem = match memory::current() {
-        Ok(m) => m,
-        Err(_) => return forward!(i, fn(*mut usize, *mut usize), free, total),
-    };
-    match mem.vmm.memory_info() {
-        Ok((f, t)) => {
-            if free.is_null() || total.is_null() {
-                return ERROR_INVALID_VALUE;
-            }
-            // SAFETY: both non-null out-pointers from the application.
-            unsafe {
-                free.write(f as usize);
-                total.write(t as usize);
-            }
-            SUCCESS
-        }
-        Err(e) => e.cuda_error_code(),
+    if free.is_null() || total.is_null() {
+        return forward!(i, fn(*mut usize, *mut usize), free, total);
     }
+    let dev = memory::current_device();
+    if let Ok(d) = dev {
+        memory::reap_completed(d);
+    }
+    let (mut f, mut t) = (0usize, 0usize);
+    let rc = forward!(i, fn(*mut usize, *mut usize), &mut f, &mut t);
+    if rc != SUCCESS {
+        return rc;
+    }
+    let (f, t) = match dev {
+        Ok(d) => memory::reported_memory(d, f as u64, t as u64),
+        Err(_) => (f as u64, t as u64),
+    };
+    // SAFETY: both non-null out-pointers from the application.
+    unsafe {
+        free.write(f as usize);
+        total.write(t as usize);
+    }
+    SUCCESS
 }
 variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut usize));
+
+/// `cudaGetDeviceProperties[_v2]`: `totalGlobalMem` is the device's memory limit, when
+/// it has one below the card's memory.
+fn get_device_properties_impl(i: usize, prop: *mut c_void, dev: i32) -> cudaError_t {
+    let rc = forward!(i, fn(*mut c_void, i32), prop, dev);
+    if rc != SUCCESS || prop.is_null() || !memory::has_limit(dev) {
+        return rc;
+    }
+    if let Some(limit) = memory::budget(dev).ok().and_then(|b| b.limit()) {
+        // SAFETY: the real runtime filled the application's cudaDeviceProp, whose
+        // totalGlobalMem (a size_t, 8-aligned) lies at this offset in every CUDA version.
+        unsafe {
+            let p = (prop as *mut u8).add(memory::PROP_TOTAL_GLOBAL_MEM) as *mut u64;
+            p.write(p.read().min(limit));
+        }
+    }
+    rc
+}
+variants!(get_device_properties_impl => cudaGetDeviceProperties, cudaGetDeviceProperties_v2; (prop: *mut c_void, dev: i32));
+
+/// `cudaMallocManaged`: forwarded (the real runtime manages migration), its size counted
+/// against the current device's budget, rounded up to 2 MiB, until it is freed.
+fn malloc_managed_impl(i: usize, out: *mut *mut c_void, size: usize, flags: u32) -> cudaError_t {
+    if out.is_null() || size == 0 {
+        return forward!(i, fn(*mut *mut c_void, usize, u32), out, size, flags);
+    }
+    let dev = match memory::current_device() {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let charged = match memory::charge_managed(dev, size as u64) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let rc = forward!(i, fn(*mut *mut c_void, usize, u32), out, size, flags);
+    if rc == SUCCESS {
+        // SAFETY: the real runtime wrote the new pointer through the application's out-pointer.
+        memory::record_managed(unsafe { out.read() } as u64, dev, charged);
+    } else {
+        memory::uncharge(dev, charged);
+    }
+    rc
+}
+variants!(malloc_managed_impl => cudaMallocManaged; (out: *mut *mut c_void, size: usize, flags: u32));
 
 // ---------------------------------------------------------------- registration (always)
 
@@ -1025,6 +1079,9 @@ pub fn table() -> Vec<(usize, usize)> {
         cudaFreeAsync,
         cudaFreeAsync_ptsz,
         cudaMemGetInfo,
+        cudaGetDeviceProperties,
+        cudaGetDeviceProperties_v2,
+        cudaMallocManaged,
         __cudaRegisterFatBinary,
         __cudaUnregisterFatBinary,
         __cudaRegisterFunction,

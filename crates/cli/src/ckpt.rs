@@ -39,6 +39,9 @@ use ckpt_progress::Bars;
 ///
 ///   cudaw-ckpt pause 4242              pause; prints what was evicted and how long it took
 ///
+///   cudaw-ckpt status 4242 --json      one process, as JSON (per device: limit, used,
+///                                      peak, refused, node_used, node_capacity in bytes)
+///
 ///   cudaw-ckpt dump 4242 -o job.img    checkpoint; 4242 stays paused, its memory in job.img
 ///
 ///   cudaw-ckpt resume 4242             continue (loads job.img back into device memory)
@@ -89,7 +92,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show a process's state (running or paused), addressing mode and memory per device;
+    /// Show a process's state (running or paused), addressing mode and memory per device
+    /// (its limit, use and peak; what the GPU's processes under cudaw hold together);
     /// without a PID, every process under cudaw on this machine (dead sockets are
     /// reported as stale and skipped).
     #[command(
@@ -435,13 +439,25 @@ fn print_status(s: &Status) {
             String::new()
         };
         println!(
-            "  device {}: {} allocations, {} resident, {} evicted{in_file}, {} mapped, limit {limit}",
+            "  device {}: limit {limit}, use {}, peak {}; {} allocations, {} resident, {} evicted{in_file}, {} mapped",
             d.ordinal,
+            mib(d.used),
+            mib(d.peak),
             d.allocations,
             mib(d.resident),
             mib(d.evicted),
             mib(d.mapped)
         );
+        if d.refused > 0 {
+            println!("    {} allocations refused (out of memory)", d.refused);
+        }
+        if let (Some(used), Some(cap)) = (d.node_used, d.node_capacity) {
+            println!(
+                "    the GPU's processes under cudaw hold {} of its {}",
+                mib(used),
+                mib(cap)
+            );
+        }
     }
 }
 

@@ -19,11 +19,13 @@ use std::process::Command;
 /// Runs a CUDA program under cudaw.
 #[derive(Debug, ClapArgs)]
 #[command(
-    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it."
+    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --mem-limit 75% -- python3 train.py\n  cudaw run --mem-limit 0:8G,1:4G -- python3 train_on_two_gpus.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it.\n\nMemory limits: every way the program takes device memory counts (cudaMalloc and its\nkin, cudaMallocManaged, the driver's cuMemCreate as PyTorch's expandable segments use\nit, and the rounding to 2 MiB granules that cudaw adds). An allocation over the limit\nfails with the CUDA out-of-memory error, and the program can free and go on;\ncudaMemGetInfo reports the limit as the total. The processes under cudaw on one GPU\nalso share its memory through a ledger in the run folder: limits may add up to more\nthan the card, and an allocation the card cannot hold beside the others fails cleanly.\n`cudaw-ckpt status` shows each process's limit, use and peak."
 )]
 pub struct Args {
-    /// Cap the program's device memory (bytes, or 8G, 512M).
-    #[arg(long, value_name = "SIZE")]
+    /// Cap the program's device memory: a size (bytes, or 8G, 512M, 1.5G), a share of each
+    /// device's memory (75%), or per device ordinal (0:8G,1:4G; an item without an ordinal
+    /// applies to the devices not named). Sets CUDAW_MEM_LIMIT.
+    #[arg(long, value_name = "LIMIT", value_parser = parse_mem_limit)]
     pub mem_limit: Option<String>,
     /// How device pointers relate to device addresses.
     #[arg(long, value_parser = ["mapped", "translated"])]
@@ -51,6 +53,17 @@ pub struct Args {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+/// Checks a `--mem-limit` value with the parser the drop-in runtime uses.
+fn parse_mem_limit(s: &str) -> std::result::Result<String, String> {
+    let limits = cudaw_ledger::MemLimits::parse(s)?;
+    if limits.is_empty() {
+        return Err(
+            "an empty limit (give a size such as 8G, a share such as 75%, or 0:8G,1:4G)".into(),
+        );
+    }
+    Ok(s.trim().to_owned())
 }
 
 /// The SONAME of each major's runtime.

@@ -390,6 +390,23 @@ pub struct DeviceStatus {
     pub mapped: u64,
     /// The memory limit, if any (`CUDAW_MEM_LIMIT`).
     pub limit: Option<u64>,
+    /// Device bytes the process holds against its limit: cudaw's allocations with their
+    /// granule rounding, the driver's `cuMemCreate` handles and managed memory.
+    #[serde(default)]
+    pub used: u64,
+    /// The most it held at once.
+    #[serde(default)]
+    pub peak: u64,
+    /// Allocations refused (over the limit, or the card shared through the node ledger).
+    #[serde(default)]
+    pub refused: u64,
+    /// The node ledger (the processes under cudaw on this GPU), if the process is in one:
+    /// bytes they hold together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_used: Option<u64>,
+    /// The node ledger's capacity: the card's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_capacity: Option<u64>,
 }
 
 /// A process's state.
@@ -549,6 +566,11 @@ mod tests {
                     in_file: 327680,
                     mapped: 0,
                     limit: None,
+                    used: 0,
+                    peak: 4 << 20,
+                    refused: 1,
+                    node_used: Some(2 << 20),
+                    node_capacity: Some(80 << 30),
                 }],
             }),
             ..Reply::default()
@@ -563,6 +585,13 @@ mod tests {
         let old = r#"{"ok":true,"status":{"pid":1,"state":"running","addressing":"mapped","devices":[{"ordinal":0,"allocations":1,"resident":4,"evicted":0,"mapped":4,"limit":null}]}}"#;
         let r = Reply::parse(old).unwrap();
         assert_eq!(r.status.unwrap().devices[0].in_file, 0);
+    }
+
+    #[test]
+    fn a_status_without_the_budget_fields_parses() {
+        let old = r#"{"ordinal":0,"allocations":1,"resident":2,"evicted":0,"mapped":2097152,"limit":null}"#;
+        let d: DeviceStatus = serde_json::from_str(old).unwrap();
+        assert_eq!((d.used, d.peak, d.node_used), (0, 0, None));
     }
 
     #[test]

@@ -590,6 +590,25 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize) -> CU
     })
 }
 
+/// `cuMemAllocManaged`: device memory (host-accessible in simgpu); `flags`
+/// `CU_MEM_ATTACH_GLOBAL` (1) or `CU_MEM_ATTACH_HOST` (2).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if ptr.is_null() || size == 0 || !matches!(flags, 1 | 2) {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let addr = device.memory().alloc(size as u64)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr) }
+    })
+}
+
 /// `cuMemFree_v2`: waits for the device first, as the driver does.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {

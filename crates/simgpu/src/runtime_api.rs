@@ -215,6 +215,156 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
     })
 }
 
+/// The UUID simgpu's device reports (`cudaDeviceProp::uuid`).
+pub const UUID: [u8; 16] = *b"SIMGPU-DEVICE-00";
+
+/// Fills the fields at the start of `cudaDeviceProp`, whose offsets every CUDA version
+/// shares — `name` (0), `uuid` (256) and `totalGlobalMem` (288) — and leaves the rest as
+/// the caller had it.
+///
+/// # Safety
+/// `prop` is null or points to a `cudaDeviceProp`.
+unsafe fn device_properties(prop: *mut c_void, dev: c_int) -> RtResult<()> {
+    let device = runtime::context()?;
+    device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+    if prop.is_null() {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    let mut head = [0u8; 296];
+    let name = device::NAME.as_bytes();
+    head[..name.len()].copy_from_slice(name);
+    head[256..272].copy_from_slice(&UUID);
+    head[288..296].copy_from_slice(&device.config.mem_bytes.to_ne_bytes());
+    // SAFETY: the caller's cudaDeviceProp is larger than these 296 bytes.
+    unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), prop.cast::<u8>(), head.len()) };
+    Ok(())
+}
+
+// The exports below share private implementations rather than calling each other: a call
+// from one export to another would go through the dynamic linker and reach cudaw's
+// wrapper when cudaw is preloaded, which the real runtime never does.
+
+/// `cudaGetDeviceProperties`: see [`device_properties`].
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut c_void, dev: c_int) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { device_properties(prop, dev) } })
+}
+
+/// `cudaGetDeviceProperties_v2` (CUDA 12's name).
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDeviceProperties_v2(prop: *mut c_void, dev: c_int) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { device_properties(prop, dev) } })
+}
+
+/// simgpu's driver function called `name` (the name without `_v2`, as programs ask the
+/// runtime for it).
+fn driver_symbol(name: &str) -> Option<usize> {
+    use crate::driver_api as d;
+    Some(match name {
+        "cuMemCreate" => d::cuMemCreate as *const () as usize,
+        "cuMemRelease" => d::cuMemRelease as *const () as usize,
+        "cuMemMap" => d::cuMemMap as *const () as usize,
+        "cuMemUnmap" => d::cuMemUnmap as *const () as usize,
+        "cuMemSetAccess" => d::cuMemSetAccess as *const () as usize,
+        "cuMemAddressReserve" => d::cuMemAddressReserve as *const () as usize,
+        "cuMemAddressFree" => d::cuMemAddressFree as *const () as usize,
+        "cuMemGetAllocationGranularity" => d::cuMemGetAllocationGranularity as *const () as usize,
+        "cuMemGetInfo" => d::cuMemGetInfo_v2 as *const () as usize,
+        "cuDeviceTotalMem" => d::cuDeviceTotalMem_v2 as *const () as usize,
+        "cuMemAlloc" => d::cuMemAlloc_v2 as *const () as usize,
+        "cuMemFree" => d::cuMemFree_v2 as *const () as usize,
+        "cuMemAllocManaged" => d::cuMemAllocManaged as *const () as usize,
+        "cuCtxSynchronize" => d::cuCtxSynchronize as *const () as usize,
+        _ => return None,
+    })
+}
+
+/// `cudaDriverEntryPointSymbolNotFound`.
+const ENTRY_POINT_SYMBOL_NOT_FOUND: c_int = 1;
+
+/// simgpu's own driver functions, for the names it has; an unknown name gives a null
+/// function and `cudaDriverEntryPointSymbolNotFound`.
+///
+/// # Safety
+/// `symbol` is null or NUL-terminated; `func` null or writable; `status` null or writable.
+unsafe fn driver_entry_point(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    status: *mut c_int,
+) -> RtResult<()> {
+    runtime::context()?;
+    if symbol.is_null() || func.is_null() {
+        return Err(RtError::cudaErrorInvalidValue);
+    }
+    // SAFETY: a NUL-terminated name from the caller.
+    let name = unsafe { std::ffi::CStr::from_ptr(symbol) }.to_string_lossy();
+    let f = driver_symbol(&name);
+    // SAFETY: the caller's non-null out-pointer; `status` may be null.
+    unsafe {
+        func.write(f.unwrap_or(0) as *mut c_void);
+        if !status.is_null() {
+            status.write(if f.is_some() {
+                0
+            } else {
+                ENTRY_POINT_SYMBOL_NOT_FOUND
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `cudaGetDriverEntryPoint`: see [`driver_entry_point`].
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    _flags: u64,
+    status: *mut c_int,
+) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { driver_entry_point(symbol, func, status) } })
+}
+
+/// `cudaGetDriverEntryPoint_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    _flags: u64,
+    status: *mut c_int,
+) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { driver_entry_point(symbol, func, status) } })
+}
+
+/// `cudaGetDriverEntryPointByVersion`: the same for any version.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    _version: c_uint,
+    _flags: u64,
+    status: *mut c_int,
+) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { driver_entry_point(symbol, func, status) } })
+}
+
+/// `cudaGetDriverEntryPointByVersion_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    _version: c_uint,
+    _flags: u64,
+    status: *mut c_int,
+) -> cudaError_t {
+    // SAFETY: the export's contract.
+    rt!({ unsafe { driver_entry_point(symbol, func, status) } })
+}
+
 // ---- registration and launch configuration ----
 
 /// `__cudaRegisterFatBinary`: records the fatbin; returns its handle.
@@ -499,6 +649,25 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> cudaError_t {
         // SAFETY: stream work is finished; later accesses fault, as on a GPU.
         unsafe { device.memory().free(ptr as u64) }?;
         Ok(())
+    })
+}
+
+/// `cudaMallocManaged`: simgpu's device memory is host-accessible, so managed memory is
+/// device memory (`flags`: `cudaMemAttachGlobal` 1 or `cudaMemAttachHost` 2).
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocManaged(
+    ptr: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if ptr.is_null() || size == 0 || !matches!(flags, 1 | 2) {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let addr = device.memory().alloc(size as u64)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(ptr, addr as *mut c_void) }
     })
 }
 

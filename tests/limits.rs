@@ -1,0 +1,589 @@
+//! Memory limits that hold: `tests/cuda/limits/mem_shell.cu` (a shell over every way a
+//! program takes device memory, and every way it asks how much there is), compiled by the
+//! real nvcc, run under cudaw on simgpu (a 4 GiB card) through `cudaw run`, driven one
+//! command a line.
+//!
+//! - the limit in every unit, and the memory reports (`cudaMemGetInfo`,
+//!   `cudaGetDeviceProperties`, `cuMemGetInfo`, `cuDeviceTotalMem`) saying the limit;
+//! - every allocation path counted against one limit, granule rounding included, refused
+//!   with the out-of-memory error at it, and the program freeing and going on;
+//! - threads racing at the limit: never past it, not by one granule;
+//! - two processes sharing the card through the node ledger, and a killed one's share
+//!   reclaimed;
+//! - `cudaw-ckpt status` showing limit, use and peak.
+
+use cudaw_tests::{compile, cudaw, cudaw_ckpt, nvcc, shims, simgpu, workspace, Addressing};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+const M: u64 = 1 << 20;
+const G: u64 = 1 << 30;
+/// simgpu's granularity: what cudaw rounds physical memory to.
+const GRANULE: u64 = 2 * M;
+
+/// A run folder of the test's own (control sockets and node ledgers), emptied.
+fn run_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cudaw-limits-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("creating the run folder");
+    d
+}
+
+fn mem_shell() -> Option<PathBuf> {
+    let nvcc = nvcc()?;
+    let src = workspace().join("tests/cuda/limits/mem_shell.cu");
+    Some(compile(&nvcc, "mem_shell", &src))
+}
+
+/// `mem_shell` running under cudaw, answering one line per command.
+struct Shell {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    log: PathBuf,
+    pid: u32,
+}
+
+impl Shell {
+    /// Starts `exe` with `cudaw run [run_args] --addressing MODE -- exe` on a 4 GiB simgpu,
+    /// sharing `dir` as its run folder, with `env`.
+    fn start(
+        exe: &Path,
+        dir: &Path,
+        addressing: Addressing,
+        run_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Shell {
+        let sim = simgpu();
+        let log = dir.join(format!(
+            "shell-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos()
+        ));
+        let mut cmd = Command::new(cudaw());
+        cmd.arg("run")
+            .arg("--lib-dir")
+            .arg(shims())
+            .arg("--real-cudart")
+            .arg(&sim)
+            .args(run_args)
+            .args(["--addressing", addressing.as_str(), "--"])
+            .arg(exe)
+            .env("CUDAW_LIBCUDA", &sim)
+            .env("CUDAW_LOG", "info")
+            .env("CUDAW_RUN_DIR", dir)
+            .env("SIMGPU_MEM", "4G")
+            .env_remove("CUDAW_MEM_LIMIT")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("creating the log"));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("starting mem_shell under cudaw");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut s = Shell {
+            pid: 0,
+            child,
+            stdin,
+            lines: rx,
+            log,
+        };
+        let pid = s.cmd("pid");
+        s.pid = pid
+            .strip_prefix("pid ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("pid: {pid}"));
+        assert_eq!(s.pid, s.child.id(), "cudaw run keeps the program's PID");
+        s
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends one command; returns its answer.
+    fn cmd(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("sending {line:?}: {e}\nlog:\n{}", self.log()));
+        match self.lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(answer) => answer,
+            Err(_) => panic!("no answer to {line:?} within 60 s; log:\n{}", self.log()),
+        }
+    }
+
+    /// Sends a command whose answer must start with `want`.
+    fn expect(&mut self, line: &str, want: &str) -> String {
+        let answer = self.cmd(line);
+        assert!(
+            answer.starts_with(want),
+            "{line:?} answered {answer:?}, expected {want:?}...; log:\n{}",
+            self.log()
+        );
+        answer
+    }
+
+    /// `alloc KIND SIZE` that must succeed: the block's id.
+    fn alloc(&mut self, kind: &str, size: u64) -> u32 {
+        let a = self.expect(&format!("alloc {kind} {size}"), "alloc ok ");
+        a["alloc ok ".len()..].parse().expect("block id")
+    }
+
+    /// `(free, total)` from `cudaMemGetInfo`.
+    fn info(&mut self) -> (u64, u64) {
+        let a = self.expect("info", "info ");
+        (field(&a, "free"), field(&a, "total"))
+    }
+
+    /// `cudaw-ckpt status PID --json`: the device 0 entry.
+    fn status(&self) -> serde_json::Value {
+        let out = Command::new(cudaw_ckpt())
+            .args(["status", &self.pid.to_string(), "--json"])
+            .env("CUDAW_RUN_DIR", self.log.parent().expect("run folder"))
+            .output()
+            .expect("running cudaw-ckpt");
+        assert!(
+            out.status.success(),
+            "cudaw-ckpt status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        v["devices"][0].clone()
+    }
+
+    /// Asks the program to exit and checks it did, cleanly.
+    fn quit(mut self) -> String {
+        writeln!(self.stdin, "quit").expect("sending quit");
+        let status = self.child.wait().expect("waiting for mem_shell");
+        let log = self.log();
+        assert!(status.success(), "mem_shell exited {status}; log:\n{log}");
+        log
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The number after `NAME=` in an answer.
+fn field(answer: &str, name: &str) -> u64 {
+    answer
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in {answer:?}"))
+}
+
+fn json_u64(v: &serde_json::Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"))
+}
+
+/// Every memory report of a shell: cudaMemGetInfo's total and free,
+/// cudaGetDeviceProperties' totalGlobalMem, cuMemGetInfo's total, cuDeviceTotalMem.
+fn reports(s: &mut Shell) -> [u64; 5] {
+    let (free, total) = s.info();
+    let props = field(&s.expect("props", "props "), "total");
+    let drv = field(&s.expect("drvinfo", "drvinfo "), "total");
+    let drv_total = field(&s.expect("drvtotal", "drvtotal "), "total");
+    [total, free, props, drv, drv_total]
+}
+
+#[test]
+fn limits_in_every_unit_are_what_the_program_sees() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("units");
+    for limit in [
+        "1073741824",
+        "1G",
+        "1GiB",
+        "1024M",
+        "1048576K",
+        "25%",
+        "0:1G",
+        "2G,0:1G",
+        "1:2G,0:25%",
+    ] {
+        let mut s = Shell::start(
+            &exe,
+            &dir,
+            Addressing::Mapped,
+            &[],
+            &[("CUDAW_MEM_LIMIT", limit)],
+        );
+        assert_eq!(reports(&mut s), [G; 5], "CUDAW_MEM_LIMIT={limit}");
+        s.quit();
+    }
+    // The same through `cudaw run --mem-limit`.
+    let mut s = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "25%"], &[]);
+    assert_eq!(reports(&mut s), [G; 5]);
+    s.quit();
+    // A limit for another device only: device 0 shows the whole card.
+    let mut s = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &["--mem-limit", "1:1G"],
+        &[],
+    );
+    assert_eq!(reports(&mut s), [4 * G; 5]);
+    s.quit();
+    // A limit above the card: the card.
+    let mut s = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "64G"], &[]);
+    assert_eq!(reports(&mut s), [4 * G; 5]);
+    s.quit();
+}
+
+#[test]
+fn a_bad_limit_is_refused_with_a_reason() {
+    let out = Command::new(cudaw())
+        .args(["run", "--mem-limit", "lots", "--", "true"])
+        .output()
+        .expect("running cudaw");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"lots\" is not a size"), "{err}");
+    // The same in the variable: a warning, and no limit.
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("bad");
+    let mut s = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &[],
+        &[("CUDAW_MEM_LIMIT", "0:8G,0:4G")],
+    );
+    assert_eq!(s.info().1, 4 * G);
+    let log = s.quit();
+    assert!(
+        log.contains("warn: CUDAW_MEM_LIMIT: \"0:8G,0:4G\" gives device 0 two limits; no limit"),
+        "{log}"
+    );
+}
+
+/// Fills the limit through `kind`, checks the count (granule rounding counted) and the
+/// error, then frees everything and takes memory again.
+fn fill_and_recover(s: &mut Shell, limit: u64, kind: &str, size: u64, charged: u64) {
+    let answer = s.expect(&format!("fill {kind} {size}"), &format!("fill {kind} "));
+    let count = limit / charged;
+    assert_eq!(
+        (field(&answer, "count"), field(&answer, "err")),
+        (count, 2),
+        "{kind} {size}: {answer} (each charged {charged})"
+    );
+    assert_eq!(s.info(), (limit - count * charged, limit), "{kind}");
+    s.expect("freeall", &format!("freeall {count} bad=0"));
+    assert_eq!(s.info(), (limit, limit), "{kind}: after freeing");
+}
+
+fn every_path_counts(addressing: Addressing) {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir(&format!("paths-{}", addressing.as_str()));
+    let limit = 64 * M;
+    let mut s = Shell::start(&exe, &dir, addressing, &["--mem-limit", "64M"], &[]);
+    let three = 3 * M;
+    // Mapped addressing rounds each allocation to the 2 MiB granule; translated to 256 B.
+    let rounded = match addressing {
+        Addressing::Mapped => three.next_multiple_of(GRANULE),
+        Addressing::Translated => three,
+    };
+    for kind in ["malloc", "pitch", "3d", "async", "drvalloc"] {
+        fill_and_recover(&mut s, limit, kind, three, rounded);
+    }
+    // Managed memory counts in 2 MiB pages; cuMemCreate takes whole granules.
+    fill_and_recover(&mut s, limit, "managed", three, 4 * M);
+    fill_and_recover(&mut s, limit, "create", 4 * M, 4 * M);
+    fill_and_recover(&mut s, limit, "createmap", 4 * M, 4 * M);
+
+    // One limit over every path together.
+    s.alloc("malloc", 32 * M);
+    s.alloc("managed", 16 * M);
+    let a = s.expect("fill create 2097152", "fill create ");
+    assert_eq!((field(&a, "count"), field(&a, "err")), (8, 2), "{a}");
+    s.expect("alloc malloc 1", "alloc err 2");
+    s.expect("alloc drvalloc 1", "alloc err 2");
+    // A handle released while mapped stays counted until it is unmapped.
+    s.expect("freeall", "freeall 10 bad=0");
+    let id = s.alloc("createmap", 8 * M);
+    assert_eq!(s.info().0, limit - 8 * M);
+    s.expect(&format!("free {id}"), "free ok");
+    assert_eq!(s.info().0, limit);
+
+    // Exactly the limit in one allocation, usable; one byte more is refused.
+    let id = s.alloc("malloc", limit);
+    s.expect(&format!("touch {id}"), "touch ok");
+    s.expect("alloc malloc 1", "alloc err 2");
+    s.expect(&format!("free {id}"), "free ok");
+    s.expect(&format!("alloc malloc {}", limit + 1), "alloc err 2");
+    let id = s.alloc("malloc", 1000);
+    s.expect(&format!("touch {id}"), "touch ok");
+    let st = s.status();
+    assert_eq!(json_u64(&st, "limit"), limit);
+    assert_eq!(json_u64(&st, "peak"), limit);
+    assert!(json_u64(&st, "refused") > 0);
+    let log = s.quit();
+    assert!(
+        log.contains("bytes refused: the process's limit is 67108864 bytes"),
+        "{log}"
+    );
+}
+
+#[test]
+fn every_path_counts_against_one_limit_and_the_program_recovers_mapped() {
+    every_path_counts(Addressing::Mapped);
+}
+
+#[test]
+fn every_path_counts_against_one_limit_and_the_program_recovers_translated() {
+    every_path_counts(Addressing::Translated);
+}
+
+#[test]
+fn racing_threads_never_pass_the_limit_by_one_granule() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("race");
+    // Not a whole number of granules: the last part can never be used.
+    let limit = 100 * M + M - 1;
+    let mut s = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &["--mem-limit", &limit.to_string()],
+        &[],
+    );
+    for (round, (kind, size, charged)) in [
+        ("mix", GRANULE, GRANULE),
+        ("malloc", GRANULE, GRANULE),
+        ("create", GRANULE, GRANULE),
+        ("malloc", 3 * M, 4 * M),
+        ("mix", GRANULE, GRANULE),
+        ("managed", M, GRANULE),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let a = s.expect(&format!("race 8 {kind} {size}"), "race ");
+        let count = limit / charged;
+        assert_eq!(
+            (field(&a, "count"), field(&a, "bad")),
+            (count, 0),
+            "round {round}: 8 threads taking {kind} {size}: {a}"
+        );
+        assert_eq!(s.info(), (limit - count * charged, limit), "round {round}");
+        let st = s.status();
+        assert_eq!(
+            json_u64(&st, "used"),
+            count * charged,
+            "round {round}: {st}"
+        );
+        assert!(json_u64(&st, "peak") <= limit, "round {round}: {st}");
+        s.expect("freeall", &format!("freeall {count} bad=0"));
+        assert_eq!(json_u64(&s.status(), "used"), 0, "round {round}");
+    }
+    s.quit();
+}
+
+#[test]
+fn two_processes_share_one_card_and_a_killed_ones_share_comes_back() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("share");
+    // Limits of 3 GiB each on a 4 GiB card: 6 GiB promised, never more than 4 taken.
+    let mut a = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "3G"], &[]);
+    let mut b = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Translated,
+        &["--mem-limit", "3G"],
+        &[],
+    );
+    let held = a.alloc("malloc", 3 * G);
+    // b sees what is left of the card, though its limit is 3 GiB.
+    assert_eq!(b.info(), (G, 3 * G));
+    assert_eq!(field(&b.expect("drvinfo", "drvinfo "), "free"), G);
+    b.expect(&format!("alloc malloc {}", 2 * G), "alloc err 2");
+    b.expect(&format!("alloc create {}", 2 * G), "alloc err 2");
+    b.alloc("malloc", G - 2 * M);
+    b.alloc("create", 2 * M);
+    b.expect("alloc managed 1", "alloc err 2");
+    assert_eq!(b.info().0, 0);
+    let sb = b.status();
+    assert_eq!(
+        (
+            json_u64(&sb, "used"),
+            json_u64(&sb, "node_used"),
+            json_u64(&sb, "node_capacity")
+        ),
+        (G, 4 * G, 4 * G),
+        "{sb}"
+    );
+    let log = b.log();
+    assert!(
+        log.contains("bytes refused: the card's 4294967296 bytes (4.00 GiB) are shared, other processes under cudaw hold 3221225472"),
+        "{log}"
+    );
+    // a gives 1 GiB back: b may take it.
+    a.expect(&format!("free {held}"), "free ok");
+    a.alloc("malloc", 2 * G);
+    b.alloc("malloc", G);
+    b.expect("alloc malloc 1", "alloc err 2");
+
+    // a dies without a word: its 2 GiB come back to the card.
+    let a_pid = a.pid;
+    a.child.kill().expect("killing a");
+    a.child.wait().expect("reaping a");
+    assert!(
+        std::fs::metadata(format!("/proc/{a_pid}")).is_err(),
+        "a is gone"
+    );
+    // b holds 2 GiB against its 3 GiB limit; the card has 2 GiB for it again.
+    assert_eq!(b.info(), (G, 3 * G));
+    b.alloc("malloc", G);
+    assert_eq!(json_u64(&b.status(), "node_used"), 3 * G);
+    let mut c = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "3G"], &[]);
+    assert_eq!(c.info(), (G, 3 * G));
+    c.alloc("create", G);
+    c.expect("alloc create 2097152", "alloc err 2");
+    // A clean exit leaves the ledger at once.
+    b.quit();
+    assert_eq!(c.info(), (2 * G, 3 * G));
+    c.quit();
+    let ledgers: Vec<_> = std::fs::read_dir(&dir)
+        .expect("run folder")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".ledger"))
+        .collect();
+    assert_eq!(ledgers.len(), 1, "one GPU, one ledger");
+}
+
+#[test]
+fn status_shows_limit_use_and_peak() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("status");
+    let mut s = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "1G"], &[]);
+    let id = s.alloc("malloc", 100 * M);
+    s.alloc("create", 50 * M);
+    s.expect(&format!("free {id}"), "free ok");
+    let out = Command::new(cudaw_ckpt())
+        .args(["status", &s.pid.to_string()])
+        .env("CUDAW_RUN_DIR", &dir)
+        .output()
+        .expect("running cudaw-ckpt");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("device 0: limit 1024.0 MiB, use 50.0 MiB, peak 150.0 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the GPU's processes under cudaw hold 50.0 MiB of its 4096.0 MiB"),
+        "{text}"
+    );
+    let st = s.status();
+    assert_eq!(
+        (
+            json_u64(&st, "limit"),
+            json_u64(&st, "used"),
+            json_u64(&st, "peak")
+        ),
+        (G, 50 * M, 150 * M),
+        "{st}"
+    );
+    s.quit();
+}
+
+/// `cudaw-ckpt ACTION PID` in `dir`: (success, stdout + stderr).
+fn ckpt(dir: &Path, action: &str, pid: u32) -> (bool, String) {
+    let out = Command::new(cudaw_ckpt())
+        .args([action, &pid.to_string()])
+        .env("CUDAW_RUN_DIR", dir)
+        .output()
+        .expect("running cudaw-ckpt");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn a_paused_process_lends_its_share_and_resumes_once_the_card_has_room() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("pause");
+    let card = [("SIMGPU_MEM", "256M")];
+    let mut a = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &["--mem-limit", "192M"],
+        &card,
+    );
+    let mut b = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &["--mem-limit", "192M"],
+        &card,
+    );
+    let held = a.alloc("malloc", 160 * M);
+    b.expect(&format!("alloc malloc {}", 160 * M), "alloc err 2");
+    // Paused, a holds no device memory: its share of the card is free for b.
+    let (ok, out) = ckpt(&dir, "pause", a.pid);
+    assert!(ok, "{out}");
+    let lent = b.alloc("malloc", 160 * M);
+    let (ok, out) = ckpt(&dir, "resume", a.pid);
+    assert!(!ok, "resumed on a full card: {out}");
+    assert!(
+        out.contains("node-wide budget refused") && out.contains("staying paused"),
+        "{out}"
+    );
+    b.expect(&format!("free {lent}"), "free ok");
+    let (ok, out) = ckpt(&dir, "resume", a.pid);
+    assert!(ok, "{out}");
+    a.expect(&format!("touch {held}"), "touch ok");
+    assert_eq!(json_u64(&a.status(), "used"), 160 * M);
+    b.expect(&format!("alloc malloc {}", 160 * M), "alloc err 2");
+    a.quit();
+    b.quit();
+}
+
+#[test]
+fn a_process_out_of_the_ledger_is_bound_by_its_limit_alone() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("no-ledger");
+    let mut a = Shell::start(&exe, &dir, Addressing::Mapped, &["--mem-limit", "3G"], &[]);
+    a.alloc("malloc", 3 * G);
+    let mut b = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &["--mem-limit", "3G"],
+        &[("CUDAW_LEDGER", "off")],
+    );
+    // simgpu gives each process a card of its own: only the ledger joined them.
+    assert_eq!(b.info(), (3 * G, 3 * G));
+    b.alloc("malloc", 3 * G);
+    assert!(b.status().get("node_used").is_none());
+    b.quit();
+    a.quit();
+}
