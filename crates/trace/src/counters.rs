@@ -1,0 +1,197 @@
+//! Per-thread counters. Only the owning thread writes them, with a plain load and store
+//! (no read-modify-write, no lock, no shared cache line); readers load them at any time
+//! and [`merge`] sums every thread's. Tables grow in chunks made on first use, so a thread
+//! that calls few functions holds little.
+
+use crate::Direction;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// Ids per chunk.
+pub const CHUNK: usize = 256;
+/// Chunks per table: ids below `CHUNK * CHUNKS` are counted, higher ones ignored.
+pub const CHUNKS: usize = 256;
+
+/// A table of `T` by id, made a chunk at a time.
+pub struct Table<T> {
+    chunks: [OnceLock<Box<[T]>>; CHUNKS],
+}
+
+impl<T: Default> Table<T> {
+    fn new() -> Table<T> {
+        Table {
+            chunks: [const { OnceLock::new() }; CHUNKS],
+        }
+    }
+
+    /// Slot `i`, making its chunk if needed; `None` beyond the table.
+    #[inline]
+    fn slot(&self, i: usize) -> Option<&T> {
+        let chunk = self.chunks.get(i / CHUNK)?;
+        let c = chunk.get_or_init(|| (0..CHUNK).map(|_| T::default()).collect());
+        c.get(i % CHUNK)
+    }
+
+    /// Every slot made so far, with its id.
+    fn iter(&self) -> impl Iterator<Item = (usize, &T)> {
+        self.chunks.iter().enumerate().flat_map(|(ci, c)| {
+            c.get()
+                .into_iter()
+                .flat_map(move |s| s.iter().enumerate().map(move |(i, v)| (ci * CHUNK + i, v)))
+        })
+    }
+}
+
+/// Adds `by` to a counter only this thread writes.
+#[inline]
+fn bump(a: &AtomicU64, by: u64) {
+    a.store(
+        a.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
+/// One function's calls on one thread.
+#[derive(Default)]
+pub struct CallSlot {
+    count: AtomicU64,
+    ticks: AtomicU64,
+    max: AtomicU64,
+}
+
+/// One direction's copies on one thread.
+#[derive(Default)]
+pub struct CopySlot {
+    count: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// One thread's counters.
+pub struct ThreadCounters {
+    /// The thread's number in the timeline (1 for the first thread seen).
+    pub tid: u32,
+    /// Its name, when it has one.
+    pub name: Option<String>,
+    calls: Table<CallSlot>,
+    kernels: Table<AtomicU64>,
+    copies: [CopySlot; 5],
+}
+
+impl ThreadCounters {
+    /// Empty counters for thread `tid`.
+    pub fn new(tid: u32, name: Option<String>) -> ThreadCounters {
+        ThreadCounters {
+            tid,
+            name,
+            calls: Table::new(),
+            kernels: Table::new(),
+            copies: Default::default(),
+        }
+    }
+
+    /// One call of function `f` lasting `ticks`.
+    #[inline]
+    pub fn call(&self, f: usize, ticks: u64) {
+        if let Some(s) = self.calls.slot(f) {
+            bump(&s.count, 1);
+            bump(&s.ticks, ticks);
+            if ticks > s.max.load(Ordering::Relaxed) {
+                s.max.store(ticks, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// One launch of kernel `k`.
+    #[inline]
+    pub fn launch(&self, k: usize) {
+        if let Some(s) = self.kernels.slot(k) {
+            bump(s, 1);
+        }
+    }
+
+    /// One copy of `bytes` in `dir`.
+    #[inline]
+    pub fn copy(&self, dir: Direction, bytes: u64) {
+        let s = &self.copies[dir as usize];
+        bump(&s.count, 1);
+        bump(&s.bytes, bytes);
+    }
+}
+
+/// Every thread's counters summed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Merged {
+    /// Per function id: (calls, ticks, largest ticks).
+    pub calls: Vec<(u64, u64, u64)>,
+    /// Per kernel id: launches.
+    pub kernels: Vec<u64>,
+    /// Per direction ([`Direction`] order): (copies, bytes).
+    pub copies: [(u64, u64); 5],
+}
+
+/// Sums `threads`' counters.
+pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
+    let mut m = Merged::default();
+    let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    for t in threads {
+        for (i, s) in t.calls.iter() {
+            let c = r(&s.count);
+            if c == 0 {
+                continue;
+            }
+            if m.calls.len() <= i {
+                m.calls.resize(i + 1, (0, 0, 0));
+            }
+            let e = &mut m.calls[i];
+            e.0 += c;
+            e.1 += r(&s.ticks);
+            e.2 = e.2.max(r(&s.max));
+        }
+        for (i, s) in t.kernels.iter() {
+            let c = r(s);
+            if c == 0 {
+                continue;
+            }
+            if m.kernels.len() <= i {
+                m.kernels.resize(i + 1, 0);
+            }
+            m.kernels[i] += c;
+        }
+        for (d, s) in t.copies.iter().enumerate() {
+            m.copies[d].0 += r(&s.count);
+            m.copies[d].1 += r(&s.bytes);
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn threads_count_apart_and_merge() {
+        let a = Arc::new(ThreadCounters::new(1, None));
+        let b = Arc::new(ThreadCounters::new(2, None));
+        let bb = b.clone();
+        std::thread::spawn(move || {
+            for _ in 0..1000 {
+                bb.call(3, 10);
+            }
+            bb.call(3, 50);
+            bb.launch(CHUNK + 1);
+            bb.copy(Direction::DtoH, 8);
+        })
+        .join()
+        .unwrap();
+        a.call(3, 20);
+        a.call(CHUNK * CHUNKS, 1); // beyond the table: ignored
+        a.copy(Direction::DtoH, 4);
+        let m = merge(&[a, b]);
+        assert_eq!(m.calls[3], (1002, 10_070, 50));
+        assert_eq!(m.kernels[CHUNK + 1], 1);
+        assert_eq!(m.copies[Direction::DtoH as usize], (2, 12));
+        assert_eq!(m.calls.len(), 4);
+    }
+}

@@ -1,0 +1,304 @@
+//! The memory history: per live allocation, how it was made (size, creation order, API,
+//! the calling library), the copies into and out of it, the kernels that received it and
+//! its last use. Hot allocations are used often; cold ones have sat unused longest. It is
+//! what pinning and eviction decisions read.
+
+use crate::timeline::{AllocRef, Buffer};
+use crate::Direction;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Distinct kernels remembered per allocation (launch counts go on beyond).
+pub const KERNELS_PER_ALLOCATION: usize = 16;
+
+/// One allocation's history.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// Creation order in the process (0 for the first allocation seen).
+    pub order: u64,
+    /// Its address.
+    pub base: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The API that made it (`cudaMalloc`, `cuMemAlloc`, ...).
+    pub api: &'static str,
+    /// The library (or program) that called the API, when known.
+    pub site: Option<Arc<str>>,
+    /// When it was made (ticks).
+    pub created: u64,
+    /// Copies into it, and their bytes.
+    pub copies_in: u64,
+    /// Bytes copied into it.
+    pub bytes_in: u64,
+    /// Copies out of it.
+    pub copies_out: u64,
+    /// Bytes copied out of it.
+    pub bytes_out: u64,
+    /// Launches that received a pointer into it.
+    pub launches: u64,
+    /// The kernels (ids) that received it, first [`KERNELS_PER_ALLOCATION`] distinct ones.
+    pub kernels: Vec<u32>,
+    /// Its last use (copy or launch), in ticks; `None` if never used.
+    pub last_use: Option<u64>,
+}
+
+impl Record {
+    /// Copies and launches together.
+    pub fn uses(&self) -> u64 {
+        self.copies_in + self.copies_out + self.launches
+    }
+
+    /// When it was last used, or made if never used.
+    pub fn last_touched(&self) -> u64 {
+        self.last_use.unwrap_or(self.created)
+    }
+
+    fn as_ref(&self) -> AllocRef {
+        AllocRef {
+            order: self.order,
+            base: self.base,
+            size: self.size,
+        }
+    }
+}
+
+/// Every live allocation's history.
+#[derive(Default)]
+pub struct History {
+    live: BTreeMap<u64, Record>,
+    next_order: u64,
+    freed: u64,
+    site_cache: Vec<Arc<str>>,
+}
+
+impl History {
+    /// The live allocation containing `ptr`.
+    pub fn find_mut(&mut self, ptr: u64) -> Option<&mut Record> {
+        let (_, r) = self.live.range_mut(..=ptr).next_back()?;
+        (ptr < r.base.saturating_add(r.size.max(1))).then_some(r)
+    }
+
+    /// The live allocation containing `ptr`.
+    pub fn find(&self, ptr: u64) -> Option<&Record> {
+        let (_, r) = self.live.range(..=ptr).next_back()?;
+        (ptr < r.base.saturating_add(r.size.max(1))).then_some(r)
+    }
+
+    /// Records a new allocation; returns its creation order.
+    pub fn alloc(
+        &mut self,
+        base: u64,
+        size: u64,
+        api: &'static str,
+        site: Option<&str>,
+        at: u64,
+    ) -> u64 {
+        let order = self.next_order;
+        self.next_order += 1;
+        let site = site.map(|s| match self.site_cache.iter().find(|c| &***c == s) {
+            Some(c) => c.clone(),
+            None => {
+                let c: Arc<str> = Arc::from(s);
+                self.site_cache.push(c.clone());
+                c
+            }
+        });
+        self.live.insert(
+            base,
+            Record {
+                order,
+                base,
+                size,
+                api,
+                site,
+                created: at,
+                copies_in: 0,
+                bytes_in: 0,
+                copies_out: 0,
+                bytes_out: 0,
+                launches: 0,
+                kernels: Vec::new(),
+                last_use: None,
+            },
+        );
+        order
+    }
+
+    /// Forgets the allocation at `base`; its (order, size) if it was known.
+    pub fn free(&mut self, base: u64, _at: u64) -> Option<(u64, u64)> {
+        let r = self.live.remove(&base)?;
+        self.freed += 1;
+        Some((r.order, r.size))
+    }
+
+    /// Records a copy; returns the direction (inferred for [`Direction::Default`] from
+    /// which side lies in a known allocation) and the allocations on each side.
+    pub fn copy(
+        &mut self,
+        dir: Direction,
+        bytes: u64,
+        dst: u64,
+        src: u64,
+        at: u64,
+    ) -> (Direction, Option<AllocRef>, Option<AllocRef>) {
+        let mut d = None;
+        let mut s = None;
+        if let Some(r) = self.find_mut(dst) {
+            r.copies_in += 1;
+            r.bytes_in += bytes;
+            r.last_use = Some(at);
+            d = Some(r.as_ref());
+        }
+        if let Some(r) = self.find_mut(src) {
+            r.copies_out += 1;
+            r.bytes_out += bytes;
+            r.last_use = Some(at);
+            s = Some(r.as_ref());
+        }
+        let dir = match dir {
+            Direction::Default => match (s.is_some(), d.is_some()) {
+                (false, false) => Direction::HtoH,
+                (false, true) => Direction::HtoD,
+                (true, false) => Direction::DtoH,
+                (true, true) => Direction::DtoD,
+            },
+            other => other,
+        };
+        (dir, d, s)
+    }
+
+    /// Records a launch of `kernel` whose argument words are `words` (parameter, value);
+    /// returns the buffers it received, one per allocation.
+    pub fn launch(&mut self, kernel: u32, words: &[(u16, u64)], at: u64) -> Vec<Buffer> {
+        let mut out: Vec<Buffer> = Vec::new();
+        for &(param, w) in words {
+            if w == 0 {
+                continue;
+            }
+            let Some(r) = self.find_mut(w) else { continue };
+            if out.iter().any(|b| b.alloc.base == r.base) {
+                continue;
+            }
+            r.launches += 1;
+            r.last_use = Some(at);
+            if r.kernels.len() < KERNELS_PER_ALLOCATION && !r.kernels.contains(&kernel) {
+                r.kernels.push(kernel);
+            }
+            out.push(Buffer {
+                param,
+                alloc: r.as_ref(),
+            });
+        }
+        out
+    }
+
+    /// Live allocations.
+    pub fn live(&self) -> impl Iterator<Item = &Record> {
+        self.live.values()
+    }
+
+    /// Allocations made over the run.
+    pub fn made(&self) -> u64 {
+        self.next_order
+    }
+
+    /// Allocations freed over the run.
+    pub fn freed(&self) -> u64 {
+        self.freed
+    }
+
+    /// The `n` hottest live allocations: most uses first, then most bytes moved.
+    pub fn hottest(&self, n: usize) -> Vec<&Record> {
+        let mut v: Vec<&Record> = self.live.values().filter(|r| r.uses() > 0).collect();
+        v.sort_by(|a, b| {
+            b.uses()
+                .cmp(&a.uses())
+                .then((b.bytes_in + b.bytes_out).cmp(&(a.bytes_in + a.bytes_out)))
+                .then(a.order.cmp(&b.order))
+        });
+        v.truncate(n);
+        v
+    }
+
+    /// The `n` coldest live allocations: untouched longest first (last use, or creation
+    /// if never used), then fewest uses, then largest.
+    pub fn coldest(&self, n: usize) -> Vec<&Record> {
+        let mut v: Vec<&Record> = self.live.values().collect();
+        v.sort_by(|a, b| {
+            a.last_touched()
+                .cmp(&b.last_touched())
+                .then(a.uses().cmp(&b.uses()))
+                .then(b.size.cmp(&a.size))
+                .then(a.order.cmp(&b.order))
+        });
+        v.truncate(n);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_and_cold() {
+        let mut h = History::default();
+        let mut t = 0;
+        let mut tick = || {
+            t += 1;
+            t
+        };
+        let hot = [0x1000u64, 0x2000];
+        for (i, &b) in hot.iter().enumerate() {
+            assert_eq!(
+                h.alloc(b, 0x100, "cudaMalloc", Some("prog"), tick()),
+                i as u64
+            );
+        }
+        let cold: Vec<u64> = (0..25u64).map(|i| 0x10_0000 + i * 0x1000).collect();
+        for &b in &cold {
+            h.alloc(b, 0x800, "cudaMalloc", None, tick());
+            let now = tick();
+            let (d, dst, src) = h.copy(Direction::HtoD, 0x800, b, 0x7fff_0000, now);
+            assert_eq!(
+                (d, dst.map(|a| a.base), src),
+                (Direction::HtoD, Some(b), None)
+            );
+        }
+        for _ in 0..175 {
+            for &b in &hot {
+                let now = tick();
+                h.copy(Direction::HtoD, 0x100, b + 0x10, 0x7fff_0000, now);
+                let now = tick();
+                h.copy(Direction::Default, 0x100, 0x7fff_0000, b, now);
+            }
+            let now = tick();
+            let bufs = h.launch(7, &[(0, hot[0]), (1, hot[1] + 8), (2, 5)], now);
+            assert_eq!(bufs.len(), 2);
+        }
+        let hottest = h.hottest(2);
+        assert_eq!(
+            hottest.iter().map(|r| r.base).collect::<Vec<_>>(),
+            hot.to_vec()
+        );
+        assert_eq!(
+            (
+                hottest[0].copies_in,
+                hottest[0].copies_out,
+                hottest[0].launches
+            ),
+            (175, 175, 175)
+        );
+        assert_eq!(hottest[0].kernels, vec![7]);
+        let coldest = h.coldest(25);
+        assert_eq!(coldest.iter().map(|r| r.base).collect::<Vec<_>>(), cold);
+        assert!(coldest
+            .iter()
+            .all(|r| r.copies_in == 1 && r.copies_out == 0));
+        // Interior pointers, one past the end, and frees.
+        assert!(h.find(0x10ff).is_some() && h.find(0x1100).is_none());
+        assert_eq!(h.free(0x1000, tick()), Some((0, 0x100)));
+        assert_eq!(h.free(0x1000, tick()), None);
+        assert_eq!((h.made(), h.freed(), h.live().count()), (27, 1, 26));
+    }
+}

@@ -1,0 +1,617 @@
+//! Tracing and metrics for cudaw, fed by the drop-in runtime (`cudart-shim`) and, later, by
+//! the driver shim: one [`Tracer`] per process holds
+//!
+//! - **metrics**: per function, the call count and the total and largest time in the call;
+//!   per kernel, launches; per copy direction, copies and bytes. Each thread counts in its
+//!   own [`counters::ThreadCounters`] (plain loads and stores, no shared cache line, no
+//!   lock); [`Tracer::stats`] merges them on read.
+//! - the **timeline** (mode [`Mode::Timeline`]): every call with its start and duration,
+//!   launches with grid, block and the allocations their arguments point into, copies,
+//!   allocations, frees, pauses and resumes, in a bounded ring ([`timeline::Ring`]) that
+//!   drops its oldest events when full; written as Chrome trace-event JSON (Perfetto opens
+//!   it) by [`Tracer::write_timeline`].
+//! - the **memory history** ([`history::History`]): per allocation, its creation (size,
+//!   order, API, the calling library), copies in and out, the kernels that received it and
+//!   its last use; the hottest and coldest allocations on request.
+//!
+//! Time is read from a tick source the host library installs ([`Config::clock`]: the TSC
+//! in the shim, [`instant_ticks`] by default) and converted to nanoseconds on read
+//! ([`Clock`]). Pure, safe Rust: the host library supplies addresses, names and ticks.
+
+#![forbid(unsafe_code)]
+
+pub mod counters;
+pub mod history;
+pub mod report;
+pub mod timeline;
+
+use counters::ThreadCounters;
+use history::History;
+use parking_lot::{Mutex, RwLock};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use timeline::{Buffer, Event, Ring};
+
+pub use report::{AllocStat, CallStat, CopyStat, KernelStat, Stats};
+
+/// What `CUDAW_TRACE` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// Nothing is recorded (the default).
+    Off,
+    /// Counters and the memory history.
+    Metrics,
+    /// Counters, the memory history and the timeline ring.
+    Timeline,
+}
+
+impl Mode {
+    /// Parses `CUDAW_TRACE`: `metrics`, `timeline`, or `off` (also empty, `0`, `none`).
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "off" | "0" | "none" => Ok(Mode::Off),
+            "metrics" | "1" | "on" => Ok(Mode::Metrics),
+            "timeline" => Ok(Mode::Timeline),
+            other => Err(format!(
+                "CUDAW_TRACE={other:?} is not metrics, timeline or off"
+            )),
+        }
+    }
+
+    /// `off`, `metrics` or `timeline`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Metrics => "metrics",
+            Mode::Timeline => "timeline",
+        }
+    }
+}
+
+/// The default number of events the timeline ring holds.
+pub const DEFAULT_RING_EVENTS: usize = 1 << 20;
+
+/// How a [`Tracer`] is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// What to record.
+    pub mode: Mode,
+    /// The timeline ring's capacity in events (oldest dropped beyond it).
+    pub ring_events: usize,
+    /// The tick source: monotonic, at a constant rate (calibrated against [`Instant`]);
+    /// `None`: [`instant_ticks`] (nanoseconds).
+    pub clock: Option<fn() -> u64>,
+}
+
+impl Config {
+    /// `mode` with the default ring and the [`Instant`] clock.
+    pub fn new(mode: Mode) -> Config {
+        Config {
+            mode,
+            ring_events: DEFAULT_RING_EVENTS,
+            clock: None,
+        }
+    }
+}
+
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Nanoseconds since the first call: the default tick source.
+pub fn instant_ticks() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A tick source and its rate, measured against [`Instant`].
+pub struct Clock {
+    now: fn() -> u64,
+    /// Whether `now` counts nanoseconds already ([`instant_ticks`]).
+    nanoseconds: bool,
+    t0: u64,
+    i0: Instant,
+    /// Ticks per nanosecond measured at start (over a short spin), used until the process
+    /// has run long enough for the whole span to be the better measure.
+    initial: f64,
+}
+
+impl Clock {
+    /// Calibrates `source` (spinning about 2 ms); `None`: [`instant_ticks`].
+    pub fn new(source: Option<fn() -> u64>) -> Clock {
+        let now = source.unwrap_or(instant_ticks);
+        let i0 = Instant::now();
+        let t0 = now();
+        let initial = if source.is_none() {
+            1.0
+        } else {
+            loop {
+                let ns = i0.elapsed().as_nanos() as u64;
+                if ns >= 2_000_000 {
+                    let t = now();
+                    break t.wrapping_sub(t0) as f64 / ns as f64;
+                }
+                std::hint::spin_loop();
+            }
+        };
+        Clock {
+            now,
+            nanoseconds: source.is_none(),
+            t0,
+            i0,
+            initial: if initial > 0.0 { initial } else { 1.0 },
+        }
+    }
+
+    /// Ticks now.
+    #[inline]
+    pub fn now(&self) -> u64 {
+        (self.now)()
+    }
+
+    /// Ticks per nanosecond.
+    pub fn rate(&self) -> f64 {
+        if self.nanoseconds {
+            return 1.0;
+        }
+        let ns = self.i0.elapsed().as_nanos() as u64;
+        if ns < 200_000_000 {
+            return self.initial;
+        }
+        let t = self.now().wrapping_sub(self.t0) as f64;
+        let r = t / ns as f64;
+        if r > 0.0 {
+            r
+        } else {
+            self.initial
+        }
+    }
+
+    /// Nanoseconds for `ticks` at `rate` ticks per nanosecond.
+    pub fn ns(ticks: u64, rate: f64) -> f64 {
+        ticks as f64 / rate
+    }
+
+    /// Nanoseconds from the tracer's start to tick `t` at `rate`.
+    pub fn since_start(&self, t: u64, rate: f64) -> f64 {
+        t.wrapping_sub(self.t0) as i64 as f64 / rate
+    }
+
+    /// The tick the tracer started at.
+    pub fn start(&self) -> u64 {
+        self.t0
+    }
+}
+
+/// A copy's direction, numbered as `cudaMemcpyKind` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Host to host.
+    HtoH = 0,
+    /// Host to device.
+    HtoD = 1,
+    /// Device to host.
+    DtoH = 2,
+    /// Device to device.
+    DtoD = 3,
+    /// Inferred from the addresses (`cudaMemcpyDefault`).
+    Default = 4,
+}
+
+impl Direction {
+    /// Every direction, in `cudaMemcpyKind` order.
+    pub const ALL: [Direction; 5] = [
+        Direction::HtoH,
+        Direction::HtoD,
+        Direction::DtoH,
+        Direction::DtoD,
+        Direction::Default,
+    ];
+
+    /// From a `cudaMemcpyKind` (anything unknown: [`Direction::Default`]).
+    pub fn from_kind(kind: i32) -> Direction {
+        match kind {
+            0 => Direction::HtoH,
+            1 => Direction::HtoD,
+            2 => Direction::DtoH,
+            3 => Direction::DtoD,
+            _ => Direction::Default,
+        }
+    }
+
+    /// `HtoD`, `DtoH`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::HtoH => "HtoH",
+            Direction::HtoD => "HtoD",
+            Direction::DtoH => "DtoH",
+            Direction::DtoD => "DtoD",
+            Direction::Default => "Default",
+        }
+    }
+}
+
+/// Names interned to small numbers (kernels), with their demangled forms made on read.
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+    names: Vec<Arc<str>>,
+}
+
+/// Every function table registered, flattened: id → name.
+#[derive(Default)]
+struct Functions {
+    names: Vec<&'static str>,
+}
+
+/// The process's tracer.
+pub struct Tracer {
+    id: usize,
+    mode: Mode,
+    clock: Clock,
+    functions: RwLock<Functions>,
+    kernels: RwLock<Interner>,
+    threads: Mutex<Vec<Arc<ThreadCounters>>>,
+    next_tid: AtomicU32,
+    ring: Option<Mutex<Ring>>,
+    history: Mutex<History>,
+    pauses: Mutex<report::PauseStat>,
+    events_seen: AtomicU64,
+}
+
+static NEXT_TRACER: AtomicU32 = AtomicU32::new(1);
+static GLOBAL: OnceLock<Tracer> = OnceLock::new();
+
+thread_local! {
+    /// This thread's counters, per tracer (one in a process; tests make several).
+    static LOCAL: RefCell<Vec<(usize, Arc<ThreadCounters>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Installs the process's tracer (the first call wins) and returns it.
+pub fn install(cfg: Config) -> &'static Tracer {
+    GLOBAL.get_or_init(|| Tracer::new(cfg))
+}
+
+/// The process's tracer, if one was installed with a mode other than [`Mode::Off`].
+#[inline]
+pub fn get() -> Option<&'static Tracer> {
+    GLOBAL.get().filter(|t| t.mode != Mode::Off)
+}
+
+impl Tracer {
+    /// A tracer of its own (the process's is [`install`]ed).
+    pub fn new(cfg: Config) -> Tracer {
+        let clock = if cfg.mode == Mode::Off {
+            Clock {
+                now: cfg.clock.unwrap_or(instant_ticks),
+                nanoseconds: cfg.clock.is_none(),
+                t0: 0,
+                i0: Instant::now(),
+                initial: 1.0,
+            }
+        } else {
+            Clock::new(cfg.clock)
+        };
+        Tracer {
+            id: NEXT_TRACER.fetch_add(1, Ordering::Relaxed) as usize,
+            mode: cfg.mode,
+            clock,
+            functions: RwLock::new(Functions::default()),
+            kernels: RwLock::new(Interner::default()),
+            threads: Mutex::new(Vec::new()),
+            next_tid: AtomicU32::new(1),
+            ring: (cfg.mode == Mode::Timeline)
+                .then(|| Mutex::new(Ring::new(cfg.ring_events.max(16)))),
+            history: Mutex::new(History::default()),
+            pauses: Mutex::new(report::PauseStat::default()),
+            events_seen: AtomicU64::new(0),
+        }
+    }
+
+    /// What this tracer records.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether the timeline is kept.
+    #[inline]
+    pub fn timeline(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Ticks now.
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Registers a table of function names (one library's exports); returns the id of its
+    /// first name: name `i` of the table is function `base + i` in [`Tracer::record_call`].
+    pub fn register_functions(&self, names: &[&'static str]) -> u32 {
+        let mut f = self.functions.write();
+        let base = f.names.len() as u32;
+        f.names.extend_from_slice(names);
+        base
+    }
+
+    /// The number a kernel (by its mangled name) is counted under.
+    pub fn kernel_id(&self, mangled: &str) -> u32 {
+        if let Some(&id) = self.kernels.read().ids.get(mangled) {
+            return id;
+        }
+        let mut k = self.kernels.write();
+        if let Some(&id) = k.ids.get(mangled) {
+            return id;
+        }
+        let id = k.names.len() as u32;
+        k.names.push(Arc::from(mangled));
+        k.ids.insert(mangled.to_owned(), id);
+        id
+    }
+
+    /// A kernel's mangled name.
+    pub fn kernel_name(&self, id: u32) -> Option<Arc<str>> {
+        self.kernels.read().names.get(id as usize).cloned()
+    }
+
+    /// The calling thread's counters (registered on first use).
+    #[inline]
+    fn local<R>(&self, f: impl FnOnce(&ThreadCounters) -> R) -> R {
+        LOCAL.with(|l| {
+            if let Some((_, c)) = l.borrow().iter().find(|(id, _)| *id == self.id) {
+                return f(c);
+            }
+            let c = Arc::new(ThreadCounters::new(
+                self.next_tid.fetch_add(1, Ordering::Relaxed),
+                std::thread::current().name().map(str::to_owned),
+            ));
+            self.threads.lock().push(c.clone());
+            l.borrow_mut().push((self.id, c.clone()));
+            f(&c)
+        })
+    }
+
+    /// The calling thread's number in the timeline.
+    pub fn thread_id(&self) -> u32 {
+        self.local(|c| c.tid)
+    }
+
+    fn push(&self, e: Event) {
+        if let Some(r) = &self.ring {
+            self.events_seen.fetch_add(1, Ordering::Relaxed);
+            r.lock().push(e);
+        }
+    }
+
+    /// One call of function `f` (see [`Tracer::register_functions`]) from tick `start` to
+    /// tick `end`.
+    #[inline]
+    pub fn record_call(&self, f: u32, start: u64, end: u64) {
+        let d = end.wrapping_sub(start);
+        let tid = self.local(|c| {
+            c.call(f as usize, d);
+            c.tid
+        });
+        if self.ring.is_some() {
+            self.push(Event::Call { f, tid, start, end });
+        }
+    }
+
+    /// A kernel launch: `words` are the 8-byte words of its arguments that may be pointers
+    /// (each with the parameter it came from), from the parameter layout; those inside a
+    /// known allocation are the buffers it received.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_launch(
+        &self,
+        kernel: u32,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        start: u64,
+        end: u64,
+        words: &[(u16, u64)],
+    ) {
+        let tid = self.local(|c| {
+            c.launch(kernel as usize);
+            c.tid
+        });
+        let buffers: Vec<Buffer> = if words.is_empty() {
+            Vec::new()
+        } else {
+            self.history.lock().launch(kernel, words, end)
+        };
+        if self.ring.is_some() {
+            self.push(Event::Launch(Box::new(timeline::Launch {
+                kernel,
+                tid,
+                start,
+                end,
+                grid,
+                block,
+                shared,
+                buffers,
+            })));
+        }
+    }
+
+    /// A copy of `bytes` from `src` to `dst` (addresses as the program gave them).
+    pub fn record_copy(
+        &self,
+        dir: Direction,
+        bytes: u64,
+        dst: u64,
+        src: u64,
+        start: u64,
+        end: u64,
+    ) {
+        let (dir, dst_a, src_a) = self.history.lock().copy(dir, bytes, dst, src, end);
+        let tid = self.local(|c| {
+            c.copy(dir, bytes);
+            c.tid
+        });
+        if self.ring.is_some() {
+            self.push(Event::Copy {
+                dir,
+                tid,
+                start,
+                end,
+                bytes,
+                dst: dst_a,
+                src: src_a,
+            });
+        }
+    }
+
+    /// A new allocation of `size` bytes at `base`, made by `api` (e.g. `cudaMalloc`), called
+    /// from `site` (the calling library, when known).
+    pub fn record_alloc(&self, base: u64, size: u64, api: &'static str, site: Option<&str>) {
+        let at = self.now();
+        let order = self.history.lock().alloc(base, size, api, site, at);
+        if self.ring.is_some() {
+            let tid = self.thread_id();
+            self.push(Event::Alloc {
+                tid,
+                at,
+                base,
+                size,
+                order,
+                api,
+            });
+        }
+    }
+
+    /// The allocation at `base` was freed.
+    pub fn record_free(&self, base: u64) {
+        let at = self.now();
+        let rec = self.history.lock().free(base, at);
+        if let (Some((order, size)), true) = (rec, self.ring.is_some()) {
+            let tid = self.thread_id();
+            self.push(Event::Free {
+                tid,
+                at,
+                base,
+                size,
+                order,
+            });
+        }
+    }
+
+    /// A pause (or, with `resume`, a resume) from `start` to `end` that moved `bytes` of
+    /// `allocations`.
+    pub fn record_pause(&self, resume: bool, start: u64, end: u64, allocations: u64, bytes: u64) {
+        let ms = Clock::ns(end.wrapping_sub(start), self.clock.rate()) / 1e6;
+        {
+            let mut p = self.pauses.lock();
+            if resume {
+                p.resumes += 1;
+                p.resume_ms += ms;
+            } else {
+                p.pauses += 1;
+                p.pause_ms += ms;
+            }
+        }
+        let tid = self.thread_id();
+        self.push(Event::Pause {
+            resume,
+            tid,
+            start,
+            end,
+            allocations,
+            bytes,
+        });
+    }
+
+    /// The function names, by id.
+    fn function_names(&self) -> Vec<&'static str> {
+        self.functions.read().names.clone()
+    }
+
+    fn kernel_names(&self) -> Vec<Arc<str>> {
+        self.kernels.read().names.clone()
+    }
+
+    /// Everything counted so far, merged over threads; `top` hottest and coldest
+    /// allocations.
+    pub fn stats(&self, pid: u32, top: usize) -> Stats {
+        let rate = self.clock.rate();
+        let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
+        let merged = counters::merge(&threads);
+        let fnames = self.function_names();
+        let knames = self.kernel_names();
+        let now = self.now();
+        let history = self.history.lock();
+        report::build(report::Inputs {
+            pid,
+            mode: self.mode,
+            seconds: Clock::ns(now.wrapping_sub(self.clock.start()), rate) / 1e9,
+            rate,
+            now,
+            merged: &merged,
+            function_names: &fnames,
+            kernel_names: &knames,
+            history: &history,
+            pauses: *self.pauses.lock(),
+            timeline: self.ring.as_ref().map(|r| {
+                let r = r.lock();
+                report::TimelineStat {
+                    events: r.len() as u64,
+                    capacity: r.capacity() as u64,
+                    dropped: r.dropped(),
+                }
+            }),
+            top,
+        })
+    }
+
+    /// Writes the timeline so far as Chrome trace-event JSON; returns the number of events
+    /// written. `process` names the process in the viewer.
+    pub fn write_timeline(
+        &self,
+        w: &mut dyn std::io::Write,
+        pid: u32,
+        process: &str,
+    ) -> std::io::Result<u64> {
+        let events: Vec<Event> = match &self.ring {
+            Some(r) => r.lock().to_vec(),
+            None => Vec::new(),
+        };
+        let dropped = self.ring.as_ref().map_or(0, |r| r.lock().dropped());
+        let threads: Vec<(u32, Option<String>)> = self
+            .threads
+            .lock()
+            .iter()
+            .map(|t| (t.tid, t.name.clone()))
+            .collect();
+        timeline::write_chrome(
+            w,
+            &timeline::Context {
+                pid,
+                process,
+                clock: &self.clock,
+                rate: self.clock.rate(),
+                functions: &self.function_names(),
+                kernels: &self.kernel_names(),
+                threads: &threads,
+                dropped,
+            },
+            &events,
+        )
+    }
+}
+
+/// The demangled form of a kernel's name (the name itself for `extern "C"` kernels, such
+/// as Triton's).
+pub fn demangle(name: &str) -> String {
+    if !name.starts_with("_Z") {
+        return name.to_owned();
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|s| s.demangle().ok())
+        .unwrap_or_else(|| name.to_owned())
+}

@@ -1,0 +1,357 @@
+//! The timeline: events in a bounded ring (the oldest dropped when full), written as
+//! Chrome trace-event JSON (`{"traceEvents":[...]}`), which Perfetto and `chrome://tracing`
+//! open. Calls, launches, copies and pauses are complete events (`"ph":"X"`, start and
+//! duration in microseconds); allocations and frees are instant events (`"ph":"i"`).
+//! Categories: `call`, `kernel`, `copy`, `memory`, `pause`.
+
+use crate::{demangle, Clock, Direction};
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::Arc;
+
+/// An allocation as an event names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocRef {
+    /// Creation order.
+    pub order: u64,
+    /// Address.
+    pub base: u64,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// An allocation a launch received, through parameter `param`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buffer {
+    /// The parameter's ordinal.
+    pub param: u16,
+    /// The allocation.
+    pub alloc: AllocRef,
+}
+
+/// A launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// Kernel id.
+    pub kernel: u32,
+    /// Thread.
+    pub tid: u32,
+    /// Ticks at the start of the launch call.
+    pub start: u64,
+    /// Ticks at its end.
+    pub end: u64,
+    /// Grid.
+    pub grid: [u32; 3],
+    /// Block.
+    pub block: [u32; 3],
+    /// Dynamic shared memory.
+    pub shared: u32,
+    /// The allocations its arguments point into.
+    pub buffers: Vec<Buffer>,
+}
+
+/// One timeline event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A call of function `f`.
+    Call {
+        /// Function id.
+        f: u32,
+        /// Thread.
+        tid: u32,
+        /// Start tick.
+        start: u64,
+        /// End tick.
+        end: u64,
+    },
+    /// A kernel launch.
+    Launch(Box<Launch>),
+    /// A copy.
+    Copy {
+        /// Direction.
+        dir: Direction,
+        /// Thread.
+        tid: u32,
+        /// Start tick.
+        start: u64,
+        /// End tick.
+        end: u64,
+        /// Bytes.
+        bytes: u64,
+        /// The allocation copied into.
+        dst: Option<AllocRef>,
+        /// The allocation copied from.
+        src: Option<AllocRef>,
+    },
+    /// An allocation.
+    Alloc {
+        /// Thread.
+        tid: u32,
+        /// Tick.
+        at: u64,
+        /// Address.
+        base: u64,
+        /// Size.
+        size: u64,
+        /// Creation order.
+        order: u64,
+        /// The API.
+        api: &'static str,
+    },
+    /// A free.
+    Free {
+        /// Thread.
+        tid: u32,
+        /// Tick.
+        at: u64,
+        /// Address.
+        base: u64,
+        /// Size.
+        size: u64,
+        /// Creation order.
+        order: u64,
+    },
+    /// A pause or resume.
+    Pause {
+        /// A resume rather than a pause.
+        resume: bool,
+        /// Thread.
+        tid: u32,
+        /// Start tick.
+        start: u64,
+        /// End tick.
+        end: u64,
+        /// Allocations moved.
+        allocations: u64,
+        /// Bytes moved.
+        bytes: u64,
+    },
+}
+
+/// A bounded ring of events.
+pub struct Ring {
+    events: VecDeque<Event>,
+    capacity: usize,
+    dropped: u64,
+}
+
+impl Ring {
+    /// An empty ring of `capacity` events.
+    pub fn new(capacity: usize) -> Ring {
+        Ring {
+            events: VecDeque::with_capacity(capacity.min(1 << 16)),
+            capacity,
+            dropped: 0,
+        }
+    }
+
+    /// Adds `e`, dropping the oldest event when full.
+    pub fn push(&mut self, e: Event) {
+        if self.events.len() >= self.capacity {
+            self.events.pop_front();
+            self.dropped += 1;
+        }
+        self.events.push_back(e);
+    }
+
+    /// Events held.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Its capacity.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Events dropped so far to stay within the capacity.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// A copy of the events, oldest first.
+    pub fn to_vec(&self) -> Vec<Event> {
+        self.events.iter().cloned().collect()
+    }
+}
+
+/// What writing needs besides the events.
+pub struct Context<'a> {
+    /// The process id.
+    pub pid: u32,
+    /// The process's name.
+    pub process: &'a str,
+    /// The clock the ticks came from.
+    pub clock: &'a Clock,
+    /// Its rate (ticks per ns).
+    pub rate: f64,
+    /// Function names by id.
+    pub functions: &'a [&'static str],
+    /// Kernel (mangled) names by id.
+    pub kernels: &'a [Arc<str>],
+    /// Threads: (tid, name).
+    pub threads: &'a [(u32, Option<String>)],
+    /// Events dropped from the ring.
+    pub dropped: u64,
+}
+
+fn hex(v: u64) -> String {
+    format!("{v:#x}")
+}
+
+fn alloc_json(a: &AllocRef) -> Value {
+    json!({"alloc": a.order, "base": hex(a.base), "size": a.size})
+}
+
+/// Writes `events` as Chrome trace-event JSON; returns how many events were written.
+pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> std::io::Result<u64> {
+    let us = |t: u64| cx.clock.since_start(t, cx.rate) / 1e3;
+    let dur = |a: u64, b: u64| Clock::ns(b.wrapping_sub(a), cx.rate) / 1e3;
+    let mut kernel_names: Vec<Option<String>> = vec![None; cx.kernels.len()];
+    let mut kname = |k: u32| -> String {
+        match kernel_names.get_mut(k as usize) {
+            Some(slot) => slot
+                .get_or_insert_with(|| demangle(&cx.kernels[k as usize]))
+                .clone(),
+            None => format!("kernel#{k}"),
+        }
+    };
+    let pid = cx.pid;
+    w.write_all(b"{\"traceEvents\":[\n")?;
+    let mut n = 0u64;
+    let mut first = true;
+    let mut emit = |w: &mut dyn Write, v: Value| -> std::io::Result<()> {
+        if !first {
+            w.write_all(b",\n")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *w, &v)?;
+        Ok(())
+    };
+    emit(
+        w,
+        json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+               "args": {"name": format!("{} (cudaw, pid {pid})", cx.process)}}),
+    )?;
+    for (tid, name) in cx.threads {
+        let name = name.clone().unwrap_or_else(|| format!("thread {tid}"));
+        emit(
+            w,
+            json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}),
+        )?;
+    }
+    for e in events {
+        let v = match e {
+            Event::Call { f, tid, start, end } => json!({
+                "name": cx.functions.get(*f as usize).copied().unwrap_or("?"),
+                "cat": "call", "ph": "X", "pid": pid, "tid": tid,
+                "ts": us(*start), "dur": dur(*start, *end),
+            }),
+            Event::Launch(l) => {
+                let mangled = cx
+                    .kernels
+                    .get(l.kernel as usize)
+                    .map_or_else(String::new, |s| s.to_string());
+                let buffers: Vec<Value> = l
+                    .buffers
+                    .iter()
+                    .map(|b| {
+                        let mut v = alloc_json(&b.alloc);
+                        v["param"] = json!(b.param);
+                        v
+                    })
+                    .collect();
+                json!({
+                    "name": kname(l.kernel), "cat": "kernel", "ph": "X", "pid": pid, "tid": l.tid,
+                    "ts": us(l.start), "dur": dur(l.start, l.end),
+                    "args": {"kernel": mangled, "grid": l.grid, "block": l.block,
+                             "shared": l.shared, "buffers": buffers},
+                })
+            }
+            Event::Copy {
+                dir,
+                tid,
+                start,
+                end,
+                bytes,
+                dst,
+                src,
+            } => json!({
+                "name": format!("copy {}", dir.as_str()), "cat": "copy", "ph": "X",
+                "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
+                "args": {"direction": dir.as_str(), "bytes": bytes,
+                         "dst": dst.as_ref().map(alloc_json), "src": src.as_ref().map(alloc_json)},
+            }),
+            Event::Alloc {
+                tid,
+                at,
+                base,
+                size,
+                order,
+                api,
+            } => json!({
+                "name": format!("alloc {size}"), "cat": "memory", "ph": "i", "s": "t",
+                "pid": pid, "tid": tid, "ts": us(*at),
+                "args": {"alloc": order, "base": hex(*base), "size": size, "api": api},
+            }),
+            Event::Free {
+                tid,
+                at,
+                base,
+                size,
+                order,
+            } => json!({
+                "name": format!("free {size}"), "cat": "memory", "ph": "i", "s": "t",
+                "pid": pid, "tid": tid, "ts": us(*at),
+                "args": {"alloc": order, "base": hex(*base), "size": size},
+            }),
+            Event::Pause {
+                resume,
+                tid,
+                start,
+                end,
+                allocations,
+                bytes,
+            } => json!({
+                "name": if *resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
+                "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
+                "args": {"allocations": allocations, "bytes": bytes},
+            }),
+        };
+        emit(w, v)?;
+        n += 1;
+    }
+    w.write_all(b"\n],\"displayTimeUnit\":\"ns\",\"otherData\":")?;
+    serde_json::to_writer(
+        &mut *w,
+        &json!({"producer": "cudaw", "events": n, "dropped": cx.dropped}),
+    )?;
+    w.write_all(b"}\n")?;
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_drops_its_oldest() {
+        let mut r = Ring::new(3);
+        for i in 0..5 {
+            r.push(Event::Call {
+                f: i,
+                tid: 1,
+                start: 0,
+                end: 1,
+            });
+        }
+        assert_eq!((r.len(), r.dropped()), (3, 2));
+        assert!(matches!(r.to_vec()[0], Event::Call { f: 2, .. }));
+    }
+}
