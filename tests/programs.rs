@@ -15,8 +15,9 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 8] = [
+const PROGRAMS: [&str; 9] = [
     "ckpt_target",
+    "hotcold",
     "malloc_async",
     "multithread",
     "pause_target",
@@ -98,6 +99,7 @@ macro_rules! programs {
 
 programs!(
     ckpt_target,
+    hotcold,
     malloc_async,
     multithread,
     pause_target,

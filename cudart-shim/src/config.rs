@@ -37,6 +37,13 @@ pub struct Config {
     /// `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`: how
     /// pause and resume copy.
     pub staging: driver::StagingConfig,
+    /// `CUDAW_TRACE`: `metrics`, `timeline` or off (default).
+    pub trace: cudaw_trace::Mode,
+    /// `CUDAW_TRACE_FILE`: where the timeline is written at exit (default
+    /// `cudaw-PID.trace.json` in the working folder).
+    pub trace_file: Option<PathBuf>,
+    /// `CUDAW_TRACE_EVENTS`: the timeline ring's capacity in events.
+    pub trace_events: usize,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -98,6 +105,26 @@ impl Config {
             _ => (None, None),
         };
         let staging = driver::StagingConfig::from_lookup(&get, &mut warnings);
+        let trace = match get("CUDAW_TRACE") {
+            None => cudaw_trace::Mode::Off,
+            Some(v) => cudaw_trace::Mode::parse(&v).unwrap_or_else(|e| {
+                warnings.push(format!("{e}; tracing is off"));
+                cudaw_trace::Mode::Off
+            }),
+        };
+        let trace_events = match get("CUDAW_TRACE_EVENTS").filter(|v| !v.trim().is_empty()) {
+            None => cudaw_trace::DEFAULT_RING_EVENTS,
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n >= 16 => n,
+                _ => {
+                    warnings.push(format!(
+                        "CUDAW_TRACE_EVENTS={v:?} is not a number of events (16 or more); using {}",
+                        cudaw_trace::DEFAULT_RING_EVENTS
+                    ));
+                    cudaw_trace::DEFAULT_RING_EVENTS
+                }
+            },
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
@@ -116,6 +143,9 @@ impl Config {
                 Some("off" | "none" | "0")
             ),
             staging,
+            trace,
+            trace_file: path("CUDAW_TRACE_FILE"),
+            trace_events,
             warnings,
         }
     }
@@ -218,6 +248,28 @@ mod tests {
         assert!(c.warnings[0].contains("sideways"));
         let c = Config::from_lookup(|k| (k == "CUDAW_STAGING_STREAMS").then(|| "3".into()));
         assert_eq!(c.staging.streams, 3);
+        assert_eq!(c.trace, cudaw_trace::Mode::Off);
+        let c = Config::from_lookup(|k| match k {
+            "CUDAW_TRACE" => Some("timeline".into()),
+            "CUDAW_TRACE_EVENTS" => Some("1000".into()),
+            "CUDAW_TRACE_FILE" => Some("/tmp/t.json".into()),
+            _ => None,
+        });
+        assert_eq!(
+            (c.trace, c.trace_events, c.trace_file),
+            (
+                cudaw_trace::Mode::Timeline,
+                1000,
+                Some(PathBuf::from("/tmp/t.json"))
+            )
+        );
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "loud".into()));
+        assert_eq!(c.trace, cudaw_trace::Mode::Off);
+        assert!(
+            c.warnings[0].contains("CUDAW_TRACE=\"loud\""),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

@@ -271,7 +271,7 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
             Ok(p)
         } else {
             Err(format!(
-                "the image path {} is not absolute (the process's working folder is not the client's)",
+                "the path {} is not absolute (the process's working folder is not the client's)",
                 p.display()
             ))
         }
@@ -301,6 +301,36 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
             Ok(path) => pause::Request::Restore { path, force },
             Err(e) => return Reply::error(ErrorKind::Request, e),
         },
+        Request::Stats { top } => {
+            let top = top.unwrap_or(cudaw_control::DEFAULT_TOP) as usize;
+            return match crate::tracing::stats(top) {
+                Ok(s) => Reply {
+                    ok: true,
+                    stats: Some(Box::new(s)),
+                    ..Reply::default()
+                },
+                Err(e) => Reply::error(ErrorKind::Failed, e),
+            };
+        }
+        Request::Trace { path } => {
+            let path = match absolute(path) {
+                Ok(p) => p,
+                Err(e) => return Reply::error(ErrorKind::Request, e),
+            };
+            return match crate::tracing::write_timeline(&path) {
+                Ok(w) => Reply {
+                    ok: true,
+                    trace: Some(cudaw_control::TraceWritten {
+                        path: path.to_string_lossy().into_owned(),
+                        events: w.events,
+                        bytes: w.bytes,
+                        dropped: w.dropped,
+                    }),
+                    ..Reply::default()
+                },
+                Err(e) => Reply::error(ErrorKind::Failed, e),
+            };
+        }
     };
     match pause::handle(req, report) {
         Ok(out) => {

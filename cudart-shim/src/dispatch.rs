@@ -5,7 +5,8 @@
 //! major). A trampoline tests [`crate::gate::GATE`] and jumps through [`TABLE`]; the slow
 //! path saves the argument registers, calls [`slow_resolve`], restores them and jumps to
 //! what it returned, so any signature (varargs and structs by value included) passes
-//! through untouched.
+//! through untouched. With tracing on ([`gate::TRACING`]) every call takes the slow path,
+//! which also hands the call's return-address slot to [`crate::tracing::enter`].
 
 use crate::gate;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,8 +31,9 @@ std::arch::global_asm!(
 );
 
 // The slow path: %r11d holds the export's index. Saves every argument register (integer,
-// vector, and %rax, which carries the vector count for varargs), calls slow_resolve(index),
-// restores, and jumps to the result. The stack is 16-byte aligned at the call.
+// vector, and %rax, which carries the vector count for varargs), calls
+// slow_resolve(index, address of the caller's return address), restores, and jumps to the
+// result. The stack is 16-byte aligned at the call.
 std::arch::global_asm!(
     ".pushsection .text.cudaw_slow,\"ax\",@progbits",
     ".p2align 4",
@@ -57,6 +59,7 @@ std::arch::global_asm!(
     "    movdqu %xmm6, 96(%rsp)",
     "    movdqu %xmm7, 112(%rsp)",
     "    mov %r11d, %edi",
+    "    lea 8(%rbp), %rsi",
     "    call {resolve}",
     "    mov %rax, %r11",
     "    movdqu 0(%rsp), %xmm0",
@@ -91,8 +94,9 @@ extern "C" {
 
 static INIT: Once = Once::new();
 
-/// The slow path of every export: initialise once, wait while paused, return the target.
-extern "C" fn slow_resolve(index: u32) -> usize {
+/// The slow path of every export: initialise once, wait while paused, start timing the
+/// call when tracing, return the target. `slot` is where the caller's return address is.
+extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
     crate::boundary::guard(
         "the export slow path",
         unsupported as *const () as usize,
@@ -100,10 +104,16 @@ extern "C" fn slow_resolve(index: u32) -> usize {
             INIT.call_once(initialise);
             gate::wait_while_paused();
             let i = index as usize;
-            match TABLE.get(i).map(|t| t.load(Ordering::Acquire)) {
+            let target = match TABLE.get(i).map(|t| t.load(Ordering::Acquire)) {
                 Some(0) | None => unsupported as *const () as usize,
                 Some(target) => target,
+            };
+            if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
+                // SAFETY: the assembly passes the address of this export call's return
+                // address, and jumps to `target` next.
+                unsafe { crate::tracing::enter(index, slot) };
             }
+            target
         },
     )
 }
@@ -115,6 +125,8 @@ fn initialise() {
         crate::log::warn(format_args!("{w}"));
     }
     let mut missing = Vec::new();
+    // Before the table is filled: tracing adds the launch wrappers.
+    crate::tracing::init();
     match crate::real::load() {
         Ok(real) => {
             for (i, name) in ALL_NAMES.iter().enumerate() {

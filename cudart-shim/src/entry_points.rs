@@ -133,6 +133,7 @@ extern "C" fn cuMemFree(ptr: u64) -> u32 {
         Some((mem, a)) if a.base == ptr => {
             let _in_flight = crate::pause::enter();
             crate::call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
+            crate::tracing::free(ptr);
             match mem.vmm.free(ptr) {
                 Ok(()) => CU_SUCCESS,
                 Err(e) => to_cu(e.cuda_error_code()),

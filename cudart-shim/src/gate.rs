@@ -1,7 +1,8 @@
 //! The pause gate. Every export's trampoline loads one word, [`GATE`]; zero means "go
 //! straight to the target". Any other value sends the call to the slow path, which
 //! initialises the shim on the first call (bit [`UNINITIALISED`]) and holds the calling
-//! thread while the process is paused (bit [`PAUSED`]).
+//! thread while the process is paused (bit [`PAUSED`]), and times every call when tracing
+//! is on (bit [`TRACING`]).
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,6 +11,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const UNINITIALISED: u32 = 1;
 /// The process is paused: calls wait.
 pub const PAUSED: u32 = 2;
+
+/// Tracing is on (`CUDAW_TRACE`): every call takes the slow path, which times it
+/// ([`crate::tracing`]).
+pub const TRACING: u32 = 4;
 
 /// The gate word the trampolines load. Read by assembly: keep it a plain `u32`-sized atomic.
 pub static GATE: AtomicU32 = AtomicU32::new(UNINITIALISED);

@@ -29,5 +29,6 @@ pub mod real;
 pub mod real_fn;
 pub mod registry;
 pub mod staging;
+pub mod tracing;
 pub mod types;
 pub mod wrappers;

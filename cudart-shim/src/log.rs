@@ -76,6 +76,16 @@ pub fn write(l: Level, args: Arguments<'_>) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Writes one line without a level tag, when warnings are shown (the default): what the
+/// user asked for, such as the trace summary at exit.
+pub fn warn_plain(args: Arguments<'_>) {
+    if !enabled(Level::Warn) {
+        return;
+    }
+    let line = format!("cudaw[{}] {args}\n", std::process::id());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 /// Logs at error level.
 pub fn error(args: Arguments<'_>) {
     write(Level::Error, args)

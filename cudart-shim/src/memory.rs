@@ -32,6 +32,18 @@ pub mod tag {
     pub const ASYNC: u32 = 4;
     /// `cuMemAlloc` / `cuMemAllocAsync` handed out through a driver entry point.
     pub const DRIVER: u32 = 5;
+
+    /// The API a tag stands for.
+    pub fn api(tag: u32) -> &'static str {
+        match tag {
+            MALLOC => "cudaMalloc",
+            PITCH => "cudaMallocPitch",
+            MALLOC_3D => "cudaMalloc3D",
+            ASYNC => "cudaMallocAsync",
+            DRIVER => "cuMemAlloc",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Pitch alignment for `cudaMallocPitch` / `cudaMalloc3D` (what the runtime uses on
@@ -418,6 +430,7 @@ impl DeviceMemory {
             "allocated {} bytes at {:#x} (backing {:#x}, tag {tag})",
             a.size, a.base, a.backing
         ));
+        crate::tracing::alloc(a.base, a.size, tag::api(tag));
         Ok(a)
     }
 

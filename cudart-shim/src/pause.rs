@@ -367,11 +367,18 @@ pub fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
             Ok(Outcome::Resume(Moved::default()))
         }
         Request::Pause => {
+            let t0 = crate::tracing::now();
             let m = pause(report)?;
+            crate::tracing::pause(false, t0, m.allocations, m.bytes);
             ctl.paused = true;
             Ok(Outcome::Pause(m))
         }
-        Request::Resume => resume(&mut ctl, report).map(Outcome::Resume),
+        Request::Resume => {
+            let t0 = crate::tracing::now();
+            let m = resume(&mut ctl, report)?;
+            crate::tracing::pause(true, t0, m.allocations, m.bytes);
+            Ok(Outcome::Resume(m))
+        }
         Request::Dump {
             path,
             leave_running,

@@ -43,6 +43,8 @@ pub struct FunctionRecord {
     /// The fatbin it came from.
     pub fatbin: Arc<FatbinRecord>,
     layout: OnceLock<Option<Arc<KernelInfo>>>,
+    /// Its number in the tracer ([`crate::tracing`]), given on its first traced launch.
+    pub trace_id: OnceLock<u32>,
 }
 
 impl FunctionRecord {
@@ -126,6 +128,7 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
             name,
             fatbin,
             layout: OnceLock::new(),
+            trace_id: OnceLock::new(),
         }),
     );
 }

@@ -140,3 +140,12 @@ pub const DEV_ATTR_CC_MAJOR: i32 = 75;
 pub const DEV_ATTR_CC_MINOR: i32 = 76;
 /// `cudaEventDisableTiming`.
 pub const EVENT_DISABLE_TIMING: u32 = 2;
+
+/// `cudaMemcpyDeviceToDevice`.
+pub const MEMCPY_DEVICE_TO_DEVICE: i32 = 3;
+
+impl From<Dim3> for [u32; 3] {
+    fn from(d: Dim3) -> [u32; 3] {
+        [d.x, d.y, d.z]
+    }
+}

@@ -9,6 +9,7 @@ use crate::boundary::guard;
 use crate::dispatch::idx;
 use crate::memory::{self, align_up, tag, to_real, translated, write_out, PITCH_ALIGNMENT};
 use crate::registry;
+use crate::tracing;
 use crate::types::*;
 use crate::{call_real, log};
 use std::ffi::c_void;
@@ -89,6 +90,7 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
                 log::debug(format_args!("cudaFree: synchronisation reported {rc}"));
             }
             mem.reap(false);
+            tracing::free(a.base);
             match mem.vmm.free(a.base) {
                 Ok(()) => SUCCESS,
                 Err(e) => e.cuda_error_code(),
@@ -244,7 +246,10 @@ variants!(malloc_from_pool_impl => cudaMallocFromPoolAsync, cudaMallocFromPoolAs
 
 fn free_async_impl(i: usize, ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
     match memory::lookup(ptr as u64) {
-        Some((mem, a)) if a.base == ptr as u64 => mem.free_on_stream(a.base, stream),
+        Some((mem, a)) if a.base == ptr as u64 => {
+            tracing::free(a.base);
+            mem.free_on_stream(a.base, stream)
+        }
         Some(_) => ERROR_INVALID_VALUE,
         None => forward!(i, fn(*mut c_void, cudaStream_t), ptr, stream),
     }
@@ -463,7 +468,7 @@ impl ArgBuffer {
 static DEVICE_SM: AtomicU32 = AtomicU32::new(0);
 
 /// The current device's SM number (e.g. 90), cached.
-fn device_sm() -> u32 {
+pub(crate) fn device_sm() -> u32 {
     let v = DEVICE_SM.load(Ordering::Relaxed);
     if v != 0 {
         return v;
@@ -483,6 +488,9 @@ fn translate_args(
     rec: Option<std::sync::Arc<registry::FunctionRecord>>,
     args: *mut *mut c_void,
 ) -> Option<ArgBuffer> {
+    if !translated() {
+        return None;
+    }
     let rec = rec?;
     if args.is_null() {
         return None;
@@ -567,18 +575,21 @@ fn forward_launch(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
+    let traced = rec.clone();
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    forward!(
-        i,
-        fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
-        f,
-        g,
-        b,
-        a,
-        shm,
-        s
-    )
+    tracing::launch(traced.as_deref(), g.into(), b.into(), shm, args, || {
+        forward!(
+            i,
+            fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+            f,
+            g,
+            b,
+            a,
+            shm,
+            s
+        )
+    })
 }
 
 fn launch_impl(
@@ -624,15 +635,24 @@ fn launch_ex_impl(
     f: *const c_void,
     args: *mut *mut c_void,
 ) -> cudaError_t {
-    let mut buf = translate_args(registry::function(f as usize), args);
+    let rec = registry::function(f as usize);
+    let traced = rec.clone();
+    let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    forward!(
-        i,
-        fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
-        cfg,
-        f,
-        a
-    )
+    // SAFETY: a non-null launch configuration from the application.
+    let shape = (!cfg.is_null()).then(|| unsafe { cfg.read() });
+    let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
+        (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
+    });
+    tracing::launch(traced.as_deref(), g, b, shm, args, || {
+        forward!(
+            i,
+            fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
+            cfg,
+            f,
+            a
+        )
+    })
 }
 variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
     (cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void));
@@ -726,14 +746,16 @@ fn rm(p: *mut c_void) -> *mut c_void {
 }
 
 fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, *const c_void, usize, i32),
-        rm(d),
-        r(s),
-        n,
-        k
-    )
+    tracing::copy(k, n, d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, *const c_void, usize, i32),
+            rm(d),
+            r(s),
+            n,
+            k
+        )
+    })
 }
 variants!(memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; (d: *mut c_void, s: *const c_void, n: usize, k: i32));
 
@@ -745,15 +767,17 @@ fn memcpy_async_impl(
     k: i32,
     st: cudaStream_t,
 ) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
-        rm(d),
-        r(s),
-        n,
-        k,
-        st
-    )
+    tracing::copy(k, n, d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
+            rm(d),
+            r(s),
+            n,
+            k,
+            st
+        )
+    })
 }
 variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
     (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
@@ -785,17 +809,19 @@ fn memcpy_2d_impl(
     h: usize,
     k: i32,
 ) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
-        rm(d),
-        dp,
-        r(s),
-        sp,
-        w,
-        h,
-        k
-    )
+    tracing::copy(k, w.saturating_mul(h), d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
+            rm(d),
+            dp,
+            r(s),
+            sp,
+            w,
+            h,
+            k
+        )
+    })
 }
 variants!(memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds;
     (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32));
@@ -812,18 +838,20 @@ fn memcpy_2d_async_impl(
     k: i32,
     st: cudaStream_t,
 ) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
-        rm(d),
-        dp,
-        r(s),
-        sp,
-        w,
-        h,
-        k,
-        st
-    )
+    tracing::copy(k, w.saturating_mul(h), d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
+            rm(d),
+            dp,
+            r(s),
+            sp,
+            w,
+            h,
+            k,
+            st
+        )
+    })
 }
 variants!(memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
     (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32, st: cudaStream_t));
@@ -923,15 +951,17 @@ fn memcpy_peer_impl(
     sd: i32,
     n: usize,
 ) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, i32, *const c_void, i32, usize),
-        rm(d),
-        dd,
-        r(s),
-        sd,
-        n
-    )
+    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, i32, *const c_void, i32, usize),
+            rm(d),
+            dd,
+            r(s),
+            sd,
+            n
+        )
+    })
 }
 variants!(memcpy_peer_impl => cudaMemcpyPeer; (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize));
 
@@ -944,16 +974,18 @@ fn memcpy_peer_async_impl(
     n: usize,
     st: cudaStream_t,
 ) -> cudaError_t {
-    forward!(
-        i,
-        fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
-        rm(d),
-        dd,
-        r(s),
-        sd,
-        n,
-        st
-    )
+    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
+        forward!(
+            i,
+            fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
+            rm(d),
+            dd,
+            r(s),
+            sd,
+            n,
+            st
+        )
+    })
 }
 variants!(memcpy_peer_async_impl => cudaMemcpyPeerAsync;
     (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize, st: cudaStream_t));
@@ -1124,7 +1156,8 @@ pub fn table() -> Vec<(usize, usize)> {
         cudaMemcpyFromSymbolAsync_ptsz,
     ];
     v.extend(crate::entry_points::table());
-    if translated() {
+    // Launches are wrapped to translate their arguments, or to trace them.
+    if translated() || tracing::enabled() {
         v.extend(entries![
             cudaLaunchKernel,
             cudaLaunchKernel_ptsz,

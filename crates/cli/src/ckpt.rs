@@ -19,7 +19,7 @@ use cudaw_control::{Moved, Request, Status};
 use ckpt_client::{absolute, fail, kind_of, request, utf8, Kind};
 use ckpt_progress::Bars;
 
-/// Pause, resume, checkpoint and restore CUDA programs running under cudaw.
+/// Pause, resume, checkpoint, restore and trace CUDA programs running under cudaw.
 ///
 /// A program started with `cudaw run` (or with cudaw's libcudart.so preloaded) serves a
 /// control socket at $CUDAW_RUN_DIR/PID.sock (default $XDG_RUNTIME_DIR/cudaw, else
@@ -49,6 +49,10 @@ use ckpt_progress::Bars;
 ///   cudaw-ckpt restore 4242 -i job.img go back to job.img's memory, and continue
 ///
 ///   cudaw-ckpt inspect job.img --verify
+///
+///   cudaw-ckpt stats 4242 [--json|--prometheus]   metrics (CUDAW_TRACE=metrics|timeline)
+///
+///   cudaw-ckpt trace 4242 -o job.trace.json       the timeline so far (CUDAW_TRACE=timeline)
 ///
 /// Exit status: 0 on success; 1 on a failure (no such process, not under cudaw,
 /// permission, the file system, the request failed); 3 when an image is at fault (not a
@@ -166,6 +170,51 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show a process's metrics (it must run with CUDAW_TRACE=metrics or timeline).
+    ///
+    /// Per runtime function: calls, total, mean and largest time in the call; per kernel
+    /// (demangled name): launches; per copy direction: copies and bytes; pauses and
+    /// resumes; and from the memory history the hottest allocations (most copies and
+    /// launches) and the coldest (unused longest), each with its size, creation order, API,
+    /// calling library, copies in and out, the kernels that received it and its idle time.
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt stats 4242\n  \
+        cudaw-ckpt stats 4242 --json          {\"pid\",\"mode\",\"seconds\",\"calls\":[{\"name\",\"count\",\"total_ns\",\"mean_ns\",\"max_ns\"}],\"kernels\",\"copies\",\"pauses\",\"memory\":{\"hottest\",\"coldest\",...},\"timeline\"}\n  \
+        cudaw-ckpt stats 4242 --prometheus    the Prometheus text format (cudaw_calls_total, cudaw_call_seconds_total, ...)")]
+    Stats {
+        /// The process ID.
+        pid: u32,
+        /// Print the metrics as JSON.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Print the metrics in the Prometheus text exposition format.
+        #[arg(long)]
+        prometheus: bool,
+        /// How many hottest and coldest allocations to show.
+        #[arg(long, default_value_t = cudaw_control::DEFAULT_TOP)]
+        top: u32,
+    },
+    /// Write a process's timeline so far (CUDAW_TRACE=timeline) as Chrome trace-event JSON.
+    ///
+    /// The process writes FILE itself (as its owner), from its bounded ring of events:
+    /// every runtime call with its start and duration, kernel launches with grid, block
+    /// and the allocations they received, copies, allocations, frees, pauses and resumes.
+    /// Open FILE in Perfetto (ui.perfetto.dev) or chrome://tracing.
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt trace 4242 -o job.trace.json\n  \
+        cudaw-ckpt trace 4242 -o job.trace.json --json    {\"path\",\"events\",\"bytes\",\"dropped\"}")]
+    Trace {
+        /// The process ID.
+        pid: u32,
+        /// The file to write (replaced if it exists); the process must be able to write there.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a checkpoint image: format, producing process, GPU, allocation table.
     ///
     /// Reading the header checks the format, version, header and metadata checksums, the
@@ -200,6 +249,8 @@ impl Command {
             | Command::Status { json, .. }
             | Command::Dump { json, .. }
             | Command::Restore { json, .. }
+            | Command::Stats { json, .. }
+            | Command::Trace { json, .. }
             | Command::Inspect { json, .. } => *json,
         }
     }
@@ -234,6 +285,13 @@ fn main() -> ExitCode {
             json,
             all,
         } => ckpt_inspect::run(&file, verify, json, all),
+        Command::Stats {
+            pid,
+            json,
+            prometheus,
+            top,
+        } => stats(pid, json, prometheus, top),
+        Command::Trace { pid, output, json } => trace(pid, &output, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -266,7 +324,7 @@ fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Re
             | Request::Resume { progress }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress = true,
-            Request::Status {} => {}
+            Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => {}
         }
     }
     let r = request(pid, &req, &mut |p| bars.update(p));
@@ -415,6 +473,44 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
         r.verify_ms,
         r.load_ms
     );
+    Ok(())
+}
+
+fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
+    let reply = request(pid, &Request::Stats { top: Some(top) }, &mut |_| {})?;
+    let s = reply
+        .stats
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no stats"))?;
+    if json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else if prometheus {
+        print!("{}", s.to_prometheus());
+    } else {
+        print!("{pid}: {}", s.summary(top as usize));
+    }
+    Ok(())
+}
+
+fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
+    let path = absolute(output)?;
+    check_output(&path)?;
+    let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
+    let t = reply
+        .trace
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no trace result"))?;
+    if json {
+        println!("{}", serde_json::to_string(&t)?);
+    } else {
+        let dropped = if t.dropped > 0 {
+            format!(" ({} older events dropped from the ring)", t.dropped)
+        } else {
+            String::new()
+        };
+        println!(
+            "{pid}: timeline of {} events written to {} ({} bytes){dropped}; open it in Perfetto",
+            t.events, t.path, t.bytes
+        );
+    }
     Ok(())
 }
 

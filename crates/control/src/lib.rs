@@ -16,6 +16,10 @@
 //! ← {"ok":true,"dump":{"path":"/abs/job.img","image_bytes":...,"state":"paused",...}}
 //! → {"cmd":"restore","path":"/abs/job.img"}
 //! ← {"ok":false,"kind":"bad_image","error":"checksum mismatch in chunk 0 of ..."}
+//! → {"cmd":"stats","top":5}
+//! ← {"ok":true,"stats":{"pid":42,"mode":"metrics","calls":[...],"kernels":[...],...}}
+//! → {"cmd":"trace","path":"/abs/job.trace.json"}
+//! ← {"ok":true,"trace":{"path":"/abs/job.trace.json","events":5120,"bytes":812345,"dropped":0}}
 //! → nonsense
 //! ← {"ok":false,"kind":"request","error":"malformed request ..."}
 //! ```
@@ -86,7 +90,24 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "is_false")]
         progress: bool,
     },
+    /// Report the metrics (`CUDAW_TRACE`): calls, kernels, copies, and the `top` hottest
+    /// and coldest allocations of the memory history.
+    Stats {
+        /// How many hottest and coldest allocations (default [`DEFAULT_TOP`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        top: Option<u32>,
+    },
+    /// Write the timeline so far (`CUDAW_TRACE=timeline`) as Chrome trace-event JSON to
+    /// `path` (written by the process, as its owner, through a temporary file renamed into
+    /// place).
+    Trace {
+        /// The file's absolute path.
+        path: String,
+    },
 }
+
+/// The hottest and coldest allocations a `stats` request reports by default.
+pub const DEFAULT_TOP: u32 = 10;
 
 impl Request {
     /// `{"cmd":"pause"}`.
@@ -98,7 +119,7 @@ impl Request {
     pub fn parse(line: &str) -> Result<Request, String> {
         serde_json::from_str(line.trim()).map_err(|e| {
             format!(
-                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}})",
+                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"stats\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"trace\",\"path\":\"/abs/file\"}})",
                 truncate(line.trim(), 80)
             )
         })
@@ -119,6 +140,8 @@ impl Request {
             Request::Status {} => "status",
             Request::Dump { .. } => "dump",
             Request::Restore { .. } => "restore",
+            Request::Stats { .. } => "stats",
+            Request::Trace { .. } => "trace",
         }
     }
 
@@ -129,7 +152,7 @@ impl Request {
             | Request::Resume { progress }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress,
-            Request::Status {} => false,
+            Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => false,
         }
     }
 }
@@ -325,6 +348,28 @@ pub struct Reply {
     /// A restore's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<Restored>,
+    /// A stats request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Box<Stats>>,
+    /// A trace request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceWritten>,
+}
+
+/// The metrics, as `cudaw-ckpt stats --json` prints them (defined by `cudaw-trace`).
+pub use cudaw_trace::Stats;
+
+/// What a trace request wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceWritten {
+    /// The file.
+    pub path: String,
+    /// Events written.
+    pub events: u64,
+    /// The file's length in bytes.
+    pub bytes: u64,
+    /// Events the ring had dropped (the oldest) before.
+    pub dropped: u64,
 }
 
 impl Reply {
@@ -477,10 +522,19 @@ mod tests {
                 force: true,
                 progress: false,
             },
+            Request::Stats { top: None },
+            Request::Stats { top: Some(3) },
+            Request::Trace {
+                path: "/t.json".into(),
+            },
         ] {
             assert_eq!(Request::parse(&r.to_line()), Ok(r.clone()), "{r:?}");
         }
         assert_eq!(Request::PAUSE.to_line(), "{\"cmd\":\"pause\"}\n");
+        assert_eq!(
+            Request::parse("{\"cmd\":\"stats\"}"),
+            Ok(Request::Stats { top: None })
+        );
         assert_eq!(
             Request::Dump {
                 path: "/j.img".into(),

@@ -257,6 +257,9 @@ pub struct Tracer {
     history: Mutex<History>,
     pauses: Mutex<report::PauseStat>,
     events_seen: AtomicU64,
+    /// Counters of calls made after a thread's own were destroyed (at exit).
+    late: OnceLock<Arc<ThreadCounters>>,
+    late_lock: Mutex<()>,
 }
 
 static NEXT_TRACER: AtomicU32 = AtomicU32::new(1);
@@ -305,6 +308,8 @@ impl Tracer {
             history: Mutex::new(History::default()),
             pauses: Mutex::new(report::PauseStat::default()),
             events_seen: AtomicU64::new(0),
+            late: OnceLock::new(),
+            late_lock: Mutex::new(()),
         }
     }
 
@@ -359,21 +364,39 @@ impl Tracer {
         self.kernels.read().names.get(id as usize).cloned()
     }
 
-    /// The calling thread's counters (registered on first use).
+    /// The calling thread's counters (registered on first use); once the thread's own are
+    /// gone (calls made while it exits), shared ones under a lock.
     #[inline]
     fn local<R>(&self, f: impl FnOnce(&ThreadCounters) -> R) -> R {
-        LOCAL.with(|l| {
-            if let Some((_, c)) = l.borrow().iter().find(|(id, _)| *id == self.id) {
-                return f(c);
+        let mut f = Some(f);
+        let r = LOCAL.try_with(|l| {
+            let Ok(b) = l.try_borrow() else { return None };
+            if let Some((_, c)) = b.iter().find(|(id, _)| *id == self.id) {
+                return f.take().map(|f| f(c));
             }
+            drop(b);
             let c = Arc::new(ThreadCounters::new(
                 self.next_tid.fetch_add(1, Ordering::Relaxed),
                 std::thread::current().name().map(str::to_owned),
             ));
             self.threads.lock().push(c.clone());
-            l.borrow_mut().push((self.id, c.clone()));
-            f(&c)
-        })
+            l.try_borrow_mut().ok()?.push((self.id, c.clone()));
+            f.take().map(|f| f(&c))
+        });
+        match (r, f) {
+            (Ok(Some(v)), _) => v,
+            (_, Some(f)) => {
+                let late = self.late.get_or_init(|| {
+                    let c = Arc::new(ThreadCounters::new(0, Some("exiting threads".into())));
+                    self.threads.lock().push(c.clone());
+                    c
+                });
+                let _one_writer = self.late_lock.lock();
+                f(late)
+            }
+            // `f` ran but its value was lost: never, as `f` runs at most once above.
+            (_, None) => unreachable!("the counter closure ran without a result"),
+        }
     }
 
     /// The calling thread's number in the timeline.
