@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits trace
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +15,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits trace"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -132,18 +132,23 @@ if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/
 fi
 
 if want bench && [ -x "$WORK/launch_loop" ]; then
-  nat=(); cw=(); ctl=()
+  nat=(); cw=(); ctl=(); tr=(); cw2=()
   for i in $(seq "$REPS"); do
     # Pinned to one core: the loop is CPU-bound, and a wandering thread is most of the noise.
     # The order alternates, so neither side always runs second.
     one_nat() { taskset -c 3 "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
     one_cw() { taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
+    # CUDAW_TRACE=metrics: every call timed and counted (the summary goes to stderr).
+    one_tr() { CUDAW_TRACE=metrics taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
     if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_nat)"); cw+=("$(one_cw)"); else cw+=("$(one_cw)"); nat+=("$(one_nat)"); fi
     ctl+=("$(one_nat)")
+    if [ $((i % 2)) -eq 1 ]; then cw2+=("$(one_cw)"); tr+=("$(one_tr)"); else tr+=("$(one_tr)"); cw2+=("$(one_cw)"); fi
   done
   # Control: native against native shows how far two identical runs drift apart.
   compare "launch loop control (native vs native)" 1.02 us "${nat[@]}" -- "${ctl[@]}"
   compare "empty-kernel launch loop" 1.02 us "${nat[@]}" -- "${cw[@]}"
+  # Tracing's own cost: cudaw with CUDAW_TRACE=metrics against cudaw without (issue #8).
+  compare "launch loop, CUDAW_TRACE=metrics vs off" 1.01 us "${cw2[@]}" -- "${tr[@]}"
 fi
 
 T="examples/torch_train.py"
@@ -286,6 +291,88 @@ if want limits; then
   [ $rh -eq 0 ] && [ $rg -eq 0 ] || row "limits (two processes): exit status" FAIL "holder rc $rh, grower rc $rg; see limits-hold.log, limits-grow.log"
   why=$(grep -o "bytes refused: the card's.*" "$OUT/limits-grow.log" | head -1 | cut -c1-120)
   row "limits (two processes): what refused the grower" info "${why:-the driver itself (no ledger refusal logged)}"
+  unset CUDAW_RUN_DIR
+fi
+
+if want trace; then
+  # Tracing (issue #8) under PyTorch: the per-step cost of CUDAW_TRACE=metrics and
+  # =timeline against cudaw without tracing, in interleaved triples (ratios of the same
+  # repetition); the timeline of a few training steps names its kernels; the metrics are
+  # read live with cudaw-ckpt stats.
+  off=(); met=(); tl=()
+  step_ms() { sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'; }
+  for i in $(seq "${TORCH_REPS:-4}"); do
+    off+=("$("$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
+    met+=("$(CUDAW_TRACE=metrics "$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
+    tl+=("$(CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/bench.trace.json" "$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
+  done
+  compare "torch step, CUDAW_TRACE=metrics vs off" 1.01 ms "${off[@]}" -- "${met[@]}"
+  compare "torch step, CUDAW_TRACE=timeline vs off" 1.05 ms "${off[@]}" -- "${tl[@]}"
+
+  # The timeline of 3 training steps: valid trace-event JSON, its kernels by name.
+  tfile="$WORK/torch.trace.json"
+  CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$tfile" timeout 300 "$CUDAW" run -- python3 $T --steps 3 \
+    >"$WORK/trace-steps.out" 2>"$OUT/trace-steps.log"; rc=$?
+  python3 - "$tfile" >"$WORK/trace.verdicts" 2>>"$OUT/trace-steps.log" <<'PY'
+import json, re, sys
+try:
+    t = json.load(open(sys.argv[1]))
+except Exception as e:  # noqa: BLE001
+    print(f"trace: timeline of torch steps is JSON\tFAIL\t{sys.argv[1]}: {e}")
+    sys.exit(0)
+ev = t["traceEvents"]
+kernels = [e["name"] for e in ev if e.get("cat") == "kernel"]
+calls = sum(1 for e in ev if e.get("cat") == "call")
+with_buffers = sum(1 for e in ev if e.get("cat") == "kernel" and e["args"]["buffers"])
+names = sorted(set(kernels))
+print(f"trace: timeline of torch steps is JSON\tPASS\t{len(ev)} events: {calls} calls, {len(kernels)} launches "
+      f"of {len(names)} kernels ({with_buffers} with their buffers), dropped {t['otherData']['dropped']}")
+why = ("cuBLAS and Triton launch through the driver (cuLaunchKernel, cuLaunchKernelEx), which cudaw "
+       "traces only once the driver shim (libcuda.so.1) is in place")
+for label, pat in [("cuBLAS (gemm/sm90_xmma/cutlass)", r"gemm|sm90_xmma|cutlass"), ("Triton (triton_)", r"triton_")]:
+    found = [n for n in names if re.search(pat, n)]
+    if found:
+        print(f"trace: timeline names {label} kernels\tPASS\t{len(found)}: {', '.join(found)[:120]}")
+    else:
+        seen = ", ".join(n[:40] for n in names[:3])
+        print(f"trace: timeline names {label} kernels\tFAIL\tnone among {len(names)} kernels (e.g. {seen}): {why}")
+PY
+  [ $rc -eq 0 ] || row "trace: torch steps under CUDAW_TRACE=timeline" FAIL "rc $rc; see trace-steps.log"
+  while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/trace.verdicts"
+  cp "$tfile" "$OUT/" 2>/dev/null
+
+  # Read live: cudaw-ckpt stats (JSON and Prometheus) and trace of a running training job.
+  export CUDAW_RUN_DIR="$WORK/run-trace"
+  CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/live-exit.trace.json" "$CUDAW" run -- python3 $T --bench --steps 3000 \
+    >/dev/null 2>"$OUT/trace-live.log" &
+  job=$!
+  for _ in $(seq 600); do [ -S "$CUDAW_RUN_DIR/$job.sock" ] && break; sleep 0.1; done
+  sleep 20
+  "$ROOT/dist/bin/cudaw-ckpt" stats $job --json >"$WORK/live-stats.json" 2>>"$OUT/trace-live.log"; rs=$?
+  "$ROOT/dist/bin/cudaw-ckpt" stats $job --prometheus >"$OUT/live-stats.prom" 2>>"$OUT/trace-live.log"; rp=$?
+  "$ROOT/dist/bin/cudaw-ckpt" trace $job -o "$WORK/live.trace.json" >>"$OUT/trace-live.log" 2>&1; rt=$?
+  kill $job 2>/dev/null; wait $job 2>/dev/null
+  cp "$WORK/live-stats.json" "$OUT/" 2>/dev/null
+  live=$(python3 - "$WORK/live-stats.json" "$WORK/live.trace.json" 2>>"$OUT/trace-live.log" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+t = json.load(open(sys.argv[2]))
+calls = sum(c["count"] for c in s["calls"])
+top = s["calls"][0]
+launches = sum(k["launches"] for k in s["kernels"])
+hot = s["memory"]["hottest"][:1]
+uses = hot[0]["copies_in"] + hot[0]["copies_out"] + hot[0]["launches"] if hot else 0
+print(f"{calls} calls (most time: {top['name']} {top['count']}x, mean {top['mean_ns'] / 1e3:.1f} us), "
+      f"{launches} launches of {len(s['kernels'])} kernels, {s['memory']['live']} live allocations "
+      f"(hottest: {hot[0]['size'] if hot else 0} B, {uses} uses); timeline {len(t['traceEvents'])} events")
+PY
+)
+  prom=$(grep -c '^cudaw_calls_total{' "$OUT/live-stats.prom" 2>/dev/null)
+  if [ $rs -eq 0 ] && [ $rp -eq 0 ] && [ $rt -eq 0 ] && [ -n "$live" ] && [ "${prom:-0}" -gt 0 ]; then
+    row "trace: cudaw-ckpt stats/trace of live torch" PASS "$live; $prom Prometheus call series"
+  else
+    row "trace: cudaw-ckpt stats/trace of live torch" FAIL "stats rc $rs, prometheus rc $rp, trace rc $rt; see trace-live.log"
+  fi
   unset CUDAW_RUN_DIR
 fi
 
