@@ -106,6 +106,8 @@ struct Frame {
 struct Shadow {
     depth: usize,
     frames: [Frame; DEPTH],
+    /// This thread's counters in the tracer (one thread-local read per traced call).
+    counters: Option<&'static cudaw_trace::counters::ThreadCounters>,
 }
 
 const EMPTY: Frame = Frame {
@@ -117,7 +119,7 @@ const EMPTY: Frame = Frame {
 
 thread_local! {
     static SHADOW: RefCell<Shadow> = const {
-        RefCell::new(Shadow { depth: 0, frames: [EMPTY; DEPTH] })
+        RefCell::new(Shadow { depth: 0, frames: [EMPTY; DEPTH], counters: None })
     };
 }
 
@@ -164,9 +166,9 @@ extern "C" fn exit(slot: usize) -> usize {
         let mut s = s.try_borrow_mut().ok()?;
         let i = (0..s.depth).rev().find(|&i| s.frames[i].slot == slot)?;
         s.depth = i;
-        Some(s.frames[i])
+        Some((s.frames[i], s.counters))
     });
-    let Ok(Some(f)) = popped else {
+    let Ok(Some((f, counters))) = popped else {
         // No frame for this return: nowhere to go back to. Never expected.
         log::error(format_args!(
             "tracing: a traced call returned with no frame recorded (slot {slot:#x}); aborting"
@@ -175,11 +177,19 @@ extern "C" fn exit(slot: usize) -> usize {
     };
     crate::boundary::guard("tracing a call", (), || {
         if let Some(t) = tracer() {
-            t.record_call(
-                FUNCTION_BASE.load(Ordering::Relaxed) + f.index,
-                f.start,
-                end,
-            );
+            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index;
+            match counters {
+                Some(c) => t.record_call_on(c, id, f.start, end),
+                None => {
+                    let c = t.thread_counters();
+                    let _ = SHADOW.try_with(|s| {
+                        if let Ok(mut s) = s.try_borrow_mut() {
+                            s.counters = Some(c);
+                        }
+                    });
+                    t.record_call_on(c, id, f.start, end);
+                }
+            }
         }
     });
     f.ret

@@ -268,6 +268,11 @@ static GLOBAL: OnceLock<Tracer> = OnceLock::new();
 thread_local! {
     /// This thread's counters, per tracer (one in a process; tests make several).
     static LOCAL: RefCell<Vec<(usize, Arc<ThreadCounters>)>> = const { RefCell::new(Vec::new()) };
+    /// The counters of the tracer this thread used last: a plain reference, no destructor,
+    /// so the common case is one thread-local read, and calls made while the thread exits
+    /// still count.
+    static LAST: std::cell::Cell<Option<(usize, &'static ThreadCounters)>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Installs the process's tracer (the first call wins) and returns it.
@@ -368,10 +373,60 @@ impl Tracer {
     /// gone (calls made while it exits), shared ones under a lock.
     #[inline]
     fn local<R>(&self, f: impl FnOnce(&ThreadCounters) -> R) -> R {
+        if let Ok(Some((id, c))) = LAST.try_with(|l| l.get()) {
+            if id == self.id {
+                return f(c);
+            }
+        }
+        self.local_slow(f)
+    }
+
+    /// This thread's counters, kept for the life of the process (the tracer keeps every
+    /// thread's anyway, to merge them): what a host library caches beside its own
+    /// per-thread state, to count with [`Tracer::record_call_on`].
+    pub fn thread_counters(&self) -> &'static ThreadCounters {
+        if let Ok(Some((id, c))) = LAST.try_with(|l| l.get()) {
+            if id == self.id {
+                return c;
+            }
+        }
+        self.local_slow(|_| ());
+        match LAST.try_with(|l| l.get()) {
+            Ok(Some((id, c))) if id == self.id => c,
+            // The thread is exiting: counters of its own, registered, for the rest of it.
+            _ => {
+                let c = Arc::new(ThreadCounters::new(
+                    self.next_tid.fetch_add(1, Ordering::Relaxed),
+                    None,
+                ));
+                self.threads.lock().push(c.clone());
+                Box::leak(Box::new(c))
+            }
+        }
+    }
+
+    /// [`Tracer::record_call`] on counters from [`Tracer::thread_counters`].
+    #[inline]
+    pub fn record_call_on(&self, c: &ThreadCounters, f: u32, start: u64, end: u64) {
+        c.call(f as usize, end.wrapping_sub(start));
+        if self.ring.is_some() {
+            self.push(Event::Call {
+                f,
+                tid: c.tid,
+                start,
+                end,
+            });
+        }
+    }
+
+    #[cold]
+    fn local_slow<R>(&self, f: impl FnOnce(&ThreadCounters) -> R) -> R {
         let mut f = Some(f);
         let r = LOCAL.try_with(|l| {
             let Ok(b) = l.try_borrow() else { return None };
             if let Some((_, c)) = b.iter().find(|(id, _)| *id == self.id) {
+                let forever: &'static ThreadCounters = Box::leak(Box::new(c.clone()));
+                let _ = LAST.try_with(|l| l.set(Some((self.id, forever))));
                 return f.take().map(|f| f(c));
             }
             drop(b);
@@ -381,6 +436,9 @@ impl Tracer {
             ));
             self.threads.lock().push(c.clone());
             l.try_borrow_mut().ok()?.push((self.id, c.clone()));
+            // One clone kept for good: the thread-local cache holds a plain reference.
+            let forever: &'static ThreadCounters = Box::leak(Box::new(c.clone()));
+            let _ = LAST.try_with(|l| l.set(Some((self.id, forever))));
             f.take().map(|f| f(&c))
         });
         match (r, f) {
