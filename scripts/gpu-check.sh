@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +15,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -62,6 +62,9 @@ if want env; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
     python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } >"$OUT/env.txt" 2>&1
   row "environment" info "$(head -1 "$OUT/env.txt" | tr -s ' ')"
+  # The real driver's export list (the driver shim's function list is checked against it).
+  libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
+  [ -n "$libcuda" ] && nm -D --defined-only "$libcuda" 2>/dev/null | awk '{print $NF}' | sort -u >"$OUT/libcuda.exports"
 fi
 
 if want vmm && [ -x dist/bin/vmm_check ]; then
@@ -220,6 +223,20 @@ if want pausebench; then
       --verdicts "$WORK/pausebench.verdicts"
     while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
   fi
+fi
+
+if want torchpause; then
+  # A PyTorch training loop paused/resumed 50 times and dumped/restored 5 times at random
+  # instants, bit-identical to the native run; memory freed while paused (nvidia-smi, and
+  # another process allocating it). About 2 minutes.
+  timeout 420 python3 scripts/torch_pause_check.py --dist "$ROOT/dist" --work "$WORK/torchpause" \
+    --pauses "${TORCH_PAUSES:-50}" --dumps "${TORCH_DUMPS:-5}" >"$OUT/torchpause.out" 2>&1; rc=$?
+  cp "$WORK/torchpause/ckpt.log" "$WORK/torchpause/cudaw.err" "$OUT/" 2>/dev/null
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-200)" ;; esac
+  done <"$OUT/torchpause.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/torchpause.out" || row "torchpause" FAIL "no verdicts (rc $rc); see torchpause.out"
 fi
 
 if want limits; then
