@@ -90,6 +90,8 @@ def main():
     ap.add_argument("--hold-gib", type=float, default=2)
     ap.add_argument("--pauses", type=int, default=50)
     ap.add_argument("--dumps", type=int, default=5)
+    ap.add_argument("--control", action="store_true",
+                    help="also run under cudaw without pauses (done anyway when outputs differ)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -128,12 +130,18 @@ def main():
     done = {"pause": 0, "dump": 0}
     pause_ms, resume_ms, problems = [], [], []
     freed_checked = False
+    timeline = []  # (lines of output when the event began, event)
     image = os.path.join(args.work, "train.img")
     for i, ev in enumerate(events):
         time.sleep(rng.uniform(0, 0.15))
         if proc.poll() is not None:
             problems.append(f"training finished after {done['pause']} pauses and {done['dump']} dumps: raise --steps")
             break
+        try:
+            at_step = sum(1 for _ in open(os.path.join(args.work, "cudaw.out")))
+        except OSError:
+            at_step = -1
+        timeline.append((at_step, ev))
         if ev == "pause":
             if not freed_checked:
                 check_freed.before = smi_used_mib()
@@ -200,8 +208,28 @@ def main():
     same = rn == 0 and rc == 0 and a == b and "intact True" in a
     verdict(same, "torch paused/dumped run bit-identical to native",
             f"native rc {rn}, cudaw rc {rc}; {args.steps} losses + weights + held buffer "
-            + ("identical: " + last if a == b else "DIFFER (see native.out, cudaw.out)"))
+            + ("identical: " + last if a == b else "DIFFER: " + first_difference(a, b, timeline)))
+    if args.control or a != b:
+        # The same run under cudaw without any pause: tells a pause's fault from a
+        # difference cudaw makes anyway.
+        with open(os.path.join(args.work, "control.out"), "w") as out, \
+                open(os.path.join(args.work, "control.err"), "w") as err:
+            rk = subprocess.run([os.path.join(args.dist, "bin", "cudaw"), "run", "--", *train],
+                                stdout=out, stderr=err, env=env, timeout=900).returncode
+        c = open(os.path.join(args.work, "control.out")).read()
+        verdict(rk == 0 and c == a, "torch under cudaw, no pauses, bit-identical to native",
+                f"rc {rk}; " + ("identical" if c == a else "DIFFER: " + first_difference(a, c, [])))
     return 0 if all(verdicts) else 1
+
+
+def first_difference(a, b, timeline):
+    la, lb = a.splitlines(), b.splitlines()
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if x != y:
+            before = [e for e in timeline if e[0] <= i]
+            return (f"first at line {i}: {x!r} vs {y!r}; last event before it: "
+                    f"{before[-1] if before else None}, events so far {len(before)}")
+    return f"one output is a prefix of the other ({len(la)} vs {len(lb)} lines)"
 
 
 def check_freed(args):
@@ -217,7 +245,7 @@ def check_freed(args):
     ok = before is not None and before[0] - used_paused >= want
     verdict(ok, "paused: trainer's memory released (nvidia-smi)", f"{detail}; held buffer {want} MiB")
     # More than was free before the pause: only possible with the trainer's memory.
-    n = (free_paused - 512) << 20
+    n = (free_paused - 2048) << 20
     p = subprocess.run(["python3", "-c", ALLOC, str(n)], capture_output=True, text=True, timeout=300)
     ok = p.returncode == 0 and "ok" in p.stdout and before is not None and (n >> 20) > before[1]
     verdict(ok, "paused: another process allocates the freed memory",
