@@ -15,10 +15,11 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 8] = [
+const PROGRAMS: [&str; 9] = [
     "ckpt_target",
     "malloc_async",
     "multithread",
+    "pause_stress",
     "pause_target",
     "reduction",
     "streams_events",
@@ -100,6 +101,7 @@ programs!(
     ckpt_target,
     malloc_async,
     multithread,
+    pause_stress,
     pause_target,
     reduction,
     streams_events,
