@@ -15,8 +15,9 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 9] = [
+const PROGRAMS: [&str; 10] = [
     "ckpt_target",
+    "cudaw_demo",
     "malloc_async",
     "multithread",
     "pause_stress",
@@ -99,6 +100,7 @@ macro_rules! programs {
 
 programs!(
     ckpt_target,
+    cudaw_demo,
     malloc_async,
     multithread,
     pause_stress,
