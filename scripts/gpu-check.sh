@@ -6,7 +6,8 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo
+#   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +16,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -304,6 +305,39 @@ if want limits; then
   why=$(grep -o "bytes refused: the card's.*" "$OUT/limits-grow.log" | head -1 | cut -c1-120)
   row "limits (two processes): what refused the grower" info "${why:-the driver itself (no ledger refusal logged)}"
   unset CUDAW_RUN_DIR
+fi
+
+if want demo; then
+  # `cudaw demo` on the GPU: the example (dist/share/cudaw/cudaw_demo, else compiled with
+  # nvcc) natively, then under cudaw paused, resumed, dumped to a file and restored. PASS:
+  # the same result as the native run, and no device memory mapped while paused.
+  timeout 600 "$CUDAW" demo --device gpu --json --mib "${DEMO_MIB:-2048}" --keep "$WORK/demo" \
+    >"$OUT/demo.json" 2>"$OUT/demo.log"; rc=$?
+  cp "$WORK/demo/cudaw.log" "$OUT/demo-cudaw.log" 2>/dev/null
+  rm -rf "$WORK/demo"
+  python3 - "$OUT/demo.json" "$rc" >"$OUT/demo.rows" 2>>"$OUT/demo.log" <<'PY'
+import json, sys
+path, rc = sys.argv[1], sys.argv[2]
+try:
+    v = json.load(open(path))
+except Exception as e:
+    print(f"demo: cudaw demo --json|FAIL|rc {rc}, no JSON summary ({e}); see demo.log")
+    sys.exit()
+if not v.get("ok") and "results_match" not in v:
+    print(f"demo: cudaw demo --json|FAIL|rc {rc}: {str(v.get('error'))[:150]}")
+    sys.exit()
+mib = lambda b: f"{b / 2**20:.0f} MiB"
+d, b = v["device"], v["device_bytes"]
+print(f"demo: device|info|{d['kind']}: {d['name']}; example {v['program']['found']}, {v['program']['mib']} MiB")
+st = "PASS" if v["results_match"] else "FAIL"
+print(f"demo: results match (native vs cudaw)|{st}|native {v['native']['result']} ({v['native']['seconds']:.2f} s); cudaw {v['cudaw']['result']}")
+st = "PASS" if v["memory_released"] and v["held_while_paused"] else "FAIL"
+print(f"demo: device memory released while paused|{st}|held {mib(b['running'])} -> {mib(b['paused'])} paused, {mib(b['dumped'])} dumped, {mib(b['restored'])} restored; program held: {v['held_while_paused']}")
+p, r, du, re_ = v["pause"], v["resume"], v["dump"], v["restore"]
+print(f"demo: timings|info|pause {mib(p['bytes'])} {p['ms']:.0f} ms; resume {r['ms']:.0f} ms; dump {du['ms']:.0f} ms ({mib(du['image_bytes'])} image); restore verify {re_['verify_ms']:.0f} + load {re_['load_ms']:.0f} ms")
+PY
+  while IFS='|' read -r name st detail; do row "$name" "$st" "$detail"; done <"$OUT/demo.rows"
+  [ -s "$OUT/demo.rows" ] || row "demo: cudaw demo --json" FAIL "rc $rc; no rows (see demo.log)"
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.

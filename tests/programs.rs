@@ -15,10 +15,12 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 8] = [
+const PROGRAMS: [&str; 10] = [
     "ckpt_target",
+    "cudaw_demo",
     "malloc_async",
     "multithread",
+    "pause_stress",
     "pause_target",
     "reduction",
     "streams_events",
@@ -98,8 +100,10 @@ macro_rules! programs {
 
 programs!(
     ckpt_target,
+    cudaw_demo,
     malloc_async,
     multithread,
+    pause_stress,
     pause_target,
     reduction,
     streams_events,
