@@ -341,8 +341,10 @@ PY
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.
-( cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null \
-  && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -delete )
+# (tar may complain that the folder changed while it read it: a tee into gpu-check.log.)
+( cd "$OUT" && { tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null; true; } \
+  && [ -s logs.tar.gz ] \
+  && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -exec rm -rf {} + )
 echo
 echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT, logs.tar.gz) =="
 cat "$TABLE"
