@@ -48,6 +48,9 @@ def main():
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (no Triton)")
     p.add_argument("--print-losses", action="store_true")
     p.add_argument("--bench", action="store_true", help="time steps after 10 warm-up steps")
+    p.add_argument("--hold-gib", type=float, default=0,
+                   help="also hold a buffer of this many GiB (a known pattern, checked at the end)")
+    p.add_argument("--pid-file", help="write this process's PID here once training starts")
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -84,6 +87,16 @@ def main():
         print(f"bench ms_per_step={ms:.4f} steps={args.steps}")
         return
 
+    held = None
+    if args.hold_gib > 0:
+        n = int(args.hold_gib * (1 << 30)) // 8
+        held = torch.arange(n, dtype=torch.int64, device=dev) * 2654435761 % (1 << 61)
+        torch.cuda.synchronize()
+    if args.pid_file:
+        with open(args.pid_file + ".tmp", "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(args.pid_file + ".tmp", args.pid_file)
+
     losses = []
     for i in range(args.steps):
         loss = step(i)
@@ -93,6 +106,11 @@ def main():
     h = hashlib.sha256()
     for t in model.state_dict().values():
         h.update(t.detach().cpu().numpy().tobytes())
+    if held is not None:
+        n = held.numel()
+        want = torch.arange(n, dtype=torch.int64, device=dev) * 2654435761 % (1 << 61)
+        print(f"held {args.hold_gib:g} GiB intact {bool(torch.equal(held, want))}")
+        del want
     print(f"final loss {losses[-1]:.6f} weights_sha256 {h.hexdigest()[:16]}")
     print(f"allocator {torch.cuda.memory_allocated() >> 20} MiB allocated, "
           f"{torch.cuda.memory_reserved() >> 20} MiB reserved", file=sys.stderr)

@@ -6,7 +6,9 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits trace
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace
+#   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
+#   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +17,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits trace"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -62,6 +64,9 @@ if want env; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
     python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } >"$OUT/env.txt" 2>&1
   row "environment" info "$(head -1 "$OUT/env.txt" | tr -s ' ')"
+  # The real driver's export list (the driver shim's function list is checked against it).
+  libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
+  [ -n "$libcuda" ] && nm -D --defined-only "$libcuda" 2>/dev/null | awk '{print $NF}' | sort -u >"$OUT/libcuda.exports"
 fi
 
 if want vmm && [ -x dist/bin/vmm_check ]; then
@@ -227,6 +232,20 @@ if want pausebench; then
   fi
 fi
 
+if want torchpause; then
+  # A PyTorch training loop paused/resumed 50 times and dumped/restored 5 times at random
+  # instants, bit-identical to the native run; memory freed while paused (nvidia-smi, and
+  # another process allocating it). About 2 minutes.
+  timeout 420 python3 scripts/torch_pause_check.py --dist "$ROOT/dist" --work "$WORK/torchpause" \
+    --pauses "${TORCH_PAUSES:-50}" --dumps "${TORCH_DUMPS:-5}" >"$OUT/torchpause.out" 2>&1; rc=$?
+  cp "$WORK/torchpause/ckpt.log" "$WORK/torchpause/cudaw.err" "$OUT/" 2>/dev/null
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-200)" ;; esac
+  done <"$OUT/torchpause.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/torchpause.out" || row "torchpause" FAIL "no verdicts (rc $rc); see torchpause.out"
+fi
+
 if want limits; then
   # Memory limits under PyTorch (examples/torch_limits.py prints `PASS | name | detail`
   # lines, turned into rows here). About 2 minutes of GPU time.
@@ -376,9 +395,44 @@ PY
   unset CUDAW_RUN_DIR
 fi
 
+if want demo; then
+  # `cudaw demo` on the GPU: the example (dist/share/cudaw/cudaw_demo, else compiled with
+  # nvcc) natively, then under cudaw paused, resumed, dumped to a file and restored. PASS:
+  # the same result as the native run, and no device memory mapped while paused.
+  timeout 600 "$CUDAW" demo --device gpu --json --mib "${DEMO_MIB:-2048}" --keep "$WORK/demo" \
+    >"$OUT/demo.json" 2>"$OUT/demo.log"; rc=$?
+  cp "$WORK/demo/cudaw.log" "$OUT/demo-cudaw.log" 2>/dev/null
+  rm -rf "$WORK/demo"
+  python3 - "$OUT/demo.json" "$rc" >"$OUT/demo.rows" 2>>"$OUT/demo.log" <<'PY'
+import json, sys
+path, rc = sys.argv[1], sys.argv[2]
+try:
+    v = json.load(open(path))
+except Exception as e:
+    print(f"demo: cudaw demo --json|FAIL|rc {rc}, no JSON summary ({e}); see demo.log")
+    sys.exit()
+if not v.get("ok") and "results_match" not in v:
+    print(f"demo: cudaw demo --json|FAIL|rc {rc}: {str(v.get('error'))[:150]}")
+    sys.exit()
+mib = lambda b: f"{b / 2**20:.0f} MiB"
+d, b = v["device"], v["device_bytes"]
+print(f"demo: device|info|{d['kind']}: {d['name']}; example {v['program']['found']}, {v['program']['mib']} MiB")
+st = "PASS" if v["results_match"] else "FAIL"
+print(f"demo: results match (native vs cudaw)|{st}|native {v['native']['result']} ({v['native']['seconds']:.2f} s); cudaw {v['cudaw']['result']}")
+st = "PASS" if v["memory_released"] and v["held_while_paused"] else "FAIL"
+print(f"demo: device memory released while paused|{st}|held {mib(b['running'])} -> {mib(b['paused'])} paused, {mib(b['dumped'])} dumped, {mib(b['restored'])} restored; program held: {v['held_while_paused']}")
+p, r, du, re_ = v["pause"], v["resume"], v["dump"], v["restore"]
+print(f"demo: timings|info|pause {mib(p['bytes'])} {p['ms']:.0f} ms; resume {r['ms']:.0f} ms; dump {du['ms']:.0f} ms ({mib(du['image_bytes'])} image); restore verify {re_['verify_ms']:.0f} + load {re_['load_ms']:.0f} ms")
+PY
+  while IFS='|' read -r name st detail; do row "$name" "$st" "$detail"; done <"$OUT/demo.rows"
+  [ -s "$OUT/demo.rows" ] || row "demo: cudaw demo --json" FAIL "rc $rc; no rows (see demo.log)"
+fi
+
 # At most 8 files come back from a device run: the logs travel as one archive.
-( cd "$OUT" && tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null \
-  && find . -maxdepth 1 -type f ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -delete )
+# (tar may complain that the folder changed while it read it: a tee into gpu-check.log.)
+( cd "$OUT" && { tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null; true; } \
+  && [ -s logs.tar.gz ] \
+  && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -exec rm -rf {} + )
 echo
 echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT, logs.tar.gz) =="
 cat "$TABLE"

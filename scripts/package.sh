@@ -2,6 +2,8 @@
 # Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
 #   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
 #   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check  dist/bin/staging_bench
+#   dist/lib/libsimgpu.so                     the simulated GPU (`cudaw demo` without a GPU)
+#   dist/share/cudaw/cudaw_demo{,.cu}         `cudaw demo`'s example, prebuilt with nvcc
 # `cudaw run` finds the libraries in ../lib beside its own binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,18 @@ for ex in vmm_check staging_bench; do
     cp "$target/release/examples/$ex" dist/bin/
   fi
 done
+cargo build -q --release -p simgpu
+cp "$target/release/libsimgpu.so" dist/lib/
+# The demo's example, for machines without nvcc (the CUDA 13 compiler from target/cuda-venv).
+mkdir -p dist/share/cudaw
+if scripts/setup-cuda.sh && target/cuda/bin/nvcc -O2 -cudart shared \
+    -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code='[sm_90,compute_90]' \
+    -o dist/share/cudaw/cudaw_demo tests/cuda/programs/cudaw_demo.cu; then
+  cp tests/cuda/programs/cudaw_demo.cu tests/cuda/programs/common.h dist/share/cudaw/
+else
+  echo "package: no prebuilt demo example (nvcc unavailable); cudaw demo will compile it with nvcc" >&2
+fi
 if [ -f "$target/release/libdriver_shim.so" ]; then cp "$target/release/libdriver_shim.so" dist/lib/libcuda.so.1; fi
-strip dist/bin/* dist/lib/* 2>/dev/null || true
+strip dist/bin/* dist/lib/* dist/share/cudaw/cudaw_demo 2>/dev/null || true
 du -sh dist
 find dist -type f | sort

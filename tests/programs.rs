@@ -15,11 +15,13 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 9] = [
+const PROGRAMS: [&str; 11] = [
     "ckpt_target",
+    "cudaw_demo",
     "hotcold",
     "malloc_async",
     "multithread",
+    "pause_stress",
     "pause_target",
     "reduction",
     "streams_events",
@@ -99,9 +101,11 @@ macro_rules! programs {
 
 programs!(
     ckpt_target,
+    cudaw_demo,
     hotcold,
     malloc_async,
     multithread,
+    pause_stress,
     pause_target,
     reduction,
     streams_events,

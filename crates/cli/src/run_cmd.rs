@@ -151,7 +151,7 @@ fn python_of(exe: &Path) -> Option<PathBuf> {
 
 /// For a Python program: the major and real runtime of the `nvidia` runtime package that
 /// PyTorch (or any CUDA wheel) uses, found without importing torch.
-fn python_runtime(python: &Path) -> Option<(u32, PathBuf)> {
+pub fn python_runtime(python: &Path) -> Option<(u32, PathBuf)> {
     let script = "import importlib.util as u\ns=u.find_spec('nvidia')\nprint('\\n'.join(s.submodule_search_locations) if s else '')";
     let out = Command::new(python).args(["-c", script]).output().ok()?;
     for dir in String::from_utf8_lossy(&out.stdout)
@@ -174,7 +174,7 @@ fn python_runtime(python: &Path) -> Option<(u32, PathBuf)> {
 }
 
 /// Where the dynamic linker would find `name` for a program with `rpaths`.
-fn find_library(name: &str, rpaths: &[PathBuf]) -> Option<PathBuf> {
+pub fn find_library(name: &str, rpaths: &[PathBuf]) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = rpaths.to_vec();
     if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
         dirs.extend(std::env::split_paths(&v));
