@@ -37,6 +37,17 @@
 //! refused), the staging falls back to [`vmm::HostStaging`]'s synchronous copies and says
 //! so in [`PinnedStaging::take_notes`].
 //!
+//! **Host arena** (opt-in, `CUDAW_HOST_ARENA=pinned`): to get past the fault limit of fresh
+//! pageable memory, [`PinnedStaging::start_arena`] makes (on a background thread, the same
+//! way as the pool: mmap, huge pages, faulted in on many threads, `cuMemHostRegister`) a
+//! page-locked arena as large as the device memory; whole-process pauses
+//! ([`PinnedStaging::save_retaining`], [`Retaining`]) then copy device memory straight into
+//! it in large asynchronous copies over the pool's streams, with no host-side copy, and
+//! return [`HostCopy::Retained`]; loads of [`Source::Retained`] copy straight out of it.
+//! Readers borrow the bytes with [`PinnedStaging::retained`]; [`PinnedStaging::forget`] /
+//! [`PinnedStaging::forget_all`] release places. Single evictions (the `Staging::save` of
+//! the trait) always take the ordinary path. Not yet measured on the GPU.
+//!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
 //! copy threads, default the CPUs available, at most 16).
