@@ -11,6 +11,7 @@
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
+#     (PAUSE_MODES="default arena": cudaw as is, and with --host-arena pinned)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -226,7 +227,7 @@ if want pausebench; then
   if [ $built = 1 ]; then
     # shellcheck disable=SC2086
     python3 scripts/pausebench.py --bin "$WORK" --dist "$ROOT/dist" --sizes ${PAUSE_SIZES:-8 32} \
-      --reps "${PAUSE_REPS:-3}" --log "$OUT/pausebench.txt" --json "$OUT/pausebench.json" \
+      --reps "${PAUSE_REPS:-3}" --modes ${PAUSE_MODES:-default arena} --log "$OUT/pausebench.txt" --json "$OUT/pausebench.json" \
       --verdicts "$WORK/pausebench.verdicts"
     while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
   fi

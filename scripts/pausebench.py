@@ -6,6 +6,10 @@ For each size (GiB):
   ceiling   pinned_copy SIZE: one cudaMemcpy device -> cudaMallocHost memory and back
   cudaw     pause_target SIZE under `cudaw run`; `cudaw-ckpt pause PID` / `resume PID`,
             REPS times; the program verifies every word after each resume
+  arena     the same under `cudaw run --host-arena pinned`: the first pause copies into host
+            memory and its resume starts making the page-locked arena (waited for, its
+            build time reported); then REPS more cycles go through the arena (steady state,
+            reported apart from the first)
   driver    pause_target SIZE natively; driver_checkpoint checkpoint PID (lock +
             cuCheckpointProcessCheckpoint), restore PID (restore + unlock); verified after
 
@@ -102,18 +106,42 @@ def ceiling(args, size):
             "htod_gibs": b / GIB / float(v["htod_s"]), "ok": v.get("verified") == "ok"}
 
 
-def under_cudaw(args, size):
+def wait_for_arena(path, timeout=300):
+    """Waits until the shim's log at PATH says the host arena is ready (or failed); returns
+    its build time in seconds, or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            text = f.read()
+        m = re.search(r"host arena for device \d+: \d+ bytes .*ready in ([\d.]+) ms", text)
+        if m:
+            return float(m.group(1)) / 1e3
+        if re.search(r"host arena for device \d+: .*(refused|pauses copy through)", text):
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def under_cudaw(args, size, arena=False):
     env = dict(os.environ, CUDAW_LOG="info")
     cudaw = os.path.join(args.dist, "bin", "cudaw")
     ckpt = os.path.join(args.dist, "bin", "cudaw-ckpt")
-    t = Target([cudaw, "run", "--", os.path.join(args.bin, "pause_target"), str(size)], env,
-               os.path.join(args.logdir, f"cudaw-{size}g.stderr"))
+    mode = ["--host-arena", "pinned"] if arena else []
+    tag = "cudaw+arena" if arena else "cudaw"
+    stderr_path = os.path.join(args.logdir, f"{tag}-{size}g.stderr")
+    if os.path.exists(stderr_path):
+        os.remove(stderr_path)
+    t = Target([cudaw, "run", *mode, "--", os.path.join(args.bin, "pause_target"), str(size)], env,
+               stderr_path)
     res = {"bytes": t.bytes, "pause_ms": [], "resume_ms": [], "pause_wall_s": [],
-           "resume_wall_s": [], "ok": True, "left_mib": None, "before_mib": gpu_used_mib(t.pid)}
+           "resume_wall_s": [], "ok": True, "left_mib": None, "before_mib": gpu_used_mib(t.pid),
+           "arena": arena, "arena_build_s": None, "arena_pauses": 0}
+    # With the arena: one first cycle, then REPS in the steady state.
+    cycles = args.reps + 1 if arena else args.reps
     try:
-        for rep in range(args.reps):
+        for rep in range(cycles):
             p, wall = run([ckpt, "pause", str(t.pid)])
-            log(args, f"cudaw {size} GiB rep {rep}: {p.stdout.strip()} {p.stderr.strip()} (wall {wall:.3f} s)")
+            log(args, f"{tag} {size} GiB rep {rep}: {p.stdout.strip()} {p.stderr.strip()} (wall {wall:.3f} s)")
             m = re.search(r"in ([\d.]+) ms", p.stdout)
             if p.returncode != 0 or not m:
                 res["ok"] = False
@@ -123,7 +151,7 @@ def under_cudaw(args, size):
             if rep == 0:
                 res["left_mib"] = gpu_used_mib(t.pid)
             p, wall = run([ckpt, "resume", str(t.pid)])
-            log(args, f"cudaw {size} GiB rep {rep}: {p.stdout.strip()} {p.stderr.strip()} (wall {wall:.3f} s)")
+            log(args, f"{tag} {size} GiB rep {rep}: {p.stdout.strip()} {p.stderr.strip()} (wall {wall:.3f} s)")
             m = re.search(r"in ([\d.]+) ms", p.stdout)
             if p.returncode != 0 or not m:
                 res["ok"] = False
@@ -131,10 +159,16 @@ def under_cudaw(args, size):
             res["resume_ms"].append(float(m.group(1)))
             res["resume_wall_s"].append(wall)
             ok, line = t.verify()
-            log(args, f"cudaw {size} GiB rep {rep}: {line}")
+            log(args, f"{tag} {size} GiB rep {rep}: {line}")
             res["ok"] &= ok
+            if arena and rep == 0:
+                res["arena_build_s"] = wait_for_arena(stderr_path)
+                log(args, f"{tag} {size} GiB: host arena ready in {fmt_s(res['arena_build_s'])} s")
     finally:
         t.quit()
+    if arena:
+        with open(stderr_path) as f:
+            res["arena_pauses"] = len(re.findall(r"left in the host arena", f.read()))
     return res
 
 
@@ -193,6 +227,26 @@ def verdicts(results):
             detail += "; verified" if cw["ok"] else "; VERIFY FAILED"
             goal = "goal >= 90% of the pinned copy" + (", >= 10x the driver" if what == "pause" else "")
             out.append((name, "PASS" if ok else "FAIL", f"{detail}; {goal}"))
+        a = r.get("arena")
+        if a is None:
+            continue
+        for what, ms_key, ceil_key in (("pause", "pause_ms", "dtoh_s"), ("resume", "resume_ms", "htod_s")):
+            name = f"pausebench: arena {what} {key} GiB"
+            steady = a[ms_key][1:]
+            if not (c and steady):
+                out.append((name, "FAIL", "no steady-state measurement (see pausebench.txt)"))
+                continue
+            s = statistics.median(steady) / 1e3
+            frac = c[ceil_key] / s
+            first = a[ms_key][0] / 1e3
+            used = a["arena_pauses"] >= len(a["pause_ms"]) - 1
+            ok = frac >= 0.9 and a["ok"] and used
+            detail = (f"steady {s:.3f} s = {frac * 100:.0f}% of pinned copy ({c[ceil_key]:.3f} s), "
+                      f"median of {len(steady)}; first {first:.3f} s = {c[ceil_key] / first * 100:.0f}%; "
+                      f"arena made in {fmt_s(a['arena_build_s'])} s; "
+                      f"{a['arena_pauses']} of {len(a['pause_ms']) - 1} later pauses in the arena")
+            detail += "; verified" if a["ok"] else "; VERIFY FAILED"
+            out.append((name, "PASS" if ok else "FAIL", f"{detail}; goal >= 90% of the pinned copy"))
     return out
 
 
@@ -208,6 +262,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="cudaw pause/resume cycles per size (default 3)")
     ap.add_argument("--driver-reps", type=int, default=1, help="driver checkpoint cycles per size (default 1)")
     ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "cudaw", "driver"])
+    ap.add_argument("--modes", nargs="+", default=["default", "arena"], choices=["default", "arena"],
+                    help="cudaw modes to measure (default: default arena)")
     ap.add_argument("--log", help="append the detailed log here")
     ap.add_argument("--json", help="write the results as JSON here")
     ap.add_argument("--verdicts", help="write one line per goal here: NAME<TAB>PASS|FAIL<TAB>DETAIL")
@@ -220,8 +276,10 @@ def main():
         r = results[key] = {}
         if "ceiling" not in args.skip:
             r["ceiling"] = ceiling(args, size)
-        if "cudaw" not in args.skip:
+        if "cudaw" not in args.skip and "default" in args.modes:
             r["cudaw"] = under_cudaw(args, size)
+        if "cudaw" not in args.skip and "arena" in args.modes:
+            r["arena"] = under_cudaw(args, size, arena=True)
         if "driver" not in args.skip:
             r["driver"] = driver_checkpoint(args, size)
 
@@ -253,6 +311,34 @@ def main():
                     note += f"; GPU memory {cw['before_mib']} -> {cw['left_mib']} MiB"
                 note += "; verified" if cw["ok"] else "; VERIFY FAILED"
                 rows.append((f"{key} GiB", f"cudaw {what}", med, gib / med, pct, note))
+        a = r.get("arena")
+        if a:
+            all_ok &= a["ok"]
+            for what, ms, wall, ceil_key in (("pause", a["pause_ms"], a["pause_wall_s"], "dtoh_s"),
+                                             ("resume", a["resume_ms"], a["resume_wall_s"], "htod_s")):
+                if not ms:
+                    rows.append((f"{key} GiB", f"cudaw+arena {what}", None, None, "FAILED", ""))
+                    continue
+                first = ms[0] / 1e3
+                pct = f"{100 * c[ceil_key] / first:.0f}% of ceiling" if c else ""
+                note = "no arena yet" if what == "pause" else "then the arena is made"
+                if what == "resume":
+                    note += f" (ready in {fmt_s(a['arena_build_s'])} s, off the critical path)"
+                rows.append((f"{key} GiB", f"cudaw+arena {what} (first)", first, gib / first, pct, note))
+                steady = ms[1:]
+                if not steady:
+                    rows.append((f"{key} GiB", f"cudaw+arena {what} (steady)", None, None, "FAILED", ""))
+                    continue
+                med = statistics.median(steady) / 1e3
+                pct = f"{100 * c[ceil_key] / med:.0f}% of ceiling" if c else ""
+                note = (f"best {min(steady) / 1e3:.3f} s, median of {len(steady)}; "
+                        f"cudaw-ckpt wall {statistics.median(wall[1:]):.3f} s")
+                if what == "pause":
+                    note += f"; {a['arena_pauses']} of {len(steady)} in the arena"
+                    if a["left_mib"] is not None:
+                        note += f"; GPU memory {a['before_mib']} -> {a['left_mib']} MiB"
+                note += "; verified" if a["ok"] else "; VERIFY FAILED"
+                rows.append((f"{key} GiB", f"cudaw+arena {what} (steady)", med, gib / med, pct, note))
         if d:
             all_ok &= d["ok"]
             if d["runs"]:

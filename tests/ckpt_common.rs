@@ -93,11 +93,16 @@ pub struct Target {
 impl Target {
     /// Starts ckpt_target (`None` without nvcc: the test is skipped).
     pub fn start(addressing: Addressing, tag: &str) -> Option<Target> {
+        Target::start_with(addressing, tag, &[])
+    }
+
+    /// Starts ckpt_target with these variables set too.
+    pub fn start_with(addressing: Addressing, tag: &str, env: &[(&str, &str)]) -> Option<Target> {
         let nvcc = nvcc()?;
         let exe = compile_program(&nvcc, "ckpt_target");
         let run = temp_dir(&format!("{tag}-run"));
         let work = temp_dir(&format!("{tag}-img"));
-        let mut cmd = command_under_cudaw(&exe, addressing, &[]);
+        let mut cmd = command_under_cudaw(&exe, addressing, env);
         cmd.env("CUDAW_LOG", "info")
             .env("CUDAW_RUN_DIR", &run.0)
             .stdin(Stdio::piped())

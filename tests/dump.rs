@@ -11,7 +11,10 @@
 //!   intact each time; a damaged image holding the memory refused by resume; `--force`;
 //! - inspect and inspect --verify on good and bad images;
 //! - many dumps and restores in one run;
-//! - clear failures for paths, PIDs and usage; progress lines on the socket.
+//! - clear failures for paths, PIDs and usage; progress lines on the socket;
+//! - all of it with the host arena (`CUDAW_HOST_ARENA=pinned`): pauses after the first
+//!   leave the bytes in the arena, dumps write them from there, resumes and restores
+//!   load them back.
 
 mod ckpt_common;
 
@@ -129,6 +132,93 @@ fn dump_then_resume_from_the_image_mapped() {
 #[test]
 fn dump_then_resume_from_the_image_translated() {
     dump_and_resume(Addressing::Translated, "rt");
+}
+
+/// Pause, resume, dump and restore with the host arena on: the first pause copies into
+/// host memory and the first resume starts making the arena; later pauses leave the bytes
+/// in it; dumps (leaving the process running or paused) read them from it; the program's
+/// output equals the uninterrupted run's.
+fn with_the_host_arena(addressing: Addressing, tag: &str) {
+    let Some(mut t) = Target::start_with(addressing, tag, &[("CUDAW_HOST_ARENA", "pinned")]) else {
+        return;
+    };
+    let retained = format!("{ALLOCATIONS} of {ALLOCATIONS} allocations left in the host arena");
+    let count = |t: &Target| t.log().matches(&retained).count();
+    // 7 runs of 30 of the program's 240 iterations.
+    // The first pause: no arena yet.
+    t.send_run(30);
+    t.ok(&["pause", &t.pid]);
+    assert_eq!(count(&t), 0, "{}", t.log());
+    t.ok(&["resume", &t.pid]);
+    t.wait_ran();
+    t.wait_log("page-locked, ready in");
+    // Later pauses: into the arena, and back.
+    for round in 1..=2 {
+        t.send_run(30);
+        let out = t.ok(&["pause", &t.pid]);
+        assert!(
+            out.contains(&format!("{ALLOCATIONS} allocations, {BYTES} bytes")),
+            "{out}"
+        );
+        t.wait_log(&retained);
+        assert_eq!(count(&t), round, "{}", t.log());
+        t.ok(&["resume", &t.pid]);
+        t.assert_running();
+        t.wait_ran();
+    }
+    // A dump that leaves the process running writes from the arena.
+    t.send_run(30);
+    let d = t.json(&["dump", &t.pid, "-o", "b.img", "--leave-running"]);
+    assert_eq!(d["state"], "running", "{d}");
+    assert_eq!(d["bytes"].as_u64(), Some(BYTES), "{d}");
+    assert_eq!(count(&t), 3, "{}", t.log());
+    t.wait_ran();
+    let b = inspect_verified(&t, &t.path("b.img"));
+    // Paused into the arena, then dumped: the bytes move to the image; resume reads it.
+    t.send_run(30);
+    t.ok(&["pause", &t.pid]);
+    assert_eq!(count(&t), 4, "{}", t.log());
+    t.ok(&["dump", &t.pid, "-o", "a.img"]);
+    let a = t.path("a.img");
+    t.assert_paused_in(&a);
+    let v = inspect_verified(&t, &a);
+    assert_ne!(
+        v["digest"], b["digest"],
+        "the program ran between the dumps"
+    );
+    t.ok(&["resume", &t.pid]);
+    t.assert_running();
+    t.wait_ran();
+    // A restore of an image dumped from the arena, and the arena still works afterwards.
+    // (The program is idle from the dump to the restore: the image is its state.)
+    t.send_run(30);
+    t.wait_ran();
+    t.ok(&["dump", &t.pid, "-o", "c.img", "--leave-running"]);
+    t.ok(&["pause", &t.pid]);
+    t.ok(&["restore", &t.pid, "-i", "c.img"]);
+    t.assert_running();
+    t.send_run(30);
+    t.ok(&["pause", &t.pid]);
+    t.ok(&["resume", &t.pid]);
+    t.wait_ran();
+    assert_eq!(count(&t), 7, "{}", t.log());
+    let log = t.finish();
+    assert!(
+        !log.lines()
+            .any(|l| (l.contains("] warn:") || l.contains("] error:"))
+                && (l.contains("arena") || l.contains("staging"))),
+        "{log}"
+    );
+}
+
+#[test]
+fn with_the_host_arena_mapped() {
+    with_the_host_arena(Addressing::Mapped, "am");
+}
+
+#[test]
+fn with_the_host_arena_translated() {
+    with_the_host_arena(Addressing::Translated, "at");
 }
 
 fn dump_and_restore(addressing: Addressing, tag: &str) {

@@ -35,7 +35,7 @@ use std::io::BufWriter;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use vmm::{Allocation, AllocationId, Residency};
+use vmm::{Allocation, AllocationId, Residency, VmmError};
 
 /// Bytes handed to the writer at a time (progress granularity).
 const WRITE_PIECE: usize = 8 << 20;
@@ -293,25 +293,37 @@ fn write_image(
             Residency::EvictedToHost => {
                 // Allocations come from `dev`: it is `Some` when there are any.
                 let Some((_, m)) = dev else { break };
-                let r = m
-                    .vmm
-                    .with_host_copy(a.id, |bytes| -> Result<(), ImageError> {
-                        let mut off = 0u64;
-                        for piece in bytes.chunks(WRITE_PIECE) {
-                            w.write_chunk(id, off, piece)?;
-                            off += piece.len() as u64;
-                            done += piece.len() as u64;
-                            report(Progress {
-                                phase: Phase::Write,
-                                done,
-                                total,
-                            });
-                        }
-                        Ok(())
-                    })
-                    .map_err(|e| {
+                let mut write = |bytes: &[u8]| -> Result<(), ImageError> {
+                    let mut off = 0u64;
+                    for piece in bytes.chunks(WRITE_PIECE) {
+                        w.write_chunk(id, off, piece)?;
+                        off += piece.len() as u64;
+                        done += piece.len() as u64;
+                        report(Progress {
+                            phase: Phase::Write,
+                            done,
+                            total,
+                        });
+                    }
+                    Ok(())
+                };
+                // Held by the VMM, or retained in the staging's host arena.
+                let r = match m.vmm.with_host_copy(a.id, &mut write) {
+                    Err(VmmError::NoHostCopy { .. }) => {
+                        crate::staging::with_retained(m.vmm.backend(), a.id, &mut write)
+                            .ok_or_else(|| {
+                                Failure::new(
+                                    ErrorKind::Failed,
+                                    format!(
+                                        "allocation {id}: no host copy, none in the host arena"
+                                    ),
+                                )
+                            })?
+                    }
+                    other => other.map_err(|e| {
                         Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
-                    })?;
+                    })?,
+                };
                 r.map_err(wfail)?;
             }
             Residency::InFile { .. } => {
@@ -459,9 +471,10 @@ pub(crate) fn dump(
         });
         if let Some((_, m)) = dev {
             for (id, offset) in entries {
-                if let Err(e) = m.vmm.mark_in_file(AllocationId(id), offset) {
+                match m.vmm.mark_in_file(AllocationId(id), offset) {
+                    Ok(()) => crate::staging::forget(m.vmm.backend(), AllocationId(id)),
                     // Its host copy stays; the image holds it too.
-                    log::warn(format_args!("dump: allocation {id}: {e}"));
+                    Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
                 }
             }
         }
@@ -610,6 +623,7 @@ pub(crate) fn restore(
             Ok(moved) => {
                 allocations = moved.allocations as u64;
                 bytes = moved.bytes;
+                crate::staging::restored(m.vmm.backend(), 0);
             }
             Err(e) => {
                 let kind = if load.image_error.is_some() {

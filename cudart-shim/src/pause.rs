@@ -412,9 +412,11 @@ fn synchronise_all() {
 }
 
 /// Evicts every resident allocation of one device to host memory: the one place that says
-/// how (today plain synchronous copies into `Vec<u8>`s). A pinned multi-stream staging may
-/// take its place as long as it leaves [`HostCopy::Memory`] copies, which dump reads with
-/// [`vmm::Vmm::with_host_copy`]. `copied` receives the bytes copied since its last call.
+/// how (the process's pinned staging, [`crate::staging::save_for_pause`]): into
+/// [`HostCopy::Memory`] copies the VMM holds (dump reads them with
+/// [`vmm::Vmm::with_host_copy`]), or, with the host arena, [`HostCopy::Retained`] in the
+/// arena (dump reads them with [`crate::staging::with_retained`]). `copied` receives the
+/// bytes copied since its last call.
 pub(crate) fn evict_device(
     m: &memory::DeviceMemory,
     copied: &mut dyn FnMut(u64),
@@ -457,7 +459,7 @@ impl Staging<DriverBackend> for Evict<'_> {
     ) -> Result<Vec<HostCopy>, StagingError> {
         let mut out = Vec::with_capacity(ranges.len());
         for batch in batches(ranges, |r| r.len) {
-            out.extend(staging().save(backend, batch)?);
+            out.extend(crate::staging::save_for_pause(backend, batch)?);
             (self.copied)(batch.iter().map(|r| r.len).sum());
         }
         Ok(out)
@@ -585,8 +587,9 @@ impl Staging<DriverBackend> for Load<'_> {
         // time; ranges in the image are read chunk by chunk.
         let mut i = 0;
         while i < ranges.len() {
-            let from_memory =
-                |r: &LoadRange<'_>| !self.image_only && matches!(r.source, Source::Memory(_));
+            let from_memory = |r: &LoadRange<'_>| {
+                !self.image_only && matches!(r.source, Source::Memory(_) | Source::Retained)
+            };
             if from_memory(&ranges[i]) {
                 let mut j = i;
                 while j < ranges.len() && from_memory(&ranges[j]) {
@@ -599,20 +602,20 @@ impl Staging<DriverBackend> for Load<'_> {
                 i = j;
                 continue;
             }
-            let r = &ranges[i];
-            if let Source::Retained = r.source {
-                if !self.image_only {
-                    return Err(StagingError::Unsupported {
-                        id: r.id,
-                        source_kind: "retained",
-                    });
-                }
-            }
-            self.load_from_image(backend, r)?;
+            self.load_from_image(backend, &ranges[i])?;
             i += 1;
         }
         Ok(())
     }
+}
+
+/// Host arena bytes `m`'s allocations need (`CUDAW_HOST_ARENA=pinned`).
+pub(crate) fn arena_demand(m: &memory::DeviceMemory) -> u64 {
+    m.vmm
+        .snapshot()
+        .iter()
+        .map(|a| a.size.next_multiple_of(driver::ARENA_ALIGN))
+        .sum()
 }
 
 /// Pauses; on failure the process runs on as before.
@@ -659,13 +662,23 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
                 evicted.push((ordinal, m));
+                let kept = crate::staging::retained_count(m.vmm.backend());
+                if kept > 0 {
+                    log::info(format_args!(
+                        "pause: device {ordinal}: {kept} of {} allocations left in the host arena",
+                        moved.allocations
+                    ));
+                }
             }
             Err(e) => {
                 let msg = format!("evicting device {ordinal} failed: {e}; resumed");
                 log::error(format_args!("pause: {msg}"));
                 for (o, m) in evicted {
-                    if let Err(e) = m.vmm.restore_all(&mut staging()) {
-                        log::error(format_args!("pause: restoring device {o} failed: {e}"));
+                    match m.vmm.restore_all(&mut staging()) {
+                        Ok(_) => crate::staging::restored(m.vmm.backend(), 0),
+                        Err(e) => {
+                            log::error(format_args!("pause: restoring device {o} failed: {e}"))
+                        }
                     }
                 }
                 gate::open();
@@ -707,11 +720,13 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
         total,
     });
     let (mut allocations, mut bytes) = (0usize, 0u64);
+    let mut restored = Vec::new();
     for (ordinal, m) in memory::managed_devices() {
         match m.vmm.restore_all(&mut load) {
             Ok(moved) => {
                 allocations += moved.allocations;
                 bytes += moved.bytes;
+                restored.push(m);
             }
             Err(e) => {
                 // Staying paused keeps the program off memory that is not there.
@@ -747,6 +762,9 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     ));
     ctl.paused = false;
     gate::open();
+    for m in restored {
+        crate::staging::restored(m.vmm.backend(), arena_demand(m));
+    }
     Ok(Moved {
         allocations: allocations as u64,
         bytes,

@@ -2,9 +2,15 @@
 //! process (pinned buffers on several streams, host copies on several threads; configured
 //! by `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`). Its pinned
 //! pool is made on the first pause, per device, and kept for the next ones.
+//!
+//! With `CUDAW_HOST_ARENA=pinned`, the first successful resume of a device starts making a
+//! page-locked host arena as large as its allocations on a background thread; later
+//! whole-process pauses ([`save_for_pause`]) leave the bytes there
+//! ([`vmm::HostCopy::Retained`]) and resumes load them from there. Dumps read them with
+//! [`with_retained`]; when the bytes move to an image the arena forgets them ([`forget`]).
 
 use crate::log;
-use driver::{DriverBackend, PinnedStaging};
+use driver::{DriverBackend, PinnedStaging, Retaining};
 use parking_lot::Mutex;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -22,10 +28,91 @@ pub fn staging() -> ProcessStaging {
     ProcessStaging(())
 }
 
+fn staging_mutex() -> &'static Mutex<PinnedStaging> {
+    STAGING.get_or_init(|| Mutex::new(PinnedStaging::new(crate::config::get().staging)))
+}
+
+/// Saves a batch of a whole-process pause: into the host arena where there is one (see
+/// the module documentation), else as [`ProcessStaging`] does.
+pub fn save_for_pause(
+    backend: &DriverBackend,
+    ranges: &[StagingRange],
+) -> Result<Vec<HostCopy>, StagingError> {
+    with(backend, |s| {
+        let waited = s.arena_status(backend).building > 0;
+        let started = Instant::now();
+        s.wait_for_arena(backend);
+        if waited {
+            log::info(format_args!(
+                "pause: waited {:.1} ms for the host arena of device {} to be made",
+                started.elapsed().as_secs_f64() * 1e3,
+                backend.device()
+            ));
+        }
+        Retaining(s).save(backend, ranges)
+    })
+}
+
+/// Allocations of the device the host arena holds now.
+pub fn retained_count(backend: &DriverBackend) -> usize {
+    STAGING
+        .get()
+        .map_or(0, |s| s.lock().arena_status(backend).retained)
+}
+
+/// Every allocation of `backend`'s device is back on the device: the arena forgets what it
+/// held, and, with `CUDAW_HOST_ARENA=pinned`, starts making an arena of `demand` bytes in
+/// the background if it has none that large (`demand` 0: only forget).
+pub fn restored(backend: &DriverBackend, demand: u64) {
+    let Some(m) = STAGING.get() else { return };
+    let mut s = m.lock();
+    s.forget_all(backend);
+    let device = backend.device();
+    let started = s.start_arena(
+        backend,
+        demand,
+        Box::new(move |r| match r {
+            Ok(t) => log::info(format_args!(
+                "host arena for device {device}: {demand} bytes ({} MiB) page-locked, ready in {:.1} ms",
+                demand >> 20,
+                t.as_secs_f64() * 1e3
+            )),
+            Err(e) => log::warn(format_args!(
+                "host arena for device {device}: {e}; pauses copy through host memory"
+            )),
+        }),
+    );
+    if started {
+        log::info(format_args!(
+            "host arena for device {device}: making {demand} bytes page-locked in the background"
+        ));
+    }
+    for note in s.take_notes() {
+        log::warn(format_args!("staging: {note}"));
+    }
+}
+
+/// Runs `f` on the bytes the host arena holds for allocation `id` of `backend`'s device
+/// (a dump writes them from there); `None` if it holds none. The staging is locked during
+/// `f`: keep it to plain I/O.
+pub fn with_retained<R>(
+    backend: &DriverBackend,
+    id: vmm::AllocationId,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Option<R> {
+    let s = STAGING.get()?.lock();
+    s.retained(backend, id).map(f)
+}
+
+/// The host arena forgets allocation `id` (its bytes now live in an image).
+pub fn forget(backend: &DriverBackend, id: vmm::AllocationId) {
+    if let Some(s) = STAGING.get() {
+        s.lock().forget(backend, id);
+    }
+}
+
 fn with<R>(backend: &DriverBackend, f: impl FnOnce(&mut PinnedStaging) -> R) -> R {
-    let mut s = STAGING
-        .get_or_init(|| Mutex::new(PinnedStaging::new(crate::config::get().staging)))
-        .lock();
+    let mut s = staging_mutex().lock();
     if !s.is_prepared(backend) {
         let started = Instant::now();
         let c = *s.config();

@@ -15,6 +15,10 @@ use crate::range::RangeAllocator;
 use crate::staging::{HostCopy, LoadRange, Source, Staging, StagingRange};
 use crate::table::{Allocation, AllocationId, AllocationTable, Residency};
 
+/// Bytes a restore hands to the staging at once while the chunks after them are still
+/// being created and mapped.
+const LOAD_BATCH: u64 = 256 << 20;
+
 /// Byte counts for quotas and `cudaMemGetInfo`, taken under one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryStats {
@@ -1110,6 +1114,21 @@ impl<B: Backend> Vmm<B> {
         for &(ck, _, _) in &create {
             st.chunks[ck].busy = true;
         }
+        // For each target, how many of `create` (in order) must be mapped before it loads.
+        let order: HashMap<usize, usize> = create
+            .iter()
+            .enumerate()
+            .map(|(i, &(ck, _, _))| (ck, i + 1))
+            .collect();
+        let needs: Vec<usize> = targets
+            .iter()
+            .map(|b| {
+                st.records[b]
+                    .chunk
+                    .and_then(|ck| order.get(&ck).copied())
+                    .unwrap_or(0)
+            })
+            .collect();
         let mut hosts = Vec::with_capacity(targets.len());
         let mut meta = Vec::with_capacity(targets.len());
         for b in &targets {
@@ -1142,32 +1161,13 @@ impl<B: Backend> Vmm<B> {
                         }
                     }
                 };
-                let mut phys = Vec::with_capacity(create.len());
                 let mut backs = Vec::new();
-                for &(_, base, size) in &create {
-                    let step = self.backend.create_physical(size).and_then(|p| {
-                        match self.backend.map(base, size, p) {
-                            Ok(()) => Ok(p),
-                            Err(e) => {
-                                let _ = self.backend.release_physical(p);
-                                Err(e)
-                            }
-                        }
-                    });
-                    match step {
-                        Ok(p) => phys.push(p),
-                        Err(e) => {
-                            undo(&phys, &backs);
-                            return Err(e.into());
-                        }
-                    }
-                }
                 if !mapped {
                     for &(_, _, size, _) in &meta {
                         match self.backend.alloc_linear(Self::translated_sizes(size).0) {
                             Ok(a) => backs.push(a),
                             Err(e) => {
-                                undo(&phys, &backs);
+                                undo(&[], &backs);
                                 return Err(e.into());
                             }
                         }
@@ -1188,9 +1188,10 @@ impl<B: Backend> Vmm<B> {
                         },
                     })
                     .collect();
-                if let Err(e) = staging.load(&self.backend, &ranges) {
+                let (phys, loaded) = self.create_and_load(&create, &needs, &ranges, staging);
+                if let Err(e) = loaded {
                     undo(&phys, &backs);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 Ok((phys, backs))
             },
@@ -1255,6 +1256,114 @@ impl<B: Backend> Vmm<B> {
             allocations: targets.len(),
             bytes,
             chunks: create.len(),
+        })
+    }
+
+    /// Creates and maps `create`'s chunks (in order) on a helper thread while `staging`
+    /// loads `ranges` in batches of about [`LOAD_BATCH`] bytes, each batch once the chunks
+    /// it needs (`needs[i]`: how many of `create` range `i` waits for) are mapped: the
+    /// driver's create/map work overlaps the copies. Returns the physical memory made (to
+    /// undo on failure) and the outcome; on failure the helper stops early.
+    fn create_and_load<S: Staging<B> + ?Sized>(
+        &self,
+        create: &[(usize, u64, u64)],
+        needs: &[usize],
+        ranges: &[LoadRange<'_>],
+        staging: &mut S,
+    ) -> (Vec<B::Physical>, Result<(), VmmError>) {
+        struct Progress {
+            mapped: usize,
+            failed: Option<BackendError>,
+            stop: bool,
+        }
+        let progress = Mutex::new(Progress {
+            mapped: 0,
+            failed: None,
+            stop: false,
+        });
+        let moved = Condvar::new();
+        let make = || {
+            let mut phys = Vec::with_capacity(create.len());
+            for &(_, base, size) in create {
+                if progress.lock().stop {
+                    break;
+                }
+                let step = self.backend.create_physical(size).and_then(|p| {
+                    match self.backend.map(base, size, p) {
+                        Ok(()) => Ok(p),
+                        Err(e) => {
+                            let _ = self.backend.release_physical(p);
+                            Err(e)
+                        }
+                    }
+                });
+                let mut pr = progress.lock();
+                match step {
+                    Ok(p) => {
+                        phys.push(p);
+                        pr.mapped += 1;
+                    }
+                    Err(e) => pr.failed = Some(e),
+                }
+                let failed = pr.failed.is_some();
+                drop(pr);
+                moved.notify_all();
+                if failed {
+                    break;
+                }
+            }
+            phys
+        };
+        let load = |staging: &mut S| -> Result<(), VmmError> {
+            let mut start = 0;
+            while start < ranges.len() {
+                let (mut end, mut bytes, mut need) = (start, 0u64, 0usize);
+                while end < ranges.len() && (end == start || bytes < LOAD_BATCH) {
+                    bytes += ranges[end].len;
+                    need = need.max(needs[end]);
+                    end += 1;
+                }
+                {
+                    let mut pr = progress.lock();
+                    while pr.mapped < need && pr.failed.is_none() {
+                        moved.wait(&mut pr);
+                    }
+                    if pr.mapped < need {
+                        let e = pr.failed.clone().expect("failed");
+                        return Err(e.into());
+                    }
+                }
+                staging.load(&self.backend, &ranges[start..end])?;
+                start = end;
+            }
+            Ok(())
+        };
+        if create.len() < 2 {
+            // Nothing worth a thread.
+            let phys = make();
+            let failed = progress.lock().failed.take();
+            if let Some(e) = failed {
+                return (phys, Err(e.into()));
+            }
+            return (phys, load(staging));
+        }
+        std::thread::scope(|s| {
+            let helper = s.spawn(make);
+            let loaded = load(staging);
+            if loaded.is_err() {
+                progress.lock().stop = true;
+            }
+            let phys = helper.join().unwrap_or_default();
+            let failed = progress.lock().failed.take();
+            let result = match (loaded, failed) {
+                (Err(e), _) => Err(e),
+                (Ok(()), Some(e)) => Err(e.into()),
+                (Ok(()), None) if phys.len() < create.len() => Err(VmmError::Staging(
+                    StagingError::Io("mapping the restored chunks stopped early".into()),
+                )),
+                (Ok(()), None) => Ok(()),
+            };
+            (phys, result)
         })
     }
 

@@ -688,3 +688,57 @@ fn pause_with_concurrent_allocators() {
     }
     assert_empty(&vmm);
 }
+
+/// Counts the batches a restore hands over.
+struct Counting(usize);
+
+impl<B: vmm::Backend + ?Sized> Staging<B> for Counting {
+    fn save(
+        &mut self,
+        backend: &B,
+        ranges: &[vmm::StagingRange],
+    ) -> Result<Vec<vmm::HostCopy>, vmm::StagingError> {
+        HostStaging.save(backend, ranges)
+    }
+
+    fn load(
+        &mut self,
+        backend: &B,
+        ranges: &[vmm::LoadRange<'_>],
+    ) -> Result<(), vmm::StagingError> {
+        self.0 += 1;
+        HostStaging.load(backend, ranges)
+    }
+}
+
+#[test]
+fn restores_of_many_chunks_load_while_mapping_and_roll_back() {
+    let vmm = mapped(None);
+    // 24 chunks of 12 MiB: more than one load batch, so loads overlap the mapping.
+    let allocs: Vec<Allocation> = (0..24).map(|_| vmm.alloc(12 * MIB, 0).unwrap()).collect();
+    let data: Vec<Vec<u8>> = allocs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| fill(&vmm, a, i as u8))
+        .collect();
+    vmm.evict_all(&mut HostStaging).unwrap();
+    // A failing creation (the first chunk: the loads wait for it) or copy-in (while
+    // chunks are still being mapped) leaves everything evicted, nothing mapped.
+    vmm.backend().fail_next(Op::CreatePhysical, 1);
+    assert!(vmm.restore_all(&mut HostStaging).is_err());
+    vmm.backend().fail_next(Op::CopyFromHost, 1);
+    assert!(vmm.restore_all(&mut HostStaging).is_err());
+    assert_eq!(vmm.backend().physical_count(), 0);
+    assert_eq!(vmm.stats().committed, 0);
+    assert_eq!(vmm.stats().mapped, 0);
+    let mut counting = Counting(0);
+    vmm.restore_all(&mut counting).unwrap();
+    assert!(counting.0 >= 2, "{} load batches", counting.0);
+    for (a, d) in allocs.iter().zip(&data) {
+        assert_eq!(&read(&vmm, a), d);
+    }
+    for a in &allocs {
+        vmm.free(a.base).unwrap();
+    }
+    assert_empty(&vmm);
+}

@@ -30,6 +30,12 @@ pub struct Args {
     /// How device pointers relate to device addresses.
     #[arg(long, value_parser = ["mapped", "translated"])]
     pub addressing: Option<String>,
+    /// Keep the evicted bytes in a page-locked host arena as large as the program's device
+    /// memory, made after the first pause: later pauses and resumes copy straight between
+    /// it and the device at the pinned-copy speed; that much host RAM stays page-locked
+    /// while the program runs. Sets CUDAW_HOST_ARENA.
+    #[arg(long, value_name = "MODE", value_parser = ["pinned", "off"])]
+    pub host_arena: Option<String>,
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
@@ -282,6 +288,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(l) = &args.mem_limit {
         env.push(("CUDAW_MEM_LIMIT".into(), l.into()));
+    }
+    if let Some(a) = &args.host_arena {
+        env.push(("CUDAW_HOST_ARENA".into(), a.into()));
     }
     if let Some(l) = &args.log {
         env.push(("CUDAW_LOG".into(), l.into()));

@@ -21,4 +21,4 @@ pub use api::{Context, Device, Driver, Event, PhysicalHandle, Stream};
 pub use backend::DriverBackend;
 pub use error::{DriverError, Result};
 pub use loader::LibCuda;
-pub use staging::{PinnedStaging, StagingConfig};
+pub use staging::{ArenaDone, ArenaStatus, PinnedStaging, Retaining, StagingConfig, ARENA_ALIGN};

@@ -37,6 +37,17 @@
 //! refused), the staging falls back to [`vmm::HostStaging`]'s synchronous copies and says
 //! so in [`PinnedStaging::take_notes`].
 //!
+//! **Host arena** (opt-in, `CUDAW_HOST_ARENA=pinned`): to get past the fault limit of fresh
+//! pageable memory, [`PinnedStaging::start_arena`] makes (on a background thread, the same
+//! way as the pool: mmap, huge pages, faulted in on many threads, `cuMemHostRegister`) a
+//! page-locked arena as large as the device memory; whole-process pauses
+//! ([`PinnedStaging::save_retaining`], [`Retaining`]) then copy device memory straight into
+//! it in large asynchronous copies over the pool's streams, with no host-side copy, and
+//! return [`HostCopy::Retained`]; loads of [`Source::Retained`] copy straight out of it.
+//! Readers borrow the bytes with [`PinnedStaging::retained`]; [`PinnedStaging::forget`] /
+//! [`PinnedStaging::forget_all`] release places. Single evictions (the `Staging::save` of
+//! the trait) always take the ordinary path. Not yet measured on the GPU.
+//!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
 //! copy threads, default the CPUs available, at most 16).
@@ -60,6 +71,14 @@ pub const STREAMS_ENV: &str = "CUDAW_STAGING_STREAMS";
 pub const BUFFER_ENV: &str = "CUDAW_STAGING_BUFFER";
 /// The variable that sets how many host threads copy between the buffers and host memory.
 pub const THREADS_ENV: &str = "CUDAW_STAGING_THREADS";
+
+/// The variable that turns the host arena on: `pinned` (or `off`, the default).
+pub const ARENA_ENV: &str = "CUDAW_HOST_ARENA";
+/// Where each allocation's bytes start in the host arena: a multiple of this. Size an
+/// arena for a set of allocations as the sum of their sizes rounded up to it.
+pub const ARENA_ALIGN: u64 = 4096;
+/// The largest single copy issued into or out of the arena (spread over the streams).
+const ARENA_PIECE: usize = 64 << 20;
 
 /// The most streams, buffers or threads accepted.
 const MAX_COUNT: usize = 256;
@@ -92,6 +111,10 @@ pub struct StagingConfig {
     /// place with `cuMemHostRegister`, rather than with `cuMemHostAlloc`: several times
     /// faster to make. Falls back to `cuMemHostAlloc` if registering fails.
     pub pin_in_place: bool,
+    /// Keep a page-locked host arena as large as the device memory after the first pause
+    /// (`CUDAW_HOST_ARENA=pinned`): whole-process pauses then copy straight into it
+    /// ([`PinnedStaging::save_retaining`]) and resumes straight out of it.
+    pub host_arena: bool,
 }
 
 impl Default for StagingConfig {
@@ -119,6 +142,7 @@ impl StagingConfig {
             prefault: true,
             streaming_stores: true,
             pin_in_place: true,
+            host_arena: false,
         }
     }
 
@@ -155,7 +179,21 @@ impl StagingConfig {
                 }
             },
         };
-        StagingConfig::new(streams, buffer, threads)
+        let host_arena = match get(ARENA_ENV).map(|v| v.trim().to_ascii_lowercase()) {
+            None => d.host_arena,
+            Some(v) if v.is_empty() || v == "off" => false,
+            Some(v) if v == "pinned" => true,
+            Some(v) => {
+                warnings.push(format!(
+                    "{ARENA_ENV}={v:?} is neither `pinned` nor `off`; using off"
+                ));
+                false
+            }
+        };
+        StagingConfig {
+            host_arena,
+            ..StagingConfig::new(streams, buffer, threads)
+        }
     }
 
     /// Page-locked host memory the pool holds.
@@ -170,6 +208,12 @@ impl StagingConfig {
 pub struct PinnedStaging {
     config: StagingConfig,
     pools: HashMap<usize, Pool>,
+    /// Host arenas, per context (only with [`StagingConfig::host_arena`]).
+    arenas: HashMap<usize, Arena>,
+    /// Arenas being made on a background thread, per context.
+    building: HashMap<usize, Building>,
+    /// Contexts where making an arena failed (not tried again).
+    arena_refused: std::collections::HashSet<usize>,
     notes: Vec<String>,
 }
 
@@ -188,6 +232,9 @@ impl PinnedStaging {
         PinnedStaging {
             config,
             pools: HashMap::new(),
+            arenas: HashMap::new(),
+            building: HashMap::new(),
+            arena_refused: std::collections::HashSet::new(),
             notes: Vec::new(),
         }
     }
@@ -208,9 +255,19 @@ impl PinnedStaging {
         self.pools.contains_key(&backend.context().0)
     }
 
-    /// Frees every pool (waiting for nothing: no copy is in flight between calls).
+    /// Frees every pool and host arena (waiting for arenas being made; no copy is in
+    /// flight between calls). Bytes the arenas retained are lost.
     pub fn release(&mut self) -> Result<(), DriverError> {
         let mut first = None;
+        let keys: Vec<usize> = self.building.keys().copied().collect();
+        for key in keys {
+            self.finish_build(key);
+        }
+        for (_, mut arena) in self.arenas.drain() {
+            if let Err(e) = arena.free() {
+                first.get_or_insert(e);
+            }
+        }
         for (_, pool) in self.pools.drain() {
             if let Err(e) = pool.free() {
                 first.get_or_insert(e);
@@ -291,10 +348,16 @@ impl Staging<DriverBackend> for PinnedStaging {
         ranges: &[LoadRange<'_>],
     ) -> Result<(), StagingError> {
         // Refuse what cannot be loaded before copying anything.
+        let key = backend.context().0;
         let mut sources = Vec::with_capacity(ranges.len());
+        let mut memory = Vec::with_capacity(ranges.len());
+        let mut retained: Vec<(usize, usize, u64)> = Vec::new();
         for r in ranges {
             match r.source {
-                Source::Memory(bytes) if bytes.len() as u64 == r.len => sources.push(bytes),
+                Source::Memory(bytes) if bytes.len() as u64 == r.len => {
+                    sources.push(bytes);
+                    memory.push(*r);
+                }
                 Source::Memory(bytes) => {
                     return Err(StagingError::Io(format!(
                         "host copy of allocation {:?} holds {} bytes, expected {}",
@@ -302,6 +365,24 @@ impl Staging<DriverBackend> for PinnedStaging {
                         bytes.len(),
                         r.len
                     )))
+                }
+                Source::Retained => {
+                    let place = self.arenas.get(&key).and_then(|a| a.entries.get(&r.id));
+                    match place {
+                        Some(&(at, len)) if len as u64 == r.len => retained.push((at, len, r.addr)),
+                        Some(&(_, len)) => {
+                            return Err(StagingError::Io(format!(
+                                "the host arena holds {len} bytes of allocation {:?}, expected {}",
+                                r.id, r.len
+                            )))
+                        }
+                        None => {
+                            return Err(StagingError::Io(format!(
+                                "allocation {:?} is not in the host arena",
+                                r.id
+                            )))
+                        }
+                    }
                 }
                 other => {
                     return Err(StagingError::Unsupported {
@@ -314,13 +395,417 @@ impl Staging<DriverBackend> for PinnedStaging {
         if ranges.is_empty() {
             return Ok(());
         }
+        if !retained.is_empty() {
+            self.load_from_arena(backend, &retained)?;
+        }
+        if memory.is_empty() {
+            return Ok(());
+        }
         let config = self.config;
         let (result, broken) = match self.pool_or_note(backend) {
-            Some(pool) => pool.load(&config, ranges, &sources),
-            None => return HostStaging.load(backend, ranges),
+            Some(pool) => pool.load(&config, &memory, &sources),
+            None => return HostStaging.load(backend, &memory),
         };
         self.discard_if_broken(backend, broken);
         result
+    }
+}
+
+// ---- the host arena ----
+
+/// What a background arena build reports when it is done: how long it took, or why it
+/// failed.
+pub type ArenaDone = Box<dyn FnOnce(Result<std::time::Duration, String>) + Send>;
+
+/// What [`PinnedStaging::arena_status`] reports for one context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaStatus {
+    /// Bytes of the arena ready to use (0: none).
+    pub bytes: usize,
+    /// Bytes of an arena being made in the background (0: none).
+    pub building: usize,
+    /// Allocations whose bytes the arena holds now.
+    pub retained: usize,
+}
+
+/// [`PinnedStaging`] for a whole-process pause: `save` is
+/// [`PinnedStaging::save_retaining`] (bytes stay in the host arena, where there is one),
+/// `load` is [`PinnedStaging`]'s.
+#[derive(Debug)]
+pub struct Retaining<'a>(pub &'a mut PinnedStaging);
+
+impl Staging<DriverBackend> for Retaining<'_> {
+    fn save(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        self.0.save_retaining(backend, ranges)
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        self.0.load(backend, ranges)
+    }
+}
+
+/// Page-locked host memory as large as a context's device memory, made once and kept:
+/// whole-process pauses copy device memory straight into it (no host-side copy), resumes
+/// straight out of it. Each allocation's bytes have a place, by allocation id.
+struct Arena {
+    driver: Arc<dyn Driver>,
+    /// An `mmap` of `len` bytes registered with the driver (null once freed).
+    host: *mut u8,
+    len: usize,
+    /// Allocation → (offset, bytes) of what the arena holds.
+    entries: HashMap<vmm::AllocationId, (usize, usize)>,
+    /// Where the next allocation goes (while `entries` is not empty).
+    cursor: usize,
+}
+
+// SAFETY: `host` is page-locked memory owned by the arena alone; it is written only by
+// the device copies of one staging call at a time (the staging is `&mut` for the call) and
+// read by borrowers of `&PinnedStaging`, never both at once.
+unsafe impl Send for Arena {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn free(&mut self) -> Result<(), DriverError> {
+        if self.host.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `host` was registered by `pin_in_place`; every staging call waits for its
+        // copies, so nothing uses it.
+        let r = unsafe { self.driver.mem_host_unregister(self.host) };
+        // SAFETY: our own mapping of `len` bytes, used by nothing any more.
+        unsafe { libc::munmap(self.host.cast(), self.len) };
+        self.host = std::ptr::null_mut();
+        self.entries.clear();
+        r
+    }
+
+    /// The bytes at `[at, at + len)`, inside the arena.
+    fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len));
+        // SAFETY: inside the live mapping (checked above); no copy writes it while `&self`
+        // is borrowed (writers hold the staging mutably).
+        unsafe { std::slice::from_raw_parts(self.host.add(at), len) }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Err(e) = self.free() {
+            eprintln!("cudaw: freeing the host arena: {e}");
+        }
+    }
+}
+
+/// An arena being made on a background thread: the thread returns the registered mapping.
+struct Building {
+    handle: std::thread::JoinHandle<Option<usize>>,
+    len: usize,
+    driver: Arc<dyn Driver>,
+}
+
+impl PinnedStaging {
+    /// Starts making a host arena of `bytes` (rounded up to 2 MiB) for `backend`'s context
+    /// on a background thread (an anonymous mapping advised for huge pages, faulted in on
+    /// the configured threads, registered with `cuMemHostRegister`), if the configuration
+    /// asks for one ([`StagingConfig::host_arena`]) and there is no arena of that size yet.
+    /// A smaller arena holding no bytes is freed first; one holding bytes is kept. `done`
+    /// is called on that thread when the arena is made or has failed. Returns whether a
+    /// build started.
+    pub fn start_arena(&mut self, backend: &DriverBackend, bytes: u64, done: ArenaDone) -> bool {
+        let key = backend.context().0;
+        if !self.config.host_arena || bytes == 0 || self.arena_refused.contains(&key) {
+            return false;
+        }
+        let Some(len) = usize::try_from(bytes)
+            .ok()
+            .and_then(|b| b.checked_next_multiple_of(HUGE_PAGE))
+        else {
+            return false;
+        };
+        if self.building.get(&key).is_some_and(|b| b.len >= len) {
+            return false;
+        }
+        self.finish_build(key);
+        if let Some(a) = self.arenas.get(&key) {
+            if a.len >= len || !a.entries.is_empty() {
+                return false;
+            }
+        }
+        if let Some(mut old) = self.arenas.remove(&key) {
+            if let Err(e) = old.free() {
+                self.notes
+                    .push(format!("freeing the smaller host arena: {e}"));
+            }
+        }
+        let driver = backend.driver().clone();
+        let keep = driver.clone();
+        let context = backend.context();
+        let threads = self.config.threads;
+        let spawned = std::thread::Builder::new()
+            .name("cudaw-arena".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let made = match driver.ctx_set_current(context) {
+                    Err(e) => Err(format!("{e}")),
+                    Ok(()) => pin_in_place(&*driver, len, threads).ok_or_else(|| {
+                        format!(
+                            "{len} bytes of page-locked memory refused (mmap or cuMemHostRegister)"
+                        )
+                    }),
+                };
+                let r = made.as_ref().ok().map(|&p| p as usize);
+                done(made.map(|_| started.elapsed()));
+                r
+            });
+        match spawned {
+            Ok(handle) => {
+                self.building.insert(
+                    key,
+                    Building {
+                        handle,
+                        len,
+                        driver: keep,
+                    },
+                );
+                true
+            }
+            Err(e) => {
+                self.notes
+                    .push(format!("cannot start making the host arena: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Waits for the arena being made for `backend`'s context, if any, and installs it.
+    pub fn wait_for_arena(&mut self, backend: &DriverBackend) {
+        self.finish_build(backend.context().0);
+    }
+
+    /// The host arena of `backend`'s context: its size, a build in progress, what it holds.
+    pub fn arena_status(&self, backend: &DriverBackend) -> ArenaStatus {
+        let key = backend.context().0;
+        ArenaStatus {
+            bytes: self.arenas.get(&key).map_or(0, |a| a.len),
+            building: self.building.get(&key).map_or(0, |b| b.len),
+            retained: self.arenas.get(&key).map_or(0, |a| a.entries.len()),
+        }
+    }
+
+    /// The bytes the host arena holds for allocation `id` ([`HostCopy::Retained`]), to read
+    /// (a checkpoint writes them from here).
+    pub fn retained(&self, backend: &DriverBackend, id: vmm::AllocationId) -> Option<&[u8]> {
+        let a = self.arenas.get(&backend.context().0)?;
+        let &(at, len) = a.entries.get(&id)?;
+        Some(a.bytes(at, len))
+    }
+
+    /// Forgets what the arena holds for allocation `id` (its bytes now live elsewhere, or
+    /// it was freed). Returns whether it held any.
+    pub fn forget(&mut self, backend: &DriverBackend, id: vmm::AllocationId) -> bool {
+        self.arenas
+            .get_mut(&backend.context().0)
+            .is_some_and(|a| a.entries.remove(&id).is_some())
+    }
+
+    /// Forgets everything the arena holds for `backend`'s context: call it once every
+    /// allocation is back on the device (after a whole restore), so that the next pause
+    /// starts at the arena's beginning.
+    pub fn forget_all(&mut self, backend: &DriverBackend) {
+        if let Some(a) = self.arenas.get_mut(&backend.context().0) {
+            a.entries.clear();
+            a.cursor = 0;
+        }
+    }
+
+    /// Copies `ranges` off the device for a whole-process pause: into the host arena
+    /// (waiting for one being made), straight from device memory in large asynchronous
+    /// copies over the pool's streams, returning [`HostCopy::Retained`]; ranges that do not
+    /// fit in what is left of the arena, or all of them when there is no arena, go the
+    /// ordinary way ([`HostCopy::Memory`]). On failure nothing is retained.
+    pub fn save_retaining(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        let key = backend.context().0;
+        self.finish_build(key);
+        let Some(arena) = self.arenas.get(&key) else {
+            return self.save(backend, ranges);
+        };
+        let mut cursor = if arena.entries.is_empty() {
+            0
+        } else {
+            arena.cursor
+        };
+        let mut places = Vec::with_capacity(ranges.len());
+        let mut copies = Vec::new();
+        for r in ranges {
+            let end = usize::try_from(r.len)
+                .ok()
+                .and_then(|len| cursor.checked_add(len))
+                .filter(|&end| end <= arena.len);
+            match end {
+                Some(end) => {
+                    places.push(Some(cursor));
+                    copies.push((cursor, r.len as usize, r.addr));
+                    cursor = end.next_multiple_of(ARENA_ALIGN as usize).min(arena.len);
+                }
+                None => places.push(None),
+            }
+        }
+        self.arena_copies(backend, &copies, true)?;
+        let rest: Vec<StagingRange> = ranges
+            .iter()
+            .zip(&places)
+            .filter(|(_, p)| p.is_none())
+            .map(|(r, _)| *r)
+            .collect();
+        let mut rest = if rest.is_empty() {
+            Vec::new()
+        } else {
+            self.save(backend, &rest)?
+        }
+        .into_iter();
+        let arena = self.arenas.get_mut(&key).expect("the arena stays");
+        let mut out = Vec::with_capacity(ranges.len());
+        for (r, p) in ranges.iter().zip(&places) {
+            match p {
+                Some(at) => {
+                    arena.entries.insert(r.id, (*at, r.len as usize));
+                    out.push(HostCopy::Retained);
+                }
+                None => out.push(rest.next().ok_or(StagingError::Count {
+                    seen: out.len(),
+                    expected: ranges.len(),
+                })?),
+            }
+        }
+        arena.cursor = cursor;
+        Ok(out)
+    }
+
+    /// Copies arena places `(offset, bytes, device address)` onto the device.
+    fn load_from_arena(
+        &mut self,
+        backend: &DriverBackend,
+        places: &[(usize, usize, u64)],
+    ) -> Result<(), StagingError> {
+        self.arena_copies(backend, places, false)
+    }
+
+    /// Copies between the arena and device memory, `(offset, bytes, device address)` each,
+    /// in pieces of at most [`ARENA_PIECE`] spread over the pool's streams (synchronous
+    /// copies when there is no pool); waits for them all.
+    fn arena_copies(
+        &mut self,
+        backend: &DriverBackend,
+        places: &[(usize, usize, u64)],
+        to_host: bool,
+    ) -> Result<(), StagingError> {
+        let key = backend.context().0;
+        let Some(arena) = self.arenas.get(&key) else {
+            return Err(StagingError::Io("no host arena".into()));
+        };
+        if places.is_empty() {
+            return Ok(());
+        }
+        let (host, len) = (arena.host as usize, arena.len);
+        for &(at, n, _) in places {
+            if at.checked_add(n).is_none_or(|end| end > len) {
+                return Err(StagingError::Io(format!(
+                    "arena place {at}+{n} outside the arena ({len} bytes)"
+                )));
+            }
+        }
+        let driver = backend.driver().clone();
+        let context = backend.context();
+        let Some(pool) = self.pool_or_note(backend) else {
+            let copied = (|| -> Result<(), DriverError> {
+                driver.ctx_set_current(context)?;
+                for &(at, n, addr) in places {
+                    // SAFETY: inside the arena (checked above); the arena is ours for the
+                    // call (`&mut self`), nobody else reads or writes it meanwhile.
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts_mut((host + at) as *mut u8, n) };
+                    if to_host {
+                        driver.memcpy_dtoh(bytes, addr)?;
+                    } else {
+                        driver.memcpy_htod(addr, bytes)?;
+                    }
+                }
+                Ok(())
+            })();
+            return copied.map_err(staging_error);
+        };
+        let streams = pool.streams.clone();
+        let issued = (|| -> Result<(), DriverError> {
+            driver.ctx_set_current(context)?;
+            let mut k = 0;
+            for &(at, n, addr) in places {
+                let mut off = 0;
+                while off < n {
+                    let piece = (n - off).min(ARENA_PIECE);
+                    let stream = streams[k % streams.len()];
+                    k += 1;
+                    let p = (host + at + off) as *mut u8;
+                    // SAFETY: the piece lies inside the arena (checked above), which stays
+                    // mapped and untouched by anyone else until the streams are
+                    // synchronised below, before this call returns.
+                    unsafe {
+                        if to_host {
+                            driver.memcpy_dtoh_async(p, addr + off as u64, piece, stream)?;
+                        } else {
+                            driver.memcpy_htod_async(addr + off as u64, p, piece, stream)?;
+                        }
+                    }
+                    off += piece;
+                }
+            }
+            Ok(())
+        })();
+        let synced = pool.synchronize();
+        let broken = synced.is_err();
+        let result = issued.and(synced).map_err(staging_error);
+        self.discard_if_broken(backend, broken);
+        result
+    }
+
+    /// Joins the build for context `key`, if any, and installs its arena.
+    fn finish_build(&mut self, key: usize) {
+        let Some(b) = self.building.remove(&key) else {
+            return;
+        };
+        match b.handle.join() {
+            Ok(Some(host)) => {
+                self.arenas.insert(
+                    key,
+                    Arena {
+                        driver: b.driver,
+                        host: host as *mut u8,
+                        len: b.len,
+                        entries: HashMap::new(),
+                        cursor: 0,
+                    },
+                );
+            }
+            Ok(None) | Err(_) => {
+                self.arena_refused.insert(key);
+                self.notes.push(format!(
+                    "no host arena of {} MiB; pauses copy through host memory",
+                    b.len >> 20
+                ));
+            }
+        }
     }
 }
 
