@@ -40,6 +40,11 @@ impl SizeClasses {
         self.sizes[class]
     }
 
+    /// Every class's slot size, increasing.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
     /// Number of classes.
     pub fn len(&self) -> usize {
         self.sizes.len()

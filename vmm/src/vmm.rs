@@ -13,7 +13,7 @@ use crate::config::{Addressing, Config, ALLOCATION_ALIGNMENT};
 use crate::error::{StagingError, VmmError};
 use crate::range::RangeAllocator;
 use crate::staging::{HostCopy, LoadRange, Source, Staging, StagingRange};
-use crate::table::{Allocation, AllocationId, AllocationTable, Residency};
+use crate::table::{Allocation, AllocationId, AllocationTable, Placement, Residency};
 
 /// Bytes a restore hands to the staging at once while the chunks after them are still
 /// being created and mapped.
@@ -81,11 +81,35 @@ struct Chunk<P> {
     busy: bool,
 }
 
+/// A shared virtual chunk of translated addressing: `TRANSLATED_UNIT` bytes of the
+/// synthetic range cut into slots of one slab class (no physical memory of its own).
+#[derive(Debug)]
+struct VirtualSlab {
+    base: u64,
+    class: usize,
+    slots: Slots,
+}
+
+/// Where an allocation lives, besides its address.
+#[derive(Debug, Clone, Copy)]
+struct Home {
+    /// Chunk key (mapped addressing).
+    chunk: Option<usize>,
+    /// Virtual slab key (translated addressing, small allocations).
+    vslab: Option<usize>,
+    /// Slot in the chunk or virtual slab.
+    slot: u32,
+    /// How the table indexes it.
+    place: Placement,
+}
+
 #[derive(Debug)]
 struct Record {
     alloc: Allocation,
     /// Chunk key (mapped addressing).
     chunk: Option<usize>,
+    /// Virtual slab key (translated addressing).
+    vslab: Option<usize>,
     slot: u32,
     /// The host copy held by the VMM while evicted.
     host: Option<Vec<u8>>,
@@ -106,6 +130,10 @@ struct State<P> {
     open: Vec<BTreeSet<usize>>,
     /// Per slab class: new shared chunks whose physical memory is being created.
     pending_by_class: Vec<u32>,
+    /// Translated addressing: shared virtual chunks of small allocations.
+    vslabs: Slab<VirtualSlab>,
+    /// Per slab class: virtual slabs with a free slot.
+    vopen: Vec<BTreeSet<usize>>,
     /// Allocations whose backing is being created.
     creating: u32,
     /// Bytes whose release is in flight (still counted in `committed`).
@@ -150,6 +178,9 @@ impl<B: Backend> std::fmt::Debug for Vmm<B> {
     }
 }
 
+/// Unit of the translated range's directory and size of its shared virtual chunks.
+const TRANSLATED_UNIT: u64 = 2 << 20;
+
 #[inline]
 fn round_up(x: u64, to: u64) -> Option<u64> {
     x.checked_add(to - 1).map(|v| v / to * to)
@@ -185,8 +216,8 @@ impl<B: Backend> Vmm<B> {
         let (granularity, slab_chunk, classes) = match config.addressing {
             Addressing::Mapped => {
                 let g = backend.granularity()?;
-                if g == 0 || g % ALLOCATION_ALIGNMENT != 0 {
-                    return Err(invalid("granularity", g, "a non-zero multiple of 256"));
+                if g < ALLOCATION_ALIGNMENT || !g.is_power_of_two() {
+                    return Err(invalid("granularity", g, "a power of two, at least 256"));
                 }
                 let granules = config.chunking.slab_chunk_granules;
                 if granules == 0 {
@@ -215,25 +246,29 @@ impl<B: Backend> Vmm<B> {
                 if b == 0 || b % ALLOCATION_ALIGNMENT != 0 {
                     return Err(invalid("translated_base", b, "a non-zero multiple of 256"));
                 }
-                if s < 2 * ALLOCATION_ALIGNMENT
-                    || s % ALLOCATION_ALIGNMENT != 0
-                    || b.checked_add(s).is_none()
-                {
-                    return Err(invalid(
-                        "translated_size",
-                        s,
-                        "a multiple of 256, at least 512, within 2^64",
-                    ));
+                if s < TRANSLATED_UNIT || b.checked_add(s).is_none() {
+                    return Err(invalid("translated_size", s, "at least 2 MiB, within 2^64"));
                 }
-                space.free(b, s);
+                // Whole units only: every virtual range handed out is unit-aligned in it.
+                space.free(b, s / TRANSLATED_UNIT * TRANSLATED_UNIT);
                 (
                     ALLOCATION_ALIGNMENT,
-                    ALLOCATION_ALIGNMENT,
-                    SizeClasses::new(0),
+                    TRANSLATED_UNIT,
+                    SizeClasses::new(TRANSLATED_UNIT / 8),
                 )
             }
         };
         let nclasses = classes.len();
+        let table = match config.addressing {
+            Addressing::Mapped => {
+                AllocationTable::with_layout(granularity, slab_chunk, classes.sizes())
+            }
+            Addressing::Translated => {
+                let t = AllocationTable::with_layout(TRANSLATED_UNIT, slab_chunk, classes.sizes());
+                t.add_region(config.translated_base, config.translated_size);
+                t
+            }
+        };
         Ok(Self {
             backend,
             config,
@@ -250,6 +285,8 @@ impl<B: Backend> Vmm<B> {
                 chunks: Slab::new(),
                 open: vec![BTreeSet::new(); nclasses],
                 pending_by_class: vec![0; nclasses],
+                vslabs: Slab::new(),
+                vopen: vec![BTreeSet::new(); nclasses],
                 creating: 0,
                 releasing: 0,
                 records: HashMap::new(),
@@ -260,7 +297,7 @@ impl<B: Backend> Vmm<B> {
                 },
             }),
             changed: Condvar::new(),
-            table: AllocationTable::new(),
+            table,
             budget,
             residency: Mutex::new(()),
         })
@@ -322,7 +359,7 @@ impl<B: Backend> Vmm<B> {
     }
 
     /// The allocation containing `ptr` (interior pointers included). The hot path: one
-    /// read lock and a B-tree search.
+    /// read lock and a directory index (see [`AllocationTable`]).
     #[inline]
     pub fn lookup(&self, ptr: u64) -> Option<Allocation> {
         self.table.lookup(ptr)
@@ -439,7 +476,16 @@ impl<B: Backend> Vmm<B> {
                     if full {
                         st.open[class].remove(&ck);
                     }
-                    return Ok(self.commit_record(&mut st, base, size, tag, Some(ck), slot, base));
+                    let home = Home {
+                        chunk: Some(ck),
+                        vslab: None,
+                        slot,
+                        place: Placement::Slab {
+                            chunk: st.chunks[ck].base,
+                            class,
+                        },
+                    };
+                    return Ok(self.commit_record(&mut st, base, size, tag, home, base));
                 }
                 if st.pending_by_class[class] > 0 {
                     // Another thread is creating a chunk of this class: share it.
@@ -496,7 +542,16 @@ impl<B: Backend> Vmm<B> {
                     st.stats.chunks += 1;
                     st.stats.peak_mapped = st.stats.peak_mapped.max(st.stats.mapped);
                     let addr = base + u64::from(slot) * class.map_or(0, |c| self.classes.size(c));
-                    Ok(self.commit_record(&mut st, addr, size, tag, Some(ck), slot, addr))
+                    let home = Home {
+                        chunk: Some(ck),
+                        vslab: None,
+                        slot,
+                        place: match class {
+                            Some(class) => Placement::Slab { chunk: base, class },
+                            None => Placement::Own,
+                        },
+                    };
+                    Ok(self.commit_record(&mut st, addr, size, tag, home, addr))
                 }
                 Err(e) => {
                     st.chunks.remove(ck);
@@ -525,6 +580,7 @@ impl<B: Backend> Vmm<B> {
         st.reserving = false;
         self.changed.notify_all();
         let base = r?;
+        self.table.add_region(base, size);
         st.reservations.push((base, size));
         st.space.free(base, size);
         st.stats.reserved += size;
@@ -573,15 +629,13 @@ impl<B: Backend> Vmm<B> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn commit_record(
         &self,
         st: &mut State<B::Physical>,
         base: u64,
         size: u64,
         tag: u32,
-        chunk: Option<usize>,
-        slot: u32,
+        home: Home,
         backing: u64,
     ) -> Allocation {
         let order = st.next_order;
@@ -599,14 +653,15 @@ impl<B: Backend> Vmm<B> {
             base,
             Record {
                 alloc,
-                chunk,
-                slot,
+                chunk: home.chunk,
+                vslab: home.vslab,
+                slot: home.slot,
                 host: None,
                 busy: false,
             },
         );
         st.ids.insert(alloc.id, base);
-        self.table.insert(alloc);
+        self.table.insert(alloc, home.place);
         let s = &mut st.stats;
         s.allocations += 1;
         s.requested += size;
@@ -633,13 +688,7 @@ impl<B: Backend> Vmm<B> {
                 LimitCheck::Wait => self.changed.wait(&mut st),
             }
         }
-        let base = st
-            .space
-            .alloc(vsize)
-            .ok_or(VmmError::AddressSpaceExhausted {
-                size,
-                range_size: self.config.translated_size,
-            })?;
+        let (base, vslab) = self.take_virtual(&mut st, size, vsize)?;
         st.stats.committed += need;
         st.creating += 1;
         let created = MutexGuard::unlocked(&mut st, || self.alloc_backing(need));
@@ -650,13 +699,95 @@ impl<B: Backend> Vmm<B> {
                 st.stats.mapped += need;
                 st.stats.chunks += 1;
                 st.stats.peak_mapped = st.stats.peak_mapped.max(st.stats.mapped);
-                Ok(self.commit_record(&mut st, base, size, tag, None, 0, backing))
+                let home = match vslab {
+                    Some((vs, slot)) => Home {
+                        chunk: None,
+                        vslab: Some(vs),
+                        slot,
+                        place: Placement::Slab {
+                            chunk: st.vslabs[vs].base,
+                            class: st.vslabs[vs].class,
+                        },
+                    },
+                    None => Home {
+                        chunk: None,
+                        vslab: None,
+                        slot: 0,
+                        place: Placement::Own,
+                    },
+                };
+                Ok(self.commit_record(&mut st, base, size, tag, home, backing))
             }
             Err(e) => {
-                st.space.free(base, vsize);
+                self.put_virtual(&mut st, base, vsize, vslab);
                 st.stats.committed -= need;
                 Err(e)
             }
+        }
+    }
+
+    /// Takes the virtual range of a translated allocation of `vsize` bytes (gap included):
+    /// a slot of a shared virtual chunk of its class, or whole units of its own. Returns
+    /// the base and the slab slot.
+    fn take_virtual(
+        &self,
+        st: &mut State<B::Physical>,
+        size: u64,
+        vsize: u64,
+    ) -> Result<(u64, Option<(usize, u32)>), VmmError> {
+        let exhausted = VmmError::AddressSpaceExhausted {
+            size,
+            range_size: self.config.translated_size,
+        };
+        let Some(class) = self.classes.class_for(vsize) else {
+            let units = round_up(vsize, TRANSLATED_UNIT).ok_or(exhausted.clone())?;
+            return Ok((st.space.alloc(units).ok_or(exhausted)?, None));
+        };
+        let vs = match st.vopen[class].first() {
+            Some(&vs) => vs,
+            None => {
+                let base = st.space.alloc(TRANSLATED_UNIT).ok_or(exhausted)?;
+                let count = (TRANSLATED_UNIT / self.classes.size(class)) as u32;
+                let vs = st.vslabs.insert(VirtualSlab {
+                    base,
+                    class,
+                    slots: Slots::new(count),
+                });
+                st.vopen[class].insert(vs);
+                vs
+            }
+        };
+        let v = &mut st.vslabs[vs];
+        let slot = v.slots.take().expect("open virtual slab has a free slot");
+        let base = v.base + u64::from(slot) * self.classes.size(class);
+        if v.slots.is_full() {
+            st.vopen[class].remove(&vs);
+        }
+        Ok((base, Some((vs, slot))))
+    }
+
+    /// Gives back what [`Vmm::take_virtual`] took.
+    fn put_virtual(
+        &self,
+        st: &mut State<B::Physical>,
+        base: u64,
+        vsize: u64,
+        vslab: Option<(usize, u32)>,
+    ) {
+        let Some((vs, slot)) = vslab else {
+            let units = round_up(vsize, TRANSLATED_UNIT).expect("taken before");
+            st.space.free(base, units);
+            return;
+        };
+        let v = &mut st.vslabs[vs];
+        v.slots.put(slot);
+        let class = v.class;
+        if v.slots.used() == 0 {
+            let v = st.vslabs.remove(vs);
+            st.vopen[class].remove(&vs);
+            st.space.free(v.base, TRANSLATED_UNIT);
+        } else {
+            st.vopen[class].insert(vs);
         }
     }
 
@@ -743,7 +874,8 @@ impl<B: Backend> Vmm<B> {
             }
             self.changed.notify_all();
         }
-        st.space.free(rec.alloc.base, vsize);
+        let vslab = rec.vslab.map(|vs| (vs, rec.slot));
+        self.put_virtual(st, rec.alloc.base, vsize, vslab);
         result
     }
 
@@ -1427,6 +1559,11 @@ impl<B: Backend> Vmm<B> {
             }
             st.space = space;
             st.stats.reserved = 0;
+            st.vslabs.clear();
+            st.vopen.iter_mut().for_each(BTreeSet::clear);
+            if self.config.addressing == Addressing::Mapped {
+                self.table.clear_regions();
+            }
             drop(st);
             for (base, size) in reservations {
                 if let Err(e) = self.backend.free_reservation(base, size) {

@@ -3,7 +3,7 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use driver::{Driver, DriverBackend, LibCuda};
 use vmm::{Backend, Config, HostStaging, Residency, Vmm};
@@ -25,7 +25,13 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Held by each round trip for its whole run.
+static DEVICE_MEMORY: Mutex<()> = Mutex::new(());
+
 fn round_trip(config: Config) {
+    // The device's free memory is process-wide: the other round trip must not allocate
+    // or free between this one's readings.
+    let _device = DEVICE_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
     let vmm = new_vmm(config);
     let sizes = [1000u64, 3 << 20, 64 << 10, 5 << 20];
     let allocs: Vec<_> = sizes.iter().map(|&s| vmm.alloc(s, 0).unwrap()).collect();
@@ -38,7 +44,13 @@ fn round_trip(config: Config) {
     let (free_before, _) = vmm.backend().memory_info().unwrap();
     vmm.evict_all(&mut HostStaging).unwrap();
     let (free_evicted, _) = vmm.backend().memory_info().unwrap();
-    assert!(free_evicted > free_before, "eviction gave no memory back");
+    let requested: u64 = sizes.iter().sum();
+    assert!(
+        free_evicted >= free_before + requested,
+        "eviction gave back {} bytes, the allocations hold {requested}",
+        free_evicted as i128 - free_before as i128
+    );
+    assert_eq!(vmm.stats().mapped, 0);
     for a in &allocs {
         assert!(!matches!(
             vmm.allocation(a.id).unwrap().residency,
