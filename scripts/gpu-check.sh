@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench pausebench limits driver
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 set -uo pipefail
@@ -15,7 +15,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench pausebench limits driver"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -143,7 +143,8 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   done
   # Control: native against native shows how far two identical runs drift apart.
   compare "launch loop control (native vs native)" 1.02 us "${nat[@]}" -- "${ctl[@]}"
-  compare "empty-kernel launch loop" 1.02 us "${nat[@]}" -- "${cw[@]}"
+  # `cudaw run` preloads both layers (dist/lib/libcuda.so.1 is the driver layer).
+  compare "empty-kernel launch loop (runtime + driver layers)" 1.02 us "${nat[@]}" -- "${cw[@]}"
 fi
 
 T="examples/torch_train.py"
@@ -287,6 +288,37 @@ if want limits; then
   why=$(grep -o "bytes refused: the card's.*" "$OUT/limits-grow.log" | head -1 | cut -c1-120)
   row "limits (two processes): what refused the grower" info "${why:-the driver itself (no ledger refusal logged)}"
   unset CUDAW_RUN_DIR
+fi
+
+if want driver; then
+  # The driver layer under PyTorch (examples/torch_driver.py): cuBLAS, cuDNN and Triton
+  # kernels counted by name, results bit-identical to native, a Triton launch held while
+  # paused.
+  D=examples/torch_driver.py
+  driver_rows() { # prefix file
+    while IFS='|' read -r verdict name detail; do
+      verdict=$(echo "$verdict" | tr -d ' ')
+      case $verdict in PASS | FAIL) row "driver$1: $(echo "$name" | sed 's/^ *//;s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-150)" ;; esac
+    done <"$2"
+  }
+  timeout 600 python3 $D step >"$WORK/driver.native" 2>"$OUT/driver.native.log"; rn=$?
+  CUDAW_LOG=info CUDAW_KERNEL_COUNTS="$OUT/driver-counts.txt" timeout 600 "$CUDAW" run -- python3 $D step \
+    >"$WORK/driver.cudaw" 2>"$OUT/driver.cudaw.log"; rc=$?
+  cp "$WORK/driver.native" "$WORK/driver.cudaw" "$OUT/"
+  driver_rows "" "$WORK/driver.cudaw"
+  grep '^digest' "$WORK/driver.native" >"$WORK/digests.native"; grep '^digest' "$WORK/driver.cudaw" >"$WORK/digests.cudaw"
+  if [ $rn -eq 0 ] && [ $rc -eq 0 ] && [ -s "$WORK/digests.native" ] && cmp -s "$WORK/digests.native" "$WORK/digests.cudaw"; then
+    row "driver: cuBLAS/cuDNN/Triton results bit-identical" PASS "$(wc -l <"$WORK/digests.native") tensors"
+  else
+    row "driver: cuBLAS/cuDNN/Triton results bit-identical" FAIL "native rc $rn, cudaw rc $rc; see driver.native, driver.cudaw, driver.*.log"
+  fi
+  fwd=$(grep -o "driver info: forwarding [0-9]* driver functions" "$OUT/driver.cudaw.log" | head -1)
+  row "driver: layer loaded under PyTorch" "$([ -n "$fwd" ] && echo PASS || echo FAIL)" "${fwd:-no 'driver info: forwarding' line in driver.cudaw.log}; $(grep -o '[0-9]* kernel launches of [0-9]* kernels.*' "$OUT/driver.cudaw.log" | head -1)"
+  timeout 600 "$CUDAW" run -- python3 $D pause --ckpt "$ROOT/dist/bin/cudaw-ckpt" \
+    >"$WORK/driver.pause" 2>"$OUT/driver.pause.log"; rp=$?
+  cp "$WORK/driver.pause" "$OUT/"
+  driver_rows " (pause)" "$WORK/driver.pause"
+  [ $rp -eq 0 ] || row "driver (pause): script exit status" FAIL "rc $rp; see driver.pause.log"
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.
