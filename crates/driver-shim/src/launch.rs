@@ -241,7 +241,8 @@ pub extern "C" fn cudaw_driver_launch_counts_v1(buf: *mut c_char, len: usize) ->
 }
 
 /// `CUDAW_KERNEL_COUNTS=FILE`: where the counts go at exit, one `LAUNCHES<TAB>NAME` line
-/// per kernel, most launched first, then `# graph launches N` and `# modules loaded N`.
+/// per kernel, most launched first, then `# graph launches N` and `# modules loaded N`;
+/// written only by a process that launched or loaded something.
 pub const COUNTS_FILE_ENV: &str = "CUDAW_KERNEL_COUNTS";
 
 extern "C" fn at_exit() {
@@ -255,7 +256,11 @@ extern "C" fn at_exit() {
             graph_launches(),
             modules_loaded()
         ));
-        if let Some(path) = std::env::var_os(COUNTS_FILE_ENV).filter(|p| !p.is_empty()) {
+        // A process that launched nothing and loaded nothing (a helper process that
+        // inherited the preload, such as a compiler worker) leaves the file alone.
+        let idle = launched.is_empty() && graph_launches() == 0 && modules_loaded() == 0;
+        let path = std::env::var_os(COUNTS_FILE_ENV).filter(|p| !p.is_empty() && !idle);
+        if let Some(path) = path {
             let mut text = String::new();
             for (name, n) in &launched {
                 text.push_str(&format!("{n}\t{name}\n"));
