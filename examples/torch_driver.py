@@ -14,19 +14,18 @@ compared byte for byte; under cudaw it also reads the driver layer's live launch
 (`cudaw_driver_launch_counts_v1` in the process's libcuda.so.1) and checks that kernels of
 each library were counted by name.
 
-`pause` compiles a Triton kernel, pauses its own process through `cudaw-ckpt pause`, launches
-the kernel from another thread, checks that the launch has not returned (and was not
-counted) a second later, resumes, and checks that it then returns, counted once, with the
-right result.
+`pause` compiles a Triton kernel; a helper process pauses this one through `cudaw-ckpt
+pause`, waits 1.5 s and resumes it; meanwhile this process launches the kernel, and checks
+that the launch returned only after the resume began, counted once, with the right result.
 """
 import argparse
 import ctypes
+import faulthandler
 import hashlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import torch
@@ -42,7 +41,7 @@ def report(ok, name, detail=""):
 
 
 def digest(name, t):
-    data = t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    data = t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
     print(f"digest {name} {hashlib.sha256(data).hexdigest()}", flush=True)
 
 
@@ -115,6 +114,21 @@ def step():
            "the step's launches were counted", "")
 
 
+# The helper process that pauses and resumes this one: a Python thread of this process
+# cannot, since a thread held at the gate in a call that keeps the GIL (PyTorch's
+# current_device(), say) holds every other thread too.
+HELPER = """
+import subprocess, sys, time
+ckpt, pid = sys.argv[1], sys.argv[2]
+r = subprocess.run([ckpt, "pause", pid], capture_output=True, text=True, timeout=120)
+print("paused", r.returncode, (r.stdout + r.stderr).strip().replace("\\n", " ")[:100], flush=True)
+time.sleep(1.5)
+t = time.monotonic()
+r = subprocess.run([ckpt, "resume", pid], capture_output=True, text=True, timeout=120)
+print("resumed", r.returncode, repr(t), flush=True)
+"""
+
+
 def pause(ckpt):
     import triton
     import triton.language as tl
@@ -136,30 +150,21 @@ def pause(ckpt):
 
     base = launches()
     report(base == 1, "Triton kernel counted by name", f"add_one launches {base}")
-    pid = str(os.getpid())
-    r = subprocess.run([ckpt, "pause", pid], capture_output=True, text=True, timeout=120)
-    report(r.returncode == 0, "paused through cudaw-ckpt", (r.stdout + r.stderr).strip()[:100])
-    done = threading.Event()
-    returned_at = []
-
-    def launch():
-        add_one[(n // 1024,)](x, n, BLOCK=1024)
-        returned_at.append(time.monotonic())
-        done.set()
-
-    t = threading.Thread(target=launch)
-    t.start()
-    time.sleep(1.5)
-    held = not done.is_set()
-    during = launches()
-    report(held, "Triton launch waits while paused", "not returned after 1.5 s" if held else "returned")
-    report(during == base, "no launch counted while paused", f"{during} (before {base})")
-    resumed_at = time.monotonic()
-    r = subprocess.run([ckpt, "resume", pid], capture_output=True, text=True, timeout=120)
-    report(r.returncode == 0, "resumed through cudaw-ckpt", (r.stdout + r.stderr).strip()[:100])
-    t.join(60)
-    report(done.is_set() and returned_at[0] >= resumed_at, "Triton launch returns after resume",
-           f"{(returned_at[0] - resumed_at) * 1000:.1f} ms after" if returned_at else "never")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    helper = subprocess.Popen([sys.executable, "-c", HELPER, ckpt, str(os.getpid())],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    paused = helper.stdout.readline().split(maxsplit=2)
+    report(paused[:2] == ["paused", "0"], "paused through cudaw-ckpt", " ".join(paused[2:]))
+    asked = time.monotonic()
+    add_one[(n // 1024,)](x, n, BLOCK=1024)  # waits at the gate until the helper resumes
+    returned = time.monotonic()
+    resumed = helper.stdout.readline().split()
+    helper.wait(60)
+    report(resumed[:2] == ["resumed", "0"], "resumed through cudaw-ckpt", " ".join(resumed))
+    resumed_at = float(resumed[2]) if len(resumed) > 2 else float("inf")
+    report(returned >= resumed_at, "Triton launch waits while paused, returns after resume",
+           f"returned {(returned - asked) * 1000:.0f} ms after it was made, "
+           f"{(returned - resumed_at) * 1000:.1f} ms after the resume began")
     torch.cuda.synchronize()
     report(launches() == base + 1, "launched once", f"{launches()}")
     report(bool((x == 2.0).all()), "Triton result correct", f"x[0]={x[0].item()}")
@@ -169,7 +174,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["step", "pause"])
     p.add_argument("--ckpt", default="cudaw-ckpt")
+    p.add_argument("--watchdog", type=float, default=300,
+                   help="seconds after which every thread's stack is printed and the run ends")
     args = p.parse_args()
+    faulthandler.dump_traceback_later(args.watchdog, exit=True)
     step() if args.mode == "step" else pause(args.ckpt)
     sys.exit(1 if failures else 0)
 
