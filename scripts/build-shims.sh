@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the three drop-in runtimes, one per CUDA major, into target/shims/PROFILE/:
-#   libcudart.so.11.0  libcudart.so.12  libcudart.so.13
+# Builds the three drop-in runtimes, one per CUDA major, and the driver shim into
+# target/shims/PROFILE/:
+#   libcudart.so.11.0  libcudart.so.12  libcudart.so.13  libcuda.so.1
 # Usage: scripts/build-shims.sh [debug|release]   (default debug)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +16,7 @@ for pair in cuda11:libcudart.so.11.0 cuda12:libcudart.so.12 cuda13:libcudart.so.
   cp -f "$target/$profile/libcudart_shim.so" "$out/$soname.tmp"
   mv -f "$out/$soname.tmp" "$out/$soname"
 done
+cargo build -q "${flag[@]}" -p driver-shim
+cp -f "$target/$profile/libdriver_shim.so" "$out/libcuda.so.1.tmp"
+mv -f "$out/libcuda.so.1.tmp" "$out/libcuda.so.1"
 echo "built $(ls "$out" | tr '\n' ' ')in $out" >&2

@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -18,7 +18,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -152,7 +152,8 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   done
   # Control: native against native shows how far two identical runs drift apart.
   compare "launch loop control (native vs native)" 1.02 us "${nat[@]}" -- "${ctl[@]}"
-  compare "empty-kernel launch loop" 1.02 us "${nat[@]}" -- "${cw[@]}"
+  # `cudaw run` preloads both layers (dist/lib/libcuda.so.1 is the driver layer).
+  compare "empty-kernel launch loop (runtime + driver layers)" 1.02 us "${nat[@]}" -- "${cw[@]}"
   # Tracing's own cost: cudaw with CUDAW_TRACE=metrics against cudaw without (issue #8).
   compare "launch loop, CUDAW_TRACE=metrics vs off" 1.01 us "${cw2[@]}" -- "${tr[@]}"
 fi
@@ -427,6 +428,37 @@ print(f"demo: timings|info|pause {mib(p['bytes'])} {p['ms']:.0f} ms; resume {r['
 PY
   while IFS='|' read -r name st detail; do row "$name" "$st" "$detail"; done <"$OUT/demo.rows"
   [ -s "$OUT/demo.rows" ] || row "demo: cudaw demo --json" FAIL "rc $rc; no rows (see demo.log)"
+fi
+
+if want driver; then
+  # The driver layer under PyTorch (examples/torch_driver.py): cuBLAS, cuDNN and Triton
+  # kernels counted by name, results bit-identical to native, a Triton launch held while
+  # paused.
+  D=examples/torch_driver.py
+  driver_rows() { # prefix file
+    while IFS='|' read -r verdict name detail; do
+      verdict=$(echo "$verdict" | tr -d ' ')
+      case $verdict in PASS | FAIL) row "driver$1: $(echo "$name" | sed 's/^ *//;s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-150)" ;; esac
+    done <"$2"
+  }
+  timeout 600 python3 $D step >"$WORK/driver.native" 2>"$OUT/driver.native.log"; rn=$?
+  CUDAW_LOG=info CUDAW_KERNEL_COUNTS="$OUT/driver-counts.txt" timeout 600 "$CUDAW" run -- python3 $D step \
+    >"$WORK/driver.cudaw" 2>"$OUT/driver.cudaw.log"; rc=$?
+  cp "$WORK/driver.native" "$WORK/driver.cudaw" "$OUT/"
+  driver_rows "" "$WORK/driver.cudaw"
+  grep '^digest' "$WORK/driver.native" >"$WORK/digests.native"; grep '^digest' "$WORK/driver.cudaw" >"$WORK/digests.cudaw"
+  if [ $rn -eq 0 ] && [ $rc -eq 0 ] && [ -s "$WORK/digests.native" ] && cmp -s "$WORK/digests.native" "$WORK/digests.cudaw"; then
+    row "driver: cuBLAS/cuDNN/Triton results bit-identical" PASS "$(wc -l <"$WORK/digests.native") tensors"
+  else
+    row "driver: cuBLAS/cuDNN/Triton results bit-identical" FAIL "native rc $rn, cudaw rc $rc; see driver.native, driver.cudaw, driver.*.log"
+  fi
+  fwd=$(grep -o "driver info: forwarding [0-9]* driver functions" "$OUT/driver.cudaw.log" | head -1)
+  row "driver: layer loaded under PyTorch" "$([ -n "$fwd" ] && echo PASS || echo FAIL)" "${fwd:-no 'driver info: forwarding' line in driver.cudaw.log}; $(grep -o '[0-9]* kernel launches of [0-9]* kernels.*' "$OUT/driver.cudaw.log" | head -1)"
+  timeout 600 "$CUDAW" run -- python3 $D pause --ckpt "$ROOT/dist/bin/cudaw-ckpt" \
+    >"$WORK/driver.pause" 2>"$OUT/driver.pause.log"; rp=$?
+  cp "$WORK/driver.pause" "$OUT/"
+  driver_rows " (pause)" "$WORK/driver.pause"
+  [ $rp -eq 0 ] || row "driver (pause): script exit status" FAIL "rc $rp; see driver.pause.log"
 fi
 
 # At most 8 files come back from a device run: the logs travel as one archive.

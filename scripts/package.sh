@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
 #   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
+#   dist/lib/libcuda.so.1 (the driver shim)
 #   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check  dist/bin/staging_bench
 #   dist/lib/libsimgpu.so                     the simulated GPU (`cudaw demo` without a GPU)
 #   dist/share/cudaw/cudaw_demo{,.cu}         `cudaw demo`'s example, prebuilt with nvcc
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 scripts/build-shims.sh release
 rm -rf dist && mkdir -p dist/lib dist/bin
-cp target/shims/release/libcudart.so.* dist/lib/
+cp target/shims/release/libcudart.so.* target/shims/release/libcuda.so.1 dist/lib/
 cargo build -q --release -p cudaw-cli
 for b in cudaw cudaw-ckpt; do
   if [ -f "$target/release/$b" ]; then cp "$target/release/$b" dist/bin/; fi
@@ -31,7 +32,6 @@ if scripts/setup-cuda.sh && target/cuda/bin/nvcc -O2 -cudart shared \
 else
   echo "package: no prebuilt demo example (nvcc unavailable); cudaw demo will compile it with nvcc" >&2
 fi
-if [ -f "$target/release/libdriver_shim.so" ]; then cp "$target/release/libdriver_shim.so" dist/lib/libcuda.so.1; fi
 strip dist/bin/* dist/lib/* dist/share/cudaw/cudaw_demo 2>/dev/null || true
 du -sh dist
 find dist -type f | sort

@@ -92,6 +92,21 @@ impl Drop for InFlight {
     }
 }
 
+/// Whether the calling thread is inside one of cudaw's wrapped calls.
+pub fn in_wrapped_call() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
+thread_local! {
+    /// Set on cudaw's own threads (the control thread).
+    static CUDAW_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is one of cudaw's own (it pauses; it never waits at the gate).
+pub fn is_cudaw_thread() -> bool {
+    CUDAW_THREAD.with(Cell::get)
+}
+
 /// Wrapped calls in flight now.
 pub fn in_flight() -> usize {
     IN_FLIGHT.load(Ordering::SeqCst)
@@ -227,7 +242,10 @@ fn install() -> Result<(), String> {
     };
     std::thread::Builder::new()
         .name("cudaw-control".into())
-        .spawn(move || control_loop(read_fd, listener))
+        .spawn(move || {
+            CUDAW_THREAD.with(|c| c.set(true));
+            control_loop(read_fd, listener)
+        })
         .map_err(|e| format!("spawning the control thread: {e}"))?;
     let Some((pause, resume)) = signals else {
         return Ok(());

@@ -135,6 +135,36 @@ fn publish(tmp: &Path, dir: &Path) {
     }
 }
 
+/// Compiles the CUDA source `src` into a fatbin for sm_90 (`nvcc --fatbin`): a module image
+/// for `cuModuleLoadData`. Cached like [`compile`].
+pub fn compile_fatbin(nvcc: &Path, name: &str, src: &Path) -> PathBuf {
+    let mut key = std::fs::read(src).unwrap_or_else(|e| panic!("reading {}: {e}", src.display()));
+    key.extend(format!("--fatbin -arch=sm_90 {}", nvcc.display()).as_bytes());
+    let dir = workspace()
+        .join("target/cuda-programs")
+        .join(format!("{name}-fatbin-{:016x}", fnv(&key)));
+    let out = dir.join(format!("{name}.fatbin"));
+    if out.is_file() {
+        return out;
+    }
+    let tmp = private_dir(&dir);
+    let o = Command::new(nvcc)
+        .args(["--fatbin", "-arch=sm_90", "-o"])
+        .arg(tmp.join(format!("{name}.fatbin")))
+        .arg(src)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+    assert!(
+        o.status.success(),
+        "nvcc --fatbin failed on {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    publish(&tmp, &dir);
+    assert!(out.is_file(), "{} missing after compiling", out.display());
+    out
+}
+
 /// Compiles `tests/cuda/programs/NAME.cu`.
 pub fn compile_program(nvcc: &Path, name: &str) -> PathBuf {
     compile(nvcc, name, &programs_dir().join(format!("{name}.cu")))

@@ -3,7 +3,8 @@
 //! Finds the CUDA major the program needs (its `DT_NEEDED`, or for Python the `nvidia`
 //! runtime package PyTorch uses), the real runtime to forward to, and cudaw's libraries
 //! beside this binary; sets `LD_PRELOAD` (which, unlike `LD_LIBRARY_PATH`, also wins over
-//! an RPATH such as PyTorch's) and cudaw's variables; then replaces itself with the
+//! an RPATH such as PyTorch's) — cudaw's `libcuda.so.1` (the driver layer) first when it is
+//! there — and cudaw's variables; then replaces itself with the
 //! program, so the PID, signals and exit status are the program's own.
 
 use anyhow::{bail, Context, Result};
@@ -48,6 +49,14 @@ pub struct Args {
     /// Log level: error, warn, info, debug, trace.
     #[arg(long)]
     pub log: Option<String>,
+    /// The real driver (libcuda.so.1) for cudaw's driver layer to forward to (default:
+    /// found by the driver layer itself). Sets CUDAW_REAL_LIBCUDA.
+    #[arg(long, value_name = "PATH")]
+    pub real_libcuda: Option<PathBuf>,
+    /// Leave cudaw's driver layer (its libcuda.so.1) out: only calls through the runtime
+    /// are seen, paused and counted.
+    #[arg(long)]
+    pub no_driver_layer: bool,
     /// Print the environment cudaw would set, and run nothing.
     #[arg(long)]
     pub print_env: bool,
@@ -274,7 +283,16 @@ pub fn run(args: &Args) -> Result<()> {
     let dir = lib_dir(args, major)?;
     let shim = dir.join(soname(major));
     let mut env: Vec<(String, OsString)> = Vec::new();
-    let mut preload = OsString::from(&shim);
+    // The driver layer first: preloaded, its SONAME (libcuda.so.1) is what every later
+    // dlopen("libcuda.so.1") and DT_NEEDED of cuBLAS, cuDNN, NCCL and Triton resolves to,
+    // whatever their RPATH says.
+    let driver_shim = dir.join("libcuda.so.1");
+    let mut preload = OsString::new();
+    if !args.no_driver_layer && driver_shim.is_file() {
+        preload.push(&driver_shim);
+        preload.push(":");
+    }
+    preload.push(&shim);
     if let Some(p) = std::env::var_os("LD_PRELOAD").filter(|p| !p.is_empty()) {
         preload.push(":");
         preload.push(p);
@@ -282,6 +300,9 @@ pub fn run(args: &Args) -> Result<()> {
     env.push(("LD_PRELOAD".into(), preload));
     if let Some(r) = &real {
         env.push(("CUDAW_REAL_CUDART".into(), r.clone().into()));
+    }
+    if let Some(r) = &args.real_libcuda {
+        env.push(("CUDAW_REAL_LIBCUDA".into(), r.clone().into()));
     }
     if let Some(a) = &args.addressing {
         env.push(("CUDAW_ADDRESSING".into(), a.into()));

@@ -11,7 +11,9 @@
 pub mod api;
 pub mod backend;
 pub mod error;
+pub mod hooks;
 pub mod loader;
+pub mod locate;
 pub mod staging;
 
 /// The CUDA driver ABI types (CUDA 13.0 layouts).

@@ -133,17 +133,26 @@ impl LibCuda {
     }
 
     /// Loads the driver library at `path` (a file name is looked up by the dynamic loader).
+    /// When that library is cudaw's driver shim (it is `libcuda.so.1` in a process run
+    /// under cudaw), loads the real driver the shim forwards to instead: cudaw's own driver
+    /// calls never pass its own gate nor count as the program's.
     pub fn open_path(path: &str) -> Result<LibCuda> {
-        // SAFETY: loading a CUDA driver library runs its initialisers, which is what any
-        // CUDA program does; the path is the user's choice of driver.
-        let library = unsafe { libloading::Library::new(path) }.map_err(|e| DriverError {
-            code: CUDA_ERROR_NOT_FOUND,
-            name: format!("cannot load {path}: {e}"),
-            call: "dlopen",
-        })?;
+        let library = load(path)?;
+        let real = shim_real_path(&library);
+        let (library, path) = match real {
+            Some(Ok(real)) => (load(&real)?, real),
+            Some(Err(())) => {
+                return Err(DriverError {
+                    code: CUDA_ERROR_NOT_FOUND,
+                    name: format!("{path} is cudaw's driver shim, and it found no real driver"),
+                    call: "dlopen",
+                })
+            }
+            None => (library, path.to_owned()),
+        };
         Ok(LibCuda {
             functions: Functions::default(),
-            path: path.to_owned(),
+            path,
             library,
         })
     }
@@ -163,6 +172,34 @@ impl LibCuda {
             .unwrap_or_else(|| format!("CUDA_ERROR_{code}"));
         Err(DriverError { code, name, call })
     }
+}
+
+/// Loads one library.
+fn load(path: &str) -> Result<libloading::Library> {
+    // SAFETY: loading a CUDA driver library runs its initialisers, which is what any
+    // CUDA program does; the path is the user's choice of driver.
+    unsafe { libloading::Library::new(path) }.map_err(|e| DriverError {
+        code: CUDA_ERROR_NOT_FOUND,
+        name: format!("cannot load {path}: {e}"),
+        call: "dlopen",
+    })
+}
+
+/// `None` when `library` is not cudaw's driver shim; else the real driver's path it
+/// reports (`Err` when it found none).
+fn shim_real_path(library: &libloading::Library) -> Option<std::result::Result<String, ()>> {
+    let symbol = crate::hooks::DRIVER_SHIM_REAL_PATH_SYMBOL.to_bytes_with_nul();
+    // SAFETY: the driver shim exports this name with exactly this signature; no other
+    // library exports it.
+    let f = unsafe { library.get::<extern "C" fn() -> *const c_char>(symbol) }.ok()?;
+    let p = f();
+    if p.is_null() {
+        return Some(Err(()));
+    }
+    // SAFETY: a static NUL-terminated string owned by the driver shim.
+    Some(Ok(unsafe { CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()))
 }
 
 fn handle(p: Raw) -> usize {

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod device;
 pub mod driver_api;
+pub mod driver_modules;
 pub mod error;
 pub mod kernels;
 pub mod memory;

@@ -168,3 +168,35 @@ pub fn alloc_rw(size: u64) -> io::Result<u64> {
         Ok(p as u64)
     }
 }
+
+/// The address of this library's own export `name` (never another library's definition of
+/// the same name, such as cudaw's driver shim's), looked up through the loader.
+pub fn own_symbol(name: &str) -> Option<usize> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let base = object_base(own_symbol as *const libc::c_void)?;
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::dladdr(own_symbol as *const libc::c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return None;
+    }
+    // SAFETY: the name of an object already loaded (RTLD_NOLOAD loads nothing new); the
+    // handle's reference is kept (this library is never unloaded while its code runs).
+    let handle = unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: a valid handle and a NUL-terminated name; only the loader's tables are read.
+    let p = unsafe { libc::dlsym(handle, c.as_ptr()) };
+    (!p.is_null() && object_base(p) == Some(base)).then_some(p as usize)
+}
+
+/// The base address of the loaded object containing `addr`.
+fn object_base(addr: *const libc::c_void) -> Option<usize> {
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    (unsafe { libc::dladdr(addr, &mut info) } != 0).then_some(info.dli_fbase as usize)
+}

@@ -505,7 +505,7 @@ fn check_shape(grid: Dim3, block: Dim3) -> RtResult<()> {
 ///
 /// # Safety
 /// `args` holds one valid pointer per kernel parameter, as the launch API requires.
-unsafe fn launch(
+pub(crate) unsafe fn launch(
     function: runtime::Function,
     grid: Dim3,
     block: Dim3,

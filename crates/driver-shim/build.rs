@@ -1,0 +1,53 @@
+//! Generates the driver shim's exports from the driver's function list,
+//! `data/cuda-13.driver-functions` (made by `scripts/gen-driver-functions.py` from the
+//! CUDA headers and a real driver's export list): the names table, one gate-testing
+//! trampoline per driver function with a table of their addresses (what
+//! `cuGetProcAddress` hands out), the slow path, and the version script (unversioned, as
+//! NVIDIA's driver exports its functions; SONAME `libcuda.so.1`). Nothing is edited by hand.
+
+use shim_build::{
+    link_cdylib, names_rs, read_list, slow_path, trampolines, version_script, GateWord,
+};
+use std::env;
+use std::fs;
+use std::path::PathBuf;
+
+/// cudaw's own exports beside the driver's: the real driver's path (asked by cudaw's
+/// `driver` crate so that its calls reach the real driver) and the launch counts.
+const OWN_EXPORTS: [&str; 2] = [
+    "cudaw_driver_shim_real_path",
+    "cudaw_driver_launch_counts_v1",
+];
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let mut all = read_list(&manifest.join("data/cuda-13.driver-functions"));
+    all.sort();
+    all.dedup();
+    fs::write(
+        out.join("names.rs"),
+        names_rs(&all, all.len(), "function the driver exports", ""),
+    )
+    .unwrap();
+    fs::write(
+        out.join("trampolines.s"),
+        trampolines(
+            &all,
+            &all,
+            GateWord::PointerMask(PAUSED),
+            Some("cudaw_driver_trampolines"),
+        ),
+    )
+    .unwrap();
+    fs::write(out.join("slow.s"), slow_path()).unwrap();
+    let mut global = all.clone();
+    global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
+    link_cdylib(&out, &version_script(None, &global), "libcuda.so.1");
+    println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The gate bit the driver's trampolines test: the runtime shim's "paused" bit (its
+/// "uninitialised" bit is the runtime's own business); `driver::hooks::GATE_PAUSED`,
+/// checked against this in `dispatch.rs`.
+const PAUSED: u32 = 2;

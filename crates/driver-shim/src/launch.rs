@@ -1,0 +1,437 @@
+//! Launches and the kernels they run: every launch through the driver is counted per kernel
+//! name, every graph launch once; module loads are counted.
+//!
+//! A kernel's name is recorded when its handle is made (`cuModuleGetFunction`,
+//! `cuLibraryGetKernel`, `cuKernelGetFunction`), else asked of the real driver
+//! (`cuFuncGetName`, then `cuKernelGetName`) on the handle's first launch. The hot path
+//! takes no lock: a per-thread cache maps a handle to its counter (an atomic shared by
+//! every handle of that name); the registry's lock is taken on a thread's first launch of
+//! a handle only. Unloading a module or library forgets its handles (the driver may reuse
+//! them) and empties every thread's cache.
+
+#![allow(non_snake_case)]
+
+use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
+use crate::dispatch::idx;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Once};
+
+type Handle = *mut c_void;
+
+/// One kernel name and its launches.
+#[derive(Debug)]
+pub struct Kernel {
+    /// The kernel's (mangled) name.
+    pub name: Box<str>,
+    /// Launches through the driver so far.
+    pub launches: AtomicU64,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_name: HashMap<Box<str>, &'static Kernel>,
+    by_handle: HashMap<usize, &'static Kernel>,
+    /// Module or library → the handles made from it.
+    by_module: HashMap<usize, Vec<usize>>,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+/// Bumped when handles are forgotten: every thread's cache is stale.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+static MODULES_LOADED: AtomicU64 = AtomicU64::new(0);
+
+/// A multiplicative hash for handles (addresses): the per-thread cache's hasher.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(26);
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    generation: u64,
+    map: HashMap<usize, &'static Kernel, BuildHasherDefault<AddressHasher>>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+impl Registry {
+    fn named(&mut self, name: &str) -> &'static Kernel {
+        if let Some(k) = self.by_name.get(name) {
+            return k;
+        }
+        let k: &'static Kernel = Box::leak(Box::new(Kernel {
+            name: name.into(),
+            launches: AtomicU64::new(0),
+        }));
+        self.by_name.insert(name.into(), k);
+        k
+    }
+}
+
+/// Records that `handle` (made from `module`, 0 if none) runs kernel `name`.
+pub fn record(handle: usize, name: &str, module: usize) {
+    let mut r = REGISTRY.lock();
+    let k = r.named(name);
+    if r.by_handle
+        .insert(handle, k)
+        .is_some_and(|old| !std::ptr::eq(old, k))
+    {
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+    if module != 0 {
+        r.by_module.entry(module).or_default().push(handle);
+    }
+}
+
+/// Forgets the handles made from `module` (unloaded).
+pub fn forget_module(module: usize) {
+    let mut r = REGISTRY.lock();
+    if let Some(handles) = r.by_module.remove(&module) {
+        for h in handles {
+            r.by_handle.remove(&h);
+        }
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The real driver's name for `handle` (a function or a kernel).
+fn name_from_driver(handle: usize) -> Option<String> {
+    let mut name: *const c_char = std::ptr::null();
+    let mut rc = crate::forward!(cuFuncGetName: fn(*mut *const c_char, usize), &mut name, handle);
+    if rc != 0 || name.is_null() {
+        rc = crate::forward!(cuKernelGetName: fn(*mut *const c_char, usize), &mut name, handle);
+    }
+    if rc != 0 || name.is_null() {
+        return None;
+    }
+    // SAFETY: the driver returned a NUL-terminated name it owns, valid while loaded.
+    Some(
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+/// The counter of `handle`'s kernel, from the registry (naming it first if needed).
+fn kernel_of(handle: usize) -> &'static Kernel {
+    if let Some(k) = REGISTRY.lock().by_handle.get(&handle) {
+        return k;
+    }
+    let name = name_from_driver(handle).unwrap_or_else(|| format!("<function {handle:#x}>"));
+    record(handle, &name, 0);
+    REGISTRY.lock().named(&name)
+}
+
+/// Counts one launch of `handle`.
+pub fn count(handle: usize) {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let counted = CACHE.try_with(|c| {
+        let Ok(mut c) = c.try_borrow_mut() else {
+            return false;
+        };
+        if c.generation != generation {
+            c.map.clear();
+            c.generation = generation;
+        }
+        let k = match c.map.get(&handle) {
+            Some(k) => *k,
+            None => {
+                let k = kernel_of(handle);
+                c.map.insert(handle, k);
+                k
+            }
+        };
+        k.launches.fetch_add(1, Ordering::Relaxed);
+        true
+    });
+    if counted != Ok(true) {
+        kernel_of(handle).launches.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Every kernel launched or named so far, with its launches, most launched first.
+pub fn counts() -> Vec<(String, u64)> {
+    let r = REGISTRY.lock();
+    let mut v: Vec<(String, u64)> = r
+        .by_name
+        .values()
+        .map(|k| (k.name.to_string(), k.launches.load(Ordering::Relaxed)))
+        .collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// Graph launches so far.
+pub fn graph_launches() -> u64 {
+    GRAPH_LAUNCHES.load(Ordering::Relaxed)
+}
+
+/// Modules and libraries loaded through the driver so far.
+pub fn modules_loaded() -> u64 {
+    MODULES_LOADED.load(Ordering::Relaxed)
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `{"kernels":{"NAME":LAUNCHES,...},"graph_launches":N,"modules_loaded":N}`.
+pub fn counts_json() -> String {
+    let kernels: Vec<String> = counts()
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{}:{n}", json_string(name)))
+        .collect();
+    format!(
+        "{{\"kernels\":{{{}}},\"graph_launches\":{},\"modules_loaded\":{}}}",
+        kernels.join(","),
+        graph_launches(),
+        modules_loaded()
+    )
+}
+
+/// Writes [`counts_json`] into `buf` (at most `len` bytes, NUL-terminated when it fits);
+/// returns the length of the whole text without its NUL.
+#[no_mangle]
+pub extern "C" fn cudaw_driver_launch_counts_v1(buf: *mut c_char, len: usize) -> usize {
+    guard("cudaw_driver_launch_counts_v1", 0, || {
+        let text = counts_json();
+        if !buf.is_null() && len > text.len() {
+            // SAFETY: the caller's buffer holds `len` bytes, more than the text and its NUL.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+                buf.add(text.len()).write(0);
+            }
+        }
+        text.len()
+    })
+}
+
+/// `CUDAW_KERNEL_COUNTS=FILE`: where the counts go at exit, one `LAUNCHES<TAB>NAME` line
+/// per kernel, most launched first, then `# graph launches N` and `# modules loaded N`;
+/// written only by a process that launched or loaded something.
+pub const COUNTS_FILE_ENV: &str = "CUDAW_KERNEL_COUNTS";
+
+extern "C" fn at_exit() {
+    guard("the launch report", (), || {
+        let counts = counts();
+        let launched: Vec<_> = counts.iter().filter(|(_, n)| *n > 0).collect();
+        let total: u64 = launched.iter().map(|(_, n)| n).sum();
+        crate::log::info(format_args!(
+            "{total} kernel launches of {} kernels, {} graph launches, {} modules loaded through the driver",
+            launched.len(),
+            graph_launches(),
+            modules_loaded()
+        ));
+        // A process that launched nothing and loaded nothing (a helper process that
+        // inherited the preload, such as a compiler worker) leaves the file alone.
+        let idle = launched.is_empty() && graph_launches() == 0 && modules_loaded() == 0;
+        let path = std::env::var_os(COUNTS_FILE_ENV).filter(|p| !p.is_empty() && !idle);
+        if let Some(path) = path {
+            let mut text = String::new();
+            for (name, n) in &launched {
+                text.push_str(&format!("{n}\t{name}\n"));
+            }
+            text.push_str(&format!("# graph launches {}\n", graph_launches()));
+            text.push_str(&format!("# modules loaded {}\n", modules_loaded()));
+            if let Err(e) = std::fs::write(&path, text) {
+                crate::log::warn(format_args!(
+                    "cannot write the kernel counts to {}: {e}",
+                    std::path::Path::new(&path).display()
+                ));
+            }
+        }
+    })
+}
+
+/// Registers the report at exit (once).
+pub fn report_at_exit() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a function with no arguments that catches its own panics; this
+        // library is never unloaded (-z nodelete), so it is there at exit.
+        unsafe { libc::atexit(at_exit) };
+    });
+}
+
+/// Defines a wrapper that runs `$before`, then forwards every argument to the real
+/// driver's function of the same name.
+macro_rules! observed {
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $before:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                $before;
+                crate::forward!($name: fn($($t),*) $(, $a)*)
+            })
+        }
+    };
+}
+
+observed!(cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+    bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle, extra: *mut Handle)
+    => count(f as usize));
+observed!(cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle,
+    extra: *mut Handle) => count(f as usize));
+observed!(cuLaunchKernelEx(config: *const c_void, f: Handle, params: *mut Handle,
+    extra: *mut Handle) => count(f as usize));
+observed!(cuLaunchKernelEx_ptsz(config: *const c_void, f: Handle, params: *mut Handle,
+    extra: *mut Handle) => count(f as usize));
+observed!(cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle)
+    => count(f as usize));
+observed!(cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint,
+    bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle)
+    => count(f as usize));
+observed!(cuGraphLaunch(exec: Handle, stream: Handle)
+    => GRAPH_LAUNCHES.fetch_add(1, Ordering::Relaxed));
+observed!(cuGraphLaunch_ptsz(exec: Handle, stream: Handle)
+    => GRAPH_LAUNCHES.fetch_add(1, Ordering::Relaxed));
+
+/// Defines a wrapper that forwards, then on success runs `$after`.
+macro_rules! then {
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $after:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let rc = crate::forward!($name: fn($($t),*) $(, $a)*);
+                if rc == 0 {
+                    $after;
+                }
+                rc
+            })
+        }
+    };
+}
+
+/// Records the handle the driver wrote through `out` under the name at `name`.
+fn record_out(out: *mut usize, name: *const c_char, module: usize) {
+    if out.is_null() || name.is_null() {
+        return;
+    }
+    // SAFETY: the driver just wrote the handle through the caller's out-pointer, and the
+    // caller's name is NUL-terminated (the call succeeded with it).
+    let (h, n) = unsafe { (out.read(), CStr::from_ptr(name)) };
+    record(h, &n.to_string_lossy(), module);
+}
+
+then!(cuModuleGetFunction(out: *mut usize, module: usize, name: *const c_char)
+    => record_out(out, name, module));
+then!(cuLibraryGetKernel(out: *mut usize, library: usize, name: *const c_char)
+    => record_out(out, name, library));
+then!(cuKernelGetFunction(out: *mut usize, kernel: usize) => {
+    if !out.is_null() {
+        // SAFETY: the driver just wrote the function through the caller's out-pointer.
+        let f = unsafe { out.read() };
+        let name = REGISTRY.lock().by_handle.get(&kernel).map(|k| k.name.clone());
+        if let Some(name) = name {
+            record(f, &name, 0);
+        }
+    }
+});
+then!(cuModuleUnload(module: usize) => forget_module(module));
+then!(cuLibraryUnload(library: usize) => forget_module(library));
+
+fn loaded() {
+    MODULES_LOADED.fetch_add(1, Ordering::Relaxed);
+}
+
+then!(cuModuleLoad(out: *mut usize, file: *const c_char) => loaded());
+then!(cuModuleLoadData(out: *mut usize, image: *const c_void) => loaded());
+then!(cuModuleLoadDataEx(out: *mut usize, image: *const c_void, n: c_uint,
+    options: *mut c_void, values: *mut Handle) => loaded());
+then!(cuModuleLoadFatBinary(out: *mut usize, image: *const c_void) => loaded());
+then!(cuLibraryLoadData(out: *mut usize, code: *const c_void, jit_options: *mut c_void,
+    jit_values: *mut Handle, jit_n: c_uint, options: *mut c_void, values: *mut Handle,
+    n: c_uint) => loaded());
+then!(cuLibraryLoadFromFile(out: *mut usize, file: *const c_char, jit_options: *mut c_void,
+    jit_values: *mut Handle, jit_n: c_uint, options: *mut c_void, values: *mut Handle,
+    n: c_uint) => loaded());
+
+/// The wrappers of this module: (index, function).
+pub fn table() -> Vec<(usize, usize)> {
+    macro_rules! entries {
+        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
+    }
+    entries![
+        cuLaunchKernel,
+        cuLaunchKernel_ptsz,
+        cuLaunchKernelEx,
+        cuLaunchKernelEx_ptsz,
+        cuLaunchCooperativeKernel,
+        cuLaunchCooperativeKernel_ptsz,
+        cuGraphLaunch,
+        cuGraphLaunch_ptsz,
+        cuModuleGetFunction,
+        cuLibraryGetKernel,
+        cuKernelGetFunction,
+        cuModuleUnload,
+        cuLibraryUnload,
+        cuModuleLoad,
+        cuModuleLoadData,
+        cuModuleLoadDataEx,
+        cuModuleLoadFatBinary,
+        cuLibraryLoadData,
+        cuLibraryLoadFromFile,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_share_their_names_counter_and_unloading_forgets_them() {
+        record(0x1000, "_Z4testv", 0xaa);
+        record(0x2000, "_Z4testv", 0);
+        count(0x1000);
+        count(0x1000);
+        count(0x2000);
+        let n = |name: &str| {
+            counts()
+                .into_iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, n)| n)
+        };
+        assert_eq!(n("_Z4testv"), Some(3));
+        forget_module(0xaa);
+        // 0x1000 is forgotten: the driver may hand it out again for another kernel.
+        record(0x1000, "_Z5otherv", 0);
+        count(0x1000);
+        assert_eq!(n("_Z5otherv"), Some(1));
+        assert_eq!(n("_Z4testv"), Some(3));
+        assert!(counts_json().contains("\"_Z4testv\":3"));
+    }
+}

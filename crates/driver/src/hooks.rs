@@ -1,0 +1,62 @@
+//! The contract between cudaw's two libraries in one process: the runtime shim
+//! (`libcudart.so.*`, which owns the pause gate, the memory and the control socket) and
+//! the driver shim (`libcuda.so.1`, which sees what libraries that bypass the runtime ask
+//! of the driver).
+//!
+//! The runtime shim exports [`RUNTIME_HOOKS_SYMBOL`], a function returning a pointer to a
+//! static [`RuntimeHooks`]; the driver shim looks it up once with
+//! `dlsym(RTLD_DEFAULT, ...)` and, when found, tests the runtime's gate word instead of its
+//! own and charges allocations to the runtime's budgets. The driver shim in turn exports
+//! [`DRIVER_SHIM_REAL_PATH_SYMBOL`], which [`crate::LibCuda`] asks so that cudaw's own
+//! driver calls (the VMM, pause copies, staging) reach the real driver, never the shim.
+//! The struct only grows: fields are appended, and `size` says how many a library has.
+
+use std::sync::atomic::AtomicU32;
+
+/// The runtime shim's export: `extern "C" fn() -> *const RuntimeHooks`.
+pub const RUNTIME_HOOKS_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_hooks_v1";
+
+/// The driver shim's export: `extern "C" fn() -> *const c_char`, the path of the real
+/// driver it forwards to (NUL-terminated, static; null when it found none).
+pub const DRIVER_SHIM_REAL_PATH_SYMBOL: &std::ffi::CStr = c"cudaw_driver_shim_real_path";
+
+/// The gate word's bit that means "paused: calls wait" (the runtime shim's `gate::PAUSED`).
+pub const GATE_PAUSED: u32 = 2;
+
+/// [`RuntimeHooks::charge`]: charged; give it back with `uncharge`.
+pub const CHARGED: i32 = 1;
+/// [`RuntimeHooks::charge`]: nothing charged (no budget for the device).
+pub const NOT_CHARGED: i32 = 0;
+/// [`RuntimeHooks::charge`]: the limit refuses it.
+pub const REFUSED: i32 = -1;
+
+/// What the runtime shim offers the driver shim.
+#[repr(C)]
+#[derive(Debug)]
+pub struct RuntimeHooks {
+    /// `size_of::<RuntimeHooks>()` of the library that filled it in.
+    pub size: usize,
+    /// The pause gate word; bit [`GATE_PAUSED`] set while paused.
+    pub gate: *const AtomicU32,
+    /// Blocks the calling thread while the gate is closed for pause.
+    pub wait_while_paused: extern "C" fn(),
+    /// Whether the calling thread must not wait at a closed gate: it is inside one of the
+    /// runtime shim's wrapped calls (which pause waits for), or is one of cudaw's own
+    /// threads (the control thread, which pauses). Such a thread's allocations are the
+    /// runtime shim's to account, never the driver shim's.
+    pub may_pass: extern "C" fn() -> bool,
+    /// Installs the pause signals and the control socket if not yet done (a program that
+    /// calls only the driver never initialises the runtime shim otherwise).
+    pub install_pause: extern "C" fn(),
+    /// Charges `bytes` of device memory on device `ordinal` to the process's budget:
+    /// [`CHARGED`], [`NOT_CHARGED`] (the device has no budget; nothing to give back) or
+    /// [`REFUSED`] (over the limit).
+    pub charge: extern "C" fn(ordinal: i32, bytes: u64) -> i32,
+    /// Gives back a charge made with `charge`.
+    pub uncharge: extern "C" fn(ordinal: i32, bytes: u64),
+}
+
+// SAFETY: the gate pointer is to a static atomic, and the functions are thread safe.
+unsafe impl Sync for RuntimeHooks {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for RuntimeHooks {}

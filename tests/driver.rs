@@ -1,0 +1,139 @@
+//! The driver layer (cudaw's `libcuda.so.1`) on simgpu: `tests/cuda/driver/driver_launch.cu`
+//! never calls the runtime and fetches every driver function through `cuGetProcAddress`,
+//! as cuBLAS, NCCL and Triton do. Under `cudaw run` its launches are counted per kernel
+//! name, and while the process is paused (`SIGUSR1`) a launch does not return until resume
+//! (`SIGUSR2`).
+
+use cudaw_tests::{command_under_cudaw, compile, compile_fatbin, nvcc, workspace, Addressing};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+const LAUNCHES: usize = 12;
+
+/// The program and its module, compiled.
+fn program() -> Option<(PathBuf, PathBuf)> {
+    let nvcc = nvcc()?;
+    let dir = workspace().join("tests/cuda/driver");
+    let exe = compile(&nvcc, "driver_launch", &dir.join("driver_launch.cu"));
+    let module = compile_fatbin(&nvcc, "scale_module", &dir.join("scale_module.cu"));
+    Some((exe, module))
+}
+
+fn lines_of(r: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing `what`, keeping every line read in `seen`.
+fn wait_for(rx: &Receiver<String>, what: &str, seen: &mut Vec<String>) -> String {
+    loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => {
+                seen.push(line.clone());
+                if line.contains(what) {
+                    return line;
+                }
+            }
+            Err(_) => panic!("no line with {what:?}; so far:\n{}", seen.join("\n")),
+        }
+    }
+}
+
+#[test]
+fn launches_fetched_through_cu_get_proc_address_are_counted_by_name() {
+    let Some((exe, module)) = program() else {
+        return;
+    };
+    let counts = std::env::temp_dir().join(format!("cudaw-driver-counts-{}", std::process::id()));
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    cmd.arg(&module)
+        .env("CUDAW_KERNEL_COUNTS", &counts)
+        .env("CUDAW_LOG", "info");
+    let out = cmd.output().expect("running driver_launch");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "driver_launch failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("fetched 12 functions through cuGetProcAddress"));
+    assert!(stdout.contains(&format!("{LAUNCHES} launches, results correct")));
+    assert!(
+        stderr.contains("driver info: forwarding"),
+        "the driver layer did not load:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "driver info: {LAUNCHES} kernel launches of 1 kernels"
+        )),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&counts).expect("the kernel counts file");
+    let _ = std::fs::remove_file(&counts);
+    assert_eq!(
+        text,
+        format!("{LAUNCHES}\t_Z5scalePfif\n# graph launches 0\n# modules loaded 1\n")
+    );
+}
+
+#[test]
+fn a_driver_launch_waits_while_paused() {
+    let Some((exe, module)) = program() else {
+        return;
+    };
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    cmd.arg(&module)
+        .arg("30") // ms between launches
+        .env("CUDAW_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting driver_launch");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let pid = i32::try_from(child.id()).expect("pid");
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    wait_for(&log, "pause on signal", &mut seen_log);
+    wait_for(&out, "launched 2", &mut seen_out);
+
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+    wait_for(&log, "paused: ", &mut seen_log);
+    // A launch that was already past the gate may still report; after it, nothing may.
+    let mut after_pause = Vec::new();
+    loop {
+        match out.recv_timeout(Duration::from_millis(600)) {
+            Ok(line) => after_pause.push(line),
+            Err(RecvTimeoutError::Timeout) => break,
+            Err(RecvTimeoutError::Disconnected) => panic!("driver_launch exited while paused"),
+        }
+    }
+    assert!(
+        after_pause.len() <= 1,
+        "launches went on while paused: {after_pause:?}"
+    );
+    let launched_before_resume = seen_out.len() + after_pause.len();
+
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
+    wait_for(&log, "resumed", &mut seen_log);
+    let last = wait_for(&out, "results correct", &mut seen_out);
+    assert!(last.contains(&format!("{LAUNCHES} launches")));
+    assert!(
+        launched_before_resume < LAUNCHES + 2,
+        "every launch ran before the resume: the gate did not hold"
+    );
+    let status = child.wait().expect("waiting for driver_launch");
+    assert!(status.success(), "driver_launch failed: {seen_log:?}");
+}
