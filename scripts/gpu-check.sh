@@ -239,7 +239,7 @@ if want torchpause; then
   # instants, bit-identical to the native run; memory freed while paused (nvidia-smi, and
   # another process allocating it). About 2 minutes.
   timeout 420 python3 scripts/torch_pause_check.py --dist "$ROOT/dist" --work "$WORK/torchpause" \
-    --pauses "${TORCH_PAUSES:-50}" --dumps "${TORCH_DUMPS:-5}" >"$OUT/torchpause.out" 2>&1; rc=$?
+    --steps "${TORCH_PAUSE_STEPS:-6000}" --pauses "${TORCH_PAUSES:-50}" --dumps "${TORCH_DUMPS:-5}" >"$OUT/torchpause.out" 2>&1; rc=$?
   cp "$WORK/torchpause/ckpt.log" "$WORK/torchpause/cudaw.err" "$OUT/" 2>/dev/null
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
