@@ -4,7 +4,9 @@
 //! name, and while the process is paused (`SIGUSR1`) a launch does not return until resume
 //! (`SIGUSR2`).
 
-use cudaw_tests::{command_under_cudaw, compile, compile_fatbin, nvcc, workspace, Addressing};
+use cudaw_tests::{
+    command_under_cudaw, compile, compile_fatbin, cudaw_ckpt, nvcc, workspace, Addressing,
+};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -136,4 +138,135 @@ fn a_driver_launch_waits_while_paused() {
     );
     let status = child.wait().expect("waiting for driver_launch");
     assert!(status.success(), "driver_launch failed: {seen_log:?}");
+}
+
+/// `expandable.cu` under cudaw, driver layer or not, its stdin piped.
+fn expandable(mode: &str, driver_layer: bool) -> Option<std::process::Child> {
+    let nvcc = nvcc()?;
+    let dir = workspace().join("tests/cuda/driver");
+    let exe = compile(&nvcc, "expandable", &dir.join("expandable.cu"));
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    if !driver_layer {
+        // `cudaw run --no-driver-layer --lib-dir ... -- PROGRAM`: the flag before `--`.
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
+        let mut c = std::process::Command::new(cmd.get_program());
+        c.arg(&args[0]).arg("--no-driver-layer").args(&args[1..]);
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        cmd = c;
+    }
+    cmd.arg(mode)
+        .env("CUDAW_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Some(cmd.spawn().expect("starting expandable"))
+}
+
+/// The numbers of a `paused:` line: (allocations, bytes evicted, bytes still mapped,
+/// driver handles evicted).
+fn paused_numbers(line: &str) -> (u64, u64, u64, u64) {
+    let n = |after: &str| -> u64 {
+        let rest = line.split_once(after).expect(after).1.trim_start();
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|d| d.parse().ok())
+            .expect(after)
+    };
+    (
+        n("paused: "),
+        n("allocations, "),
+        n("; "),
+        n("driver handles: "),
+    )
+}
+
+/// Pauses and resumes `expandable` `cycles` times, checking the pattern after each resume.
+fn expandable_cycles(mode: &str, driver_layer: bool, cycles: usize) {
+    use std::io::Write;
+    let Some(mut child) = expandable(mode, driver_layer) else {
+        return;
+    };
+    let mut stdin = child.stdin.take().expect("stdin");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let pid = i32::try_from(child.id()).expect("pid");
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    wait_for(&out, "ready: 8 chunks", &mut seen_out);
+    wait_for(&log, "pause on signal", &mut seen_log);
+    for cycle in 0..cycles {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+        let line = wait_for(&log, "paused: ", &mut seen_log);
+        let (allocations, bytes, mapped, handles) = paused_numbers(&line);
+        assert_eq!(handles, 8, "{line}");
+        assert!(allocations >= 8, "{line}");
+        assert!(bytes >= 8 * (2 << 20), "{line}");
+        assert_eq!(mapped, 0, "memory still mapped while paused: {line}");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
+        wait_for(&log, "resumed: ", &mut seen_log);
+        writeln!(stdin, "check").expect("writing to expandable");
+        let line = wait_for(&out, &format!("check {cycle} "), &mut seen_out);
+        assert!(
+            line.ends_with(" ok"),
+            "cycle {cycle}: {line}\n{}",
+            seen_log.join("\n")
+        );
+    }
+    drop(stdin);
+    wait_for(&out, "done", &mut seen_out);
+    let status = child.wait().expect("waiting for expandable");
+    assert!(
+        status.success(),
+        "expandable failed: {}",
+        seen_log.join("\n")
+    );
+}
+
+#[test]
+fn expandable_segments_through_the_entry_points_are_evicted_with_the_driver_layer() {
+    expandable_cycles("entry", true, 5);
+}
+
+#[test]
+fn expandable_segments_through_the_entry_points_are_evicted_without_the_driver_layer() {
+    expandable_cycles("entry", false, 5);
+}
+
+#[test]
+fn expandable_segments_through_cu_get_proc_address_are_evicted() {
+    expandable_cycles("proc", true, 5);
+}
+
+#[test]
+fn a_dump_of_a_process_with_driver_handles_is_refused_and_writes_nothing() {
+    let Some(mut child) = expandable("entry", true) else {
+        return;
+    };
+    let stdin = child.stdin.take().expect("stdin");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    wait_for(&out, "ready: 8 chunks", &mut seen_out);
+    wait_for(&log, "pause on signal", &mut seen_log);
+    let img = std::env::temp_dir().join(format!("cudaw-handles-{}.img", std::process::id()));
+    let r = std::process::Command::new(cudaw_ckpt())
+        .args(["dump", &child.id().to_string(), "-o"])
+        .arg(&img)
+        .arg("--json")
+        .output()
+        .expect("running cudaw-ckpt");
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert_eq!(r.status.code(), Some(1), "{text}");
+    assert!(text.contains("\"kind\":\"unsupported\""), "{text}");
+    assert!(text.contains("driver-level memory handles"), "{text}");
+    assert!(!img.exists(), "an image was written");
+    drop(stdin);
+    wait_for(&out, "done", &mut seen_out);
+    assert!(child.wait().expect("waiting").success());
 }

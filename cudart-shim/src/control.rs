@@ -357,6 +357,7 @@ pub fn status() -> Status {
     let mut ordinals: Vec<i32> = memory::managed_devices()
         .map(|(o, _)| o)
         .chain(memory::budgets().map(|(o, _)| o))
+        .chain(crate::handles::devices())
         .collect();
     ordinals.sort_unstable();
     ordinals.dedup();
@@ -383,19 +384,22 @@ pub fn status() -> Status {
                 .map(|(_, b)| b);
             let usage = budget.map(|b| b.usage()).unwrap_or_default();
             let node = budget.and_then(|b| b.node());
+            let h = crate::handles::counts(ordinal);
             DeviceStatus {
                 ordinal,
-                allocations: s.allocations,
-                resident: s.resident,
-                evicted: s.evicted,
+                allocations: s.allocations + h.handles,
+                resident: s.resident + h.resident,
+                evicted: s.evicted + h.evicted,
                 in_file,
-                mapped: s.mapped,
+                mapped: s.mapped + h.resident,
                 limit: usage.limit.or(s.limit),
                 used: usage.used,
                 peak: usage.peak,
                 refused: usage.refused,
                 node_used: node.as_ref().map(|v| v.used()),
                 node_capacity: node.as_ref().map(|v| v.capacity),
+                handles: h.handles,
+                held: h.held,
             }
         })
         .collect();

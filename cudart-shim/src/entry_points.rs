@@ -2,10 +2,12 @@
 //! driver functions through it (PyTorch's expandable segments take memory with
 //! `cuMemCreate` + `cuMemMap` this way); for the allocation calls cudaw hands out its own
 //! versions, so that memory is cudaw's too: `cuMemAlloc`/`cuMemFree` (and the async pair)
-//! and `cuMemAllocPitch` come from the VMM like `cudaMalloc`; the VMM primitives
-//! (`cuMemCreate`, `cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemAddressReserve`,
-//! `cuMemAddressFree`) go to the driver and are recorded — handles, mappings and
-//! reservations — for accounting and for pause. `cuMemCreate` of device memory and
+//! and `cuMemAllocPitch` come from the VMM like `cudaMalloc`; `cuMemCreate` and every call
+//! that takes its handle (`cuMemMap`, `cuMemUnmap`, `cuMemRelease`, `cuMemSetAccess`,
+//! `cuMemGetAllocationPropertiesFromHandle`, `cuMemExportToShareableHandle`,
+//! `cuMemImportFromShareableHandle`, `cuMemRetainAllocationHandle`, `cuMulticastBindMem`)
+//! go to [`crate::handles`], which virtualises the handles so that a pause can evict the
+//! memory; reservations are recorded here. `cuMemCreate` of device memory and
 //! `cuMemAllocManaged` are charged to the device's budget first (refused with
 //! `CUDA_ERROR_OUT_OF_MEMORY` over the limit), and given back when the memory goes (a
 //! released handle at its last unmap). `cuMemGetInfo` and `cuDeviceTotalMem` report the
@@ -15,10 +17,11 @@
 
 use crate::boundary::guard;
 use crate::dispatch::idx;
+use crate::handles;
 use crate::memory::{self, tag};
 use crate::types::*;
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -30,7 +33,7 @@ const CU_ERROR_OUT_OF_MEMORY: u32 = 2;
 const CU_ERROR_NOT_SUPPORTED: u32 = 801;
 
 /// The driver functions cudaw replaces: (name, index in [`REAL`]).
-const NAMES: [&str; 14] = [
+const NAMES: [&str; 21] = [
     "cuMemAlloc",
     "cuMemFree",
     "cuMemAllocAsync",
@@ -45,33 +48,24 @@ const NAMES: [&str; 14] = [
     "cuDeviceTotalMem",
     "cuMemAllocManaged",
     "cuMemAllocPitch",
+    "cuMemSetAccess",
+    "cuMemGetAllocationPropertiesFromHandle",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemRetainAllocationHandle",
+    "cuMulticastBindMem",
+    "cuMulticastBindMem_v2",
 ];
 
 /// The real driver function behind each of [`NAMES`], as the entry point returned it.
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
-/// Driver-level memory that went through cudaw's entry points.
+/// Driver-level address reservations that went through cudaw's entry points (the
+/// handles and mappings live in [`crate::handles`]).
 #[derive(Default, Debug, Clone)]
 pub struct DriverMemory {
-    /// Physical handles from `cuMemCreate`: handle → bytes.
-    pub handles: BTreeMap<u64, u64>,
-    /// Mappings from `cuMemMap`: address → (bytes, handle).
-    pub mappings: BTreeMap<u64, (u64, u64)>,
     /// Reservations from `cuMemAddressReserve`: base → bytes.
     pub reservations: BTreeMap<u64, u64>,
-    /// Peak bytes of live physical handles.
-    pub peak_bytes: u64,
-    /// Handles of device memory charged to a budget: handle → (device, bytes).
-    pub charged: BTreeMap<u64, (i32, u64)>,
-    /// Charged handles released while still mapped: charged until their last unmap.
-    pub released_mapped: BTreeSet<u64>,
-}
-
-impl DriverMemory {
-    /// Bytes of live physical handles.
-    pub fn bytes(&self) -> u64 {
-        self.handles.values().sum()
-    }
 }
 
 static TRACKED: OnceLock<Mutex<DriverMemory>> = OnceLock::new();
@@ -80,7 +74,7 @@ fn tracked() -> &'static Mutex<DriverMemory> {
     TRACKED.get_or_init(Default::default)
 }
 
-/// A snapshot of the driver-level memory cudaw has seen.
+/// A snapshot of the reservations cudaw has seen.
 pub fn snapshot() -> DriverMemory {
     tracked().lock().clone()
 }
@@ -168,133 +162,90 @@ extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     })
 }
 
-/// `CU_MEM_LOCATION_TYPE_DEVICE`.
-const LOCATION_DEVICE: u32 = 1;
-
-/// The device a `CUmemAllocationProp` places memory on, if it is device memory:
-/// `location` (`{ CUmemLocationType type; int id; }`) lies at offset 8, after `type` and
-/// `requestedHandleTypes` (two 4-byte enums), in every CUDA version.
-///
-/// # Safety
-/// `prop` is null or points to a `CUmemAllocationProp`.
-unsafe fn device_of(prop: *const c_void) -> Option<i32> {
-    if prop.is_null() {
-        return None;
-    }
-    // SAFETY: a CUmemAllocationProp is at least 16 bytes (caller's contract); 4-aligned.
-    let (kind, id) = unsafe {
-        let p = prop as *const u8;
-        (
-            (p.add(8) as *const u32).read(),
-            (p.add(12) as *const i32).read(),
-        )
-    };
-    (kind == LOCATION_DEVICE).then_some(id)
-}
-
 extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
     guard("cuMemCreate", 999, || {
-        let _in_flight = crate::pause::enter();
-        // SAFETY: the application's property pointer, as the API requires.
-        let charge = match unsafe { device_of(prop) } {
-            Some(dev) if size > 0 && !handle.is_null() => match memory::budget(dev) {
-                Ok(b) => match b.try_acquire(size as u64) {
-                    Ok(()) => Some((dev, b)),
-                    Err(_) => return CU_ERROR_OUT_OF_MEMORY,
-                },
-                // The driver says what is wrong with the ordinal.
-                Err(_) => None,
-            },
-            _ => None,
-        };
-        let rc = drv_forward!(
-            4,
-            fn(*mut u64, usize, *const c_void, u64),
-            handle,
-            size,
-            prop,
-            flags
-        );
-        if rc != CU_SUCCESS {
-            if let Some((_, b)) = charge {
-                b.give_back(size as u64);
-            }
-            return rc;
-        }
-        if !handle.is_null() {
-            // SAFETY: the driver wrote the new handle through the caller's pointer.
-            let h = unsafe { handle.read() };
-            let mut t = tracked().lock();
-            t.handles.insert(h, size as u64);
-            t.peak_bytes = t.peak_bytes.max(t.bytes());
-            if let Some((dev, _)) = charge {
-                t.charged.insert(h, (dev, size as u64));
-            }
-        }
-        rc
+        // SAFETY: the application's pointers, as the API requires.
+        unsafe { handles::create(handle, size, prop, flags, true) }
     })
-}
-
-/// Gives `handle`'s charge back, if it has one.
-fn uncharge_handle(t: &mut DriverMemory, handle: u64) {
-    t.released_mapped.remove(&handle);
-    if let Some((dev, bytes)) = t.charged.remove(&handle) {
-        memory::uncharge(dev, bytes);
-    }
 }
 
 extern "C" fn cuMemRelease(handle: u64) -> u32 {
-    guard("cuMemRelease", 999, || {
-        let rc = drv_forward!(5, fn(u64), handle);
-        if rc == CU_SUCCESS {
-            let mut t = tracked().lock();
-            t.handles.remove(&handle);
-            // The driver frees a handle still mapped at its last unmap.
-            if t.mappings.values().any(|&(_, h)| h == handle) {
-                if t.charged.contains_key(&handle) {
-                    t.released_mapped.insert(handle);
-                }
-            } else {
-                uncharge_handle(&mut t, handle);
-            }
-        }
-        rc
-    })
+    guard("cuMemRelease", 999, || handles::release(handle))
 }
 
 extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32 {
     guard("cuMemMap", 999, || {
-        let rc = drv_forward!(
-            6,
-            fn(u64, usize, usize, u64, u64),
-            ptr,
-            size,
-            offset,
-            handle,
-            flags
-        );
-        if rc == CU_SUCCESS {
-            tracked().lock().mappings.insert(ptr, (size as u64, handle));
-        }
-        rc
+        handles::map(ptr, size, offset, handle, flags)
     })
 }
 
 extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> u32 {
-    guard("cuMemUnmap", 999, || {
-        let rc = drv_forward!(7, fn(u64, usize), ptr, size);
-        if rc == CU_SUCCESS {
-            let end = ptr.saturating_add(size as u64);
-            let mut t = tracked().lock();
-            let gone: Vec<u64> = t.mappings.range(ptr..end).map(|(_, &(_, h))| h).collect();
-            t.mappings.retain(|&a, _| a < ptr || a >= end);
-            for h in gone {
-                if t.released_mapped.contains(&h) && !t.mappings.values().any(|&(_, m)| m == h) {
-                    uncharge_handle(&mut t, h);
-                }
-            }
-        }
-        rc
+    guard("cuMemUnmap", 999, || handles::unmap(ptr, size))
+}
+
+extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
+    guard("cuMemSetAccess", 999, || {
+        // SAFETY: the application's descriptors, as the API requires.
+        unsafe { handles::set_access(ptr, size, desc, count) }
+    })
+}
+
+extern "C" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64) -> u32 {
+    guard("cuMemGetAllocationPropertiesFromHandle", 999, || {
+        // SAFETY: the application's out-pointer, as the API requires.
+        unsafe { handles::properties(prop, handle) }
+    })
+}
+
+extern "C" fn cuMemExportToShareableHandle(
+    out: *mut c_void,
+    handle: u64,
+    kind: u32,
+    flags: u64,
+) -> u32 {
+    guard("cuMemExportToShareableHandle", 999, || {
+        handles::export(out, handle, kind, flags)
+    })
+}
+
+extern "C" fn cuMemImportFromShareableHandle(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
+    guard("cuMemImportFromShareableHandle", 999, || {
+        // SAFETY: the application's out-pointer, as the API requires.
+        unsafe { handles::import(out, os, kind) }
+    })
+}
+
+extern "C" fn cuMemRetainAllocationHandle(out: *mut u64, addr: *mut c_void) -> u32 {
+    guard("cuMemRetainAllocationHandle", 999, || {
+        // SAFETY: the application's out-pointer, as the API requires.
+        unsafe { handles::retain(out, addr) }
+    })
+}
+
+extern "C" fn cuMulticastBindMem(
+    mc: u64,
+    mc_offset: usize,
+    handle: u64,
+    offset: usize,
+    size: usize,
+    flags: u64,
+) -> u32 {
+    guard("cuMulticastBindMem", 999, || {
+        handles::bind(mc, mc_offset, handle, offset, size, flags)
+    })
+}
+
+extern "C" fn cuMulticastBindMem_v2(
+    mc: u64,
+    dev: i32,
+    mc_offset: usize,
+    handle: u64,
+    offset: usize,
+    size: usize,
+    flags: u64,
+) -> u32 {
+    guard("cuMulticastBindMem_v2", 999, || {
+        handles::bind_v2(mc, dev, mc_offset, handle, offset, size, flags)
     })
 }
 
@@ -447,7 +398,14 @@ fn replacement(name: &str) -> Option<(usize, usize)> {
         10 => cuMemGetInfo as *const () as usize,
         11 => cuDeviceTotalMem as *const () as usize,
         12 => cuMemAllocManaged as *const () as usize,
-        _ => cuMemAllocPitch as *const () as usize,
+        13 => cuMemAllocPitch as *const () as usize,
+        14 => cuMemSetAccess as *const () as usize,
+        15 => cuMemGetAllocationPropertiesFromHandle as *const () as usize,
+        16 => cuMemExportToShareableHandle as *const () as usize,
+        17 => cuMemImportFromShareableHandle as *const () as usize,
+        18 => cuMemRetainAllocationHandle as *const () as usize,
+        19 => cuMulticastBindMem as *const () as usize,
+        _ => cuMulticastBindMem_v2 as *const () as usize,
     };
     Some((i, f))
 }

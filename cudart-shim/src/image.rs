@@ -397,7 +397,16 @@ pub(crate) fn dump(
     report: Report<'_>,
 ) -> Result<Dumped, Failure> {
     let started = Instant::now();
-    // Before touching the process: the file can be created.
+    // Before touching the process: the image can hold its memory, and the file can be
+    // created.
+    if let Some((n, bytes)) = crate::handles::any_device_handles() {
+        return Err(Failure::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the process holds {n} driver-level memory handles ({bytes} bytes, from cuMemCreate: PyTorch's expandable segments, or a library through the driver); a checkpoint image cannot hold them yet, so no image was written (pause and resume work)"
+            ),
+        ));
+    }
     let (tmp, file) = create_temporary(path)?;
     let we_paused = !ctl.paused;
     let pause_moved = if we_paused {

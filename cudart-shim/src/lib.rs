@@ -21,6 +21,7 @@ pub mod control;
 pub mod dispatch;
 pub mod entry_points;
 pub mod gate;
+pub mod handles;
 pub mod hooks;
 pub mod image;
 pub mod log;

@@ -67,7 +67,8 @@ static DEVICES: [OnceLock<Result<DeviceMemory, String>>; MAX_DEVICES] =
 static BUDGETS: [OnceLock<Result<Arc<DeviceBudget>, String>>; MAX_DEVICES] =
     [const { OnceLock::new() }; MAX_DEVICES];
 
-fn driver() -> Result<Arc<LibCuda>, String> {
+/// The real driver cudaw calls (never its own driver shim).
+pub(crate) fn driver() -> Result<Arc<LibCuda>, String> {
     DRIVER
         .get_or_init(|| {
             let cfg = crate::config::get();
@@ -558,12 +559,11 @@ pub fn summary() -> String {
     }
     let d = crate::entry_points::snapshot();
     let (fatbins, kernels) = crate::registry::counts_ever();
+    let (handles, bytes, peak, mappings) = crate::handles::summary();
     parts.push(format!(
-        "driver-level: {} handles ({} MiB, peak {} MiB), {} mappings, {} reservations",
-        d.handles.len(),
-        d.bytes() >> 20,
-        d.peak_bytes >> 20,
-        d.mappings.len(),
+        "driver-level: {handles} handles ({} MiB, peak {} MiB), {mappings} mappings, {} reservations",
+        bytes >> 20,
+        peak >> 20,
         d.reservations.len()
     ));
     parts.push(format!(

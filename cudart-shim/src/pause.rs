@@ -656,7 +656,11 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     synchronise_all();
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().resident)
-        .sum();
+        .sum::<u64>()
+        + crate::handles::devices()
+            .into_iter()
+            .map(|d| crate::handles::counts(d).resident)
+            .sum::<u64>();
     let mut done = 0u64;
     report(Progress {
         phase: Phase::Evict,
@@ -704,12 +708,39 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
             }
         }
     }
+    // Driver-level handles (cuMemCreate through the entry points or the driver layer).
+    let h = match crate::handles::evict(&mut |n| {
+        done += n;
+        report(Progress {
+            phase: Phase::Evict,
+            done,
+            total: total.max(done),
+        });
+    }) {
+        Ok(h) => h,
+        Err(e) => {
+            let msg = format!("evicting driver-level handles failed: {e}; resumed");
+            log::error(format_args!("pause: {msg}"));
+            for (o, m) in evicted {
+                match m.vmm.restore_all(&mut staging()) {
+                    Ok(_) => crate::staging::restored(m.vmm.backend(), 0),
+                    Err(e) => log::error(format_args!("pause: restoring device {o} failed: {e}")),
+                }
+            }
+            gate::open();
+            return Err(Failure::new(ErrorKind::Failed, msg));
+        }
+    };
+    allocations += h.handles;
+    bytes += h.bytes;
     let mapped: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().mapped)
-        .sum();
+        .sum::<u64>()
+        + h.kept_bytes;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "paused: {allocations} allocations, {bytes} bytes evicted in {ms:.1} ms; {mapped} bytes of device memory still mapped"
+        "paused: {allocations} allocations, {bytes} bytes evicted in {ms:.1} ms; {mapped} bytes of device memory still mapped (driver handles: {} evicted, {} bytes; {} left on the device, {} bytes)",
+        h.handles, h.bytes, h.kept, h.kept_bytes
     ));
     Ok(Moved {
         allocations: allocations as u64,
@@ -725,7 +756,8 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     let started = Instant::now();
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().evicted)
-        .sum();
+        .sum::<u64>()
+        + crate::handles::evicted_bytes();
     let mut load = Load::new(
         ctl.image.as_mut().map(|h| &mut h.reader),
         false,
@@ -768,6 +800,28 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
                 log::error(format_args!("resume: {msg}"));
                 return Err(Failure::new(kind, msg));
             }
+        }
+    }
+    let mut done = load.done;
+    let report = load.report;
+    match crate::handles::restore(&mut |n| {
+        done += n;
+        report(Progress {
+            phase: Phase::Load,
+            done,
+            total: total.max(done),
+        });
+    }) {
+        Ok(h) => {
+            allocations += h.handles;
+            bytes += h.bytes;
+        }
+        Err(e) => {
+            let msg = format!(
+                "restoring driver-level handles failed: {e}; staying paused (resume again to retry)"
+            );
+            log::error(format_args!("resume: {msg}"));
+            return Err(Failure::new(ErrorKind::Failed, msg));
         }
     }
     let from = match ctl.image.take() {

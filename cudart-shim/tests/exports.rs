@@ -105,11 +105,17 @@ fn every_build_exports_exactly_the_real_set_under_its_version_node() {
             "{name}: version nodes"
         );
         let (a, b) = (dynamic_symbols(&ours), dynamic_symbols(&real));
-        // Beside the runtime's exports, cudaw's one own: the hook table its driver layer
-        // looks up (driver::hooks).
+        // Beside the runtime's exports, cudaw's own: the hook and handle tables its driver
+        // layer looks up (driver::hooks).
         let own: Vec<_> = a.iter().filter(|s| s.contains(" cudaw_")).collect();
         assert!(
-            own.len() == 1 && own[0].starts_with("T cudaw_runtime_hooks_v1"),
+            own.len() == 2
+                && own
+                    .iter()
+                    .any(|s| s.starts_with("T cudaw_runtime_handles_v1"))
+                && own
+                    .iter()
+                    .any(|s| s.starts_with("T cudaw_runtime_hooks_v1")),
             "{name}: cudaw's own exports: {own:?}"
         );
         let only_ours: Vec<_> = a

@@ -31,6 +31,8 @@ pub enum Kind {
     Request,
     /// The process could not do it (device failure, memory on several devices).
     Failed,
+    /// The process holds memory the request cannot cover (driver-level handles in a dump).
+    Unsupported,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Mismatch => "mismatch",
             Kind::Request => "request",
             Kind::Failed => "failed",
+            Kind::Unsupported => "unsupported",
         }
     }
 
@@ -63,6 +66,7 @@ impl Kind {
             Some(ErrorKind::Mismatch) => Kind::Mismatch,
             Some(ErrorKind::Io) => Kind::Io,
             Some(ErrorKind::Failed) => Kind::Failed,
+            Some(ErrorKind::Unsupported) => Kind::Unsupported,
             _ if msg.starts_with("permission denied") => Kind::Permission,
             Some(ErrorKind::Request) => Kind::Request,
             None => Kind::Failed,

@@ -320,6 +320,9 @@ pub enum ErrorKind {
     /// The process cannot do it now (memory on several devices; an allocation's bytes
     /// are nowhere), or a device operation failed.
     Failed,
+    /// The process holds memory the request cannot cover: a dump of a process with
+    /// driver-level handles (`cuMemCreate`), which the image format cannot hold.
+    Unsupported,
 }
 
 /// One reply.
@@ -452,6 +455,15 @@ pub struct DeviceStatus {
     /// The node ledger's capacity: the card's memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_capacity: Option<u64>,
+    /// Live driver-level handles (`cuMemCreate`, through `cudaGetDriverEntryPoint` or the
+    /// driver layer): counted in `allocations`, their bytes in `resident`, `evicted` and
+    /// `mapped` too.
+    #[serde(default)]
+    pub handles: u64,
+    /// Of `resident`, bytes of driver-level handles a pause leaves on the device
+    /// (exported or imported shareable handles, bound to multicast, not fully mapped).
+    #[serde(default)]
+    pub held: u64,
 }
 
 /// A process's state.
@@ -625,6 +637,8 @@ mod tests {
                     refused: 1,
                     node_used: Some(2 << 20),
                     node_capacity: Some(80 << 30),
+                    handles: 2,
+                    held: 0,
                 }],
             }),
             ..Reply::default()

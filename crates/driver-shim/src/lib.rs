@@ -58,8 +58,10 @@
 //!   `cuMemAllocFromPoolAsync` and `cuMemCreate` made by a thread the runtime does not
 //!   account for are charged to the runtime's budget for the current device (refused
 //!   with `CUDA_ERROR_OUT_OF_MEMORY` over the limit) and given back at their free or
-//!   release; the runtime shim's own driver calls are never counted twice. This memory
-//!   is not cudaw's VMM's: a pause does not evict it.
+//!   release; the runtime shim's own driver calls are never counted twice. `cuMemAlloc*`
+//!   memory is not cudaw's VMM's: a pause does not evict it. `cuMemCreate` and the calls
+//!   that take its handle go to the runtime shim's handle table
+//!   (`cudaw_runtime_handles_v1`), which makes that memory evictable.
 #![deny(unsafe_op_in_unsafe_fn)]
 // `forward!` passes the caller's argument values (plain pointers and integers, never
 // expressions with effects) into the unsafe call of the real function.

@@ -6,8 +6,16 @@
 //! cudaw's own threads, is the runtime's to account and passes uncounted. Without a runtime
 //! shim in the process nothing is charged; the bytes are still tallied for the report.
 //!
-//! Not done: this memory does not come from cudaw's VMM, so a pause does not evict it and
-//! a checkpoint does not hold it.
+//! `cuMemCreate` and every call that takes its handle (`cuMemMap`, `cuMemUnmap`,
+//! `cuMemRelease`, `cuMemSetAccess`, `cuMemGetAllocationPropertiesFromHandle`,
+//! `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`,
+//! `cuMemRetainAllocationHandle`, `cuMulticastBindMem*`) go, when the runtime shim is in the
+//! process, to its handle table (`cudart-shim/src/handles.rs`, through
+//! [`driver::hooks::HandleHooks`]): the handles are virtual, and a pause evicts the memory
+//! behind them. Without a runtime shim they are forwarded, `cuMemCreate` tallied.
+//!
+//! Not done: `cuMemAlloc*` memory does not come from cudaw's VMM, so a pause does not evict
+//! it and a checkpoint does not hold it.
 
 #![allow(non_snake_case)]
 
@@ -106,7 +114,10 @@ fn written(out: *mut u64) -> Option<u64> {
 /// An allocation of `$bytes` whose pointer or handle the driver writes through `$out`.
 macro_rules! allocation {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => bytes $bytes:expr, out $out:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        allocation!($name = $name ($($a: $t),*) => bytes $bytes, out $out);
+    };
+    ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => bytes $bytes:expr, out $out:expr) => {
+        extern "C" fn $fn_name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let c = match charge($bytes as u64) {
                     Ok(c) => c,
@@ -123,7 +134,10 @@ macro_rules! allocation {
 /// A free of `$key`.
 macro_rules! release {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $key:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        release!($name = $name ($($a: $t),*) => $key);
+    };
+    ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => $key:expr) => {
+        extern "C" fn $fn_name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let rc = crate::forward!($name: fn($($t),*) $(, $a)*);
                 if rc == 0 {
@@ -145,12 +159,66 @@ allocation!(cuMemAllocFromPoolAsync(out: *mut u64, size: usize, pool: Handle, st
     => bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync_ptsz(out: *mut u64, size: usize, pool: Handle,
     stream: Handle) => bytes size, out out);
-allocation!(cuMemCreate(out: *mut u64, size: usize, prop: *const c_void, flags: u64)
-    => bytes size, out out);
+allocation!(forward_mem_create = cuMemCreate(out: *mut u64, size: usize, prop: *const c_void,
+    flags: u64) => bytes size, out out);
 release!(cuMemFree_v2(ptr: u64) => ptr);
 release!(cuMemFreeAsync(ptr: u64, stream: Handle) => ptr);
 release!(cuMemFreeAsync_ptsz(ptr: u64, stream: Handle) => ptr);
-release!(cuMemRelease(handle: u64) => handle);
+release!(forward_mem_release = cuMemRelease(handle: u64) => handle);
+
+/// A driver function that takes or makes a physical-memory handle: to the runtime
+/// shim's handle table when it is there (`$hook`), else forwarded (`$fallback`).
+macro_rules! handle_call {
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $hook:ident, else $fallback:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                match crate::runtime::handles() {
+                    Some(h) => (h.$hook)($($a),*),
+                    None => $fallback,
+                }
+            })
+        }
+    };
+}
+
+extern "C" fn cuMemCreate(out: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
+    guard("cuMemCreate", CUDA_ERROR_UNKNOWN, || {
+        match crate::runtime::handles() {
+            // Charged unless the runtime accounts for this thread (its own calls).
+            Some(h) => (h.mem_create)(out, size, prop, flags, !crate::runtime::runtime_accounts()),
+            None => forward_mem_create(out, size, prop, flags),
+        }
+    })
+}
+
+handle_call!(cuMemRelease(handle: u64) => mem_release, else forward_mem_release(handle));
+handle_call!(cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64)
+    => mem_map, else crate::forward!(cuMemMap: fn(u64, usize, usize, u64, u64), ptr, size,
+        offset, handle, flags));
+handle_call!(cuMemUnmap(ptr: u64, size: usize) => mem_unmap,
+    else crate::forward!(cuMemUnmap: fn(u64, usize), ptr, size));
+handle_call!(cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize)
+    => mem_set_access, else crate::forward!(cuMemSetAccess: fn(u64, usize, *const c_void,
+        usize), ptr, size, desc, count));
+handle_call!(cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64)
+    => mem_properties, else crate::forward!(cuMemGetAllocationPropertiesFromHandle:
+        fn(*mut c_void, u64), prop, handle));
+handle_call!(cuMemExportToShareableHandle(out: *mut c_void, handle: u64, kind: u32, flags: u64)
+    => mem_export, else crate::forward!(cuMemExportToShareableHandle: fn(*mut c_void, u64,
+        u32, u64), out, handle, kind, flags));
+handle_call!(cuMemImportFromShareableHandle(out: *mut u64, os: *mut c_void, kind: u32)
+    => mem_import, else crate::forward!(cuMemImportFromShareableHandle: fn(*mut u64,
+        *mut c_void, u32), out, os, kind));
+handle_call!(cuMemRetainAllocationHandle(out: *mut u64, addr: *mut c_void)
+    => mem_retain, else crate::forward!(cuMemRetainAllocationHandle: fn(*mut u64,
+        *mut c_void), out, addr));
+handle_call!(cuMulticastBindMem(mc: u64, mc_offset: usize, handle: u64, offset: usize,
+    size: usize, flags: u64) => multicast_bind_mem, else crate::forward!(cuMulticastBindMem:
+        fn(u64, usize, u64, usize, usize, u64), mc, mc_offset, handle, offset, size, flags));
+handle_call!(cuMulticastBindMem_v2(mc: u64, dev: i32, mc_offset: usize, handle: u64,
+    offset: usize, size: usize, flags: u64) => multicast_bind_mem_v2,
+    else crate::forward!(cuMulticastBindMem_v2: fn(u64, i32, usize, u64, usize, usize, u64),
+        mc, dev, mc_offset, handle, offset, size, flags));
 
 /// The wrappers of this module: (index, function).
 pub fn table() -> Vec<(usize, usize)> {
@@ -169,5 +237,14 @@ pub fn table() -> Vec<(usize, usize)> {
         cuMemFreeAsync,
         cuMemFreeAsync_ptsz,
         cuMemRelease,
+        cuMemMap,
+        cuMemUnmap,
+        cuMemSetAccess,
+        cuMemGetAllocationPropertiesFromHandle,
+        cuMemExportToShareableHandle,
+        cuMemImportFromShareableHandle,
+        cuMemRetainAllocationHandle,
+        cuMulticastBindMem,
+        cuMulticastBindMem_v2,
     ]
 }

@@ -1,7 +1,9 @@
 //! The runtime shim, when it is in the process: its hook table
 //! ([`driver::hooks::RuntimeHooks`]), found once with `dlsym(RTLD_DEFAULT)`.
 
-use driver::hooks::{RuntimeHooks, GATE_PAUSED, RUNTIME_HOOKS_SYMBOL};
+use driver::hooks::{
+    HandleHooks, RuntimeHooks, GATE_PAUSED, RUNTIME_HANDLES_SYMBOL, RUNTIME_HOOKS_SYMBOL,
+};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
@@ -31,6 +33,28 @@ fn find() -> Option<&'static RuntimeHooks> {
 /// The runtime shim's hooks, if it is loaded.
 pub fn hooks() -> Option<&'static RuntimeHooks> {
     *HOOKS.get_or_init(find)
+}
+
+static HANDLES: OnceLock<Option<&'static HandleHooks>> = OnceLock::new();
+
+fn find_handles() -> Option<&'static HandleHooks> {
+    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, RUNTIME_HANDLES_SYMBOL.as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: the runtime shim exports this name as `extern "C" fn() -> *const
+    // HandleHooks`; no other library exports it.
+    let get: extern "C" fn() -> *const HandleHooks = unsafe { std::mem::transmute(f) };
+    // SAFETY: a pointer to the runtime shim's static table (never freed), or null.
+    let h = unsafe { get().as_ref() }?;
+    (h.size >= std::mem::size_of::<HandleHooks>()).then_some(h)
+}
+
+/// The runtime shim's handle table, if it is loaded (its handles are virtual: every call
+/// that takes one goes through it).
+pub fn handles() -> Option<&'static HandleHooks> {
+    *HANDLES.get_or_init(find_handles)
 }
 
 /// Whether the gate is closed for pause.

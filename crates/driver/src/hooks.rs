@@ -60,3 +60,47 @@ pub struct RuntimeHooks {
 unsafe impl Sync for RuntimeHooks {}
 // SAFETY: as for `Sync`.
 unsafe impl Send for RuntimeHooks {}
+
+/// The runtime shim's export for its handle table: `extern "C" fn() -> *const HandleHooks`.
+/// A table of its own (beside [`RuntimeHooks`]), so that either grows alone.
+pub const RUNTIME_HANDLES_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_handles_v1";
+
+/// The runtime shim's handle table (`cudart-shim/src/handles.rs`): the driver shim's
+/// `cuMemCreate` and every call that takes such a handle go through it, so that the
+/// handles the program sees are virtual and a pause can evict the memory behind them.
+/// Each function has the driver function's C signature (cuda.h) and returns its
+/// `CUresult`; `mem_create`'s last argument says whether to charge the memory to the
+/// device's budget. The struct only grows; `size` says how many fields a library has.
+#[repr(C)]
+#[derive(Debug)]
+pub struct HandleHooks {
+    /// `size_of::<HandleHooks>()` of the library that filled it in.
+    pub size: usize,
+    /// `cuMemCreate(handle, size, prop, flags)`, charged when the last argument is true.
+    pub mem_create: extern "C" fn(*mut u64, usize, *const std::ffi::c_void, u64, bool) -> u32,
+    /// `cuMemRelease(handle)`.
+    pub mem_release: extern "C" fn(u64) -> u32,
+    /// `cuMemMap(ptr, size, offset, handle, flags)`.
+    pub mem_map: extern "C" fn(u64, usize, usize, u64, u64) -> u32,
+    /// `cuMemUnmap(ptr, size)`.
+    pub mem_unmap: extern "C" fn(u64, usize) -> u32,
+    /// `cuMemSetAccess(ptr, size, desc, count)`.
+    pub mem_set_access: extern "C" fn(u64, usize, *const std::ffi::c_void, usize) -> u32,
+    /// `cuMemGetAllocationPropertiesFromHandle(prop, handle)`.
+    pub mem_properties: extern "C" fn(*mut std::ffi::c_void, u64) -> u32,
+    /// `cuMemExportToShareableHandle(out, handle, type, flags)`.
+    pub mem_export: extern "C" fn(*mut std::ffi::c_void, u64, u32, u64) -> u32,
+    /// `cuMemImportFromShareableHandle(handle, os_handle, type)`.
+    pub mem_import: extern "C" fn(*mut u64, *mut std::ffi::c_void, u32) -> u32,
+    /// `cuMemRetainAllocationHandle(handle, addr)`.
+    pub mem_retain: extern "C" fn(*mut u64, *mut std::ffi::c_void) -> u32,
+    /// `cuMulticastBindMem(mc, mc_offset, handle, offset, size, flags)`.
+    pub multicast_bind_mem: extern "C" fn(u64, usize, u64, usize, usize, u64) -> u32,
+    /// `cuMulticastBindMem_v2(mc, dev, mc_offset, handle, offset, size, flags)`.
+    pub multicast_bind_mem_v2: extern "C" fn(u64, i32, usize, u64, usize, usize, u64) -> u32,
+}
+
+// SAFETY: a table of thread-safe functions.
+unsafe impl Sync for HandleHooks {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for HandleHooks {}

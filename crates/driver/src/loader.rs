@@ -157,6 +157,21 @@ impl LibCuda {
         })
     }
 
+    /// The address of the driver function `name` in the loaded library, for callers that
+    /// forward a program's own arguments with the C signature of `cuda.h` (cudaw's handle
+    /// table calls `cuMemMap` with an offset, `cuMemExportToShareableHandle`, ...).
+    pub fn raw_symbol(&self, name: &CStr) -> Option<usize> {
+        // SAFETY: looks the symbol up only, as an untyped address; the library stays loaded
+        // as long as `self`, and callers call it with its cuda.h signature.
+        unsafe {
+            self.library
+                .get::<*mut c_void>(name.to_bytes_with_nul())
+                .ok()
+                .map(|s| *s as usize)
+        }
+        .filter(|&p| p != 0)
+    }
+
     /// The path the library was loaded from.
     pub fn path(&self) -> &str {
         &self.path

@@ -1,0 +1,995 @@
+//! Driver-level physical memory made evictable: the handles of `cuMemCreate`, whichever way
+//! the program reached it — `cudaGetDriverEntryPoint` ([`crate::entry_points`], PyTorch's
+//! expandable segments) or cudaw's driver layer (`libcuda.so.1`, through
+//! [`driver::hooks::HandleHooks`], for cuBLAS, NCCL, Triton and driver-only programs).
+//!
+//! The program never sees a real `CUmemGenericAllocationHandle`: `cuMemCreate` hands out a
+//! *virtual* handle (a tagged counter, [`TAG`]) and this table keeps, behind it, the current
+//! real handle, the allocation's properties, the program's references (create 1, each
+//! `cuMemRetainAllocationHandle` one more, each `cuMemRelease` one less), every mapping
+//! (address, size, offset into the handle) and the access set on it. Every call that takes
+//! a handle translates it; a handle the table does not know (one of cudaw's VMM, a
+//! multicast object's) passes through unchanged.
+//!
+//! Pause ([`evict`], after the VMM's eviction, through the same pinned staging): every
+//! live handle of device memory whose bytes are all reachable through its mappings is
+//! copied to host memory, unmapped, and its real handle released; its budget charge is
+//! given back. Resume ([`restore`]): a new real handle with the same properties is
+//! created, mapped at the same addresses with the same offsets, its access restored and
+//! its bytes copied back; the charge is taken again. Never evicted, and reported:
+//! handles exported to or imported from a shareable handle (another process may use the
+//! memory) or bound to a multicast object, handles of host memory, and handles not fully
+//! mapped (bytes no mapping reaches cannot be copied). Not translated: the handles inside
+//! `cuMemMapArrayAsync`'s `CUarrayMapInfo` (sparse arrays).
+
+use crate::log;
+use crate::memory;
+use crate::staging::staging;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
+use vmm::{AllocationId, HostCopy, LoadRange, Source, Staging, StagingRange};
+
+/// The high bits of every virtual handle (real drivers hand out pointers or small counters).
+pub const TAG: u64 = 0xCDA0_0000_0000_0000;
+
+const CU_SUCCESS: u32 = 0;
+const CU_ERROR_INVALID_VALUE: u32 = 1;
+const CU_ERROR_OUT_OF_MEMORY: u32 = 2;
+const CU_ERROR_NOT_SUPPORTED: u32 = 801;
+
+/// `sizeof(CUmemAllocationProp)` in every CUDA version since 10.2.
+const PROP_BYTES: usize = 32;
+/// `sizeof(CUmemAccessDesc)`.
+const ACCESS_DESC_BYTES: usize = 12;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: u32 = 1;
+
+/// One handle the program holds.
+#[derive(Debug, Clone)]
+struct Handle {
+    /// The real handle now; `None` while evicted.
+    real: Option<u64>,
+    /// Bytes (0 when unknown: an imported handle).
+    size: u64,
+    /// The `CUmemAllocationProp` it was created with.
+    prop: [u8; PROP_BYTES],
+    /// The device it is memory of (`None`: host memory, or unknown).
+    device: Option<i32>,
+    /// Bytes charged to the device's budget now.
+    charged: u64,
+    /// The program's references; 0: released by the program, alive while mapped.
+    refs: u32,
+    /// The real handle was released (the driver frees it at its last unmap).
+    real_released: bool,
+    /// Why it must stay on the device (exported, imported, bound to multicast).
+    pinned: Option<&'static str>,
+    /// While evicted: (mapping address, bytes) per saved range.
+    saved: Vec<(u64, Vec<u8>)>,
+}
+
+/// One `cuMemMap`.
+#[derive(Debug, Clone)]
+struct Mapping {
+    size: u64,
+    offset: u64,
+    /// The virtual handle mapped.
+    handle: u64,
+    /// `cuMemSetAccess` calls over (part of) it: (address, bytes, descriptors).
+    access: Vec<(u64, u64, Vec<u8>)>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    handles: BTreeMap<u64, Handle>,
+    mappings: BTreeMap<u64, Mapping>,
+    next: u64,
+    peak: u64,
+}
+
+static TABLE: Mutex<Table> = Mutex::new(Table {
+    handles: BTreeMap::new(),
+    mappings: BTreeMap::new(),
+    next: 1,
+    peak: 0,
+});
+
+/// What the table holds now, per device.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Live handles.
+    pub handles: u64,
+    /// Bytes of handles on the device.
+    pub resident: u64,
+    /// Bytes of evicted handles.
+    pub evicted: u64,
+    /// Of `resident`, bytes a pause cannot evict (see the module docs).
+    pub held: u64,
+}
+
+/// Counts of device `ordinal`'s handles.
+pub fn counts(ordinal: i32) -> Counts {
+    let t = TABLE.lock();
+    let mut c = Counts::default();
+    for (&v, h) in t.handles.iter().filter(|(_, h)| h.device == Some(ordinal)) {
+        c.handles += 1;
+        if h.real.is_some() {
+            c.resident += h.size;
+            if evictable(&t, v).is_err() {
+                c.held += h.size;
+            }
+        } else {
+            c.evicted += h.size;
+        }
+    }
+    c
+}
+
+/// Devices with handles in the table.
+pub fn devices() -> Vec<i32> {
+    let t = TABLE.lock();
+    let mut d: Vec<i32> = t.handles.values().filter_map(|h| h.device).collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// (live handles, bytes, peak bytes, mappings), for the exit summary.
+pub fn summary() -> (usize, u64, u64, usize) {
+    let t = TABLE.lock();
+    let bytes = t.handles.values().map(|h| h.size).sum();
+    (t.handles.len(), bytes, t.peak, t.mappings.len())
+}
+
+// ---- the real driver ----
+
+/// The real driver functions the table calls, resolved once.
+struct Real {
+    create: Option<usize>,
+    release: Option<usize>,
+    map: Option<usize>,
+    unmap: Option<usize>,
+    set_access: Option<usize>,
+    props: Option<usize>,
+    export: Option<usize>,
+    import: Option<usize>,
+    retain: Option<usize>,
+    bind: Option<usize>,
+    bind_v2: Option<usize>,
+}
+
+fn real() -> &'static Real {
+    static REAL: OnceLock<Real> = OnceLock::new();
+    REAL.get_or_init(|| {
+        let drv = memory::driver().ok();
+        let get = |n: &CStr| drv.as_ref().and_then(|d| d.raw_symbol(n));
+        Real {
+            create: get(c"cuMemCreate"),
+            release: get(c"cuMemRelease"),
+            map: get(c"cuMemMap"),
+            unmap: get(c"cuMemUnmap"),
+            set_access: get(c"cuMemSetAccess"),
+            props: get(c"cuMemGetAllocationPropertiesFromHandle"),
+            export: get(c"cuMemExportToShareableHandle"),
+            import: get(c"cuMemImportFromShareableHandle"),
+            retain: get(c"cuMemRetainAllocationHandle"),
+            bind: get(c"cuMulticastBindMem"),
+            bind_v2: get(c"cuMulticastBindMem_v2"),
+        }
+    })
+}
+
+macro_rules! call {
+    ($f:expr, fn($($t:ty),*), $($arg:expr),*) => {
+        match $f {
+            // SAFETY: the real driver's export of this name, whose C signature (cuda.h) is
+            // written here; the arguments are the program's, translated, or cudaw's own.
+            Some(p) => unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> u32>(p)($($arg),*) },
+            None => CU_ERROR_NOT_SUPPORTED,
+        }
+    };
+}
+
+fn real_create(size: u64, prop: &[u8; PROP_BYTES]) -> Result<u64, u32> {
+    let mut h = 0u64;
+    let rc = call!(
+        real().create,
+        fn(*mut u64, usize, *const c_void, u64),
+        &mut h,
+        size as usize,
+        prop.as_ptr().cast(),
+        0
+    );
+    if rc == CU_SUCCESS {
+        Ok(h)
+    } else {
+        Err(rc)
+    }
+}
+
+fn real_release(h: u64) -> u32 {
+    call!(real().release, fn(u64), h)
+}
+
+fn real_map(va: u64, size: u64, offset: u64, h: u64) -> u32 {
+    call!(
+        real().map,
+        fn(u64, usize, usize, u64, u64),
+        va,
+        size as usize,
+        offset as usize,
+        h,
+        0
+    )
+}
+
+fn real_unmap(va: u64, size: u64) -> u32 {
+    call!(real().unmap, fn(u64, usize), va, size as usize)
+}
+
+fn real_set_access(va: u64, size: u64, descs: &[u8]) -> u32 {
+    call!(
+        real().set_access,
+        fn(u64, usize, *const c_void, usize),
+        va,
+        size as usize,
+        descs.as_ptr().cast(),
+        descs.len() / ACCESS_DESC_BYTES
+    )
+}
+
+/// The device a `CUmemAllocationProp` places memory on, if device memory: `location`
+/// (`{ CUmemLocationType type; int id; }`) at offset 8.
+fn device_of(prop: &[u8; PROP_BYTES]) -> Option<i32> {
+    let kind = u32::from_ne_bytes(prop[8..12].try_into().ok()?);
+    let id = i32::from_ne_bytes(prop[12..16].try_into().ok()?);
+    (kind == LOCATION_DEVICE).then_some(id)
+}
+
+// ---- the calls ----
+
+/// `cuMemCreate`: charges device memory to its budget when `charge`, creates the real
+/// handle, hands out a virtual one.
+///
+/// # Safety
+/// `out` is null or writable; `prop` is null or a `CUmemAllocationProp`.
+pub unsafe fn create(
+    out: *mut u64,
+    size: usize,
+    prop: *const c_void,
+    flags: u64,
+    charge: bool,
+) -> u32 {
+    let _in_flight = crate::pause::enter();
+    if out.is_null() || prop.is_null() || size == 0 {
+        return call!(
+            real().create,
+            fn(*mut u64, usize, *const c_void, u64),
+            out,
+            size,
+            prop,
+            flags
+        );
+    }
+    let mut p = [0u8; PROP_BYTES];
+    // SAFETY: a CUmemAllocationProp is 32 bytes (caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(prop.cast::<u8>(), p.as_mut_ptr(), PROP_BYTES) };
+    let device = device_of(&p);
+    let mut charged = 0;
+    if let (Some(dev), true) = (device, charge) {
+        if let Ok(b) = memory::budget(dev) {
+            if b.try_acquire(size as u64).is_err() {
+                return CU_ERROR_OUT_OF_MEMORY;
+            }
+            charged = size as u64;
+        }
+    }
+    let mut h = 0u64;
+    let rc = call!(
+        real().create,
+        fn(*mut u64, usize, *const c_void, u64),
+        &mut h,
+        size,
+        prop,
+        flags
+    );
+    if rc != CU_SUCCESS {
+        if let (Some(dev), true) = (device, charged > 0) {
+            memory::uncharge(dev, charged);
+        }
+        return rc;
+    }
+    let mut t = TABLE.lock();
+    let v = TAG | t.next;
+    t.next += 1;
+    t.handles.insert(
+        v,
+        Handle {
+            real: Some(h),
+            size: size as u64,
+            prop: p,
+            device,
+            charged,
+            refs: 1,
+            real_released: false,
+            pinned: None,
+            saved: Vec::new(),
+        },
+    );
+    let bytes: u64 = t.handles.values().map(|h| h.size).sum();
+    t.peak = t.peak.max(bytes);
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { out.write(v) };
+    CU_SUCCESS
+}
+
+/// The real handle behind `h` (itself when the table does not know it).
+fn translate(t: &Table, h: u64) -> Result<u64, u32> {
+    match t.handles.get(&h) {
+        Some(e) => e.real.ok_or(CU_ERROR_INVALID_VALUE),
+        None => Ok(h),
+    }
+}
+
+/// Forgets `v` and gives its charge back.
+fn forget(t: &mut Table, v: u64) {
+    if let Some(h) = t.handles.remove(&v) {
+        if let (Some(dev), true) = (h.device, h.charged > 0) {
+            memory::uncharge(dev, h.charged);
+        }
+    }
+}
+
+/// `cuMemRelease`.
+pub fn release(v: u64) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let Some(h) = t.handles.get_mut(&v) else {
+        drop(t);
+        return real_release(v);
+    };
+    if h.refs == 0 {
+        return CU_ERROR_INVALID_VALUE;
+    }
+    h.refs -= 1;
+    if h.refs > 0 {
+        return CU_SUCCESS;
+    }
+    if let (Some(r), false) = (h.real, h.real_released) {
+        let rc = real_release(r);
+        if rc != CU_SUCCESS {
+            h.refs = 1;
+            return rc;
+        }
+        h.real_released = true;
+    }
+    if !t.mappings.values().any(|m| m.handle == v) {
+        forget(&mut t, v);
+    }
+    CU_SUCCESS
+}
+
+/// `cuMemMap`.
+pub fn map(va: u64, size: usize, offset: usize, v: u64, flags: u64) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let r = match translate(&t, v) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = call!(
+        real().map,
+        fn(u64, usize, usize, u64, u64),
+        va,
+        size,
+        offset,
+        r,
+        flags
+    );
+    if rc == CU_SUCCESS && t.handles.contains_key(&v) {
+        t.mappings.insert(
+            va,
+            Mapping {
+                size: size as u64,
+                offset: offset as u64,
+                handle: v,
+                access: Vec::new(),
+            },
+        );
+    }
+    rc
+}
+
+/// `cuMemUnmap`.
+pub fn unmap(va: u64, size: usize) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let rc = real_unmap(va, size as u64);
+    if rc != CU_SUCCESS {
+        return rc;
+    }
+    let end = va.saturating_add(size as u64);
+    let gone: Vec<u64> = t.mappings.range(va..end).map(|(&a, _)| a).collect();
+    for a in gone {
+        if let Some(m) = t.mappings.remove(&a) {
+            let v = m.handle;
+            let orphan = t.handles.get(&v).is_some_and(|h| h.refs == 0)
+                && !t.mappings.values().any(|m| m.handle == v);
+            if orphan {
+                forget(&mut t, v);
+            }
+        }
+    }
+    CU_SUCCESS
+}
+
+/// `cuMemSetAccess` (addresses, nothing to translate): recorded on the mappings it covers.
+///
+/// # Safety
+/// `desc` is null or `count` `CUmemAccessDesc`s.
+pub unsafe fn set_access(va: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let rc = call!(
+        real().set_access,
+        fn(u64, usize, *const c_void, usize),
+        va,
+        size,
+        desc,
+        count
+    );
+    if rc != CU_SUCCESS || desc.is_null() || count == 0 {
+        return rc;
+    }
+    // SAFETY: `count` descriptors at `desc` (the caller's contract; the driver read them).
+    let descs = unsafe { std::slice::from_raw_parts(desc.cast::<u8>(), count * ACCESS_DESC_BYTES) }
+        .to_vec();
+    let end = va.saturating_add(size as u64);
+    let start = t.mappings.range(..=va).next_back().map_or(va, |(&a, _)| a);
+    for (&a, m) in t.mappings.range_mut(start..end) {
+        let (lo, hi) = (a.max(va), (a + m.size).min(end));
+        if lo < hi {
+            m.access.push((lo, hi - lo, descs.clone()));
+        }
+    }
+    CU_SUCCESS
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`.
+///
+/// # Safety
+/// `prop` is null or a writable `CUmemAllocationProp`.
+pub unsafe fn properties(prop: *mut c_void, v: u64) -> u32 {
+    let t = TABLE.lock();
+    match t.handles.get(&v) {
+        Some(h) if h.real.is_none() && !prop.is_null() => {
+            // SAFETY: a writable CUmemAllocationProp (caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(h.prop.as_ptr(), prop.cast::<u8>(), PROP_BYTES)
+            };
+            CU_SUCCESS
+        }
+        _ => match translate(&t, v) {
+            Ok(r) => call!(real().props, fn(*mut c_void, u64), prop, r),
+            Err(rc) => rc,
+        },
+    }
+}
+
+/// Marks `v` as never to evict, for `why`.
+fn pin(t: &mut Table, v: u64, why: &'static str) {
+    if let Some(h) = t.handles.get_mut(&v) {
+        if h.pinned.is_none() {
+            log::info(format_args!(
+                "driver handle {v:#x} ({} bytes) {why}: it stays on the device while paused",
+                h.size
+            ));
+        }
+        h.pinned = Some(why);
+    }
+}
+
+/// `cuMemExportToShareableHandle`: the handle is pinned (another process may map it).
+pub fn export(out: *mut c_void, v: u64, kind: u32, flags: u64) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let r = match translate(&t, v) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = call!(
+        real().export,
+        fn(*mut c_void, u64, u32, u64),
+        out,
+        r,
+        kind,
+        flags
+    );
+    if rc == CU_SUCCESS {
+        pin(&mut t, v, "was exported to a shareable handle");
+    }
+    rc
+}
+
+/// `cuMemImportFromShareableHandle`: a virtual handle for the imported one, pinned.
+///
+/// # Safety
+/// `out` is null or writable.
+pub unsafe fn import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut r = 0u64;
+    let rc = call!(
+        real().import,
+        fn(*mut u64, *mut c_void, u32),
+        &mut r,
+        os,
+        kind
+    );
+    if rc != CU_SUCCESS || out.is_null() {
+        return rc;
+    }
+    let mut prop = [0u8; PROP_BYTES];
+    let _ = call!(
+        real().props,
+        fn(*mut c_void, u64),
+        prop.as_mut_ptr().cast(),
+        r
+    );
+    let mut t = TABLE.lock();
+    let v = TAG | t.next;
+    t.next += 1;
+    t.handles.insert(
+        v,
+        Handle {
+            real: Some(r),
+            size: 0,
+            prop,
+            device: None,
+            charged: 0,
+            refs: 1,
+            real_released: false,
+            pinned: Some("was imported from a shareable handle"),
+            saved: Vec::new(),
+        },
+    );
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { out.write(v) };
+    CU_SUCCESS
+}
+
+/// `cuMemRetainAllocationHandle`: the virtual handle mapped at `addr`, one more reference.
+///
+/// # Safety
+/// `out` is null or writable.
+pub unsafe fn retain(out: *mut u64, addr: *mut c_void) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let a = addr as u64;
+    let mut t = TABLE.lock();
+    let found = t
+        .mappings
+        .range(..=a)
+        .next_back()
+        .filter(|(&va, m)| a < va + m.size)
+        .map(|(_, m)| m.handle);
+    let Some(v) = found.filter(|v| t.handles.contains_key(v)) else {
+        drop(t);
+        return call!(real().retain, fn(*mut u64, *mut c_void), out, addr);
+    };
+    if out.is_null() {
+        return CU_ERROR_INVALID_VALUE;
+    }
+    let h = t.handles.get_mut(&v).expect("checked above");
+    if h.real_released {
+        // The driver frees a released handle at its last unmap: take a real reference.
+        let mut r = 0u64;
+        let rc = call!(real().retain, fn(*mut u64, *mut c_void), &mut r, addr);
+        if rc != CU_SUCCESS {
+            return rc;
+        }
+        h.real_released = false;
+    }
+    h.refs += 1;
+    // SAFETY: non-null out-pointer from the caller.
+    unsafe { out.write(v) };
+    CU_SUCCESS
+}
+
+/// `cuMulticastBindMem`: `mem` translated and pinned.
+pub fn bind(mc: u64, mc_offset: usize, v: u64, offset: usize, size: usize, flags: u64) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let r = match translate(&t, v) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = call!(
+        real().bind,
+        fn(u64, usize, u64, usize, usize, u64),
+        mc,
+        mc_offset,
+        r,
+        offset,
+        size,
+        flags
+    );
+    if rc == CU_SUCCESS {
+        pin(&mut t, v, "was bound to a multicast object");
+    }
+    rc
+}
+
+/// `cuMulticastBindMem_v2`: `mem` translated and pinned.
+pub fn bind_v2(
+    mc: u64,
+    dev: i32,
+    mc_offset: usize,
+    v: u64,
+    offset: usize,
+    size: usize,
+    flags: u64,
+) -> u32 {
+    let _in_flight = crate::pause::enter();
+    let mut t = TABLE.lock();
+    let r = match translate(&t, v) {
+        Ok(r) => r,
+        Err(rc) => return rc,
+    };
+    let rc = call!(
+        real().bind_v2,
+        fn(u64, i32, usize, u64, usize, usize, u64),
+        mc,
+        dev,
+        mc_offset,
+        r,
+        offset,
+        size,
+        flags
+    );
+    if rc == CU_SUCCESS {
+        pin(&mut t, v, "was bound to a multicast object");
+    }
+    rc
+}
+
+// ---- pause and resume ----
+
+/// Whether `h` can be evicted: `Err` says why not.
+fn evictable(t: &Table, v: u64) -> Result<(), String> {
+    let Some(h) = t.handles.get(&v) else {
+        return Err("is unknown".into());
+    };
+    if let Some(why) = h.pinned {
+        return Err(why.to_owned());
+    }
+    if h.device.is_none() {
+        return Err("is not device memory".into());
+    }
+    // Every byte must be reachable through a mapping.
+    let mut spans: Vec<(u64, u64)> = t
+        .mappings
+        .values()
+        .filter(|m| m.handle == v)
+        .map(|m| (m.offset, m.offset + m.size))
+        .collect();
+    spans.sort_unstable();
+    let mut covered = 0u64;
+    for (lo, hi) in spans {
+        if lo > covered {
+            break;
+        }
+        covered = covered.max(hi);
+    }
+    if covered < h.size {
+        return Err(format!("is mapped over {covered} of its {} bytes", h.size));
+    }
+    Ok(())
+}
+
+/// The ranges to save of handle `v`: one mapping per distinct span of the handle.
+fn ranges_of(t: &Table, v: u64) -> Vec<(u64, u64)> {
+    let mut seen = std::collections::HashSet::new();
+    t.mappings
+        .iter()
+        .filter(|(_, m)| m.handle == v && seen.insert((m.offset, m.size)))
+        .map(|(&va, m)| (va, m.size))
+        .collect()
+}
+
+/// What a pause or resume of the handles did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Moved {
+    /// Handles evicted or restored.
+    pub handles: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Handles left on the device (see the module docs).
+    pub kept: usize,
+    /// Their bytes.
+    pub kept_bytes: u64,
+}
+
+/// Evicts every evictable handle (the gate closed, the devices synchronised): bytes to
+/// host memory through the process's pinned staging, mappings removed, real handles
+/// released. On failure, what was evicted is restored. `copied` receives bytes copied.
+pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
+    let mut t = TABLE.lock();
+    let mut moved = Moved::default();
+    let mut by_device: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
+    let ids: Vec<u64> = t.handles.keys().copied().collect();
+    for v in ids {
+        let h = &t.handles[&v];
+        if h.real.is_none() {
+            continue;
+        }
+        match evictable(&t, v) {
+            Ok(()) => by_device.entry(h.device.unwrap_or(0)).or_default().push(v),
+            Err(why) => {
+                if h.device.is_some() {
+                    moved.kept += 1;
+                    moved.kept_bytes += h.size;
+                    log::warn(format_args!(
+                        "pause: driver handle {v:#x} ({} bytes) {why}: left on the device",
+                        h.size
+                    ));
+                }
+            }
+        }
+    }
+    let mut done: Vec<u64> = Vec::new();
+    let r = (|| -> Result<(), String> {
+        for (dev, vs) in &by_device {
+            let m = memory::device(*dev).map_err(|e| format!("device {dev}: error {e}"))?;
+            let backend = m.vmm.backend();
+            backend.make_current().map_err(|e| e.to_string())?;
+            let mut ranges = Vec::new();
+            let mut owner = Vec::new();
+            for &v in vs {
+                for (va, len) in ranges_of(&t, v) {
+                    ranges.push(StagingRange {
+                        id: AllocationId(v),
+                        addr: va,
+                        len,
+                    });
+                    owner.push(v);
+                }
+            }
+            let copies = staging()
+                .save(backend, &ranges)
+                .map_err(|e| format!("copying driver handles of device {dev} to host: {e}"))?;
+            copied(ranges.iter().map(|r| r.len).sum());
+            for ((r, v), c) in ranges.iter().zip(&owner).zip(copies) {
+                let HostCopy::Memory(bytes) = c else {
+                    return Err("the staging kept a driver handle's bytes itself".into());
+                };
+                t.handles
+                    .get_mut(v)
+                    .expect("live")
+                    .saved
+                    .push((r.addr, bytes));
+            }
+            for &v in vs {
+                let maps: Vec<(u64, u64)> = t
+                    .mappings
+                    .iter()
+                    .filter(|(_, m)| m.handle == v)
+                    .map(|(&va, m)| (va, m.size))
+                    .collect();
+                for (va, size) in maps {
+                    let rc = real_unmap(va, size);
+                    if rc != CU_SUCCESS {
+                        return Err(format!("unmapping {size} bytes at {va:#x}: CUresult {rc}"));
+                    }
+                }
+                let h = t.handles.get_mut(&v).expect("live");
+                if !h.real_released {
+                    let rc = real_release(h.real.expect("resident"));
+                    if rc != CU_SUCCESS {
+                        log::warn(format_args!(
+                            "pause: releasing driver handle {v:#x}: CUresult {rc}"
+                        ));
+                    }
+                }
+                h.real = None;
+                if h.charged > 0 {
+                    memory::uncharge(*dev, h.charged);
+                    h.charged = 0;
+                }
+                moved.handles += 1;
+                moved.bytes += h.size;
+                done.push(v);
+            }
+        }
+        Ok(())
+    })();
+    // Handles whose bytes were saved but that stayed mapped keep nothing saved.
+    for h in t.handles.values_mut().filter(|h| h.real.is_some()) {
+        h.saved.clear();
+    }
+    if let Err(e) = r {
+        drop(t);
+        if let Err(e2) = restore(&mut |_| {}) {
+            log::error(format_args!(
+                "pause: putting driver handles back failed: {e2}"
+            ));
+        }
+        return Err(e);
+    }
+    Ok(moved)
+}
+
+/// Bytes of evicted handles.
+pub fn evicted_bytes() -> u64 {
+    TABLE
+        .lock()
+        .handles
+        .values()
+        .filter(|h| h.real.is_none())
+        .map(|h| h.size)
+        .sum()
+}
+
+/// Whether the process holds driver handles of device memory (an image cannot hold them).
+pub fn any_device_handles() -> Option<(usize, u64)> {
+    let t = TABLE.lock();
+    let (n, b) = t
+        .handles
+        .values()
+        .filter(|h| h.device.is_some())
+        .fold((0usize, 0u64), |(n, b), h| (n + 1, b + h.size));
+    (n > 0).then_some((n, b))
+}
+
+/// Restores every evicted handle: a new real handle, the same mappings and access, the
+/// bytes. On failure the handles not yet restored stay evicted (resume again retries).
+pub fn restore(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
+    let mut t = TABLE.lock();
+    let mut moved = Moved::default();
+    let ids: Vec<u64> = t
+        .handles
+        .iter()
+        .filter(|(_, h)| h.real.is_none())
+        .map(|(&v, _)| v)
+        .collect();
+    for v in ids {
+        let (size, prop, dev, released) = {
+            let h = &t.handles[&v];
+            (h.size, h.prop, h.device.unwrap_or(0), h.refs == 0)
+        };
+        let m = memory::device(dev).map_err(|e| format!("device {dev}: error {e}"))?;
+        let backend = m.vmm.backend();
+        backend.make_current().map_err(|e| e.to_string())?;
+        let mut charged = 0;
+        if let Ok(b) = memory::budget(dev) {
+            b.try_acquire(size)
+                .map_err(|e| format!("driver handle {v:#x} ({size} bytes): {e}"))?;
+            charged = size;
+        }
+        let undo_charge = || {
+            if charged > 0 {
+                memory::uncharge(dev, charged);
+            }
+        };
+        let r = match real_create(size, &prop) {
+            Ok(r) => r,
+            Err(rc) => {
+                undo_charge();
+                return Err(format!(
+                    "re-creating driver handle {v:#x} ({size} bytes): CUresult {rc}"
+                ));
+            }
+        };
+        let maps: Vec<(u64, Mapping)> = t
+            .mappings
+            .iter()
+            .filter(|(_, m)| m.handle == v)
+            .map(|(&va, m)| (va, m.clone()))
+            .collect();
+        let mut mapped = Vec::new();
+        let mut fail = None;
+        for (va, m) in &maps {
+            let rc = real_map(*va, m.size, m.offset, r);
+            if rc != CU_SUCCESS {
+                fail = Some(format!(
+                    "mapping {} bytes at {va:#x}: CUresult {rc}",
+                    m.size
+                ));
+                break;
+            }
+            mapped.push((*va, m.size));
+            for (a, n, d) in &m.access {
+                let rc = real_set_access(*a, *n, d);
+                if rc != CU_SUCCESS {
+                    fail = Some(format!(
+                        "setting access on {n} bytes at {a:#x}: CUresult {rc}"
+                    ));
+                    break;
+                }
+            }
+            if fail.is_some() {
+                break;
+            }
+        }
+        let h = t.handles.get_mut(&v).expect("live");
+        if fail.is_none() {
+            let ranges: Vec<LoadRange<'_>> = h
+                .saved
+                .iter()
+                .map(|(va, bytes)| LoadRange {
+                    id: AllocationId(v),
+                    addr: *va,
+                    len: bytes.len() as u64,
+                    source: Source::Memory(bytes),
+                })
+                .collect();
+            if let Err(e) = staging().load(backend, &ranges) {
+                fail = Some(format!("copying driver handle {v:#x} back: {e}"));
+            }
+        }
+        if let Some(f) = fail {
+            for (va, size) in mapped {
+                let _ = real_unmap(va, size);
+            }
+            let _ = real_release(r);
+            undo_charge();
+            return Err(f);
+        }
+        copied(size);
+        h.saved.clear();
+        h.real = Some(r);
+        h.charged = charged;
+        if released {
+            // The program released it while mapped: the driver frees it at its last unmap.
+            let _ = real_release(r);
+            h.real_released = true;
+        } else {
+            h.real_released = false;
+        }
+        moved.handles += 1;
+        moved.bytes += size;
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_of_reads_the_location() {
+        let mut p = [0u8; PROP_BYTES];
+        p[8..12].copy_from_slice(&LOCATION_DEVICE.to_ne_bytes());
+        p[12..16].copy_from_slice(&3i32.to_ne_bytes());
+        assert_eq!(device_of(&p), Some(3));
+        p[8..12].copy_from_slice(&2u32.to_ne_bytes());
+        assert_eq!(device_of(&p), None);
+    }
+
+    #[test]
+    fn partly_mapped_handles_are_not_evictable() {
+        let mut t = Table::default();
+        let h = Handle {
+            real: Some(7),
+            size: 4 << 20,
+            prop: [0; PROP_BYTES],
+            device: Some(0),
+            charged: 0,
+            refs: 1,
+            real_released: false,
+            pinned: None,
+            saved: Vec::new(),
+        };
+        t.handles.insert(TAG | 1, h);
+        let m = |offset| Mapping {
+            size: 2 << 20,
+            offset,
+            handle: TAG | 1,
+            access: Vec::new(),
+        };
+        t.mappings.insert(0x1000_0000, m(0));
+        assert!(evictable(&t, TAG | 1).is_err());
+        t.mappings.insert(0x2000_0000, m(2 << 20));
+        assert!(evictable(&t, TAG | 1).is_ok());
+        assert_eq!(ranges_of(&t, TAG | 1).len(), 2);
+    }
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""GPU check: a PyTorch process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+(its memory from cuMemCreate + cuMemMap through cudaGetDriverEntryPoint) paused with
+cudaw-ckpt: nvidia-smi's GPU memory use must drop by at least 90% of the tensors' bytes,
+`cudaw-ckpt status` must show 0 bytes mapped beyond what it reports held, and after resume
+the tensors must be bit-identical. Prints `PASS | name | detail` / `FAIL | ...` lines.
+
+    python3 scripts/torch_expandable_check.py --dist dist --gib 4 --cycles 3
+"""
+import argparse, json, os, subprocess, sys, time
+
+CHILD = r'''
+import sys, torch
+gib = int(sys.argv[1])
+n = gib * (1 << 30) // 4 // 8
+ts = [torch.arange(n, dtype=torch.int32, device="cuda") * (i + 3) for i in range(8)]
+sums = [int(t.sum(dtype=torch.int64)) for t in ts]
+torch.cuda.synchronize()
+print("ready", flush=True)
+for line in sys.stdin:
+    ok = all(int(t.sum(dtype=torch.int64)) == s for t, s in zip(ts, sums))
+    print("ok" if ok else "bad", flush=True)
+'''
+
+
+def used_mib():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return int(out.split()[0])
+    except Exception:
+        return None
+
+
+def verdict(ok, name, detail):
+    print(f"{'PASS' if ok else 'FAIL'} | {name} | {detail}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dist", required=True)
+    ap.add_argument("--gib", type=int, default=4)
+    ap.add_argument("--cycles", type=int, default=3)
+    a = ap.parse_args()
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", CUDAW_LOG="info")
+    p = subprocess.Popen([os.path.join(a.dist, "bin", "cudaw"), "run", "--", sys.executable, "-c", CHILD, str(a.gib)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    ckpt = lambda *w: subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), *w, "--json"],
+                                     capture_output=True, text=True, timeout=300)
+    try:
+        if p.stdout.readline().strip() != "ready":
+            verdict(False, "expandable: start", "the PyTorch process did not get ready")
+            return
+        time.sleep(1)
+        for c in range(a.cycles):
+            before = used_mib()
+            r = ckpt("pause", str(p.pid))
+            time.sleep(1)
+            during = used_mib()
+            st = ckpt("status", str(p.pid))
+            try:
+                dev = json.loads(st.stdout)["devices"][0]
+            except Exception:
+                dev = {}
+            freed = (before - during) if before is not None and during is not None else None
+            want = a.gib * 1024 * 0.9
+            verdict(r.returncode == 0 and freed is not None and freed >= want,
+                    f"expandable: pause {c} frees memory (nvidia-smi)",
+                    f"{before} -> {during} MiB used, freed {freed} MiB (want >= {want:.0f}); {r.stdout.strip()[:120]}")
+            verdict(dev.get("mapped", -1) == dev.get("held", 0) and dev.get("handles", 0) > 0,
+                    f"expandable: pause {c} status",
+                    f"handles {dev.get('handles')}, mapped {dev.get('mapped')}, held {dev.get('held')}, evicted {dev.get('evicted')}")
+            r = ckpt("resume", str(p.pid))
+            p.stdin.write("check\n"); p.stdin.flush()
+            line = p.stdout.readline().strip()
+            verdict(r.returncode == 0 and line == "ok", f"expandable: resume {c} intact", f"{line}; {r.stdout.strip()[:120]}")
+        d = ckpt("dump", str(p.pid), "-o", os.path.abspath("expandable.img"))
+        try:
+            kind = json.loads(d.stdout).get("kind")
+        except Exception:
+            kind = None
+        verdict(d.returncode != 0 and kind == "unsupported", "expandable: dump refused", f"kind {kind}")
+    finally:
+        p.stdin.close()
+        p.wait(timeout=120)
+
+
+main()
