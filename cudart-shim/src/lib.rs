@@ -23,6 +23,7 @@ pub mod entry_points;
 pub mod gate;
 pub mod hooks;
 pub mod image;
+pub mod inflight;
 pub mod log;
 pub mod memory;
 pub mod pause;
