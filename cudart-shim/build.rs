@@ -1,10 +1,12 @@
 //! Generates the shim's exports from the real runtime's export lists (`exports/`), the single
 //! source of truth: the dispatch table over the union of every major's names, one assembly
-//! trampoline per export of the selected major, and the linker version script naming the
+//! trampoline per export of the selected major (an in-flight one for the exports that can
+//! enqueue device work), and the linker version script naming the
 //! SONAME's version node (`shim-build` writes all three). Nothing here is edited by hand.
 
 use shim_build::{
-    link_cdylib, names_rs, read_list, slow_path, trampolines, version_script, GateWord,
+    enqueues_device_work, in_flight_support, link_cdylib, names_rs, read_list, slow_path,
+    trampolines, version_script, GateWord, InFlight,
 };
 use std::collections::BTreeSet;
 use std::env;
@@ -59,10 +61,20 @@ fn main() {
     .unwrap();
     fs::write(
         out.join("trampolines.s"),
-        trampolines(&all, &exported, GateWord::Direct, None),
+        trampolines(
+            &all,
+            &exported,
+            GateWord::Direct,
+            None,
+            Some(InFlight {
+                prefix: "cudaw_rt",
+                marked: &enqueues_device_work,
+            }),
+        ),
     )
     .unwrap();
     fs::write(out.join("slow.s"), slow_path()).unwrap();
+    fs::write(out.join("inflight.s"), in_flight_support("cudaw_rt")).unwrap();
     let mut global = exported.clone();
     global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
     link_cdylib(&out, &version_script(Some(soname), &global), soname);

@@ -270,3 +270,107 @@ fn a_dump_of_a_process_with_driver_handles_is_refused_and_writes_nothing() {
     wait_for(&out, "done", &mut seen_out);
     assert!(child.wait().expect("waiting").success());
 }
+
+/// Launches per thread of `inflight_launch.cu`.
+const INFLIGHT_LAUNCHES: usize = 120;
+
+/// A pause waits for every launch in flight, whichever layer it comes through: the program's
+/// threads launch kernels in a tight loop through the runtime (`cudaLaunchKernel`) and
+/// through the driver (`cuLaunchKernel` from `cuGetProcAddress`), into memory a pause
+/// evicts, while simgpu holds every launch inside the call for 3 ms before it queues the
+/// kernel (`SIMGPU_LAUNCH_DELAY_US`). The test pauses and resumes it continually: a pause
+/// that did not wait for a launch already past the gate would evict memory its kernel then
+/// uses (a fault, or a stale copy restored at resume). Every result must equal the CPU's
+/// and the uninterrupted run's.
+#[test]
+fn a_pause_waits_for_launches_in_flight_in_both_layers() {
+    let Some((_, module)) = program() else {
+        return;
+    };
+    let nvcc = nvcc().expect("nvcc");
+    let exe = compile(
+        &nvcc,
+        "inflight_launch",
+        &workspace().join("tests/cuda/driver/inflight_launch.cu"),
+    );
+    let launches = INFLIGHT_LAUNCHES.to_string();
+
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_LOG", "info")]);
+    let reference = cmd
+        .arg(&module)
+        .arg(&launches)
+        .output()
+        .expect("inflight_launch");
+    let ref_out = String::from_utf8_lossy(&reference.stdout).into_owned();
+    assert!(
+        reference.status.success(),
+        "the uninterrupted run failed:\n{ref_out}\n{}",
+        String::from_utf8_lossy(&reference.stderr)
+    );
+    assert!(ref_out.contains("results correct"), "{ref_out}");
+
+    let mut cmd = command_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[("CUDAW_LOG", "info"), ("SIMGPU_LAUNCH_DELAY_US", "3000")],
+    );
+    cmd.arg(&module)
+        .arg(&launches)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting inflight_launch");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let pid = i32::try_from(child.id()).expect("pid");
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    wait_for(&log, "pause on signal", &mut seen_log);
+    wait_for(&out, "launching", &mut seen_out);
+    let mut pauses = 0;
+    let mut gap_us = 500u64;
+    loop {
+        // Whatever the program printed so far (its last lines mean it is finishing).
+        while let Ok(line) = out.try_recv() {
+            seen_out.push(line);
+        }
+        if seen_out.iter().any(|l| l.starts_with("thread ")) {
+            break;
+        }
+        // SAFETY: kill(2) on our own child.
+        if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
+            break;
+        }
+        wait_for(&log, "] info: paused: ", &mut seen_log);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
+        wait_for(&log, "] info: resumed: ", &mut seen_log);
+        pauses += 1;
+        // Vary where in a launch the next pause falls (0.5 to 3.4 ms later).
+        gap_us = 500 + (gap_us * 7 + 1300) % 2900;
+        std::thread::sleep(Duration::from_micros(gap_us));
+    }
+    let status = child.wait().expect("waiting for inflight_launch");
+    for line in out.iter() {
+        seen_out.push(line);
+    }
+    let faults: Vec<_> = log
+        .try_iter()
+        .chain(seen_log.iter().cloned())
+        .filter(|l| l.contains("simgpu") || l.contains("inflight_launch:"))
+        .collect();
+    assert!(
+        status.success(),
+        "inflight_launch failed after {pauses} pauses: {faults:?}\n{}",
+        seen_out.join("\n")
+    );
+    assert!(
+        pauses >= 10,
+        "only {pauses} pauses fell during the launches"
+    );
+    let paused_out = seen_out.join("\n") + "\n";
+    assert_eq!(
+        paused_out, ref_out,
+        "the paused run's results differ from the uninterrupted run's"
+    );
+    eprintln!("{pauses} pauses during {INFLIGHT_LAUNCHES} launches on each of 3 threads");
+}

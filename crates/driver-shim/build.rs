@@ -1,12 +1,13 @@
 //! Generates the driver shim's exports from the driver's function list,
 //! `data/cuda-13.driver-functions` (made by `scripts/gen-driver-functions.py` from the
 //! CUDA headers and a real driver's export list): the names table, one gate-testing
-//! trampoline per driver function with a table of their addresses (what
+//! trampoline per driver function (an in-flight one for those that can enqueue device work) with a table of their addresses (what
 //! `cuGetProcAddress` hands out), the slow path, and the version script (unversioned, as
 //! NVIDIA's driver exports its functions; SONAME `libcuda.so.1`). Nothing is edited by hand.
 
 use shim_build::{
-    link_cdylib, names_rs, read_list, slow_path, trampolines, version_script, GateWord,
+    enqueues_device_work, in_flight_support, link_cdylib, names_rs, read_list, slow_path,
+    trampolines, version_script, GateWord, InFlight,
 };
 use std::env;
 use std::fs;
@@ -37,10 +38,15 @@ fn main() {
             &all,
             GateWord::PointerMask(PAUSED),
             Some("cudaw_driver_trampolines"),
+            Some(InFlight {
+                prefix: "cudaw_drv",
+                marked: &enqueues_device_work,
+            }),
         ),
     )
     .unwrap();
     fs::write(out.join("slow.s"), slow_path()).unwrap();
+    fs::write(out.join("inflight.s"), in_flight_support("cudaw_drv")).unwrap();
     let mut global = all.clone();
     global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
     link_cdylib(&out, &version_script(None, &global), "libcuda.so.1");

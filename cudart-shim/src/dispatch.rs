@@ -7,6 +7,8 @@
 //! what it returned, so any signature (varargs and structs by value included) passes
 //! through untouched. With tracing on ([`gate::TRACING`]) every call takes the slow path,
 //! which also hands the call's return-address slot to [`crate::tracing::enter`].
+//! The exports that can enqueue device work have in-flight trampolines instead
+//! ([`crate::inflight`]), so that pause waits for them.
 
 use crate::gate;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +42,15 @@ std::arch::global_asm!(
     options(att_syntax)
 );
 
+// The in-flight trampolines' support (shim-build's `in_flight_support`, prefix
+// `cudaw_rt`): the per-thread block, the return thunk, and their slow path, which calls
+// [`crate::inflight`]'s resolver.
+std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
+    inflight_resolve = sym crate::inflight::resolve,
+    options(att_syntax)
+);
+
 extern "C" {
     fn cudaw_slow_entry();
 }
@@ -54,12 +65,11 @@ extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
         unsupported as *const () as usize,
         || {
             INIT.call_once(initialise);
-            gate::wait_while_paused();
-            let i = index as usize;
-            let target = match TABLE.get(i).map(|t| t.load(Ordering::Acquire)) {
-                Some(0) | None => unsupported as *const () as usize,
-                Some(target) => target,
-            };
+            // A thread inside a call in flight is already waited for: never hold it.
+            if !crate::inflight::active() {
+                gate::wait_while_paused();
+            }
+            let target = target(index);
             if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
                 // SAFETY: the assembly passes the address of this export call's return
                 // address, and jumps to `target` next.
@@ -68,6 +78,24 @@ extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
             target
         },
     )
+}
+
+/// Initialises the shim (once).
+pub(crate) fn ensure_initialised() {
+    INIT.call_once(initialise);
+}
+
+/// Where export `index` goes now.
+pub(crate) fn target(index: u32) -> usize {
+    match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {
+        Some(0) | None => unsupported_address(),
+        Some(target) => target,
+    }
+}
+
+/// The stub returning `cudaErrorNotSupported`.
+pub(crate) fn unsupported_address() -> usize {
+    unsupported as *const () as usize
 }
 
 /// Loads the real runtime and fills the tables.
@@ -121,6 +149,7 @@ fn initialise() {
     }
     crate::memory::log_summary_at_exit_once();
     crate::pause::install_once();
+    crate::inflight::prepare();
     gate::mark_initialised();
 }
 

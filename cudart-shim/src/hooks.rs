@@ -12,7 +12,19 @@ extern "C" fn wait_while_paused() {
 
 extern "C" fn may_pass() -> bool {
     crate::boundary::guard("the driver shim's gate", true, || {
-        pause::in_wrapped_call() || pause::is_cudaw_thread()
+        pause::in_wrapped_call() || pause::is_cudaw_thread() || crate::inflight::active()
+    })
+}
+
+extern "C" fn inflight_register(block: *const driver::inflight::Block) {
+    crate::boundary::guard("registering a driver call in flight", (), || {
+        crate::inflight::register_foreign(block)
+    })
+}
+
+extern "C" fn inflight_unregister(block: *const driver::inflight::Block) {
+    crate::boundary::guard("unregistering a driver call in flight", (), || {
+        crate::inflight::REGISTRY.unregister(block)
     })
 }
 
@@ -53,6 +65,8 @@ static HOOKS: RuntimeHooks = RuntimeHooks {
     install_pause,
     charge,
     uncharge,
+    inflight_register,
+    inflight_unregister,
 };
 
 /// The hook table (exported; see the module docs).

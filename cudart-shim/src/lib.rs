@@ -24,6 +24,7 @@ pub mod gate;
 pub mod handles;
 pub mod hooks;
 pub mod image;
+pub mod inflight;
 pub mod log;
 pub mod memory;
 pub mod pause;

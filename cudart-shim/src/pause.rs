@@ -17,11 +17,13 @@
 //! the allocations' bytes live only in the image ([`vmm::Residency::InFile`]) and a
 //! resume loads them from it ([`Load`]).
 //!
-//! Not covered: a thread already inside a *forwarded* call (one cudaw does not wrap, such
-//! as a kernel launch in mapped addressing) when the gate closes is not waited for; the
-//! device synchronisation covers work it already queued, and a short settle
-//! ([`SETTLE`]) followed by a second synchronisation covers one that queues work just
-//! after, but nothing bounds how long such a thread may take.
+//! Calls in flight: pause waits for every call that can enqueue device work, whichever
+//! library makes it — cudaw's wrapped calls ([`enter`]) and the exports with in-flight
+//! trampolines of both the runtime shim and the driver shim ([`crate::inflight`]:
+//! launches, copies, sets, graph launches, stream memory operations, prefetches, even
+//! when merely forwarded). A thread that tested the gate just before it closed is inside
+//! such a call, and is waited for; one that tests it after sees it closed. So no work
+//! reaches the device after the synchronisation.
 
 use crate::staging::staging;
 use crate::types::*;
@@ -45,9 +47,6 @@ static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
 /// The configured signals, as the handler compares them.
 static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-/// How long pause waits after the first device synchronisation before the second.
-pub const SETTLE: Duration = Duration::from_millis(2);
-
 thread_local! {
     /// How deep the calling thread is in wrapped calls (a wrapper may call another).
     static DEPTH: Cell<usize> = const { Cell::new(0) };
@@ -68,8 +67,9 @@ pub fn enter() -> InFlight {
     if depth == 0 {
         loop {
             IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-            // Either pause sees our count, or we see its closed gate (both SeqCst).
-            if !gate::is_paused() {
+            // Either pause sees our count, or we see its closed gate (both SeqCst). A
+            // wrapped call reached through an in-flight trampoline is waited for already.
+            if !gate::is_paused() || crate::inflight::active() {
                 break;
             }
             IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
@@ -636,23 +636,32 @@ pub(crate) fn arena_demand(m: &memory::DeviceMemory) -> u64 {
         .sum()
 }
 
+/// Waits, the gate closed, until no thread is inside a wrapped call or a call in flight.
+fn wait_for_calls_in_flight(started: Instant) {
+    // Every thread's "in flight" store before its gate test is visible from here on.
+    driver::inflight::barrier();
+    let mut warned = false;
+    loop {
+        let (wrapped, marked) = (in_flight(), crate::inflight::REGISTRY.busy());
+        if wrapped == 0 && marked == 0 {
+            return;
+        }
+        if !warned && started.elapsed() > Duration::from_secs(1) {
+            log::warn(format_args!(
+                "pause: still waiting for {} call(s) in flight after 1 s",
+                wrapped + marked
+            ));
+            warned = true;
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
 /// Pauses; on failure the process runs on as before.
 pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     let started = Instant::now();
     gate::close();
-    let mut warned = false;
-    while in_flight() > 0 {
-        if !warned && started.elapsed() > Duration::from_secs(1) {
-            log::warn(format_args!(
-                "pause: still waiting for {} call(s) in flight after 1 s",
-                in_flight()
-            ));
-            warned = true;
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-    synchronise_all();
-    std::thread::sleep(SETTLE);
+    wait_for_calls_in_flight(started);
     synchronise_all();
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().resident)

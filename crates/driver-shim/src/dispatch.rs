@@ -50,6 +50,14 @@ std::arch::global_asm!(
     options(att_syntax)
 );
 
+// The in-flight trampolines' support (prefix `cudaw_drv`): the per-thread block, the
+// return thunk and their slow path ([`crate::inflight`]).
+std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
+    inflight_resolve = sym crate::inflight::resolve,
+    options(att_syntax)
+);
+
 extern "C" {
     fn cudaw_driver_slow_entry();
     /// Every trampoline's address, in [`ALL_NAMES`] order (defined in `trampolines.s`).
@@ -71,13 +79,26 @@ extern "C" fn slow_resolve(index: u32) -> usize {
         unsupported as *const () as usize,
         || {
             ensure_initialised();
-            crate::runtime::wait_if_paused();
-            match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {
-                Some(0) | None => unsupported as *const () as usize,
-                Some(target) => target,
+            // A thread inside a call in flight is already waited for: never hold it.
+            if !crate::inflight::active() {
+                crate::runtime::wait_if_paused();
             }
+            target(index)
         },
     )
+}
+
+/// Where function `index` goes now.
+pub(crate) fn target(index: u32) -> usize {
+    match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {
+        Some(0) | None => unsupported_address(),
+        Some(target) => target,
+    }
+}
+
+/// The stub returning `CUDA_ERROR_NOT_SUPPORTED`.
+pub(crate) fn unsupported_address() -> usize {
+    unsupported as *const () as usize
 }
 
 /// Initialises this library (once), then the runtime shim's pause machinery.

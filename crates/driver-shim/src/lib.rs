@@ -38,6 +38,13 @@
 //!   the device through the real runtime while pausing). So a launch from cuBLAS or Triton,
 //!   and any driver call of the real `libcudart` on behalf of a call the runtime shim
 //!   merely forwards, waits until resume.
+//! - **Calls in flight** ([`inflight`]): the functions that can enqueue device work
+//!   (`cuLaunch*`, `cuMemcpy*`, `cuMemset*`, `cuGraphLaunch*`, `cuStreamWaitValue*`,
+//!   `cuStreamWriteValue*`, `cuStreamBatchMemOp*`, `cuMemPrefetch*`, `cuMemDiscard*`) have
+//!   in-flight trampolines: a per-thread word set before the gate test and cleared by a
+//!   return thunk, registered with the runtime shim, whose pause waits until every word is
+//!   clear before it synchronises. A launch that passed the gate just before it closed is
+//!   thus finished queuing before the device is synchronised and its memory evicted.
 //! - **`cuGetProcAddress`** (both versions) and, through the real runtime, which asks this
 //!   library, `cudaGetDriverEntryPoint*`: the real driver answers, then the pointer it
 //!   returned is looked up among the real driver's exports (it is always one of them: on
@@ -73,6 +80,7 @@
 
 pub mod boundary;
 pub mod dispatch;
+pub mod inflight;
 pub mod launch;
 pub mod log;
 pub mod memory;

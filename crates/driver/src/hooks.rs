@@ -41,8 +41,8 @@ pub struct RuntimeHooks {
     /// Blocks the calling thread while the gate is closed for pause.
     pub wait_while_paused: extern "C" fn(),
     /// Whether the calling thread must not wait at a closed gate: it is inside one of the
-    /// runtime shim's wrapped calls (which pause waits for), or is one of cudaw's own
-    /// threads (the control thread, which pauses). Such a thread's allocations are the
+    /// runtime shim's wrapped calls or of its calls in flight (which pause waits for), or
+    /// is one of cudaw's own threads (the control thread, which pauses). Such a thread's allocations are the
     /// runtime shim's to account, never the driver shim's.
     pub may_pass: extern "C" fn() -> bool,
     /// Installs the pause signals and the control socket if not yet done (a program that
@@ -54,6 +54,11 @@ pub struct RuntimeHooks {
     pub charge: extern "C" fn(ordinal: i32, bytes: u64) -> i32,
     /// Gives back a charge made with `charge`.
     pub uncharge: extern "C" fn(ordinal: i32, bytes: u64),
+    /// Registers a thread's in-flight block of the driver shim ([`crate::inflight`]) where
+    /// pause reads it; the block stays alive until `inflight_unregister`.
+    pub inflight_register: extern "C" fn(block: *const crate::inflight::Block),
+    /// Unregisters a block (its thread is ending).
+    pub inflight_unregister: extern "C" fn(block: *const crate::inflight::Block),
 }
 
 // SAFETY: the gate pointer is to a static atomic, and the functions are thread safe.

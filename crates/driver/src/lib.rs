@@ -12,6 +12,7 @@ pub mod api;
 pub mod backend;
 pub mod error;
 pub mod hooks;
+pub mod inflight;
 pub mod loader;
 pub mod locate;
 pub mod staging;

@@ -14,6 +14,47 @@
 //! 1:     movl $i, %r11d              ; the slow path learns which export it is
 //!        jmp SLOW
 //! ```
+//!
+//! # Calls in flight
+//!
+//! A pause must wait for every call that can enqueue device work ([`enqueues_device_work`]:
+//! launches, copies, sets, graph launches, stream memory operations, prefetches), whichever
+//! library makes it, or the work could reach the device after the pause's synchronisation.
+//! Those exports get an *in-flight* trampoline instead ([`trampolines`]' `in_flight`):
+//! before testing the gate it sets a per-thread word (`PREFIX_inflight_tls`, static TLS,
+//! reached through `%fs`) to "in flight", and when the gate is open it saves the caller's
+//! return address beside that word and replaces it with a return thunk
+//! (`PREFIX_inflight_return`) that clears the word after the real call returns and jumps
+//! back. The word's states: [`IDLE`], [`IN_FLIGHT`], and [`UNREGISTERED`] (its initial
+//! value in every new thread: the first call takes the slow path, which registers the
+//! word where pause can read it). A call made while the thread's word is already "in
+//! flight" (a nested call) jumps straight on: the outer call covers the thread. Every
+//! other case (gate not open, first call of a thread) goes to `PREFIX_inflight_slow`,
+//! which calls `{inflight_resolve}(index, slot)` as the slow path does ([`in_flight_support`]).
+//!
+//! ```text
+//! NAME:  movq PREFIX_inflight_tls@gottpoff(%rip), %r11
+//!        cmpq $0, %fs:(%r11)          ; not idle: nested, or the thread's first call
+//!        jne 2f
+//!        movq $1, %fs:(%r11)          ; in flight, *then* test the gate (pause fences)
+//!        cmpl $0, GATE(%rip)
+//!        jne 3f
+//!        pushq (%rsp)                 ; save the return address in the thread's block
+//!        popq %fs:8(%r11)
+//!        leaq PREFIX_inflight_return(%rip), %r11
+//!        movq %r11, (%rsp)
+//!        jmp *(TABLE+8*i)(%rip)
+//! 2:     cmpq $1, %fs:(%r11)
+//!        je 4f
+//! 3:     movl $i, %r11d
+//!        jmp PREFIX_inflight_slow
+//! 4:     jmp *(TABLE+8*i)(%rip)
+//! ```
+//!
+//! Pause closes the gate, then issues `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (a
+//! full barrier on every running thread of the process), then reads every registered
+//! word: a thread either had its "in flight" visible by then, or it tests the gate after
+//! the barrier and sees it closed. The hot path thus carries no fence.
 #![deny(missing_docs)]
 
 use std::fmt::Write as _;
@@ -81,6 +122,7 @@ pub fn trampolines(
     exported: &[String],
     gate: GateWord,
     address_table: Option<&str>,
+    in_flight: Option<InFlight<'_>>,
 ) -> String {
     let mut asm = String::new();
     writeln!(asm, ".pushsection .text.cudaw_trampolines,\"ax\",@progbits").unwrap();
@@ -94,6 +136,22 @@ pub fn trampolines(
         let i = all
             .binary_search(name)
             .unwrap_or_else(|_| panic!("{name} is exported but not in the names table"));
+        if let Some(f) = in_flight.filter(|f| (f.marked)(name)) {
+            let p = f.prefix;
+            let tls = format!("    movq {p}_inflight_tls@gottpoff(%rip), %r11");
+            // The pointer form of the gate test uses %r11: reload the word's offset after.
+            let reload = match gate {
+                GateWord::Direct => String::new(),
+                GateWord::PointerMask(_) => format!("{tls}\n"),
+            };
+            writeln!(
+                asm,
+                ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{tls}\n    cmpq ${IDLE}, %fs:(%r11)\n    jne 2f\n    movq ${IN_FLIGHT}, %fs:(%r11)\n{test}\n    jne 3f\n{reload}    pushq (%rsp)\n    popq %fs:8(%r11)\n    leaq {p}_inflight_return(%rip), %r11\n    movq %r11, (%rsp)\n    jmp *({{table}}+{off})(%rip)\n2:  cmpq ${IN_FLIGHT}, %fs:(%r11)\n    je 4f\n3:  movl ${i}, %r11d\n    jmp {p}_inflight_slow\n4:  jmp *({{table}}+{off})(%rip)\n.size {name}, .-{name}",
+                off = i * 8
+            )
+            .unwrap();
+            continue;
+        }
         writeln!(
             asm,
             ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{test}\n    jne 1f\n    jmp *({{table}}+{off})(%rip)\n1:  movl ${i}, %r11d\n    jmp {{slow}}\n.size {name}, .-{name}",
@@ -129,6 +187,11 @@ pub fn trampolines(
 /// jumps to the address it returned. The stack is 16-byte aligned at the call. `{entry}`
 /// names the slow path itself.
 pub fn slow_path() -> String {
+    slow_path_named("{entry}", "{resolve}")
+}
+
+/// The slow path's body, entered at `entry`, calling `resolve`.
+fn slow_path_named(entry: &str, resolve: &str) -> String {
     [
         ".pushsection .text.cudaw_slow,\"ax\",@progbits",
         ".p2align 4",
@@ -181,6 +244,110 @@ pub fn slow_path() -> String {
         "",
     ]
     .join("\n")
+    .replace("{entry}", entry)
+    .replace("{resolve}", resolve)
+}
+
+/// A thread's in-flight word: no marked call of this library in progress.
+pub const IDLE: u64 = 0;
+/// A thread's in-flight word: a marked call is in progress (or about to test the gate).
+pub const IN_FLIGHT: u64 = 1;
+/// A thread's in-flight word before its first marked call: not yet registered.
+pub const UNREGISTERED: u64 = 2;
+
+/// Which exports get an in-flight trampoline, and the prefix of the symbols of
+/// [`in_flight_support`] they use.
+#[derive(Clone, Copy)]
+pub struct InFlight<'a> {
+    /// Symbol prefix (one per library, so that two libraries linked into one test binary
+    /// never clash): `PREFIX_inflight_tls`, `PREFIX_inflight_return`, `PREFIX_inflight_slow`,
+    /// `PREFIX_inflight_block`.
+    pub prefix: &'a str,
+    /// Whether the export gets an in-flight trampoline.
+    pub marked: &'a dyn Fn(&str) -> bool,
+}
+
+/// Whether a call of this export (driver `cu*` or runtime `cuda*`) can enqueue device
+/// work that reads or writes device memory: the calls a pause must wait for.
+pub fn enqueues_device_work(name: &str) -> bool {
+    const PREFIXES: [&str; 16] = [
+        "cuLaunch",
+        "cuMemcpy",
+        "cuMemset",
+        "cuGraphLaunch",
+        "cuStreamWaitValue",
+        "cuStreamWriteValue",
+        "cuStreamBatchMemOp",
+        "cuMemPrefetch",
+        "cuMemDiscard",
+        "cudaLaunch",
+        "__cudaLaunch",
+        "cudaMemcpy",
+        "cudaMemset",
+        "cudaGraphLaunch",
+        "cudaMemPrefetch",
+        "cudaMemDiscard",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// `inflight.s`, for the in-flight trampolines of [`trampolines`] with this `prefix`:
+///
+/// - `PREFIX_inflight_tls`: the per-thread block (initial-exec TLS), the word
+///   (initially [`UNREGISTERED`]) and the saved return address;
+/// - `PREFIX_inflight_return`: the return thunk; it keeps the return registers, sets the
+///   word to [`IDLE`] and jumps to the saved return address;
+/// - `PREFIX_inflight_slow`: the slow path ([`slow_path`]'s body) calling
+///   `{inflight_resolve}(index, slot)`, a Rust `extern "C" fn(u32, *mut usize) -> usize`
+///   that finds the word [`IN_FLIGHT`] (gate not open) or [`UNREGISTERED`], and must leave
+///   it [`IN_FLIGHT`] with the return address saved and the thunk in `*slot` (or [`IDLE`]
+///   / [`UNREGISTERED`] and `*slot` untouched) before returning the target;
+/// - `PREFIX_inflight_block`: `extern "C" fn() -> *mut u64`, the calling thread's block.
+pub fn in_flight_support(prefix: &str) -> String {
+    let p = prefix;
+    let mut s = format!(
+        ".pushsection .tdata.{p}_inflight,\"awT\",@progbits
+.p2align 4
+.globl {p}_inflight_tls
+.hidden {p}_inflight_tls
+.type {p}_inflight_tls,@object
+.size {p}_inflight_tls,16
+{p}_inflight_tls:
+    .quad {UNREGISTERED}
+    .quad 0
+.popsection
+.pushsection .text.cudaw_inflight,\"ax\",@progbits
+.p2align 4
+.globl {p}_inflight_return
+.hidden {p}_inflight_return
+.type {p}_inflight_return,@function
+{p}_inflight_return:
+    movq {p}_inflight_tls@gottpoff(%rip), %r11
+    pushq %fs:8(%r11)
+    movq ${IDLE}, %fs:(%r11)
+    popq %r11
+    jmp *%r11
+.size {p}_inflight_return, .-{p}_inflight_return
+.p2align 4
+.globl {p}_inflight_block
+.hidden {p}_inflight_block
+.type {p}_inflight_block,@function
+{p}_inflight_block:
+    movq {p}_inflight_tls@gottpoff(%rip), %rax
+    addq %fs:0, %rax
+    ret
+.size {p}_inflight_block, .-{p}_inflight_block
+.popsection
+"
+    );
+    s.push_str(&format!(
+        ".globl {p}_inflight_slow\n.hidden {p}_inflight_slow\n"
+    ));
+    s.push_str(&slow_path_named(
+        &format!("{p}_inflight_slow"),
+        "{inflight_resolve}",
+    ));
+    s
 }
 
 /// The linker version script: `names` global (under `node`, or unversioned when `None`),
@@ -219,12 +386,75 @@ mod tests {
     #[test]
     fn trampolines_index_the_sorted_table() {
         let all = v(&["a", "b", "c"]);
-        let asm = trampolines(&all, &v(&["a", "c"]), GateWord::Direct, None);
+        let asm = trampolines(&all, &v(&["a", "c"]), GateWord::Direct, None, None);
         assert!(asm.contains("c:\ncudaw_t2:\n    cmpl $0, {gate}(%rip)\n    jne 1f\n    jmp *({table}+16)(%rip)\n1:  movl $2, %r11d"));
         assert!(!asm.contains("\nb:"));
-        let asm = trampolines(&all, &v(&["a", "c"]), GateWord::PointerMask(2), Some("tt"));
+        let asm = trampolines(
+            &all,
+            &v(&["a", "c"]),
+            GateWord::PointerMask(2),
+            Some("tt"),
+            None,
+        );
         assert!(asm.contains("mov {gate}(%rip), %r11\n    testl $2, (%r11)"));
         assert!(asm.contains("tt:\n    .quad cudaw_t0\n    .quad 0\n    .quad cudaw_t2\n"));
+    }
+
+    #[test]
+    fn marked_exports_get_in_flight_trampolines() {
+        let all = v(&["cuLaunchKernel", "cuMemAlloc"]);
+        let marked = |n: &str| enqueues_device_work(n);
+        let f = InFlight {
+            prefix: "px",
+            marked: &marked,
+        };
+        let asm = trampolines(&all, &all, GateWord::PointerMask(2), None, Some(f));
+        // The launch: word set before the gate test, offset reloaded after it.
+        assert!(asm.contains("cuLaunchKernel:\ncudaw_t0:\n    movq px_inflight_tls@gottpoff(%rip), %r11\n    cmpq $0, %fs:(%r11)\n    jne 2f\n    movq $1, %fs:(%r11)\n    mov {gate}(%rip), %r11\n    testl $2, (%r11)\n    jne 3f\n    movq px_inflight_tls@gottpoff(%rip), %r11\n    pushq (%rsp)\n    popq %fs:8(%r11)\n    leaq px_inflight_return(%rip), %r11"));
+        assert!(asm
+            .contains("3:  movl $0, %r11d\n    jmp px_inflight_slow\n4:  jmp *({table}+0)(%rip)"));
+        // The allocation: the plain trampoline.
+        assert!(asm.contains(
+            "cuMemAlloc:\ncudaw_t1:\n    mov {gate}(%rip), %r11\n    testl $2, (%r11)\n    jne 1f"
+        ));
+        let support = in_flight_support("px");
+        for sym in [
+            "px_inflight_tls:",
+            "px_inflight_return:",
+            "px_inflight_block:",
+            "px_inflight_slow:",
+            "call {inflight_resolve}",
+        ] {
+            assert!(support.contains(sym), "{sym}");
+        }
+        assert!(!support.contains("{entry}"));
+    }
+
+    #[test]
+    fn device_work_is_named_by_prefix() {
+        for n in [
+            "cuLaunchKernel_ptsz",
+            "cuMemcpyHtoDAsync_v2",
+            "cuMemsetD32Async",
+            "cuGraphLaunch",
+            "cuStreamWaitValue32_v2",
+            "cuMemPrefetchAsync",
+            "cudaLaunchKernel",
+            "cudaMemcpyAsync",
+            "cudaGraphLaunch_ptsz",
+            "__cudaLaunchKernel",
+        ] {
+            assert!(enqueues_device_work(n), "{n}");
+        }
+        for n in [
+            "cuMemAlloc_v2",
+            "cuCtxSynchronize",
+            "cudaMalloc",
+            "cudaStreamSynchronize",
+            "cuGraphInstantiate",
+        ] {
+            assert!(!enqueues_device_work(n), "{n}");
+        }
     }
 
     #[test]

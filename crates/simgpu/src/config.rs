@@ -24,6 +24,23 @@ impl Config {
     }
 }
 
+/// `SIMGPU_LAUNCH_DELAY_US`: how long every kernel launch waits, inside the call, between
+/// reading its arguments and queuing the kernel (0: none; read once). Widens the window in
+/// which a launch is "in the driver", for tests of what waits for calls in flight.
+pub fn launch_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let us = match std::env::var("SIMGPU_LAUNCH_DELAY_US") {
+            Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+                eprintln!("simgpu: SIMGPU_LAUNCH_DELAY_US={text:?} is not a number of microseconds; using 0");
+                0
+            }),
+            Err(_) => 0,
+        };
+        std::time::Duration::from_micros(us)
+    })
+}
+
 /// Parses `8G`, `512M`, `64K`, `1T`, `4096` (binary units; an optional trailing `B`/`iB`).
 pub fn parse_size(text: &str) -> Option<u64> {
     let t = text.trim();

@@ -285,6 +285,11 @@ impl Kernel {
 /// Every kernel simgpu knows, by mangled name.
 pub static KERNELS: &[Kernel] = &[
     Kernel {
+        name: "_Z5emptyv",
+        declaration: "empty() (launch_loop's benchmark kernel)",
+        prepare: empty,
+    },
+    Kernel {
         name: "_Z10vector_addPKfS0_Pfi",
         declaration: "vector_add(const float* a, const float* b, float* c, int n)",
         prepare: vector_add,
@@ -507,6 +512,11 @@ unsafe fn fill(name: &'static str, l: &Launch, args: *const *const c_void) -> Wo
         // SAFETY: every index below is in the checked region.
         l.each_index(n, |i| unsafe { v.set(i, base.wrapping_add(i as i32)) })
     })
+}
+
+/// CUDA: `{}` (tests/cuda/gpu/launch_loop.cu: launches cost, nothing else).
+unsafe fn empty(name: &'static str, _l: &Launch, _args: *const *const c_void) -> Work {
+    Work::new(name, Vec::new(), || {})
 }
 
 /// CUDA: `if (i < n) acc[i] += a[i];`

@@ -9,7 +9,8 @@
 //! threads, so asynchronous work is really asynchronous.
 //!
 //! Environment: `SIMGPU_MEM` (device memory size, e.g. `8G`, `512M`; default 16G), read
-//! once at `cuInit`.
+//! once at `cuInit`; `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
+//! call before queuing its kernel: tests widen the window of a launch in flight).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 

@@ -549,6 +549,10 @@ pub(crate) unsafe fn launch(
             }
         }
     });
+    let delay = crate::config::launch_delay();
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
+    }
     device.streams.enqueue(stream, task)?;
     Ok(())
 }

@@ -1,0 +1,81 @@
+//! Calls in flight (`driver::inflight`): the driver functions that can enqueue device work
+//! (launches, copies, sets, graph launches, stream memory operations, prefetches:
+//! `shim-build`'s `enqueues_device_work`) have in-flight trampolines, and this module is
+//! their slow path. Each thread's block is registered with the runtime shim (through its
+//! hooks), whose pause waits until no registered thread has such a call in flight; with
+//! no runtime shim in the process there is no pause, and nothing is registered.
+
+use crate::{dispatch, runtime};
+use driver::inflight::{self, Block, Gate};
+use std::sync::atomic::Ordering;
+
+extern "C" {
+    /// The calling thread's block (`shim-build`'s `in_flight_support`, prefix `cudaw_drv`).
+    fn cudaw_drv_inflight_block() -> *const Block;
+    /// The return thunk of the in-flight trampolines (never called directly).
+    fn cudaw_drv_inflight_return();
+}
+
+/// The calling thread's block.
+fn block() -> &'static Block {
+    // SAFETY: the accessor returns the address of the calling thread's static TLS block,
+    // which lives as long as the thread; the reference is used on this thread only.
+    unsafe { &*cudaw_drv_inflight_block() }
+}
+
+/// Whether the calling thread is inside one of this library's calls in flight.
+pub fn active() -> bool {
+    block().in_flight()
+}
+
+fn unregister(b: *const Block) {
+    if let Some(h) = runtime::hooks() {
+        (h.inflight_unregister)(b);
+    }
+}
+
+/// The slow path of the in-flight trampolines: `index` is the function's, `slot` the
+/// address of the caller's return address.
+pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
+    let b = block();
+    let entered = std::cell::Cell::new(false);
+    let target = crate::boundary::guard(
+        "the driver's in-flight slow path",
+        dispatch::unsupported_address(),
+        || {
+            dispatch::ensure_initialised();
+            let hooks = runtime::hooks();
+            let paused = runtime::is_paused;
+            let may_pass = || hooks.is_none_or(|h| (h.may_pass)());
+            let wait = || {
+                if let Some(h) = hooks {
+                    (h.wait_while_paused)();
+                }
+            };
+            let register = |b: &Block| match hooks {
+                Some(h) => inflight::register_until_thread_exit(
+                    b,
+                    &|p| (h.inflight_register)(p),
+                    unregister,
+                ),
+                None => true,
+            };
+            let g = Gate {
+                paused: &paused,
+                may_pass: &may_pass,
+                wait: &wait,
+                register: &register,
+            };
+            let thunk = cudaw_drv_inflight_return as *const () as usize;
+            // SAFETY: the trampoline passes this call's return-address slot, and jumps to
+            // the target next; `b` is this thread's block.
+            entered.set(unsafe { inflight::enter(b, slot, thunk, &g) });
+            dispatch::target(index)
+        },
+    );
+    if !entered.get() && b.in_flight() {
+        // A panic before the thunk was in place: nothing will clear the word but this.
+        b.word.store(inflight::IDLE, Ordering::SeqCst);
+    }
+    target
+}

@@ -1,0 +1,95 @@
+//! Calls in flight (`driver::inflight`): the runtime shim's exports that can enqueue device
+//! work (launches, copies, sets, graph launches, prefetches: `shim-build`'s
+//! `enqueues_device_work`) have in-flight trampolines, and this module is their slow
+//! path. It also keeps the process's registry of every thread's in-flight words — this
+//! library's and the driver shim's (registered through the hooks) — which pause reads
+//! ([`wait_idle`]).
+
+use crate::{dispatch, gate, pause};
+use driver::inflight::{self, Block, Gate, Registry};
+use std::sync::atomic::Ordering;
+
+/// Every thread's in-flight block, of both libraries.
+pub static REGISTRY: Registry = Registry::new();
+
+extern "C" {
+    /// The calling thread's block (`shim-build`'s `in_flight_support`, prefix `cudaw_rt`).
+    fn cudaw_rt_inflight_block() -> *const Block;
+    /// The return thunk of the in-flight trampolines (never called directly).
+    fn cudaw_rt_inflight_return();
+}
+
+/// The calling thread's block.
+fn block() -> &'static Block {
+    // SAFETY: the accessor returns the address of the calling thread's static TLS block,
+    // which lives as long as the thread; the reference is used on this thread only.
+    unsafe { &*cudaw_rt_inflight_block() }
+}
+
+/// Whether the calling thread is inside one of this library's calls in flight.
+pub fn active() -> bool {
+    block().in_flight()
+}
+
+fn unregister(b: *const Block) {
+    REGISTRY.unregister(b);
+}
+
+/// The registry's side of the driver shim's hooks.
+pub fn register_foreign(b: *const Block) {
+    REGISTRY.register(b);
+}
+
+/// The slow path of the in-flight trampolines: `index` is the export's, `slot` the address
+/// of the caller's return address.
+pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
+    let b = block();
+    let entered = std::cell::Cell::new(false);
+    let target = crate::boundary::guard(
+        "the in-flight slow path",
+        dispatch::unsupported_address(),
+        || {
+            dispatch::ensure_initialised();
+            let paused = gate::is_paused;
+            let may_pass = || pause::in_wrapped_call() || pause::is_cudaw_thread();
+            let register = |b: &Block| {
+                inflight::register_until_thread_exit(b, &|p| REGISTRY.register(p), unregister)
+            };
+            let g = Gate {
+                paused: &paused,
+                may_pass: &may_pass,
+                wait: &gate::wait_while_paused,
+                register: &register,
+            };
+            let thunk = cudaw_rt_inflight_return as *const () as usize;
+            // SAFETY: the trampoline passes this call's return-address slot, and jumps to
+            // the target next; `b` is this thread's block.
+            entered.set(unsafe { inflight::enter(b, slot, thunk, &g) });
+            let target = dispatch::target(index);
+            if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
+                // SAFETY: as above; the trace thunk returns into ours.
+                unsafe { crate::tracing::enter(index, slot) };
+            }
+            target
+        },
+    );
+    if !entered.get() && b.in_flight() {
+        // A panic before the thunk was in place: nothing will clear the word but this.
+        b.word.store(inflight::IDLE, Ordering::SeqCst);
+    }
+    target
+}
+
+/// Threads registered (that made at least one call in flight).
+pub fn threads() -> usize {
+    REGISTRY.len()
+}
+
+/// Prepares the barrier (once, at initialisation).
+pub fn prepare() {
+    if !inflight::prepare_barrier() {
+        crate::log::info(format_args!(
+            "membarrier is unavailable; pause fences with a page-protection change instead"
+        ));
+    }
+}
