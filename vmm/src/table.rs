@@ -162,7 +162,7 @@ struct Index {
     classes: Vec<Class>,
     regions: Vec<Region>,
     /// Allocation cells (`size == 0`: free), indexed by `u32`.
-    cells: Vec<Allocation>,
+    cells: Vec<Cell>,
     free_cells: Vec<u32>,
     /// Slot → cell (`NONE`: empty slot); each shared chunk owns `count` consecutive slots.
     slots: Vec<u32>,
@@ -173,7 +173,12 @@ struct Index {
     len: usize,
 }
 
-const FREE_CELL: Allocation = Allocation {
+/// An allocation on a cache line of its own: a lookup touches one line for it.
+#[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
+struct Cell(Allocation);
+
+const FREE_CELL: Cell = Cell(Allocation {
     id: AllocationId(u64::MAX),
     base: 0,
     size: 0,
@@ -181,7 +186,7 @@ const FREE_CELL: Allocation = Allocation {
     order: 0,
     tag: 0,
     residency: Residency::Resident,
-};
+});
 
 impl Index {
     fn new(unit: u64, chunk: u64, class_sizes: &[u64]) -> Self {
@@ -249,7 +254,7 @@ impl Index {
                     cell
                 }
             };
-            let a = &self.cells[cell as usize];
+            let a = &self.cells[cell as usize].0;
             // The unit (large) or slot (slab) starts at or before the allocation's base.
             return (ptr >= a.base && ptr < a.end()).then_some(cell);
         }
@@ -258,7 +263,7 @@ impl Index {
 
     #[inline]
     fn find(&self, ptr: u64) -> Option<&Allocation> {
-        self.find_cell(ptr).map(|c| &self.cells[c as usize])
+        self.find_cell(ptr).map(|c| &self.cells[c as usize].0)
     }
 
     /// The directory entries of `units` units from `ptr` (a unit boundary), grown as needed.
@@ -288,11 +293,11 @@ impl Index {
     fn new_cell(&mut self, a: Allocation) -> u32 {
         match self.free_cells.pop() {
             Some(i) => {
-                self.cells[i as usize] = a;
+                self.cells[i as usize] = Cell(a);
                 i
             }
             None => {
-                self.cells.push(a);
+                self.cells.push(Cell(a));
                 u32::try_from(self.cells.len() - 1).expect("fewer than 2^32 allocations")
             }
         }
@@ -377,12 +382,12 @@ impl Index {
     /// The cell of the allocation based at `base`.
     fn cell_of(&self, base: u64) -> Option<u32> {
         self.find_cell(base)
-            .filter(|&c| self.cells[c as usize].base == base)
+            .filter(|&c| self.cells[c as usize].0.base == base)
     }
 
     fn remove(&mut self, base: u64) -> Option<Allocation> {
         let cell = self.cell_of(base)?;
-        let a = std::mem::replace(&mut self.cells[cell as usize], FREE_CELL);
+        let a = std::mem::replace(&mut self.cells[cell as usize], FREE_CELL).0;
         self.free_cells.push(cell);
         self.len -= 1;
         let e = self.entry(base).expect("a found allocation has an entry");
@@ -498,7 +503,7 @@ impl AllocationTable {
     pub(crate) fn update(&self, base: u64, f: impl FnOnce(&mut Allocation)) {
         let mut index = self.index.write();
         if let Some(cell) = index.cell_of(base) {
-            let a = &mut index.cells[cell as usize];
+            let a = &mut index.cells[cell as usize].0;
             let before = (a.base, a.size);
             f(a);
             debug_assert_eq!(
@@ -522,7 +527,12 @@ impl AllocationTable {
     /// Every allocation, by address, under one read lock.
     pub fn to_vec(&self) -> Vec<Allocation> {
         let index = self.index.read();
-        let mut v: Vec<Allocation> = index.cells.iter().filter(|a| a.size > 0).copied().collect();
+        let mut v: Vec<Allocation> = index
+            .cells
+            .iter()
+            .filter(|c| c.0.size > 0)
+            .map(|c| c.0)
+            .collect();
         v.sort_unstable_by_key(|a| a.base);
         v
     }
