@@ -443,19 +443,40 @@ impl AllocationTable {
     }
 
     /// Adds `[base, base + size)` to the address space the table indexes (a reservation,
-    /// or the translated range); offsets in it are counted in units from `base`. A region adjacent to an
-    /// existing one extends it, so an allocation may span both.
+    /// or the translated range); offsets in it are counted in units from `base`. A region
+    /// adjacent to existing ones (below, above or between) is merged with them, so an
+    /// allocation the range allocator carved across the seam is indexed whole; regions
+    /// other than the last of the address space are whole units.
     pub(crate) fn add_region(&self, base: u64, size: u64) {
         let mut index = self.index.write();
-        if let Some(r) = index.regions.iter_mut().find(|r| r.base + r.size == base) {
-            r.size += size;
-        } else {
-            index.regions.push(Region {
-                base,
-                size,
-                dir: Vec::new(),
-            });
+        let shift = index.shift;
+        let mut new = Region {
+            base,
+            size,
+            dir: Vec::new(),
+        };
+        let joined = |lo: Region, hi: Region| {
+            let mut dir = lo.dir;
+            if !hi.dir.is_empty() {
+                dir.resize((lo.size >> shift) as usize, Entry::default());
+                dir.extend(hi.dir);
+            }
+            Region {
+                base: lo.base,
+                size: lo.size + hi.size,
+                dir,
+            }
+        };
+        if let Some(i) = index.regions.iter().position(|r| r.base + r.size == base) {
+            let lo = index.regions.swap_remove(i);
+            new = joined(lo, new);
         }
+        let end = new.base + new.size;
+        if let Some(i) = index.regions.iter().position(|r| r.base == end) {
+            let hi = index.regions.swap_remove(i);
+            new = joined(new, hi);
+        }
+        index.regions.push(new);
     }
 
     /// Forgets every region (the table must be empty).
@@ -662,8 +683,32 @@ mod tests {
         t.insert(big, Placement::Own);
         assert_eq!(t.lookup(base + 9 * unit + 5).map(|x| x.id), Some(big.id));
         assert_eq!(t.lookup(base + 10 * unit), None);
-        t.remove(big.base);
-        t.remove(a.base);
+        // A region below, then one filling the hole between two: all one region.
+        t.add_region(base - 4 * unit, 4 * unit);
+        t.add_region(base + 20 * unit, 4 * unit);
+        let c = alloc(base + 22 * unit, 100);
+        t.insert(c, Placement::Own);
+        t.add_region(base + 16 * unit, 4 * unit);
+        assert_eq!(t.index.read().regions.len(), 1);
+        let d = alloc(base - 4 * unit, 2 * unit);
+        t.insert(d, Placement::Own);
+        let e = alloc(base + 15 * unit, 6 * unit);
+        t.insert(e, Placement::Own);
+        for (x, ptr) in [
+            (a, chunk + 2 * unit),
+            (big, base + 8 * unit),
+            (c, c.base + 99),
+        ] {
+            assert_eq!(t.lookup(ptr).map(|y| y.id), Some(x.id));
+        }
+        for (x, ptr) in [(d, base - 3 * unit), (e, base + 20 * unit + 7)] {
+            assert_eq!(t.lookup(ptr).map(|y| y.id), Some(x.id));
+        }
+        assert_eq!(t.lookup(base - 2 * unit), None);
+        assert_eq!(t.lookup(base - 4 * unit - 1), None);
+        for x in [big, a, c, d, e] {
+            assert_eq!(t.remove(x.base), Some(x));
+        }
         assert_eq!(t.directory_units_in_use(), 0);
     }
 }
