@@ -65,7 +65,8 @@ pub struct Config {
     pub chunking: ChunkPolicy,
     /// First address of the synthetic range of translated addressing (256-byte aligned).
     pub translated_base: u64,
-    /// Size in bytes of the synthetic range of translated addressing.
+    /// Size in bytes of the synthetic range of translated addressing (at least 2 MiB; it is
+    /// used in whole 2 MiB units from `translated_base`).
     pub translated_size: u64,
 }
 

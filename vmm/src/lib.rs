@@ -11,7 +11,13 @@
 //!   and mapped when a chunk is first needed and released when no allocation uses it.
 //! - **Translated addressing**: pointers come from a synthetic range; each allocation is
 //!   backed by [`Backend::alloc_linear`], and [`Vmm::translate`] gives the backing of any
-//!   interior (or one-past-the-end) pointer.
+//!   interior (or one-past-the-end) pointer. Small allocations share 2 MiB virtual chunks
+//!   per slab class (as in mapped addressing, with no physical chunk behind them), larger
+//!   ones get whole 2 MiB units; each keeps at least 256 bytes of gap after its end.
+//! - **Lookup** ([`AllocationTable`]): one flat directory entry per granule (2 MiB unit in
+//!   translated addressing) of each reservation, either one large allocation or a shared
+//!   chunk's slots; address → allocation is a shift, an index and a multiply-shift
+//!   division, independent of the number of allocations.
 //! - **Residency**: [`Vmm::evict`] / [`Vmm::evict_all`] copy allocations out through a
 //!   caller's [`Staging`] (a batch at a time) and release physical memory no resident
 //!   allocation needs; [`Vmm::restore`] / [`Vmm::restore_all`] re-create it at the same
