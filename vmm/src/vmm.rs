@@ -1581,7 +1581,8 @@ impl<B: Backend> Vmm<B> {
             let reservations = std::mem::take(&mut st.reservations);
             let mut space = RangeAllocator::new();
             if self.config.addressing == Addressing::Translated {
-                space.free(self.config.translated_base, self.config.translated_size);
+                let units = self.config.translated_size / TRANSLATED_UNIT * TRANSLATED_UNIT;
+                space.free(self.config.translated_base, units);
             }
             st.space = space;
             st.stats.reserved = 0;
