@@ -52,6 +52,24 @@ fn wait_for(rx: &Receiver<String>, what: &str, seen: &mut Vec<String>) -> String
     }
 }
 
+/// As [`wait_for`], but `false` when the stream ends first (the program exited).
+fn wait_for_or_exit(rx: &Receiver<String>, what: &str, seen: &mut Vec<String>) -> bool {
+    loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => {
+                seen.push(line.clone());
+                if line.contains(what) {
+                    return true;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return false,
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("no line with {what:?}; so far:\n{}", seen.join("\n"))
+            }
+        }
+    }
+}
+
 #[test]
 fn launches_fetched_through_cu_get_proc_address_are_counted_by_name() {
     let Some((exe, module)) = program() else {
@@ -112,7 +130,18 @@ fn a_driver_launch_waits_while_paused() {
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
     wait_for(&log, "paused: ", &mut seen_log);
-    // A launch that was already past the gate may still report; after it, nothing may.
+    // Lines the program wrote before the pause may still be on their way to this test (the
+    // signal can land several launches after "launched 2" on a loaded machine, and stdout
+    // and the log are read by different threads): take what arrives within 300 ms as
+    // written before the pause. A launch that was already past the gate may still report;
+    // after it, nothing may.
+    loop {
+        match out.recv_timeout(Duration::from_millis(300)) {
+            Ok(line) => seen_out.push(line),
+            Err(RecvTimeoutError::Timeout) => break,
+            Err(RecvTimeoutError::Disconnected) => panic!("driver_launch exited while paused"),
+        }
+    }
     let mut after_pause = Vec::new();
     loop {
         match out.recv_timeout(Duration::from_millis(600)) {
@@ -340,7 +369,10 @@ fn a_pause_waits_for_launches_in_flight_in_both_layers() {
         if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
             break;
         }
-        wait_for(&log, "] info: paused: ", &mut seen_log);
+        // The program may have finished between the look at its output and the signal.
+        if !wait_for_or_exit(&log, "] info: paused: ", &mut seen_log) {
+            break;
+        }
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
         wait_for(&log, "] info: resumed: ", &mut seen_log);
