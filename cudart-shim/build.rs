@@ -20,8 +20,13 @@ const MAJORS: [(&str, &str, &str); 3] = [
 ];
 
 /// cudaw's own exports beside the runtime's: the hook table the driver shim
-/// (`libcuda.so.1`) looks up to share this library's gate and state, and its handle table.
-const OWN_EXPORTS: [&str; 2] = ["cudaw_runtime_handles_v1", "cudaw_runtime_hooks_v1"];
+/// (`libcuda.so.1`) looks up to share this library's gate and state, its handle table and
+/// its memory table.
+const OWN_EXPORTS: [&str; 3] = [
+    "cudaw_runtime_handles_v1",
+    "cudaw_runtime_hooks_v1",
+    "cudaw_runtime_memory_v1",
+];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());

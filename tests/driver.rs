@@ -406,3 +406,146 @@ fn a_pause_waits_for_launches_in_flight_in_both_layers() {
     );
     eprintln!("{pauses} pauses during {INFLIGHT_LAUNCHES} launches on each of 3 threads");
 }
+
+/// `driver_alloc.cu` and its module.
+fn driver_alloc() -> Option<(PathBuf, PathBuf)> {
+    let nvcc = nvcc()?;
+    let dir = workspace().join("tests/cuda/driver");
+    let exe = compile(&nvcc, "driver_alloc", &dir.join("driver_alloc.cu"));
+    let module = compile_fatbin(&nvcc, "scale_module", &dir.join("scale_module.cu"));
+    Some((exe, module))
+}
+
+/// `cuMemAlloc` and `cuMemAllocAsync` fetched through `cuGetProcAddress` come from cudaw's
+/// VMM (mapped addressing): a pause leaves nothing mapped, resume brings the contents back,
+/// the pointer queries name the allocation; the module's kernel layout is the one
+/// `cudaw fatbin` reads from the same file.
+#[test]
+fn driver_allocations_are_evicted_by_a_pause_and_their_kernel_layouts_recorded() {
+    use std::io::Write;
+    let Some((exe, module)) = driver_alloc() else {
+        return;
+    };
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_LOG", "info")]);
+    cmd.arg(&module)
+        .arg("run")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting driver_alloc");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let pid = i32::try_from(child.id()).expect("pid");
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    let layout = wait_for(&out, "layout: ", &mut seen_out);
+    let range = wait_for(&out, "range ", &mut seen_out);
+    let bytes = 4 << 16;
+    assert_eq!(range, format!("range rc=0 base_ok=1 size={bytes}"));
+    let attr = wait_for(&out, "attribute ", &mut seen_out);
+    assert_eq!(attr, format!("attribute rc=0,0 start_ok=1 size={bytes}"));
+    wait_for(&out, "ready", &mut seen_out);
+    wait_for(&log, "pause on signal", &mut seen_log);
+    for cycle in 0..3 {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
+        let line = wait_for(&log, "paused: ", &mut seen_log);
+        let (allocations, evicted, mapped, _) = paused_numbers(&line);
+        assert_eq!(allocations, 2, "{line}");
+        assert_eq!(evicted, 2 * bytes, "{line}");
+        assert_eq!(mapped, 0, "memory still mapped while paused: {line}");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
+        wait_for(&log, "resumed: ", &mut seen_log);
+        writeln!(stdin, "check").expect("writing to driver_alloc");
+        let line = wait_for(&out, &format!("check {cycle} "), &mut seen_out);
+        assert!(line.ends_with(" ok"), "{line}\n{}", seen_log.join("\n"));
+    }
+    drop(stdin);
+    wait_for(&out, "done", &mut seen_out);
+    let status = child.wait().expect("waiting for driver_alloc");
+    let rest: Vec<String> = log.iter().collect();
+    assert!(
+        status.success(),
+        "driver_alloc failed: {seen_log:?} {rest:?}"
+    );
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("modules loaded through the driver, 1 kernel layouts recorded")),
+        "{rest:?}"
+    );
+
+    // The layout recorded for the CUfunction equals `cudaw fatbin`'s for the same file.
+    let got: serde_json::Value =
+        serde_json::from_str(layout.trim_start_matches("layout: ")).expect(&layout);
+    let cli = std::process::Command::new(cudaw_tests::cudaw())
+        .arg("fatbin")
+        .arg(&module)
+        .args(["--sm", "90", "--json"])
+        .output()
+        .expect("cudaw fatbin");
+    assert!(cli.status.success());
+    let want: serde_json::Value = serde_json::from_slice(&cli.stdout).expect("cudaw fatbin --json");
+    let want = want["kernels"]
+        .as_array()
+        .and_then(|ks| ks.iter().find(|k| k["name"] == "_Z5scalePfif"))
+        .expect("scale in cudaw fatbin's answer");
+    assert_eq!(got["name"], want["name"]);
+    assert_eq!(got["param_bytes"], want["param_bytes"]);
+    assert_eq!(got["params"], want["params"]);
+    assert_eq!(got["params"].as_array().map(Vec::len), Some(3), "{got}");
+}
+
+/// The driver's allocations count against `CUDAW_MEM_LIMIT` (each rounded to the 2 MiB
+/// granule by the VMM), and the program recovers after freeing.
+#[test]
+fn driver_allocations_count_against_the_limit() {
+    let Some((exe, module)) = driver_alloc() else {
+        return;
+    };
+    for (addressing, each) in [(Addressing::Mapped, 4u64), (Addressing::Translated, 3)] {
+        let mut cmd = command_under_cudaw(&exe, addressing, &[("CUDAW_MEM_LIMIT", "64M")]);
+        let out = cmd
+            .arg(&module)
+            .arg("fill")
+            .output()
+            .expect("driver_alloc fill");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("fill count={} err=2\n", 64 / each)),
+            "{addressing:?}: {stdout}"
+        );
+        assert!(stdout.contains("again rc=0"), "{stdout}");
+    }
+}
+
+/// In translated addressing the driver's allocations are forwarded to the real driver (the
+/// program must get real device addresses): the program runs as without cudaw.
+#[test]
+fn driver_allocations_are_forwarded_in_translated_addressing() {
+    let Some((exe, module)) = driver_alloc() else {
+        return;
+    };
+    let mut cmd = command_under_cudaw(&exe, Addressing::Translated, &[]);
+    let mut child = cmd
+        .arg(&module)
+        .arg("run")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("driver_alloc");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        writeln!(stdin, "check").expect("writing");
+    }
+    let out = child.wait_with_output().expect("driver_alloc");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("check 0 ok\ndone\n"), "{stdout}");
+}

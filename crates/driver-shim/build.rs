@@ -14,10 +14,12 @@ use std::fs;
 use std::path::PathBuf;
 
 /// cudaw's own exports beside the driver's: the real driver's path (asked by cudaw's
-/// `driver` crate so that its calls reach the real driver) and the launch counts.
-const OWN_EXPORTS: [&str; 2] = [
+/// `driver` crate so that its calls reach the real driver), the launch counts and the
+/// kernel layouts of driver-loaded modules.
+const OWN_EXPORTS: [&str; 3] = [
     "cudaw_driver_shim_real_path",
     "cudaw_driver_launch_counts_v1",
+    "cudaw_driver_kernel_layout_v1",
 ];
 
 fn main() {

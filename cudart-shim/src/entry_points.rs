@@ -97,7 +97,7 @@ macro_rules! drv_forward {
     };
 }
 
-fn to_cu(rc: cudaError_t) -> u32 {
+pub(crate) fn to_cu(rc: cudaError_t) -> u32 {
     match rc {
         SUCCESS => CU_SUCCESS,
         ERROR_MEMORY_ALLOCATION => CU_ERROR_OUT_OF_MEMORY,

@@ -188,3 +188,148 @@ mod handle_hooks {
         &HANDLES
     }
 }
+
+mod memory_hooks {
+    //! `cuMemAlloc*` / `cuMemFree*` of the driver shim's callers, from the VMM (mapped
+    //! addressing only: in translated addressing the program would get a pointer the real
+    //! driver does not know, so the driver shim keeps forwarding those).
+    use crate::boundary::guard;
+    use crate::entry_points::to_cu;
+    use crate::memory::{self, tag};
+    use crate::types::*;
+    use driver::hooks::{MemoryHooks, NOT_MINE};
+    use std::ffi::c_void;
+
+    /// `CUDA_ERROR_UNKNOWN`, for a panic.
+    const UNKNOWN: u32 = 999;
+    const CU_SUCCESS: u32 = 0;
+    const CU_ERROR_INVALID_VALUE: u32 = 1;
+
+    /// Allocates `size` bytes on device `ordinal` from its VMM and writes the address
+    /// through `out`; [`NOT_MINE`] where the VMM does not serve the driver shim.
+    fn alloc(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
+        if memory::translated() {
+            return NOT_MINE;
+        }
+        if out.is_null() || size == 0 {
+            return CU_ERROR_INVALID_VALUE;
+        }
+        let _in_flight = crate::pause::enter();
+        let mem = match memory::device(ordinal) {
+            Ok(m) => m,
+            // No VMM for this device (logged): the driver shim forwards instead.
+            Err(ERROR_INITIALIZATION) => return NOT_MINE,
+            Err(e) => return to_cu(e),
+        };
+        match mem.alloc(size, tag) {
+            Ok(a) => {
+                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
+                unsafe { out.write(a.base) };
+                CU_SUCCESS
+            }
+            Err(e) => to_cu(e),
+        }
+    }
+
+    extern "C" fn mem_alloc(out: *mut u64, size: usize, ordinal: i32) -> u32 {
+        guard("cuMemAlloc (driver layer)", UNKNOWN, || {
+            alloc(out, size as u64, ordinal, tag::DRIVER)
+        })
+    }
+
+    extern "C" fn mem_alloc_pitch(
+        out: *mut u64,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        element: u32,
+        ordinal: i32,
+    ) -> u32 {
+        guard("cuMemAllocPitch (driver layer)", UNKNOWN, || {
+            if memory::translated() {
+                return NOT_MINE;
+            }
+            if out.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
+                return CU_ERROR_INVALID_VALUE;
+            }
+            let Some(p) = memory::align_up(width.max(1), memory::PITCH_ALIGNMENT) else {
+                return CU_ERROR_INVALID_VALUE;
+            };
+            let Some(size) = p.checked_mul(height).filter(|&s| s > 0) else {
+                return CU_ERROR_INVALID_VALUE;
+            };
+            let rc = alloc(out, size as u64, ordinal, tag::PITCH);
+            if rc == CU_SUCCESS {
+                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
+                unsafe { pitch.write(p) };
+            }
+            rc
+        })
+    }
+
+    extern "C" fn mem_free(ptr: u64) -> u32 {
+        guard("cuMemFree (driver layer)", UNKNOWN, || {
+            match memory::lookup(ptr) {
+                Some((mem, a)) if a.base == ptr => {
+                    let _in_flight = crate::pause::enter();
+                    // cuMemFree synchronises: the device may still be using the memory.
+                    crate::call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
+                    crate::tracing::free(ptr);
+                    match mem.vmm.free(ptr) {
+                        Ok(()) => CU_SUCCESS,
+                        Err(e) => to_cu(e.cuda_error_code()),
+                    }
+                }
+                Some(_) => CU_ERROR_INVALID_VALUE,
+                None => NOT_MINE,
+            }
+        })
+    }
+
+    extern "C" fn mem_free_async(ptr: u64, stream: *mut c_void) -> u32 {
+        guard(
+            "cuMemFreeAsync (driver layer)",
+            UNKNOWN,
+            || match memory::lookup(ptr) {
+                Some((mem, a)) if a.base == ptr => {
+                    let _in_flight = crate::pause::enter();
+                    to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
+                }
+                Some(_) => CU_ERROR_INVALID_VALUE,
+                None => NOT_MINE,
+            },
+        )
+    }
+
+    extern "C" fn allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {
+        guard("a pointer query (driver layer)", false, || {
+            let Some((_, a)) = memory::lookup(ptr) else {
+                return false;
+            };
+            if base.is_null() || size.is_null() {
+                return false;
+            }
+            // SAFETY: the driver shim's non-null out-pointers.
+            unsafe {
+                base.write(a.base);
+                size.write(a.size);
+            }
+            true
+        })
+    }
+
+    static MEMORY: MemoryHooks = MemoryHooks {
+        size: std::mem::size_of::<MemoryHooks>(),
+        mem_alloc,
+        mem_alloc_pitch,
+        mem_free,
+        mem_free_async,
+        allocation,
+    };
+
+    /// The memory table for the driver shim (`driver::hooks::RUNTIME_MEMORY_SYMBOL`).
+    #[no_mangle]
+    pub extern "C" fn cudaw_runtime_memory_v1() -> *const MemoryHooks {
+        &MEMORY
+    }
+}

@@ -193,7 +193,7 @@ pub fn modules_loaded() -> u64 {
     MODULES_LOADED.load(Ordering::Relaxed)
 }
 
-fn json_string(s: &str) -> String {
+pub(crate) fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -251,10 +251,11 @@ extern "C" fn at_exit() {
         let launched: Vec<_> = counts.iter().filter(|(_, n)| *n > 0).collect();
         let total: u64 = launched.iter().map(|(_, n)| n).sum();
         crate::log::info(format_args!(
-            "{total} kernel launches of {} kernels, {} graph launches, {} modules loaded through the driver",
+            "{total} kernel launches of {} kernels, {} graph launches, {} modules loaded through the driver, {} kernel layouts recorded",
             launched.len(),
             graph_launches(),
-            modules_loaded()
+            modules_loaded(),
+            crate::modules::layouts_recorded()
         ));
         // A process that launched nothing and loaded nothing (a helper process that
         // inherited the preload, such as a compiler worker) leaves the file alone.
@@ -344,7 +345,9 @@ fn record_out(out: *mut usize, name: *const c_char, module: usize) {
     // SAFETY: the driver just wrote the handle through the caller's out-pointer, and the
     // caller's name is NUL-terminated (the call succeeded with it).
     let (h, n) = unsafe { (out.read(), CStr::from_ptr(name)) };
-    record(h, &n.to_string_lossy(), module);
+    let n = n.to_string_lossy();
+    record(h, &n, module);
+    crate::modules::handle_made(h, module, &n);
 }
 
 then!(cuModuleGetFunction(out: *mut usize, module: usize, name: *const c_char)
@@ -355,30 +358,55 @@ then!(cuKernelGetFunction(out: *mut usize, kernel: usize) => {
     if !out.is_null() {
         // SAFETY: the driver just wrote the function through the caller's out-pointer.
         let f = unsafe { out.read() };
+        crate::modules::function_of_kernel(f, kernel);
         let name = REGISTRY.lock().by_handle.get(&kernel).map(|k| k.name.clone());
         if let Some(name) = name {
             record(f, &name, 0);
         }
     }
 });
-then!(cuModuleUnload(module: usize) => forget_module(module));
-then!(cuLibraryUnload(library: usize) => forget_module(library));
+then!(cuModuleUnload(module: usize) => {
+    forget_module(module);
+    crate::modules::unloaded(module);
+});
+then!(cuLibraryUnload(library: usize) => {
+    forget_module(library);
+    crate::modules::unloaded(library);
+});
 
 fn loaded() {
     MODULES_LOADED.fetch_add(1, Ordering::Relaxed);
 }
 
-then!(cuModuleLoad(out: *mut usize, file: *const c_char) => loaded());
-then!(cuModuleLoadData(out: *mut usize, image: *const c_void) => loaded());
+then!(cuModuleLoad(out: *mut usize, file: *const c_char) => {
+    loaded();
+    crate::modules::loaded_file(out, file);
+});
+then!(cuModuleLoadData(out: *mut usize, image: *const c_void) => {
+    loaded();
+    crate::modules::loaded_image(out, image);
+});
 then!(cuModuleLoadDataEx(out: *mut usize, image: *const c_void, n: c_uint,
-    options: *mut c_void, values: *mut Handle) => loaded());
-then!(cuModuleLoadFatBinary(out: *mut usize, image: *const c_void) => loaded());
+    options: *mut c_void, values: *mut Handle) => {
+    loaded();
+    crate::modules::loaded_image(out, image);
+});
+then!(cuModuleLoadFatBinary(out: *mut usize, image: *const c_void) => {
+    loaded();
+    crate::modules::loaded_image(out, image);
+});
 then!(cuLibraryLoadData(out: *mut usize, code: *const c_void, jit_options: *mut c_void,
     jit_values: *mut Handle, jit_n: c_uint, options: *mut c_void, values: *mut Handle,
-    n: c_uint) => loaded());
+    n: c_uint) => {
+    loaded();
+    crate::modules::loaded_image(out, code);
+});
 then!(cuLibraryLoadFromFile(out: *mut usize, file: *const c_char, jit_options: *mut c_void,
     jit_values: *mut Handle, jit_n: c_uint, options: *mut c_void, values: *mut Handle,
-    n: c_uint) => loaded());
+    n: c_uint) => {
+    loaded();
+    crate::modules::loaded_file(out, file);
+});
 
 /// The wrappers of this module: (index, function).
 pub fn table() -> Vec<(usize, usize)> {

@@ -61,14 +61,20 @@
 //!   lock: a per-thread cache maps the handle to its counter, an atomic. Counts are logged
 //!   at exit (`CUDAW_LOG=info`), written to `CUDAW_KERNEL_COUNTS=FILE` at exit, and read by
 //!   the runtime shim's status through `cudaw_driver_launch_counts_v1`.
-//! - **Allocations** ([`memory`]): `cuMemAlloc*`, `cuMemAllocPitch`, `cuMemAllocAsync`,
-//!   `cuMemAllocFromPoolAsync` and `cuMemCreate` made by a thread the runtime does not
-//!   account for are charged to the runtime's budget for the current device (refused
-//!   with `CUDA_ERROR_OUT_OF_MEMORY` over the limit) and given back at their free or
-//!   release; the runtime shim's own driver calls are never counted twice. `cuMemAlloc*`
-//!   memory is not cudaw's VMM's: a pause does not evict it. `cuMemCreate` and the calls
-//!   that take its handle go to the runtime shim's handle table
+//! - **Allocations** ([`memory`]): `cuMemAlloc*`, `cuMemAllocPitch`, `cuMemAllocAsync` and
+//!   `cuMemAllocFromPoolAsync` made by a thread the runtime does not account for come, in
+//!   mapped addressing, from the runtime shim's VMM (its memory table,
+//!   `cudaw_runtime_memory_v1`): the same path as `cudaMalloc`, so a pause evicts that
+//!   memory and a checkpoint holds it; `cuMemFree*` of a pointer the VMM does not own, and
+//!   every allocation in translated addressing or without a runtime shim, is forwarded and
+//!   charged to the runtime's budget for the current device (refused with
+//!   `CUDA_ERROR_OUT_OF_MEMORY` over the limit), given back at its free. The runtime shim's
+//!   own driver calls are never counted twice. Pointer queries name the VMM's allocation.
+//!   `cuMemCreate` and the calls that take its handle go to the runtime shim's handle table
 //!   (`cudaw_runtime_handles_v1`), which makes that memory evictable.
+//! - **Modules** ([`modules`]): images loaded through the driver are copied at load and
+//!   parsed on first need, so each `CUfunction` / `CUkernel` handed out has its kernel's
+//!   parameter layout (`cudaw_driver_kernel_layout_v1`).
 #![deny(unsafe_op_in_unsafe_fn)]
 // `forward!` passes the caller's argument values (plain pointers and integers, never
 // expressions with effects) into the unsafe call of the real function.
@@ -84,6 +90,7 @@ pub mod inflight;
 pub mod launch;
 pub mod log;
 pub mod memory;
+pub mod modules;
 pub mod proc_address;
 pub mod real;
 pub mod runtime;

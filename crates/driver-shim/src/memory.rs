@@ -1,10 +1,30 @@
 //! Device memory taken through the driver by callers the runtime shim does not account for
-//! (cuBLAS's and NCCL's own allocations, a driver-only program's): charged to the runtime's
-//! budget of the current device before the driver is asked (over the limit the call fails
-//! with `CUDA_ERROR_OUT_OF_MEMORY`, as the runtime's allocations do), given back at the
-//! free or release. A call made inside one of the runtime shim's wrapped calls, or by
-//! cudaw's own threads, is the runtime's to account and passes uncounted. Without a runtime
-//! shim in the process nothing is charged; the bytes are still tallied for the report.
+//! (cuBLAS's and NCCL's own allocations, Triton's, a driver-only program's).
+//!
+//! `cuMemAlloc`, `cuMemAllocPitch`, `cuMemAllocAsync` and `cuMemAllocFromPoolAsync` come,
+//! when the runtime shim is in the process and its addressing is mapped, from cudaw's VMM
+//! (through [`driver::hooks::MemoryHooks`], `cudart-shim/src/hooks.rs`), the same path as
+//! `cudaMalloc`: the pointer is the VMM's device address, which the caller uses directly;
+//! a pause evicts the memory and a checkpoint holds it; the VMM charges it to the device's
+//! budget (granule rounding included). The stream-ordered calls take the memory at once
+//! (usable on every stream); `cuMemFreeAsync` releases it once its stream reaches the free.
+//! A pool's own attributes (release threshold, IPC export) do not apply to such memory.
+//! `cuMemFree*` of a pointer the VMM does not own goes to the real driver.
+//!
+//! Otherwise — no runtime shim, translated addressing (the program would get a pointer the
+//! real driver does not know), a device the VMM cannot serve — the call is forwarded and
+//! charged to the runtime's budget of the current device before the driver is asked (over
+//! the limit it fails with `CUDA_ERROR_OUT_OF_MEMORY`, as the runtime's allocations do),
+//! given back at the free. A call made inside one of the runtime shim's wrapped calls, or
+//! by cudaw's own threads, is the runtime's to account and is forwarded uncounted. Without
+//! a runtime shim nothing is charged; the bytes are still tallied for the report.
+//!
+//! Pointer queries (`cuMemGetAddressRange`, `cuPointerGetAttribute(s)`'s
+//! `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` / `RANGE_SIZE`) of VMM memory answer with the
+//! allocation, as the driver does for `cuMemAlloc` memory: the real driver, asked about
+//! memory mapped with `cuMemMap`, names the mapping, which the VMM shares between small
+//! allocations. `MAPPING_BASE_ADDR` / `MAPPING_SIZE` stay the driver's (they name the
+//! mapping).
 //!
 //! `cuMemCreate` and every call that takes its handle (`cuMemMap`, `cuMemUnmap`,
 //! `cuMemRelease`, `cuMemSetAccess`, `cuMemGetAllocationPropertiesFromHandle`,
@@ -13,15 +33,12 @@
 //! process, to its handle table (`cudart-shim/src/handles.rs`, through
 //! [`driver::hooks::HandleHooks`]): the handles are virtual, and a pause evicts the memory
 //! behind them. Without a runtime shim they are forwarded, `cuMemCreate` tallied.
-//!
-//! Not done: `cuMemAlloc*` memory does not come from cudaw's VMM, so a pause does not evict
-//! it and a checkpoint does not hold it.
 
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use crate::dispatch::idx;
-use driver::hooks::{CHARGED, REFUSED};
+use driver::hooks::{MemoryHooks, CHARGED, NOT_MINE, REFUSED};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -38,6 +55,8 @@ type Live = (i32, u64, bool);
 /// Live allocations: device pointer or physical handle → what it holds.
 static LIVE: LazyLock<Mutex<HashMap<u64, Live>>> = LazyLock::new(Default::default);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Allocations the runtime's VMM served for the driver shim's callers.
+static FROM_VMM: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 
 /// Bytes the driver shim holds for its callers now, and at most so far.
@@ -48,6 +67,42 @@ pub fn bytes() -> (u64, u64) {
 fn current_device() -> Option<i32> {
     let mut dev = 0i32;
     (crate::forward!(cuCtxGetDevice: fn(*mut i32), &mut dev) == 0).then_some(dev)
+}
+
+/// Allocations served by cudaw's VMM so far.
+pub fn from_vmm_count() -> u64 {
+    FROM_VMM.load(Ordering::Relaxed)
+}
+
+/// Asks the runtime's VMM for an allocation on the current context's device: `None` when it
+/// is not the VMM's to serve (the caller forwards), else its `CUresult`.
+fn from_vmm(f: impl FnOnce(&MemoryHooks, i32) -> u32) -> Option<u32> {
+    if crate::runtime::runtime_accounts() {
+        return None;
+    }
+    let h = crate::runtime::memory()?;
+    // No current context: the real driver gives the program its error.
+    let device = current_device()?;
+    match f(h, device) {
+        NOT_MINE => None,
+        rc => {
+            if rc == 0 {
+                FROM_VMM.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(rc)
+        }
+    }
+}
+
+/// Frees `ptr` in the runtime's VMM: `None` when the VMM does not own it.
+fn free_in_vmm(ptr: u64, f: impl FnOnce(&MemoryHooks) -> u32) -> Option<u32> {
+    if ptr == 0 {
+        return None;
+    }
+    match f(crate::runtime::memory()?) {
+        NOT_MINE => None,
+        rc => Some(rc),
+    }
 }
 
 /// A charge taken before an allocation.
@@ -111,10 +166,20 @@ fn written(out: *mut u64) -> Option<u64> {
     (!out.is_null()).then(|| unsafe { out.read() })
 }
 
-/// An allocation of `$bytes` whose pointer or handle the driver writes through `$out`.
+/// An allocation of `$bytes` whose pointer or handle the driver writes through `$out`; with
+/// `vmm`, asked of the runtime's VMM first.
 macro_rules! allocation {
-    ($name:ident ($($a:ident : $t:ty),* $(,)?) => bytes $bytes:expr, out $out:expr) => {
-        allocation!($name = $name ($($a: $t),*) => bytes $bytes, out $out);
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => vmm $vmm:expr, bytes $bytes:expr,
+        out $out:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                if let Some(rc) = from_vmm($vmm) {
+                    return rc;
+                }
+                forwarded(|| charge($bytes as u64), || crate::forward!($name: fn($($t),*) $(, $a)*),
+                    || written($out))
+            })
+        }
     };
     ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => bytes $bytes:expr, out $out:expr) => {
         extern "C" fn $fn_name($($a: $t),*) -> u32 {
@@ -131,10 +196,37 @@ macro_rules! allocation {
     };
 }
 
+/// The forwarded allocation: charged, asked of the real driver, settled under the key
+/// `out` reads.
+fn forwarded(
+    charge: impl FnOnce() -> Result<Option<Charge>, u32>,
+    call: impl FnOnce() -> u32,
+    out: impl FnOnce() -> Option<u64>,
+) -> u32 {
+    let c = match charge() {
+        Ok(c) => c,
+        Err(rc) => return rc,
+    };
+    let rc = call();
+    settle(c, rc, out);
+    rc
+}
+
 /// A free of `$key`.
 macro_rules! release {
-    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $key:expr) => {
-        release!($name = $name ($($a: $t),*) => $key);
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => vmm $vmm:expr, key $key:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                if let Some(rc) = free_in_vmm($key, $vmm) {
+                    return rc;
+                }
+                let rc = crate::forward!($name: fn($($t),*) $(, $a)*);
+                if rc == 0 {
+                    released($key);
+                }
+                rc
+            })
+        }
     };
     ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => $key:expr) => {
         extern "C" fn $fn_name($($a: $t),*) -> u32 {
@@ -149,21 +241,26 @@ macro_rules! release {
     };
 }
 
-allocation!(cuMemAlloc_v2(out: *mut u64, size: usize) => bytes size, out out);
+allocation!(cuMemAlloc_v2(out: *mut u64, size: usize)
+    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
 allocation!(cuMemAllocPitch_v2(out: *mut u64, pitch: *mut usize, width: usize, height: usize,
-    element: u32) => bytes width.saturating_mul(height), out out);
-allocation!(cuMemAllocAsync(out: *mut u64, size: usize, stream: Handle) => bytes size, out out);
+    element: u32) => vmm |h, dev| (h.mem_alloc_pitch)(out, pitch, width, height, element, dev),
+    bytes width.saturating_mul(height), out out);
+allocation!(cuMemAllocAsync(out: *mut u64, size: usize, stream: Handle)
+    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
 allocation!(cuMemAllocAsync_ptsz(out: *mut u64, size: usize, stream: Handle)
-    => bytes size, out out);
+    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync(out: *mut u64, size: usize, pool: Handle, stream: Handle)
-    => bytes size, out out);
+    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync_ptsz(out: *mut u64, size: usize, pool: Handle,
-    stream: Handle) => bytes size, out out);
+    stream: Handle) => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
 allocation!(forward_mem_create = cuMemCreate(out: *mut u64, size: usize, prop: *const c_void,
     flags: u64) => bytes size, out out);
-release!(cuMemFree_v2(ptr: u64) => ptr);
-release!(cuMemFreeAsync(ptr: u64, stream: Handle) => ptr);
-release!(cuMemFreeAsync_ptsz(ptr: u64, stream: Handle) => ptr);
+release!(cuMemFree_v2(ptr: u64) => vmm |h| (h.mem_free)(ptr), key ptr);
+release!(cuMemFreeAsync(ptr: u64, stream: Handle) => vmm |h| (h.mem_free_async)(ptr, stream),
+    key ptr);
+release!(cuMemFreeAsync_ptsz(ptr: u64, stream: Handle)
+    => vmm |h| (h.mem_free_async)(ptr, stream), key ptr);
 release!(forward_mem_release = cuMemRelease(handle: u64) => handle);
 
 /// A driver function that takes or makes a physical-memory handle: to the runtime
@@ -220,6 +317,99 @@ handle_call!(cuMulticastBindMem_v2(mc: u64, dev: i32, mc_offset: usize, handle: 
     else crate::forward!(cuMulticastBindMem_v2: fn(u64, i32, usize, u64, usize, usize, u64),
         mc, dev, mc_offset, handle, offset, size, flags));
 
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (a `CUdeviceptr`).
+const RANGE_START_ADDR: u32 = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (a `size_t`).
+const RANGE_SIZE: u32 = 12;
+
+/// The VMM allocation holding `ptr`: (base, size).
+fn vmm_allocation(ptr: u64) -> Option<(u64, u64)> {
+    let h = crate::runtime::memory()?;
+    let (mut base, mut size) = (0u64, 0u64);
+    (h.allocation)(ptr, &mut base, &mut size).then_some((base, size))
+}
+
+/// Whether the driver's answer `rc` may be replaced by cudaw's for VMM memory: it succeeded,
+/// or the driver lacks the function.
+fn answerable(rc: u32) -> bool {
+    rc == 0 || rc == crate::dispatch::CUDA_ERROR_NOT_SUPPORTED
+}
+
+extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
+    guard("cuMemGetAddressRange_v2", CUDA_ERROR_UNKNOWN, || {
+        let rc = crate::forward!(cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64), base,
+            size, ptr);
+        if !answerable(rc) {
+            return rc;
+        }
+        let Some((b, n)) = vmm_allocation(ptr) else {
+            return rc;
+        };
+        // SAFETY: the caller's out-pointers, each null or valid for a write (cuda.h).
+        unsafe {
+            if !base.is_null() {
+                base.write(b);
+            }
+            if !size.is_null() {
+                size.write(n as usize);
+            }
+        }
+        0
+    })
+}
+
+/// Writes cudaw's answer for VMM memory through `data` when `attribute` is the range's;
+/// whether it did.
+fn range_attribute(data: *mut c_void, attribute: u32, ptr: u64) -> bool {
+    if data.is_null() || !matches!(attribute, RANGE_START_ADDR | RANGE_SIZE) {
+        return false;
+    }
+    let Some((base, size)) = vmm_allocation(ptr) else {
+        return false;
+    };
+    let value = if attribute == RANGE_START_ADDR {
+        base
+    } else {
+        size
+    };
+    // SAFETY: the caller's buffer for this attribute: a CUdeviceptr or a size_t, 8 bytes.
+    unsafe { data.cast::<u64>().write_unaligned(value) };
+    true
+}
+
+extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> u32 {
+    guard("cuPointerGetAttribute", CUDA_ERROR_UNKNOWN, || {
+        let rc = crate::forward!(cuPointerGetAttribute: fn(*mut c_void, u32, u64), data,
+            attribute, ptr);
+        if answerable(rc) && range_attribute(data, attribute, ptr) {
+            return 0;
+        }
+        rc
+    })
+}
+
+extern "C" fn cuPointerGetAttributes(
+    n: u32,
+    attributes: *mut u32,
+    data: *mut *mut c_void,
+    ptr: u64,
+) -> u32 {
+    guard("cuPointerGetAttributes", CUDA_ERROR_UNKNOWN, || {
+        let rc = crate::forward!(cuPointerGetAttributes: fn(u32, *mut u32, *mut *mut c_void,
+            u64), n, attributes, data, ptr);
+        if rc != 0 || attributes.is_null() || data.is_null() {
+            return rc;
+        }
+        for i in 0..n as usize {
+            // SAFETY: the caller's arrays of `n` attributes and `n` buffers (cuda.h); the
+            // call succeeded with them.
+            let (a, d) = unsafe { (attributes.add(i).read(), data.add(i).read()) };
+            range_attribute(d, a, ptr);
+        }
+        rc
+    })
+}
+
 /// The wrappers of this module: (index, function).
 pub fn table() -> Vec<(usize, usize)> {
     macro_rules! entries {
@@ -246,5 +436,8 @@ pub fn table() -> Vec<(usize, usize)> {
         cuMemRetainAllocationHandle,
         cuMulticastBindMem,
         cuMulticastBindMem_v2,
+        cuMemGetAddressRange_v2,
+        cuPointerGetAttribute,
+        cuPointerGetAttributes,
     ]
 }

@@ -2,7 +2,8 @@
 //! ([`driver::hooks::RuntimeHooks`]), found once with `dlsym(RTLD_DEFAULT)`.
 
 use driver::hooks::{
-    HandleHooks, RuntimeHooks, GATE_PAUSED, RUNTIME_HANDLES_SYMBOL, RUNTIME_HOOKS_SYMBOL,
+    HandleHooks, MemoryHooks, RuntimeHooks, GATE_PAUSED, RUNTIME_HANDLES_SYMBOL,
+    RUNTIME_HOOKS_SYMBOL, RUNTIME_MEMORY_SYMBOL,
 };
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -55,6 +56,27 @@ fn find_handles() -> Option<&'static HandleHooks> {
 /// that takes one goes through it).
 pub fn handles() -> Option<&'static HandleHooks> {
     *HANDLES.get_or_init(find_handles)
+}
+
+static MEMORY: OnceLock<Option<&'static MemoryHooks>> = OnceLock::new();
+
+fn find_memory() -> Option<&'static MemoryHooks> {
+    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, RUNTIME_MEMORY_SYMBOL.as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: the runtime shim exports this name as `extern "C" fn() -> *const
+    // MemoryHooks`; no other library exports it.
+    let get: extern "C" fn() -> *const MemoryHooks = unsafe { std::mem::transmute(f) };
+    // SAFETY: a pointer to the runtime shim's static table (never freed), or null.
+    let h = unsafe { get().as_ref() }?;
+    (h.size >= std::mem::size_of::<MemoryHooks>()).then_some(h)
+}
+
+/// The runtime shim's memory table, if it is loaded (`cuMemAlloc*` from its VMM).
+pub fn memory() -> Option<&'static MemoryHooks> {
+    *MEMORY.get_or_init(find_memory)
 }
 
 /// Whether the gate is closed for pause.

@@ -109,3 +109,45 @@ pub struct HandleHooks {
 unsafe impl Sync for HandleHooks {}
 // SAFETY: as for `Sync`.
 unsafe impl Send for HandleHooks {}
+
+/// The runtime shim's export for its memory table: `extern "C" fn() -> *const MemoryHooks`.
+/// A table of its own (beside [`RuntimeHooks`] and [`HandleHooks`]), so that each grows alone.
+pub const RUNTIME_MEMORY_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_memory_v1";
+
+/// What a [`MemoryHooks`] function returns when the call is not the runtime's to serve: the
+/// driver shim then does what it does without a runtime shim (forward and count). An
+/// allocation gets it in translated addressing (the program must get a real device
+/// address) or when the runtime has no VMM for the device; a free or query of a pointer
+/// the VMM does not own gets it.
+pub const NOT_MINE: u32 = u32::MAX;
+
+/// The runtime shim's device memory for the driver shim's `cuMemAlloc*` / `cuMemFree*` and
+/// pointer queries (`cudart-shim/src/hooks.rs`): in mapped addressing the memory comes from
+/// cudaw's VMM, as `cudaMalloc`'s does, so a pause evicts it and a checkpoint holds it.
+/// The allocations take the device ordinal of the caller's current context; each function
+/// returns a `CUresult` or [`NOT_MINE`]. The struct only grows; `size` says how many fields a
+/// library has.
+#[repr(C)]
+#[derive(Debug)]
+pub struct MemoryHooks {
+    /// `size_of::<MemoryHooks>()` of the library that filled it in.
+    pub size: usize,
+    /// `cuMemAlloc(out, size)` on device `ordinal` (also serves `cuMemAllocAsync` and
+    /// `cuMemAllocFromPoolAsync`: the memory is usable at once, on every stream).
+    pub mem_alloc: extern "C" fn(out: *mut u64, size: usize, ordinal: i32) -> u32,
+    /// `cuMemAllocPitch(out, pitch, width, height, element_size)` on device `ordinal`.
+    pub mem_alloc_pitch:
+        extern "C" fn(out: *mut u64, pitch: *mut usize, usize, usize, u32, ordinal: i32) -> u32,
+    /// `cuMemFree(ptr)`: synchronous, as the driver's.
+    pub mem_free: extern "C" fn(ptr: u64) -> u32,
+    /// `cuMemFreeAsync(ptr, stream)`: released once `stream` reaches it.
+    pub mem_free_async: extern "C" fn(ptr: u64, stream: *mut std::ffi::c_void) -> u32,
+    /// The VMM allocation holding `ptr` (interior pointers included): writes its base and
+    /// size and returns true, or returns false.
+    pub allocation: extern "C" fn(ptr: u64, base: *mut u64, size: *mut u64) -> bool,
+}
+
+// SAFETY: a table of thread-safe functions.
+unsafe impl Sync for MemoryHooks {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for MemoryHooks {}

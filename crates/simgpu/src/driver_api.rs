@@ -620,6 +620,24 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     })
 }
 
+/// `cuMemAllocAsync`: simgpu's memory is usable at once, on every stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    _stream: *mut c_void,
+) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuMemAlloc_v2(ptr, size) }
+}
+
+/// `cuMemFreeAsync`: simgpu waits for the device, then frees.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(ptr: CUdeviceptr, _stream: *mut c_void) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuMemFree_v2(ptr) }
+}
+
 /// `cuMemHostAlloc`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostAlloc(
