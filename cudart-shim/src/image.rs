@@ -73,6 +73,7 @@ fn record(a: &Allocation) -> AllocationRecord {
         size: a.size,
         order: a.order,
         tag: a.tag,
+        handle: None,
     }
 }
 
