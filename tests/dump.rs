@@ -394,7 +394,7 @@ fn refusals(addressing: Addressing, tag: &str) {
     t.fails(&["inspect", s(&t.work)], 1, "is a folder");
     let human = t.ok(&["inspect", "a.img"]);
     for w in [
-        "cudaw checkpoint image, format 1.1",
+        "cudaw checkpoint image, format 1.2",
         &format!("process   {pid} "),
         "ckpt_target on host",
         &format!("{} addressing", addressing.as_str()),
