@@ -251,8 +251,10 @@ fi
 if want expandable; then
   # PyTorch with expandable segments (cuMemCreate + cuMemMap through the runtime's driver
   # entry points) paused 3 times: nvidia-smi shows >= 90% of its 4 GiB released, status
-  # shows nothing mapped but what it reports held, tensors intact after resume; a dump
-  # is refused with kind `unsupported`. About 1 minute.
+  # shows nothing mapped but what it reports held, tensors intact after resume; then a
+  # dump holds the handle ranges (>= 90% released while waiting on the image), and a
+  # resume from it, a dump --leave-running and a restore leave the tensors intact. About
+  # 2 minutes (the image, 4 GiB, is written to the current folder and removed).
   timeout 300 python3 scripts/torch_expandable_check.py --dist "$ROOT/dist" --gib "${EXPANDABLE_GIB:-4}" \
     --cycles "${EXPANDABLE_CYCLES:-3}" >"$OUT/expandable.out" 2>&1; rc=$?
   while IFS='|' read -r verdict name detail; do

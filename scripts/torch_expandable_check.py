@@ -3,7 +3,10 @@
 (its memory from cuMemCreate + cuMemMap through cudaGetDriverEntryPoint) paused with
 cudaw-ckpt: nvidia-smi's GPU memory use must drop by at least 90% of the tensors' bytes,
 `cudaw-ckpt status` must show 0 bytes mapped beyond what it reports held, and after resume
-the tensors must be bit-identical. Prints `PASS | name | detail` / `FAIL | ...` lines.
+the tensors must be bit-identical. Then a dump (the image must hold the expandable
+segments' handle ranges, the GPU memory released while the process waits on the image), a
+resume from the image, a dump --leave-running and a restore of it: the tensors intact after
+each. Prints `PASS | name | detail` / `FAIL | ...` lines.
 
     python3 scripts/torch_expandable_check.py --dist dist --gib 4 --cycles 3
 """
@@ -74,15 +77,43 @@ def main():
             p.stdin.write("check\n"); p.stdin.flush()
             line = p.stdout.readline().strip()
             verdict(r.returncode == 0 and line == "ok", f"expandable: resume {c} intact", f"{line}; {r.stdout.strip()[:120]}")
-        d = ckpt("dump", str(p.pid), "-o", os.path.abspath("expandable.img"))
+        img = os.path.abspath("expandable.img")
+
+        def check(name, r):
+            p.stdin.write("check\n"); p.stdin.flush()
+            line = p.stdout.readline().strip()
+            verdict(r.returncode == 0 and line == "ok", name, f"{line}; {r.stdout.strip()[:160]}")
+
+        before = used_mib()
+        t0 = time.time()
+        d = ckpt("dump", str(p.pid), "-o", img)
+        dump_s = time.time() - t0
+        during = used_mib()
+        i = ckpt("inspect", img)
         try:
-            kind = json.loads(d.stdout).get("kind")
+            v = json.loads(i.stdout)
         except Exception:
-            kind = None
-        verdict(d.returncode != 0 and kind == "unsupported", "expandable: dump refused", f"kind {kind}")
+            v = {}
+        freed = (before - during) if before is not None and during is not None else None
+        want = a.gib * 1024 * 0.9
+        verdict(d.returncode == 0 and v.get("handle_ranges", 0) > 0 and v.get("handle_bytes", 0) >= a.gib << 30
+                and freed is not None and freed >= want,
+                "expandable: dump holds the handles",
+                f"{v.get('handle_ranges')} ranges, {v.get('handle_bytes')} bytes in {dump_s:.1f} s; "
+                f"{before} -> {during} MiB used (want freed >= {want:.0f}); {d.stdout.strip()[:120]}")
+        check("expandable: resume from the image intact", ckpt("resume", str(p.pid)))
+        d = ckpt("dump", str(p.pid), "-o", img, "--leave-running")
+        check("expandable: dump --leave-running intact", d)
+        t0 = time.time()
+        r = ckpt("restore", str(p.pid), "-i", img)
+        check(f"expandable: restore intact ({time.time() - t0:.1f} s)", r)
     finally:
         p.stdin.close()
         p.wait(timeout=120)
+        try:
+            os.remove(os.path.abspath("expandable.img"))
+        except OSError:
+            pass
 
 
 main()

@@ -272,32 +272,139 @@ fn expandable_segments_through_cu_get_proc_address_are_evicted() {
     expandable_cycles("proc", true, 5);
 }
 
-#[test]
-fn a_dump_of_a_process_with_driver_handles_is_refused_and_writes_nothing() {
-    let Some(mut child) = expandable("entry", true) else {
-        return;
-    };
-    let stdin = child.stdin.take().expect("stdin");
-    let out = lines_of(child.stdout.take().expect("stdout"));
-    let log = lines_of(child.stderr.take().expect("stderr"));
-    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
-    wait_for(&out, "ready: 8 chunks", &mut seen_out);
-    wait_for(&log, "pause on signal", &mut seen_log);
-    let img = std::env::temp_dir().join(format!("cudaw-handles-{}.img", std::process::id()));
+/// `cudaw-ckpt ARGS --json`: exit status and the reply.
+fn ckpt_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
     let r = std::process::Command::new(cudaw_ckpt())
-        .args(["dump", &child.id().to_string(), "-o"])
-        .arg(&img)
+        .args(args)
         .arg("--json")
         .output()
         .expect("running cudaw-ckpt");
     let text = String::from_utf8_lossy(&r.stdout);
-    assert_eq!(r.status.code(), Some(1), "{text}");
-    assert!(text.contains("\"kind\":\"unsupported\""), "{text}");
-    assert!(text.contains("driver-level memory handles"), "{text}");
-    assert!(!img.exists(), "an image was written");
+    let last = text.lines().last().unwrap_or_default();
+    let v = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (r.status.code(), v)
+}
+
+/// A dump of `expandable` (8 handles of 2 MiB, mapped one after another) holds the handles'
+/// ranges: `inspect` lists them; a resume from the image, a restore of it and a dump
+/// `--leave-running` each leave the patterns intact; an image whose handle table no longer
+/// matches the process (it mapped one more chunk) is refused, the process running on.
+#[test]
+fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
+    use std::io::Write;
+    let Some(mut child) = expandable("entry", true) else {
+        return;
+    };
+    let mut stdin = child.stdin.take().expect("stdin");
+    let out = lines_of(child.stdout.take().expect("stdout"));
+    let log = lines_of(child.stderr.take().expect("stderr"));
+    let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
+    let ready = wait_for(&out, "ready: 8 chunks", &mut seen_out);
+    let base =
+        u64::from_str_radix(ready.rsplit_once("0x").expect("base").1.trim(), 16).expect("base");
+    wait_for(&log, "pause on signal", &mut seen_log);
+    let mut checks = 0;
+    let mut check = |stdin: &mut std::process::ChildStdin, seen_out: &mut Vec<String>| {
+        writeln!(stdin, "check").expect("writing to expandable");
+        let line = wait_for(&out, &format!("check {checks} "), seen_out);
+        assert!(line.ends_with(" ok"), "{line}");
+        checks += 1;
+    };
+    // Every allocation made (the program's cudaMalloc follows "ready").
+    check(&mut stdin, &mut seen_out);
+    let pid = child.id().to_string();
+    let dir = std::env::temp_dir().join(format!("cudaw-handles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+    let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
+    const HANDLE_BYTES: u64 = 8 * (2 << 20);
+
+    // Dump: paused, the handles' bytes only in the image.
+    let (code, d) = ckpt_json(&["dump", &pid, "-o", a_s]);
+    assert_eq!(code, Some(0), "{d}");
+    assert_eq!(d["state"], "paused", "{d}");
+    assert!(d["bytes"].as_u64() > Some(HANDLE_BYTES), "{d}");
+    let (code, v) = ckpt_json(&["inspect", a_s, "--verify"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["format_version"], "1.2", "{v}");
+    assert_eq!(v["flags"], 1, "{v}");
+    assert_eq!(v["handle_ranges"], 8, "{v}");
+    assert_eq!(v["handle_bytes"].as_u64(), Some(HANDLE_BYTES), "{v}");
+    let ranges: Vec<&serde_json::Value> = v["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a.get("handle").is_some())
+        .collect();
+    for (c, r) in ranges.iter().enumerate() {
+        assert_eq!(r["base"].as_u64(), Some(base + c as u64 * (2 << 20)), "{r}");
+        assert_eq!(r["size"].as_u64(), Some(2 << 20), "{r}");
+        assert_eq!(r["handle"]["offset"], 0, "{r}");
+        assert_eq!(r["handle"]["handle_size"].as_u64(), Some(2 << 20), "{r}");
+        assert_eq!(r["handle"]["handle"], r["id"], "{r}");
+    }
+    // The text listing shows them too.
+    let text = std::process::Command::new(cudaw_ckpt())
+        .args(["inspect", a_s])
+        .output()
+        .expect("inspect");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "of which 8 driver-handle ranges, {HANDLE_BYTES} bytes"
+        )),
+        "{text}"
+    );
+    // Resume loads the handles from the image.
+    let (code, r) = ckpt_json(&["resume", &pid]);
+    assert_eq!(code, Some(0), "{r}");
+    wait_for(&log, &format!("(from {a_s})"), &mut seen_log);
+    check(&mut stdin, &mut seen_out);
+
+    // --leave-running, then a restore of that image.
+    let (code, d) = ckpt_json(&["dump", &pid, "-o", b_s, "--leave-running"]);
+    assert_eq!(code, Some(0), "{d}");
+    assert_eq!(d["state"], "running", "{d}");
+    check(&mut stdin, &mut seen_out);
+    let (code, r) = ckpt_json(&["restore", &pid, "-i", b_s]);
+    assert_eq!(code, Some(0), "{r}");
+    assert!(r["bytes"].as_u64() > Some(HANDLE_BYTES), "{r}");
+    check(&mut stdin, &mut seen_out);
+    // A restore of the first image, paused after a dump: loads it.
+    let (code, d) = ckpt_json(&["dump", &pid, "-o", b_s]);
+    assert_eq!(code, Some(0), "{d}");
+    let (code, r) = ckpt_json(&["restore", &pid, "-i", a_s]);
+    assert_eq!(code, Some(0), "{r}");
+    check(&mut stdin, &mut seen_out);
+
+    // One more handle mapped: the images no longer match, and are refused.
+    writeln!(stdin, "grow").expect("writing to expandable");
+    wait_for(&out, "grown 9", &mut seen_out);
+    let (code, r) = ckpt_json(&["restore", &pid, "-i", a_s]);
+    assert_eq!(code, Some(3), "{r}");
+    assert_eq!(r["kind"], "mismatch", "{r}");
+    assert!(
+        r.to_string()
+            .contains("in the process but not in the image"),
+        "{r}"
+    );
+    check(&mut stdin, &mut seen_out);
+    // And a dump now holds 9.
+    let (code, d) = ckpt_json(&["dump", &pid, "-o", a_s, "--leave-running"]);
+    assert_eq!(code, Some(0), "{d}");
+    let (_, v) = ckpt_json(&["inspect", a_s]);
+    assert_eq!(v["handle_ranges"], 9, "{v}");
+    check(&mut stdin, &mut seen_out);
+
     drop(stdin);
     wait_for(&out, "done", &mut seen_out);
-    assert!(child.wait().expect("waiting").success());
+    assert!(
+        child.wait().expect("waiting").success(),
+        "{}",
+        seen_log.join("\n")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Launches per thread of `inflight_launch.cu`.

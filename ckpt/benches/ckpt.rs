@@ -42,6 +42,7 @@ fn table() -> Vec<AllocationRecord> {
             size: ALLOC,
             order: i,
             tag: 0,
+            handle: None,
         })
         .collect()
 }

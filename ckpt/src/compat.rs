@@ -57,6 +57,23 @@ pub enum Difference {
         /// Creation order in the process.
         process: u64,
     },
+    /// The same id is a runtime allocation on one side and a driver-handle range on the
+    /// other, or ranges of different handles (handle, its size, the offset mapped, its
+    /// properties).
+    HandleMismatch {
+        /// The id.
+        id: u64,
+        /// The virtual handle in the image (`None`: a runtime allocation).
+        image: Option<u64>,
+        /// The virtual handle in the process (`None`: a runtime allocation).
+        process: Option<u64>,
+    },
+}
+
+fn show_handle(h: Option<u64>) -> String {
+    h.map_or("a runtime allocation".to_owned(), |h| {
+        format!("driver handle {h:#x}")
+    })
 }
 
 impl fmt::Display for Difference {
@@ -82,13 +99,24 @@ impl fmt::Display for Difference {
                 f,
                 "allocation {id} is creation number {image} in the image, {process} in the process"
             ),
+            Difference::HandleMismatch { id, image, process } if image == process => write!(
+                f,
+                "range {id} of {} differs in the handle's size, offset or properties between the image and the process",
+                show_handle(image)
+            ),
+            Difference::HandleMismatch { id, image, process } => write!(
+                f,
+                "range {id} is {} in the image, {} in the process",
+                show_handle(image),
+                show_handle(process)
+            ),
         }
     }
 }
 
 /// How `image` differs from `process`, allocations matched by id; ordered by id (for one id,
-/// base, then size, then creation order). Empty when every allocation matches in base, size
-/// and creation order.
+/// base, then size, then creation order, then driver handle). Empty when every allocation
+/// matches in base, size, creation order and (for driver-handle ranges) handle.
 pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) -> Vec<Difference> {
     let mut by_id: BTreeMap<u64, (Option<&AllocationRecord>, Option<&AllocationRecord>)> =
         BTreeMap::new();
@@ -131,6 +159,13 @@ pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) 
                         id,
                         image: i.order,
                         process: p.order,
+                    });
+                }
+                if i.handle != p.handle {
+                    out.push(Difference::HandleMismatch {
+                        id,
+                        image: i.handle.map(|h| h.handle),
+                        process: p.handle.map(|h| h.handle),
                     });
                 }
             }

@@ -13,7 +13,7 @@ pub const END_MAGIC: [u8; 8] = *b"CUDAWEND";
 /// The format major version this build writes and reads.
 pub const FORMAT_MAJOR: u16 = 1;
 /// The format minor version this build writes (it reads any minor of its major).
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 2;
 /// Header length in format 1.0.
 pub const HEADER_LEN: u64 = 128;
 /// Longest header accepted (newer minors may extend it).
@@ -34,10 +34,13 @@ pub const DEFAULT_CHUNK_SIZE: u64 = 8 << 20;
 pub const MIN_CHUNK_SIZE: u64 = 16;
 /// Largest chunk size accepted: 1 GiB.
 pub const MAX_CHUNK_SIZE: u64 = 1 << 30;
-/// Flag bits a reader must understand (the low 32); none are defined in 1.x.
+/// Flag bits a reader must understand (the low 32).
 pub const REQUIRED_FLAGS_MASK: u64 = 0xffff_ffff;
+/// Required flag (1.2): the table holds driver-handle ranges (records of kind 1), which a
+/// 1.0 or 1.1 reader would take for runtime allocations; it refuses the image instead.
+pub const FLAG_DRIVER_HANDLES: u64 = 1;
 /// Required flags this build knows.
-pub const KNOWN_REQUIRED_FLAGS: u64 = 0;
+pub const KNOWN_REQUIRED_FLAGS: u64 = FLAG_DRIVER_HANDLES;
 
 /// The fixed header, as decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

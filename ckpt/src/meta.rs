@@ -97,7 +97,33 @@ pub struct AllocationRecord {
     pub order: u64,
     /// The caller's opaque tag.
     pub tag: u32,
+    /// Set when the range is memory of a driver-level handle (`cuMemCreate`) mapped at
+    /// `base` (format 1.2): what re-creates and re-maps it. `None`: a runtime allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<HandleRange>,
 }
+
+/// The driver handle behind a handle-backed range (format 1.2): one mapping of the handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HandleRange {
+    /// The handle as the program holds it (cudaw's virtual handle).
+    pub handle: u64,
+    /// The handle's size in bytes (the range is `size` bytes of it from `offset`).
+    pub handle_size: u64,
+    /// Offset of the range within the handle (`cuMemMap`'s `offset`).
+    pub offset: u64,
+    /// The `CUmemAllocationProp` the handle was created with (32 bytes, as the driver
+    /// lays it out).
+    pub prop: [u8; PROP_LEN],
+}
+
+/// Bytes of a `CUmemAllocationProp` in a [`HandleRange`].
+pub const PROP_LEN: usize = 32;
+
+/// Record kind of a runtime allocation (the 1.0 and 1.1 reserved field, 0).
+pub(crate) const KIND_ALLOCATION: u32 = 0;
+/// Record kind of a driver-handle range (1.2).
+pub(crate) const KIND_HANDLE: u32 = 1;
 
 impl AllocationRecord {
     /// One past its last byte, `None` on overflow.
@@ -118,8 +144,10 @@ pub struct AllocationEntry {
     pub chunk_count: u64,
 }
 
-/// Bytes of one allocation record in format 1.0.
-pub(crate) const RECORD_LEN: u32 = 48;
+/// Bytes of one allocation record in formats 1.0 and 1.1 (the fields every record has).
+pub(crate) const RECORD_LEN_1_0: u32 = 48;
+/// Bytes of one allocation record in format 1.2 (the handle fields added).
+pub(crate) const RECORD_LEN: u32 = RECORD_LEN_1_0 + 24 + PROP_LEN as u32;
 
 /// Little-endian encoder.
 #[derive(Default)]
@@ -279,8 +307,22 @@ pub(crate) fn encode_table(table: &[AllocationEntry], e: &mut Enc) {
         e.u64(r.size);
         e.u64(r.order);
         e.u32(r.tag);
-        e.u32(0);
+        e.u32(if r.handle.is_some() {
+            KIND_HANDLE
+        } else {
+            KIND_ALLOCATION
+        });
         e.u64(a.data_offset);
+        let h = r.handle.unwrap_or(HandleRange {
+            handle: 0,
+            handle_size: 0,
+            offset: 0,
+            prop: [0; PROP_LEN],
+        });
+        e.u64(h.handle);
+        e.u64(h.handle_size);
+        e.u64(h.offset);
+        e.bytes(&h.prop);
     }
 }
 
@@ -313,9 +355,9 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
     let count_at = d.offset();
     let count = d.u64()?;
     let record_len = d.u32()?;
-    if record_len < RECORD_LEN {
+    if record_len < RECORD_LEN_1_0 {
         return Err(d.err(format!(
-            "allocation record of {record_len} bytes (at least {RECORD_LEN})"
+            "allocation record of {record_len} bytes (at least {RECORD_LEN_1_0})"
         )));
     }
     let left = (d.buf.len() - d.pos) as u64;
@@ -340,8 +382,34 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
         let size = r.u64()?;
         let order = r.u64()?;
         let tag = r.u32()?;
-        let _reserved = r.u32()?;
+        let kind_at = r.offset();
+        let kind = r.u32()?;
         let data_offset = r.u64()?;
+        let handle = match kind {
+            KIND_ALLOCATION => None,
+            KIND_HANDLE if record_len >= RECORD_LEN => {
+                let handle = r.u64()?;
+                let handle_size = r.u64()?;
+                let offset = r.u64()?;
+                let mut prop = [0u8; PROP_LEN];
+                prop.copy_from_slice(r.take(PROP_LEN)?);
+                Some(HandleRange {
+                    handle,
+                    handle_size,
+                    offset,
+                    prop,
+                })
+            }
+            k => {
+                return Err(ImageError::Malformed {
+                    what: "allocation record",
+                    offset: kind_at,
+                    detail: format!(
+                        "record kind {k} in a record of {record_len} bytes (0: allocation; 1: driver handle range, in records of at least {RECORD_LEN} bytes)"
+                    ),
+                })
+            }
+        };
         table.push(AllocationEntry {
             record: AllocationRecord {
                 id,
@@ -349,6 +417,7 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
                 size,
                 order,
                 tag,
+                handle,
             },
             data_offset,
             chunk_count: 0,

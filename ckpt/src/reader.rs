@@ -173,6 +173,18 @@ impl<R: Read + Seek> ImageReader<R> {
                 expected: recorded.len() as u64,
             });
         }
+        let handles = recorded
+            .iter()
+            .filter(|e| e.record.handle.is_some())
+            .count();
+        let flagged = header.flags & format::FLAG_DRIVER_HANDLES != 0;
+        if flagged != (handles > 0) {
+            return Err(ImageError::Inconsistent {
+                what: "driver-handle flag (header) against the table's driver-handle ranges",
+                found: u64::from(flagged),
+                expected: u64::from(handles > 0),
+            });
+        }
         let records: Vec<AllocationRecord> = recorded.iter().map(|e| e.record).collect();
         let layout = format::layout(&records, header.chunk_size, header.data_offset)?;
         for (rec, lay) in recorded.iter().zip(&layout.entries) {

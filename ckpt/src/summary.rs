@@ -22,8 +22,14 @@ pub struct Summary {
     pub process: ProcessInfo,
     /// Its GPU.
     pub gpu: GpuInfo,
-    /// Number of allocations.
+    /// Number of allocations (driver-handle ranges included).
     pub allocation_count: u64,
+    /// Of them, ranges of driver-level handles (format 1.2).
+    #[serde(default)]
+    pub handle_ranges: u64,
+    /// Their bytes.
+    #[serde(default)]
+    pub handle_bytes: u64,
     /// Allocation bytes in all.
     pub data_bytes: u64,
     /// Chunks in all.
@@ -52,6 +58,12 @@ impl Summary {
             process: meta.process.clone(),
             gpu: meta.gpu.clone(),
             allocation_count: entries.len() as u64,
+            handle_ranges: entries.iter().filter(|e| e.record.handle.is_some()).count() as u64,
+            handle_bytes: entries
+                .iter()
+                .filter(|e| e.record.handle.is_some())
+                .map(|e| e.record.size)
+                .sum(),
             data_bytes: trailer.data_bytes,
             chunk_count: trailer.chunk_count,
             digest: trailer.digest,

@@ -102,7 +102,11 @@ impl<W: Write> ImageWriter<W> {
             major: FORMAT_MAJOR,
             minor: FORMAT_MINOR,
             header_len: HEADER_LEN,
-            flags: 0,
+            flags: if table.iter().any(|r| r.handle.is_some()) {
+                format::FLAG_DRIVER_HANDLES
+            } else {
+                0
+            },
             chunk_size: options.chunk_size,
             metadata_offset: HEADER_LEN,
             metadata_len,

@@ -180,6 +180,7 @@ fn dense_random_corruption_of_a_larger_image() {
             size,
             order: id,
             tag: id as u32,
+            handle: None,
         });
         base += size.next_multiple_of(256) + 256;
     }
@@ -270,12 +271,13 @@ fn newer_minor_of_a_writer_output_is_accepted() {
 }
 
 /// Byte offset of field `field` (0 id, 1 base, 2 size, 3 order, 5 data offset: in u64s;
-/// the tag is at 32) of record `i` in the small image.
+/// the tag is at 32, the record kind at 36) of record `i` in the small image (1.2 records
+/// of 104 bytes).
 fn record_field(img: &[u8], i: usize, byte: usize) -> usize {
     let r = open(img).unwrap();
     let meta_end = (r.header().metadata_offset + r.header().metadata_len) as usize;
     let n = r.allocations().len();
-    meta_end - 48 * (n - i) + byte
+    meta_end - 104 * (n - i) + byte
 }
 
 fn set64(img: &mut [u8], at: usize, v: u64) {
@@ -348,9 +350,16 @@ fn hostile_tables_are_refused_naming_the_allocations() {
         "{e}"
     );
     assert!(
-        e.to_string().contains("records of 48 bytes do not fit"),
+        e.to_string().contains("records of 104 bytes do not fit"),
         "{e}"
     );
+
+    // An unknown record kind (a newer minor must flag what an older reader cannot read).
+    let mut t = img.clone();
+    t[record_field(&img, 1, 36)] = 7;
+    reseal(&mut t);
+    let e = open(&t).unwrap_err();
+    assert!(e.to_string().contains("record kind 7"), "{e}");
 
     // Sections out of place.
     let mut t = img.clone();
@@ -384,6 +393,7 @@ fn swapped_chunks_are_named() {
             size: 32,
             order: 0,
             tag: 0,
+            handle: None,
         },
         AllocationRecord {
             id: 2,
@@ -391,6 +401,7 @@ fn swapped_chunks_are_named() {
             size: 32,
             order: 1,
             tag: 0,
+            handle: None,
         },
     ];
     let img = image(&table, 64);

@@ -20,6 +20,8 @@ struct Extras {
     header: usize,
     blocks: bool,
     record: usize,
+    /// Writes 48-byte records (1.0 and 1.1: no handle fields).
+    short_records: bool,
     after_table: usize,
     gap: usize,
     trailer: usize,
@@ -28,12 +30,13 @@ struct Extras {
 impl Default for Extras {
     fn default() -> Self {
         Extras {
-            minor: 1,
+            minor: 2,
             ordinal: true,
             flags: 0,
             header: 0,
             blocks: false,
             record: 0,
+            short_records: false,
             after_table: 0,
             gap: 0,
             trailer: 0,
@@ -82,7 +85,7 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     let mut md = Vec::new();
     block(&mut md, pb);
     block(&mut md, gb);
-    let record_len = 48 + x.record;
+    let record_len = if x.short_records { 48 } else { 104 } + x.record;
     let header_len = 128 + x.header;
     let metadata_len = md.len() + 12 + record_len * table.len() + x.after_table;
     let data_offset = (header_len + metadata_len + x.gap) as u64;
@@ -113,8 +116,21 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
             md.extend_from_slice(&v.to_le_bytes());
         }
         md.extend_from_slice(&r.tag.to_le_bytes());
-        md.extend_from_slice(&0u32.to_le_bytes());
+        // Record kind: 0 a runtime allocation, 1 a driver-handle range (reserved 0 in 1.1).
+        md.extend_from_slice(&u32::from(r.handle.is_some()).to_le_bytes());
         md.extend_from_slice(&off.to_le_bytes());
+        if !x.short_records {
+            let h = r.handle.unwrap_or(HandleRange {
+                handle: 0,
+                handle_size: 0,
+                offset: 0,
+                prop: [0; 32],
+            });
+            for v in [h.handle, h.handle_size, h.offset] {
+                md.extend_from_slice(&v.to_le_bytes());
+            }
+            md.extend_from_slice(&h.prop);
+        }
         md.extend(std::iter::repeat_n(0xab, x.record));
     }
     md.extend(std::iter::repeat_n(0xcd, x.after_table));
@@ -129,8 +145,9 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     h.extend_from_slice(&x.minor.to_le_bytes());
     h.extend_from_slice(&(header_len as u32).to_le_bytes());
     let chunk_count = sums.len() as u64;
+    let handles = u64::from(table.iter().any(|r| r.handle.is_some()));
     for v in [
-        x.flags,
+        x.flags | handles,
         chunk_size,
         header_len as u64,
         metadata_len as u64,
@@ -181,6 +198,79 @@ fn writer_output_is_the_documented_format() {
             "chunk size {chunk_size}"
         );
     }
+}
+
+#[test]
+fn writer_output_with_driver_handle_ranges_is_the_documented_format() {
+    for chunk_size in [16, 64, 1 << 20] {
+        let table = common::table_with_handles();
+        let img = common::image(&table, chunk_size);
+        assert_eq!(
+            img,
+            by_hand(&table, chunk_size, &Extras::default()),
+            "chunk size {chunk_size}"
+        );
+        // The required flag: a 1.0 or 1.1 reader refuses the image.
+        assert_eq!(u64::from_le_bytes(img[16..24].try_into().unwrap()), 1);
+        let mut r = ImageReader::open(Cursor::new(&img)).expect("opens");
+        let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+        assert_eq!(records, table);
+        r.verify().expect("verifies");
+        let s = r.summary();
+        assert_eq!((s.handle_ranges, s.handle_bytes), (2, 256 + 64));
+    }
+    // Without handle ranges the flag stays clear: a 1.1 reader reads the image.
+    let img = common::image(&small_table(), 64);
+    assert_eq!(u64::from_le_bytes(img[16..24].try_into().unwrap()), 0);
+}
+
+#[test]
+fn format_1_1_with_48_byte_records_is_read() {
+    let table = small_table();
+    let x = Extras {
+        minor: 1,
+        short_records: true,
+        ..Extras::default()
+    };
+    let img = by_hand(&table, 64, &x);
+    let mut r = ImageReader::open(Cursor::new(&img)).expect("a 1.1 image opens");
+    let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+    assert_eq!(records, table);
+    r.verify().expect("verifies");
+    assert_eq!(r.summary().format_version, "1.1");
+}
+
+#[test]
+fn driver_handle_ranges_and_their_flag_must_agree() {
+    let with = common::table_with_handles();
+    // Ranges without the flag (a writer that forgot it): refused.
+    let mut img = by_hand(&with, 64, &Extras::default());
+    img[16] = 0;
+    common::reseal(&mut img);
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(matches!(e, ImageError::Inconsistent { .. }), "{e}");
+    // The flag without ranges: refused.
+    let img = by_hand(
+        &small_table(),
+        64,
+        &Extras {
+            flags: 1,
+            ..Extras::default()
+        },
+    );
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(matches!(e, ImageError::Inconsistent { .. }), "{e}");
+    // A driver-handle record too short to hold the handle fields: refused.
+    let img = by_hand(
+        &with,
+        64,
+        &Extras {
+            short_records: true,
+            ..Extras::default()
+        },
+    );
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(matches!(e, ImageError::Malformed { .. }), "{e}");
 }
 
 #[test]

@@ -27,6 +27,7 @@ fn tables() -> impl Strategy<Value = Vec<AllocationRecord>> {
                     size,
                     order: i as u64,
                     tag,
+                    handle: None,
                 });
                 base += size + gap;
             }
@@ -188,6 +189,7 @@ fn writer_refuses_bad_tables_naming_the_allocations() {
         size: 10,
         order: 0,
         tag: 0,
+        handle: None,
     }];
     let e = ImageWriter::begin(Vec::new(), &meta(), &t, WriterOptions::default()).unwrap_err();
     assert!(
@@ -282,6 +284,7 @@ fn check_against_lists_every_difference() {
         size: 5,
         order: 9,
         tag: 0,
+        handle: None,
     });
     let d = r.check_against(&running);
     assert_eq!(
@@ -333,7 +336,7 @@ fn summary_serialises_to_json() {
     let mut s = r.summary();
     s.verified = Some(r.verify().unwrap());
     let v: serde_json::Value = serde_json::to_value(&s).unwrap();
-    assert_eq!(v["format_version"], "1.1");
+    assert_eq!(v["format_version"], "1.2");
     assert_eq!(v["process"]["pid"], 4242);
     assert_eq!(v["process"]["addressing"], "mapped");
     assert_eq!(v["gpu"]["ordinal"], 3);
@@ -344,6 +347,48 @@ fn summary_serialises_to_json() {
     assert_eq!(v["verified"]["chunks"], 8);
     let back: Summary = serde_json::from_value(v).unwrap();
     assert_eq!(back, s);
+}
+
+#[test]
+fn driver_handle_ranges_round_trip_and_are_compared() {
+    let table = common::table_with_handles();
+    let bytes = common::image(&table, 64);
+    let mut r = ImageReader::open(Cursor::new(&bytes)).unwrap();
+    let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+    assert_eq!(records, table);
+    for a in &table {
+        let mut buf = vec![0; a.size as usize];
+        r.read_allocation(a.id, &mut buf).unwrap();
+        assert_eq!(buf, common::contents(a));
+    }
+    let mut s = r.summary();
+    s.verified = Some(r.verify().unwrap());
+    let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["handle_ranges"], 2);
+    assert_eq!(v["allocations"][4]["handle"]["offset"], 256);
+    assert!(v["allocations"][0].get("handle").is_none());
+    let back: Summary = serde_json::from_value(v).unwrap();
+    assert_eq!(back, s);
+
+    assert!(r.check_against(&table).is_empty());
+    // The process's handle differs (another handle, properties), or it is not a handle.
+    let mut running = table.clone();
+    running[3].handle.as_mut().unwrap().handle += 1;
+    running[4].handle.as_mut().unwrap().prop[12] = 1;
+    running[0].handle = running[4].handle;
+    let d = r.check_against(&running);
+    assert_eq!(d.len(), 3, "{d:?}");
+    let texts: Vec<String> = d.iter().map(|d| d.to_string()).collect();
+    assert!(
+        texts.iter().any(|t| t == "range 7 is a runtime allocation in the image, driver handle 0xcda0000000000001 in the process"),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("differs in the handle's size, offset or properties")),
+        "{texts:?}"
+    );
 }
 
 #[test]

@@ -63,6 +63,7 @@ fn one_gib_streams_in_bounded_memory() {
             size,
             order: i as u64,
             tag: 0,
+            handle: None,
         });
         base += size.next_multiple_of(2 << 20);
     }

@@ -25,6 +25,7 @@
 use crate::log;
 use crate::memory;
 use crate::staging::staging;
+use driver::DriverBackend;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
@@ -65,8 +66,29 @@ struct Handle {
     real_released: bool,
     /// Why it must stay on the device (exported, imported, bound to multicast).
     pinned: Option<&'static str>,
-    /// While evicted: (mapping address, bytes) per saved range.
-    saved: Vec<(u64, Vec<u8>)>,
+    /// While evicted: one per saved range.
+    saved: Vec<Saved>,
+}
+
+/// One mapped range of an evicted handle: its bytes, in host memory or in the image a dump
+/// wrote (`cudaw-ckpt dump`; resume reads them from there, by `id`).
+#[derive(Debug, Clone)]
+struct Saved {
+    /// The mapping's address.
+    addr: u64,
+    /// Its id in a checkpoint image ([`range_id`]).
+    id: u64,
+    /// Its bytes.
+    len: u64,
+    /// The bytes; `None`: in the image that holds the process's memory.
+    bytes: Option<Vec<u8>>,
+}
+
+/// The image id of range `i` (in address order) of virtual handle `v`: the handle itself
+/// for its first range, then the range index in bits 48..52 (the counter stays below 2^48,
+/// [`TAG`] leaves those bits clear), so ids never meet the VMM's small counters.
+fn range_id(v: u64, i: usize) -> Option<u64> {
+    (i < 16).then_some(v | ((i as u64) << 48))
 }
 
 /// One `cuMemMap`.
@@ -762,11 +784,14 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                 let HostCopy::Memory(bytes) = c else {
                     return Err("the staging kept a driver handle's bytes itself".into());
                 };
-                t.handles
-                    .get_mut(v)
-                    .expect("live")
-                    .saved
-                    .push((r.addr, bytes));
+                let h = t.handles.get_mut(v).expect("live");
+                let id = range_id(*v, h.saved.len()).unwrap_or(0);
+                h.saved.push(Saved {
+                    addr: r.addr,
+                    id,
+                    len: r.len,
+                    bytes: Some(bytes),
+                });
             }
             for &v in vs {
                 let maps: Vec<(u64, u64)> = t
@@ -808,7 +833,7 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     }
     if let Err(e) = r {
         drop(t);
-        if let Err(e2) = restore(&mut |_| {}) {
+        if let Err(e2) = restore(&mut staging()) {
             log::error(format_args!(
                 "pause: putting driver handles back failed: {e2}"
             ));
@@ -829,20 +854,100 @@ pub fn evicted_bytes() -> u64 {
         .sum()
 }
 
-/// Whether the process holds driver handles of device memory (an image cannot hold them).
-pub fn any_device_handles() -> Option<(usize, u64)> {
+/// The driver handles of device memory a pause cannot evict (exported, imported, bound to a
+/// multicast object, not fully mapped), which an image cannot hold: (count, bytes, the first
+/// one's reason). `None` when every one can be evicted.
+pub fn unevictable() -> Option<(usize, u64, String)> {
     let t = TABLE.lock();
-    let (n, b) = t
+    let mut out: Option<(usize, u64, String)> = None;
+    for (&v, h) in t.handles.iter().filter(|(_, h)| h.device.is_some()) {
+        let why = match evictable(&t, v) {
+            Ok(()) if ranges_of(&t, v).len() <= 16 => continue,
+            Ok(()) => "is mapped over more than 16 distinct spans".to_owned(),
+            Err(why) => why,
+        };
+        match &mut out {
+            Some((n, b, _)) => {
+                *n += 1;
+                *b += h.size;
+            }
+            None => out = Some((1, h.size, format!("handle {v:#x} ({} bytes) {why}", h.size))),
+        }
+    }
+    out
+}
+
+/// Devices with evicted handles.
+pub fn evicted_devices() -> Vec<i32> {
+    let t = TABLE.lock();
+    let mut d: Vec<i32> = t
         .handles
         .values()
-        .filter(|h| h.device.is_some())
-        .fold((0usize, 0u64), |(n, b), h| (n + 1, b + h.size));
-    (n > 0).then_some((n, b))
+        .filter(|h| h.real.is_none())
+        .filter_map(|h| h.device)
+        .collect();
+    d.sort_unstable();
+    d.dedup();
+    d
+}
+
+/// The image records of device `dev`'s evicted handles: one per saved range, in handle
+/// then address order (what dump writes and restore compares with the image's).
+pub fn image_records(dev: i32) -> Vec<ckpt::AllocationRecord> {
+    let t = TABLE.lock();
+    let mut out = Vec::new();
+    for (&v, h) in &t.handles {
+        if h.real.is_some() || h.device != Some(dev) {
+            continue;
+        }
+        for s in &h.saved {
+            let offset = t.mappings.get(&s.addr).map_or(0, |m| m.offset);
+            out.push(ckpt::AllocationRecord {
+                id: s.id,
+                base: s.addr,
+                size: s.len,
+                order: v & !TAG,
+                tag: 0,
+                handle: Some(ckpt::HandleRange {
+                    handle: v,
+                    handle_size: h.size,
+                    offset,
+                    prop: h.prop,
+                }),
+            });
+        }
+    }
+    out
+}
+
+/// Calls `f` with the saved bytes of range `id` (`None`: they are in the image that holds
+/// the process's memory, or the range is unknown: `Err`).
+pub fn with_saved<R>(id: u64, f: impl FnOnce(Option<&[u8]>) -> R) -> Result<R, String> {
+    let t = TABLE.lock();
+    let s = t
+        .handles
+        .values()
+        .flat_map(|h| h.saved.iter())
+        .find(|s| s.id == id)
+        .ok_or_else(|| format!("driver handle range {id:#x} is not saved"))?;
+    Ok(f(s.bytes.as_deref()))
+}
+
+/// After a dump: the bytes of these ranges live only in the image (host copies freed).
+pub fn mark_in_image(ids: &[u64]) {
+    let mut t = TABLE.lock();
+    for s in t.handles.values_mut().flat_map(|h| h.saved.iter_mut()) {
+        if ids.contains(&s.id) {
+            s.bytes = None;
+        }
+    }
 }
 
 /// Restores every evicted handle: a new real handle, the same mappings and access, the
-/// bytes. On failure the handles not yet restored stay evicted (resume again retries).
-pub fn restore(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
+/// bytes, loaded through `loader` (from host memory, or, for ranges a dump left in an image
+/// or every range of a restore, from the image). On failure the handles not yet restored
+/// stay evicted (resume again retries).
+pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String> {
     let mut t = TABLE.lock();
     let mut moved = Moved::default();
     let ids: Vec<u64> = t
@@ -915,14 +1020,17 @@ pub fn restore(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
             let ranges: Vec<LoadRange<'_>> = h
                 .saved
                 .iter()
-                .map(|(va, bytes)| LoadRange {
-                    id: AllocationId(v),
-                    addr: *va,
-                    len: bytes.len() as u64,
-                    source: Source::Memory(bytes),
+                .map(|s| LoadRange {
+                    id: AllocationId(s.id),
+                    addr: s.addr,
+                    len: s.len,
+                    source: match &s.bytes {
+                        Some(b) => Source::Memory(b),
+                        None => Source::File { offset: 0 },
+                    },
                 })
                 .collect();
-            if let Err(e) = staging().load(backend, &ranges) {
+            if let Err(e) = loader.load(backend, &ranges) {
                 fail = Some(format!("copying driver handle {v:#x} back: {e}"));
             }
         }
@@ -934,7 +1042,6 @@ pub fn restore(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
             undo_charge();
             return Err(f);
         }
-        copied(size);
         h.saved.clear();
         h.real = Some(r);
         h.charged = charged;

@@ -44,11 +44,20 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-/// The one device with allocations (`None`: no allocations anywhere).
+/// The one device with allocations or evicted driver handles (`None`: no device memory
+/// anywhere).
 fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
-    let with: Vec<(i32, &'static DeviceMemory)> = memory::managed_devices()
+    let mut with: Vec<(i32, &'static DeviceMemory)> = memory::managed_devices()
         .filter(|(_, m)| m.vmm.stats().allocations > 0)
         .collect();
+    for d in crate::handles::evicted_devices() {
+        if !with.iter().any(|(o, _)| *o == d) {
+            let m = memory::device(d)
+                .map_err(|e| Failure::new(ErrorKind::Failed, format!("device {d}: error {e}")))?;
+            with.push((d, m));
+        }
+    }
+    with.sort_by_key(|(o, _)| *o);
     match with.as_slice() {
         [] => Ok(None),
         [one] => Ok(Some(*one)),
@@ -66,6 +75,54 @@ fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
     }
 }
 
+/// The process's table as an image holds it: `dev`'s allocations in creation order, then
+/// its evicted driver handles' mapped ranges.
+fn process_table(dev: Option<(i32, &'static DeviceMemory)>) -> Vec<AllocationRecord> {
+    let Some((ordinal, m)) = dev else {
+        return Vec::new();
+    };
+    let mut t: Vec<AllocationRecord> = m.vmm.snapshot().iter().map(record).collect();
+    t.extend(crate::handles::image_records(ordinal));
+    t
+}
+
+/// Copies allocation `id` (`size` bytes) from the image that holds it into the writer.
+fn copy_from_image(
+    old: Option<&mut ImageReader<File>>,
+    w: &mut ImageWriter<BufWriter<File>>,
+    id: u64,
+    size: u64,
+    buf: &mut Vec<u8>,
+    path: &Path,
+    advance: &mut dyn FnMut(u64),
+) -> Result<(), Failure> {
+    let Some(img) = old else {
+        return Err(Failure::new(
+            ErrorKind::Failed,
+            format!("allocation {id:#x} is in an image, but no image is open"),
+        ));
+    };
+    let cs = img.chunk_size().min(size) as usize;
+    if buf.len() < cs {
+        buf.resize(cs, 0);
+    }
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(cs as u64) as usize;
+        img.read_range(id, off, &mut buf[..n]).map_err(|e| {
+            Failure::new(
+                ErrorKind::BadImage,
+                format!("reading allocation {id:#x} from the image that holds it: {e}"),
+            )
+        })?;
+        w.write_chunk(id, off, &buf[..n])
+            .map_err(|e| image_failure(path, "writing", e))?;
+        off += n as u64;
+        advance(n as u64);
+    }
+    Ok(())
+}
+
 fn record(a: &Allocation) -> AllocationRecord {
     AllocationRecord {
         id: a.id.0,
@@ -73,6 +130,7 @@ fn record(a: &Allocation) -> AllocationRecord {
         size: a.size,
         order: a.order,
         tag: a.tag,
+        handle: None,
     }
 }
 
@@ -262,7 +320,7 @@ fn write_image(
     report: Report<'_>,
 ) -> Result<(u64, u64), Failure> {
     let allocations: Vec<Allocation> = dev.map(|(_, m)| m.vmm.snapshot()).unwrap_or_default();
-    let table: Vec<AllocationRecord> = allocations.iter().map(record).collect();
+    let table = process_table(dev);
     let meta = metadata(dev);
     let out = BufWriter::with_capacity(1 << 20, file);
     let wfail = |e: ImageError| image_failure(path, "writing", e);
@@ -327,34 +385,65 @@ fn write_image(
                 r.map_err(wfail)?;
             }
             Residency::InFile { .. } => {
-                let Some(img) = old.as_deref_mut() else {
-                    return Err(Failure::new(
-                        ErrorKind::Failed,
-                        format!("allocation {id} is in an image, but no image is open"),
-                    ));
+                let mut advance = |n: u64| {
+                    done += n;
+                    report(Progress {
+                        phase: Phase::Write,
+                        done,
+                        total,
+                    });
                 };
-                let cs = img.chunk_size().min(a.size) as usize;
-                if buf.len() < cs {
-                    buf.resize(cs, 0);
-                }
-                let mut off = 0u64;
-                while off < a.size {
-                    let n = (a.size - off).min(cs as u64) as usize;
-                    img.read_range(id, off, &mut buf[..n]).map_err(|e| {
-                        Failure::new(
-                            ErrorKind::BadImage,
-                            format!("reading allocation {id} from the image that holds it: {e}"),
-                        )
-                    })?;
-                    w.write_chunk(id, off, &buf[..n]).map_err(wfail)?;
-                    off += n as u64;
-                    done += n as u64;
+                copy_from_image(
+                    old.as_deref_mut(),
+                    &mut w,
+                    id,
+                    a.size,
+                    &mut buf,
+                    path,
+                    &mut advance,
+                )?;
+            }
+        }
+    }
+    // Driver-handle ranges: from the host copies the pause made, or from the image a
+    // previous dump left them in.
+    for r in table.iter().filter(|r| r.handle.is_some() && r.size > 0) {
+        let id = r.id;
+        let in_memory = crate::handles::with_saved(id, |bytes| {
+            bytes.map(|bytes| -> Result<(), ImageError> {
+                for (i, piece) in bytes.chunks(WRITE_PIECE).enumerate() {
+                    w.write_chunk(id, (i * WRITE_PIECE) as u64, piece)?;
+                    done += piece.len() as u64;
                     report(Progress {
                         phase: Phase::Write,
                         done,
                         total,
                     });
                 }
+                Ok(())
+            })
+        })
+        .map_err(|e| Failure::new(ErrorKind::Failed, e))?;
+        match in_memory {
+            Some(r) => r.map_err(wfail)?,
+            None => {
+                let mut advance = |n: u64| {
+                    done += n;
+                    report(Progress {
+                        phase: Phase::Write,
+                        done,
+                        total,
+                    });
+                };
+                copy_from_image(
+                    old.as_deref_mut(),
+                    &mut w,
+                    id,
+                    r.size,
+                    &mut buf,
+                    path,
+                    &mut advance,
+                )?;
             }
         }
     }
@@ -399,11 +488,11 @@ pub(crate) fn dump(
     let started = Instant::now();
     // Before touching the process: the image can hold its memory, and the file can be
     // created.
-    if let Some((n, bytes)) = crate::handles::any_device_handles() {
+    if let Some((n, bytes, first)) = crate::handles::unevictable() {
         return Err(Failure::new(
             ErrorKind::Unsupported,
             format!(
-                "the process holds {n} driver-level memory handles ({bytes} bytes, from cuMemCreate: PyTorch's expandable segments, or a library through the driver); a checkpoint image cannot hold them yet, so no image was written (pause and resume work)"
+                "the process holds {n} driver-level memory handles ({bytes} bytes, from cuMemCreate) that a pause cannot evict ({first}); a checkpoint image cannot hold them, so no image was written"
             ),
         ));
     }
@@ -457,10 +546,10 @@ pub(crate) fn dump(
     };
     let image_bytes = reader.header().file_len;
     let digest = reader.trailer().digest;
-    let entries: Vec<(u64, u64)> = reader
+    let entries: Vec<(u64, u64, bool)> = reader
         .allocations()
         .iter()
-        .map(|e| (e.record.id, e.data_offset))
+        .map(|e| (e.record.id, e.data_offset, e.record.handle.is_some()))
         .collect();
     let (resume, state) = if leave_running {
         let m = pause::resume(ctl, report).map_err(|mut e| {
@@ -479,7 +568,9 @@ pub(crate) fn dump(
             reader,
         });
         if let Some((_, m)) = dev {
-            for (id, offset) in entries {
+            let handle_ranges: Vec<u64> = entries.iter().filter(|e| e.2).map(|e| e.0).collect();
+            crate::handles::mark_in_image(&handle_ranges);
+            for (id, offset, _) in entries.into_iter().filter(|e| !e.2) {
                 match m.vmm.mark_in_file(AllocationId(id), offset) {
                     Ok(()) => crate::staging::forget(m.vmm.backend(), AllocationId(id)),
                     // Its host copy stays; the image holds it too.
@@ -531,9 +622,7 @@ fn mismatches(
             addressing()
         ));
     }
-    let table: Vec<AllocationRecord> = dev
-        .map(|(_, m)| m.vmm.snapshot().iter().map(record).collect())
-        .unwrap_or_default();
+    let table = process_table(dev);
     let diff = reader.check_against(&table);
     if !diff.is_empty() {
         const SHOWN: usize = 5;
@@ -628,12 +717,22 @@ pub(crate) fn restore(
             done: 0,
             total: data_total,
         });
-        match m.vmm.restore_all(&mut load) {
-            Ok(moved) => {
-                allocations = moved.allocations as u64;
-                bytes = moved.bytes;
-                crate::staging::restored(m.vmm.backend(), 0);
-            }
+        let r = m.vmm.restore_all(&mut load).and_then(|moved| {
+            allocations = moved.allocations as u64;
+            bytes = moved.bytes;
+            crate::staging::restored(m.vmm.backend(), 0);
+            // Driver-handle ranges, from the image too (verified above). A failure here
+            // leaves the handles not yet loaded evicted (a resume loads their host
+            // copies) and the runtime allocations loaded.
+            crate::handles::restore(&mut load)
+                .map(|h| {
+                    allocations += h.handles as u64;
+                    bytes += h.bytes;
+                })
+                .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
+        });
+        match r {
+            Ok(()) => {}
             Err(e) => {
                 let kind = if load.image_error.is_some() {
                     ErrorKind::BadImage

@@ -811,28 +811,35 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
             }
         }
     }
-    let mut done = load.done;
-    let report = load.report;
-    match crate::handles::restore(&mut |n| {
-        done += n;
-        report(Progress {
-            phase: Phase::Load,
-            done,
-            total: total.max(done),
-        });
-    }) {
+    // Driver-level handles: from host memory, or from the image a dump left them in.
+    match crate::handles::restore(&mut load) {
         Ok(h) => {
             allocations += h.handles;
             bytes += h.bytes;
         }
         Err(e) => {
-            let msg = format!(
-                "restoring driver-level handles failed: {e}; staying paused (resume again to retry)"
-            );
+            let image_error = load.image_error.take();
+            drop(load);
+            let (kind, msg) = match (image_error, &ctl.image) {
+                (Some(ie), Some(h)) => (
+                    ErrorKind::BadImage,
+                    format!(
+                        "the image {} that holds the process's driver handles is damaged: {ie}; staying paused (`cudaw-ckpt restore PID -i IMAGE` can load another image of this process)",
+                        h.path.display()
+                    ),
+                ),
+                _ => (
+                    ErrorKind::Failed,
+                    format!(
+                        "restoring driver-level handles failed: {e}; staying paused (resume again to retry)"
+                    ),
+                ),
+            };
             log::error(format_args!("resume: {msg}"));
-            return Err(Failure::new(ErrorKind::Failed, msg));
+            return Err(Failure::new(kind, msg));
         }
     }
+    drop(load);
     let from = match ctl.image.take() {
         Some(h) => format!(" (from {})", h.path.display()),
         None => String::new(),

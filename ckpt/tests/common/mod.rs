@@ -67,6 +67,7 @@ pub fn small_table() -> Vec<AllocationRecord> {
             size: 300,
             order: 0,
             tag: 1,
+            handle: None,
         },
         AllocationRecord {
             id: 3,
@@ -74,6 +75,7 @@ pub fn small_table() -> Vec<AllocationRecord> {
             size: 0,
             order: 1,
             tag: 2,
+            handle: None,
         },
         AllocationRecord {
             id: 9,
@@ -81,8 +83,40 @@ pub fn small_table() -> Vec<AllocationRecord> {
             size: 129,
             order: 2,
             tag: 3,
+            handle: None,
         },
     ]
+}
+
+/// [`small_table`] and two ranges of one driver handle (format 1.2).
+#[allow(dead_code)]
+pub fn table_with_handles() -> Vec<AllocationRecord> {
+    let mut prop = [0u8; PROP_LEN];
+    prop[0] = 1; // CU_MEM_ALLOCATION_TYPE_PINNED
+    prop[8] = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+    let mut t = small_table();
+    for (i, (base, size, offset)) in [
+        (0x7f00_0010_0000u64, 256u64, 0u64),
+        (0x7f00_0020_0000, 64, 256),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        t.push(AllocationRecord {
+            id: 0xcda0_0000_0000_0001 | (i as u64) << 48,
+            base,
+            size,
+            order: 1,
+            tag: 0,
+            handle: Some(HandleRange {
+                handle: 0xcda0_0000_0000_0001,
+                handle_size: 320,
+                offset,
+                prop,
+            }),
+        });
+    }
+    t
 }
 
 /// Writes `table` (contents from [`fill`]) whole.

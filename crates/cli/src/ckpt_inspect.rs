@@ -162,19 +162,33 @@ fn print_summary(path: &Path, s: &Summary, all: bool) {
         s.chunk_count,
         mib(s.chunk_size)
     );
+    if s.handle_ranges > 0 {
+        println!(
+            "            of which {} driver-handle ranges, {} bytes ({}): cuMemCreate memory mapped by the program",
+            s.handle_ranges,
+            s.handle_bytes,
+            mib(s.handle_bytes)
+        );
+    }
     println!("  digest    {:#018x}", s.digest);
     if s.allocations.is_empty() {
         return;
     }
     println!(
-        "  {:>8}  {:>18}  {:>14}  {:>8}  {:>4}  {:>14}",
+        "  {:>8}  {:>18}  {:>14}  {:>8}  {:>4}  {:>14}  driver handle",
         "id", "base", "size", "order", "tag", "file offset"
     );
     let n = if all { s.allocations.len() } else { SHOWN };
     for a in s.allocations.iter().take(n) {
         let r = &a.record;
+        let handle = r.handle.map_or(String::new(), |h| {
+            format!(
+                "  {:#x} (+{:#x} of {} bytes)",
+                h.handle, h.offset, h.handle_size
+            )
+        });
         println!(
-            "  {:>8}  {:>#18x}  {:>14}  {:>8}  {:>4}  {:>14}",
+            "  {:>8}  {:>#18x}  {:>14}  {:>8}  {:>4}  {:>14}{handle}",
             r.id, r.base, r.size, r.order, r.tag, a.data_offset
         );
     }

@@ -4,7 +4,8 @@
 // cudaGetDriverEntryPoint (argv[1] "entry") or through libcuda.so.1's cuGetProcAddress
 // (argv[1] "proc", as cuBLAS and Triton do). Kernels write a pattern into every chunk;
 // then, for each line read on stdin, kernels check it and a line "check N ok" (or "bad")
-// is printed; at end of input it unmaps, releases and prints "done".
+// is printed; the line "grow" instead maps one more chunk (filled, then checked with the
+// others) and prints "grown N"; at end of input it unmaps, releases and prints "done".
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 static const int CHUNKS = 8;
+static const int MAX_CHUNKS = 16;
 static const size_t CHUNK = 2u << 20;
 static const size_t WORDS = CHUNK / sizeof(unsigned);
 
@@ -87,7 +89,8 @@ int main(int argc, char** argv) {
     CUdeviceptr base = 0;
     const size_t reserved = 64 * CHUNK;
     CHECK(reserve(&base, reserved, 0, 0, 0));
-    CUmemGenericAllocationHandle handles[CHUNKS];
+    CUmemGenericAllocationHandle handles[MAX_CHUNKS];
+    int chunks = CHUNKS;
     for (int c = 0; c < CHUNKS; c++) {
         CHECK(create(&handles[c], CHUNK, &prop, 0));
         CHECK(map(base + c * CHUNK, CHUNK, 0, handles[c], 0));
@@ -114,14 +117,24 @@ int main(int argc, char** argv) {
     char line[64];
     int n = 0;
     while (fgets(line, sizeof line, stdin)) {
+        if (strncmp(line, "grow", 4) == 0 && chunks < MAX_CHUNKS) {
+            int c = chunks++;
+            CHECK(create(&handles[c], CHUNK, &prop, 0));
+            CHECK(map(base + c * CHUNK, CHUNK, 0, handles[c], 0));
+            CHECK(set_access(base + c * CHUNK, CHUNK, &access, 1));
+            fill<<<64, 256>>>((unsigned*)(base + c * CHUNK), 1000u + c, WORDS);
+            CHECK(cudaDeviceSynchronize());
+            printf("grown %d\n", chunks);
+            continue;
+        }
         CHECK(cudaMemset(bad, 0, sizeof(unsigned)));
-        for (int c = 0; c < CHUNKS; c++)
+        for (int c = 0; c < chunks; c++)
             check<<<64, 256>>>((const unsigned*)(base + c * CHUNK), 1000u + c, WORDS, bad);
         unsigned h = 0;
         CHECK(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
         printf(h == 0 ? "check %d ok\n" : "check %d bad\n", n++);
     }
-    for (int c = 0; c < CHUNKS; c++) {
+    for (int c = 0; c < chunks; c++) {
         CHECK(unmap(base + c * CHUNK, CHUNK));
         CHECK(release(handles[c]));
     }
