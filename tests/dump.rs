@@ -144,6 +144,15 @@ fn with_the_host_arena(addressing: Addressing, tag: &str) {
     };
     let retained = format!("{ALLOCATIONS} of {ALLOCATIONS} allocations left in the host arena");
     let count = |t: &Target| t.log().matches(&retained).count();
+    // The log is read on another thread: a line the shim wrote before replying may not be
+    // read yet. Waits (up to 10 s) for the n-th line, then checks there is no (n+1)-th.
+    let expect = |t: &Target, n: usize| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while count(t) < n && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(count(t), n, "{}", t.log());
+    };
     // 7 runs of 30 of the program's 240 iterations.
     // The first pause: no arena yet.
     t.send_run(30);
@@ -160,8 +169,7 @@ fn with_the_host_arena(addressing: Addressing, tag: &str) {
             out.contains(&format!("{ALLOCATIONS} allocations, {BYTES} bytes")),
             "{out}"
         );
-        t.wait_log(&retained);
-        assert_eq!(count(&t), round, "{}", t.log());
+        expect(&t, round);
         t.ok(&["resume", &t.pid]);
         t.assert_running();
         t.wait_ran();
@@ -171,13 +179,13 @@ fn with_the_host_arena(addressing: Addressing, tag: &str) {
     let d = t.json(&["dump", &t.pid, "-o", "b.img", "--leave-running"]);
     assert_eq!(d["state"], "running", "{d}");
     assert_eq!(d["bytes"].as_u64(), Some(BYTES), "{d}");
-    assert_eq!(count(&t), 3, "{}", t.log());
+    expect(&t, 3);
     t.wait_ran();
     let b = inspect_verified(&t, &t.path("b.img"));
     // Paused into the arena, then dumped: the bytes move to the image; resume reads it.
     t.send_run(30);
     t.ok(&["pause", &t.pid]);
-    assert_eq!(count(&t), 4, "{}", t.log());
+    expect(&t, 4);
     t.ok(&["dump", &t.pid, "-o", "a.img"]);
     let a = t.path("a.img");
     t.assert_paused_in(&a);
@@ -201,7 +209,7 @@ fn with_the_host_arena(addressing: Addressing, tag: &str) {
     t.ok(&["pause", &t.pid]);
     t.ok(&["resume", &t.pid]);
     t.wait_ran();
-    assert_eq!(count(&t), 7, "{}", t.log());
+    expect(&t, 7);
     let log = t.finish();
     assert!(
         !log.lines()
