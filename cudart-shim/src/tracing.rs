@@ -19,7 +19,6 @@
 use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
-use std::cell::RefCell;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -50,7 +49,11 @@ pub fn init() {
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
-    gate::GATE.fetch_or(gate::TRACING, Ordering::SeqCst);
+    let bits = match cfg.trace {
+        Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,
+        _ => gate::TRACING,
+    };
+    gate::GATE.fetch_or(bits, Ordering::SeqCst);
     log::info(format_args!(
         "tracing: {} ({}; ticks {:.3} per ns)",
         cfg.trace.as_str(),
@@ -91,24 +94,46 @@ pub fn trace_file() -> PathBuf {
 /// Calls a thread may nest (deeper calls run untimed).
 const DEPTH: usize = 32;
 
+/// One timed call on the shadow stack (`shim-build`'s `TRACE_FRAME` layout).
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct Frame {
-    /// Where the caller's return address was (the thunk's address is there now).
+    /// Where the caller's return address was (a thunk's address is there now).
     slot: usize,
     /// The caller's return address.
     ret: usize,
     /// The export's index in `ALL_NAMES`.
-    index: u32,
+    index: u64,
     /// Ticks at entry.
     start: u64,
 }
 
-struct Shadow {
-    depth: usize,
-    frames: [Frame; DEPTH],
-    /// This thread's counters in the tracer (one thread-local read per traced call).
-    counters: Option<&'static cudaw_trace::counters::ThreadCounters>,
+/// A thread's tracing state, shared with the assembly fast path (`shim-build`'s
+/// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through one
+/// word of static TLS (`cudaw_rt_trace_tls`). Made on the thread's first traced call and
+/// never freed (the tracer keeps every thread's counters anyway), so calls made while a
+/// thread exits are timed too.
+#[repr(C)]
+pub(crate) struct Block {
+    /// The next free frame.
+    top: *mut Frame,
+    /// One past the last frame.
+    limit: *mut Frame,
+    /// The thread's counters of `ALL_NAMES[i]`, at `i` (`ThreadCounters::flat_calls`).
+    calls: *const cudaw_trace::counters::CallSlot,
+    /// The thread's counters.
+    counters: &'static cudaw_trace::counters::ThreadCounters,
+    /// `frames[0]` is a sentinel (slot `usize::MAX`: never stale, never matched).
+    frames: [Frame; DEPTH + 1],
 }
+
+const _: () = {
+    assert!(std::mem::offset_of!(Block, top) == 0);
+    assert!(std::mem::offset_of!(Block, limit) == 8);
+    assert!(std::mem::offset_of!(Block, calls) == 16);
+    assert!(std::mem::size_of::<Frame>() == 32);
+    assert!(std::mem::size_of::<cudaw_trace::counters::CallSlot>() == 24);
+};
 
 const EMPTY: Frame = Frame {
     slot: 0,
@@ -117,10 +142,55 @@ const EMPTY: Frame = Frame {
     start: 0,
 };
 
-thread_local! {
-    static SHADOW: RefCell<Shadow> = const {
-        RefCell::new(Shadow { depth: 0, frames: [EMPTY; DEPTH], counters: None })
-    };
+extern "C" {
+    /// The calling thread's block word (`trace.s`): 0 until [`block`] makes the block.
+    fn cudaw_rt_trace_block() -> *mut *mut c_void;
+}
+
+/// The calling thread's block word.
+fn block_word() -> *mut *mut Block {
+    // SAFETY: the accessor returns the address of the calling thread's static TLS word,
+    // which lives as long as the thread and is used by this thread only.
+    unsafe { cudaw_rt_trace_block() }.cast()
+}
+
+/// The calling thread's block, made on first use (`None`: tracing is off).
+fn block() -> Option<*mut Block> {
+    let word = block_word();
+    // SAFETY: the thread's own TLS word.
+    let b = unsafe { word.read() };
+    if !b.is_null() {
+        return Some(b);
+    }
+    let t = tracer()?;
+    let counters = t.thread_counters();
+    let base = FUNCTION_BASE.load(Ordering::Relaxed);
+    let calls = counters.flat_calls(base, ALL_NAMES.len())?.as_ptr();
+    let mut frames = [EMPTY; DEPTH + 1];
+    frames[0].slot = usize::MAX;
+    let b = Box::into_raw(Box::new(Block {
+        top: std::ptr::null_mut(),
+        limit: std::ptr::null_mut(),
+        calls,
+        counters,
+        frames,
+    }));
+    // SAFETY: `b` is a fresh allocation, leaked for the life of the process; the frames
+    // array has DEPTH + 1 elements, so both pointers are in bounds (or one past the end).
+    unsafe {
+        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>();
+        (*b).top = first.add(1);
+        (*b).limit = first.add(DEPTH + 1);
+        word.write(b);
+    }
+    Some(b)
+}
+
+/// The calling thread's block, if it has one.
+fn existing_block() -> Option<*mut Block> {
+    // SAFETY: the thread's own TLS word.
+    let b = unsafe { block_word().read() };
+    (!b.is_null()).then_some(b)
 }
 
 /// Starts timing the call of export `index` whose return address is at `slot`: called by
@@ -130,45 +200,52 @@ thread_local! {
 /// `slot` is the address of the return address of the export call in progress on this
 /// thread (the word the `call` instruction pushed).
 pub unsafe fn enter(index: u32, slot: *mut usize) {
-    let _ = SHADOW.try_with(|s| {
-        let Ok(mut s) = s.try_borrow_mut() else {
-            return;
-        };
-        let at = slot as usize;
+    let Some(b) = block() else { return };
+    let at = slot as usize;
+    // SAFETY: `b` is this thread's block; only this thread (here, the assembly fast path
+    // and the thunks, never at the same time) touches it. `top` stays within
+    // frames[1..=DEPTH]; the sentinel frames[0] ends the loop.
+    unsafe {
         // A frame at or below this one on the stack cannot be live: a longjmp skipped it.
-        while s.depth > 0 && s.frames[s.depth - 1].slot <= at {
-            s.depth -= 1;
+        while (*(*b).top.sub(1)).slot <= at {
+            (*b).top = (*b).top.sub(1);
         }
-        if s.depth == DEPTH {
+        if (*b).top >= (*b).limit {
             return;
         }
-        // SAFETY: `slot` holds this call's return address (caller's contract).
-        let ret = unsafe { slot.read() };
-        let d = s.depth;
-        s.frames[d] = Frame {
+        let f = (*b).top;
+        (*b).top = f.add(1);
+        // SAFETY (slot): holds this call's return address (caller's contract); the export
+        // returns into the thunk, which returns to it.
+        f.write(Frame {
             slot: at,
-            ret,
-            index,
+            ret: slot.read(),
+            index: u64::from(index),
             start: 0,
-        };
-        s.depth = d + 1;
-        // SAFETY: as above; the export returns into the thunk, which returns to `ret`.
-        unsafe { slot.write(cudaw_trace_return as *const () as usize) };
-        s.frames[d].start = ticks();
-    });
+        });
+        slot.write(cudaw_trace_return as *const () as usize);
+        (*f).start = ticks();
+    }
 }
 
 /// The return thunk's work: ends the timing of the call whose return address was at
 /// `slot` and returns that address.
 extern "C" fn exit(slot: usize) -> usize {
     let end = ticks();
-    let popped = SHADOW.try_with(|s| {
-        let mut s = s.try_borrow_mut().ok()?;
-        let i = (0..s.depth).rev().find(|&i| s.frames[i].slot == slot)?;
-        s.depth = i;
-        Some((s.frames[i], s.counters))
+    // SAFETY: this thread's block (see `enter`); the search stays above the sentinel.
+    let popped = existing_block().and_then(|b| unsafe {
+        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>().add(1);
+        let mut f = (*b).top;
+        while f > first {
+            f = f.sub(1);
+            if (*f).slot == slot {
+                (*b).top = f;
+                return Some((f.read(), (*b).counters));
+            }
+        }
+        None
     });
-    let Ok(Some((f, counters))) = popped else {
+    let Some((f, counters)) = popped else {
         // No frame for this return: nowhere to go back to. Never expected.
         log::error(format_args!(
             "tracing: a traced call returned with no frame recorded (slot {slot:#x}); aborting"
@@ -177,27 +254,17 @@ extern "C" fn exit(slot: usize) -> usize {
     };
     crate::boundary::guard("tracing a call", (), || {
         if let Some(t) = tracer() {
-            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index;
-            match counters {
-                Some(c) => t.record_call_on(c, id, f.start, end),
-                None => {
-                    let c = t.thread_counters();
-                    let _ = SHADOW.try_with(|s| {
-                        if let Ok(mut s) = s.try_borrow_mut() {
-                            s.counters = Some(c);
-                        }
-                    });
-                    t.record_call_on(c, id, f.start, end);
-                }
-            }
+            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index as u32;
+            t.record_call_on(counters, id, f.start, end);
         }
     });
     f.ret
 }
 
-// The thunk a traced export returns into: %rsp is the return address's slot + 8. Saves the
-// return registers (%rax, %rdx, %xmm0, %xmm1), calls exit(slot) on an aligned stack,
-// restores them and jumps to the caller's real return address.
+// The thunk a call timed in Rust returns into (and the fast thunk's fallback): %rsp is the
+// return address's slot + 8. Saves the return registers (%rax, %rdx, %xmm0, %xmm1), calls
+// exit(slot) on an aligned stack, restores them and jumps to the caller's real return
+// address.
 std::arch::global_asm!(
     ".pushsection .text.cudaw_trace,\"ax\",@progbits",
     ".p2align 4",
@@ -232,19 +299,16 @@ std::arch::global_asm!(
 
 extern "C" {
     /// The return thunk (defined above in assembly; never called directly).
-    fn cudaw_trace_return();
+    pub(crate) fn cudaw_trace_return();
 }
 
 /// The return address of the traced export call in progress on this thread (the
-/// outermost cudaw sees), if any.
+/// innermost cudaw sees), if any.
 fn caller_address() -> Option<usize> {
-    SHADOW
-        .try_with(|s| {
-            let s = s.try_borrow().ok()?;
-            (s.depth > 0).then(|| s.frames[s.depth - 1].ret)
-        })
-        .ok()
-        .flatten()
+    let b = existing_block()?;
+    // SAFETY: this thread's block; `top - 1` is the sentinel at worst (slot usize::MAX).
+    let f = unsafe { (*b).top.sub(1).read() };
+    (f.slot != usize::MAX).then_some(f.ret)
 }
 
 /// The file name of the library (or program) containing `addr`.
