@@ -103,6 +103,13 @@ pub(crate) fn ensure_initialised() {
     INIT.call_once(initialise);
 }
 
+/// Marks the shim initialised without loading a runtime: for tests that fill [`TABLE`]
+/// themselves (in a process of their own).
+#[cfg(test)]
+pub(crate) fn skip_initialise_for_test() {
+    INIT.call_once(|| {});
+}
+
 /// Where export `index` goes now.
 pub(crate) fn target(index: u32) -> usize {
     match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {

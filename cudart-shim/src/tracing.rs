@@ -193,6 +193,10 @@ fn existing_block() -> Option<*mut Block> {
     (!b.is_null()).then_some(b)
 }
 
+/// Calls that took the Rust path (the tests check the fast path took the rest).
+#[cfg(test)]
+static RUST_ENTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Starts timing the call of export `index` whose return address is at `slot`: called by
 /// the slow path just before it jumps to the export.
 ///
@@ -200,6 +204,8 @@ fn existing_block() -> Option<*mut Block> {
 /// `slot` is the address of the return address of the export call in progress on this
 /// thread (the word the `call` instruction pushed).
 pub unsafe fn enter(index: u32, slot: *mut usize) {
+    #[cfg(test)]
+    RUST_ENTERS.fetch_add(1, Ordering::Relaxed);
     let Some(b) = block() else { return };
     let at = slot as usize;
     // SAFETY: `b` is this thread's block; only this thread (here, the assembly fast path
@@ -546,4 +552,195 @@ extern "C" fn at_exit() {
             log::warn_plain(format_args!("trace: {line}"));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fast path through the real trampolines, in a process of its own (the test runs
+    //! its own binary again): the dispatch table points a few exports at functions of the
+    //! test, which nest calls, so that the counts and times can be checked exactly.
+
+    use crate::dispatch::{self, idx, TABLE};
+    use std::process::Command;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    const CHILD: &str = "CUDAW_TRACING_TEST_CHILD";
+    const THREADS: u64 = 8;
+    const ROUNDS: u64 = 5000;
+    /// Calls deeper than the shadow stack (32) run untimed.
+    const DEEP: i32 = 40;
+    const SPIN: Duration = Duration::from_micros(2);
+
+    #[repr(C)]
+    #[derive(Debug, PartialEq)]
+    struct Pair {
+        a: u64,
+        b: u64,
+    }
+
+    // The trampolines, declared with the signatures of the test's targets (they pass any).
+    extern "C" {
+        fn cudaPeekAtLastError() -> u32;
+        fn cudaGetLastError() -> u32;
+        fn cudaGetDevice(depth: *mut i32) -> u32;
+        fn cudaMemsetAsync(p: usize, v: i32, n: usize, s: usize) -> u32;
+        fn cudaEventElapsedTime(a: u64, b: u64) -> Pair;
+        fn cudaEventQuery(x: f64, y: f64, k: i32) -> f64;
+    }
+
+    /// Spins for SPIN, then makes two nested calls.
+    extern "C" fn outer() -> u32 {
+        let t = Instant::now();
+        while t.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the trampolines go to the test's targets.
+        unsafe { cudaGetLastError() + cudaGetLastError() + 7 }
+    }
+    extern "C" fn inner() -> u32 {
+        1
+    }
+    /// Recurses through the trampoline until `*depth` is 0.
+    extern "C" fn deep(depth: *mut i32) -> u32 {
+        // SAFETY: the test passes a valid pointer.
+        unsafe {
+            *depth -= 1;
+            if *depth > 0 {
+                cudaGetDevice(depth)
+            } else {
+                0
+            }
+        }
+    }
+    /// An in-flight export: checks every argument, nests one call.
+    extern "C" fn memset(p: usize, v: i32, n: usize, s: usize) -> u32 {
+        assert_eq!((p, v, n, s), (0x1000, -3, 77, 0x2000));
+        // SAFETY: as above.
+        unsafe { cudaGetLastError() + 10 }
+    }
+    extern "C" fn pair(a: u64, b: u64) -> Pair {
+        Pair { a: a + 1, b: b * 2 }
+    }
+    extern "C" fn float(x: f64, y: f64, k: i32) -> f64 {
+        x * y + f64::from(k)
+    }
+
+    #[test]
+    fn fast_path_counts_and_times_threads_and_nested_calls() {
+        if std::env::var_os(CHILD).is_some() {
+            return;
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tracing::tests::child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env("CUDAW_TRACE", "metrics")
+            .env("CUDAW_LOG", "error")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(
+            text.contains("child checked"),
+            "the child did not run:\n{text}"
+        );
+    }
+
+    #[test]
+    #[ignore = "run by fast_path_counts_and_times_threads_and_nested_calls, in a process of its own"]
+    fn child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        dispatch::skip_initialise_for_test();
+        super::init();
+        crate::gate::mark_initialised();
+        assert_eq!(
+            crate::gate::GATE.load(Ordering::SeqCst),
+            crate::gate::TRACING
+        );
+        for (i, f) in [
+            (idx::cudaPeekAtLastError, outer as *const () as usize),
+            (idx::cudaGetLastError, inner as *const () as usize),
+            (idx::cudaGetDevice, deep as *const () as usize),
+            (idx::cudaMemsetAsync, memset as *const () as usize),
+            (idx::cudaEventElapsedTime, pair as *const () as usize),
+            (idx::cudaEventQuery, float as *const () as usize),
+        ] {
+            TABLE[i].store(f, Ordering::Release);
+        }
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for r in 0..ROUNDS {
+                        // SAFETY: the trampolines go to the targets above.
+                        unsafe {
+                            assert_eq!(cudaPeekAtLastError(), 9);
+                            assert_eq!(cudaMemsetAsync(0x1000, -3, 77, 0x2000), 11);
+                            assert_eq!(cudaEventElapsedTime(t, r), Pair { a: t + 1, b: r * 2 });
+                            assert_eq!(cudaEventQuery(1.5, r as f64, 2), 1.5 * r as f64 + 2.0);
+                            if r % 100 == 0 {
+                                let mut d = DEEP;
+                                assert_eq!(cudaGetDevice(&mut d), 0);
+                                assert_eq!(d, 0);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let stats = super::stats(0).unwrap();
+        let get = |name: &str| {
+            stats
+                .calls
+                .iter()
+                .find(|c| c.name == name)
+                .unwrap_or_else(|| panic!("{name} not counted: {:?}", stats.calls))
+                .clone()
+        };
+        let n = THREADS * ROUNDS;
+        let outer = get("cudaPeekAtLastError");
+        let inner = get("cudaGetLastError");
+        assert_eq!(outer.count, n);
+        assert_eq!(
+            inner.count,
+            3 * n,
+            "two inside each outer call, one inside each memset"
+        );
+        assert_eq!(get("cudaMemsetAsync").count, n);
+        assert_eq!(get("cudaEventElapsedTime").count, n);
+        assert_eq!(get("cudaEventQuery").count, n);
+        assert_eq!(get("cudaGetDevice").count, THREADS * ROUNDS / 100 * 32);
+        let spin = SPIN.as_nanos() as f64;
+        for c in &stats.calls {
+            assert!(c.max_ns >= c.mean_ns && c.mean_ns > 0.0, "{c:?}");
+            assert!(c.max_ns < 1e9, "{c:?}");
+        }
+        // The outer call holds the spin and its two nested calls; the nested ones are short.
+        assert!(outer.mean_ns >= spin, "{outer:?}");
+        assert!(outer.total_ns >= spin * n as f64, "{outer:?}");
+        assert!(inner.mean_ns < spin / 4.0, "{inner:?}");
+        assert!(outer.mean_ns > 2.0 * inner.mean_ns, "{outer:?} {inner:?}");
+        // The Rust path: each thread's first call and first call in flight, and the calls
+        // past the shadow stack's depth; the fast path every other.
+        let slow = super::RUST_ENTERS.load(Ordering::Relaxed);
+        assert_eq!(
+            slow,
+            2 * THREADS + THREADS * ROUNDS / 100 * (DEEP as u64 - 32),
+            "calls timed in Rust"
+        );
+        println!("child checked: {outer:?} {inner:?} ({slow} calls timed in Rust)");
+    }
 }
