@@ -57,9 +57,10 @@ std::arch::global_asm!(
     options(att_syntax)
 );
 
-// The in-flight trampolines' support (shim-build's `in_flight_support`, prefix
+// The in-flight trampolines' support (shim-build's `in_flight_support_traced`, prefix
 // `cudaw_rt`): the per-thread block, the return thunk, and their slow path, which calls
-// [`crate::inflight`]'s resolver.
+// [`crate::inflight`]'s resolver, or with the gate word exactly `gate::TRACING` puts the
+// in-flight thunk in place and goes on to the fast path of tracing.
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
     gate = sym gate::GATE,

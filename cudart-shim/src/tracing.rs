@@ -3,14 +3,20 @@
 //! this module times every export and feeds the store from the wrappers.
 //!
 //! Timing every export without knowing its signature: with tracing on, the gate word has
-//! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. There,
-//! [`enter`] saves the caller's return address on a small per-thread shadow stack,
-//! replaces it with [`cudaw_trace_return`]'s address and reads the time stamp counter; the
-//! export runs untouched (any signature, varargs included) and returns into the thunk,
-//! which saves the return registers, calls [`exit`] (time, counters, timeline) and jumps
-//! to the saved address. Nested calls (a callback calling CUDA) stack up; frames a
-//! `longjmp` skipped are dropped when a shallower frame returns or enters. With tracing
-//! off, the gate word is what it always was and the trampolines are unchanged.
+//! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. With the
+//! word exactly `TRACING` (metrics, not paused), that is `shim-build`'s assembly
+//! `trace_fast_path`: it pushes `(slot, return address, index, rdtsc)` on the thread's
+//! shadow stack ([`Block`], reached through one word of static TLS), replaces the return
+//! address with its thunk and jumps to the target; the thunk reads the TSC, pops the frame,
+//! adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps back.
+//! Anything else (the timeline, a pause, a thread's first call, a full stack, a frame a
+//! `longjmp` left behind) takes the Rust path: [`enter`] pushes the same frame with
+//! [`cudaw_trace_return`] as the thunk, which saves the return registers, calls [`exit`]
+//! (time, counters, timeline) and jumps to the saved address. Nested calls (a callback
+//! calling CUDA) stack up; frames a `longjmp` skipped are dropped when a shallower frame
+//! returns or enters. The in-flight trampolines chain: their thunk is the return address
+//! the tracing thunk goes back to. With tracing off, the gate word is what it always was
+//! and the trampolines are unchanged.
 //!
 //! The wrappers add what the generic layer cannot see: kernel names and the allocations a
 //! launch receives (from the parameter layouts), copy directions and sizes, allocations and

@@ -612,6 +612,29 @@ mod tests {
     }
 
     #[test]
+    fn the_trace_fast_path_tests_the_exact_gate_and_chains_in_flight() {
+        let t = trace_fast_path("px", 4);
+        for want in [
+            "px_trace_tls:\n    .zero 8",
+            "px_trace_enter:\n    cmpl $4, {gate}(%rip)\n    jne {full}",
+            "movq (%rax,%r11,8), %r11",
+            "jmp {slow_return}",
+            "px_trace_block:",
+        ] {
+            assert!(t.contains(want), "{want}");
+        }
+        let f = in_flight_support_traced("px", Some((4, "px_trace_enter")));
+        assert!(f.contains(
+            "px_inflight_slow:\n    cmpl $4, {gate}(%rip)\n    jne px_inflight_slow_full"
+        ));
+        assert!(f.contains("jmp px_trace_enter"));
+        assert!(f.contains("px_inflight_slow_full:"));
+        // Without tracing, the slow path is what it was (and needs no {gate}).
+        let plain = in_flight_support("px");
+        assert!(plain.contains("px_inflight_slow:\n    push %rbp") && !plain.contains("{gate}"));
+    }
+
+    #[test]
     fn device_work_is_named_by_prefix() {
         for n in [
             "cuLaunchKernel_ptsz",
