@@ -374,10 +374,13 @@ pub fn copy(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(t) = tracer() else { return f() };
-    let start = t.now();
+    // The clock is read only where it is kept: the timeline's start, the last use.
+    let timeline = t.timeline();
+    let start = if timeline { t.now() } else { 0 };
     let rc = f();
     if rc == 0 {
         let end = t.now();
+        let start = if timeline { start } else { end };
         t.record_copy(
             Direction::from_kind(kind),
             bytes as u64,
@@ -437,16 +440,27 @@ pub fn launch(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(t) = tracer() else { return f() };
-    let start = t.now();
+    // The clock is read only where it is kept: the timeline, and the last use of the
+    // allocations the launch received (none for a kernel without pointers).
+    let timeline = t.timeline();
+    let start = if timeline { t.now() } else { 0 };
     let rc = f();
     if rc != 0 {
         return rc;
     }
-    let end = t.now();
+    let end = if timeline { t.now() } else { 0 };
     let Some(rec) = rec else { return rc };
     let k = kernel_id(t, rec);
     let mut words = Vec::new();
     pointer_words(rec, args, &mut words);
+    let (start, end) = match (timeline, words.is_empty()) {
+        (true, _) => (start, end),
+        (false, true) => (0, 0),
+        (false, false) => {
+            let now = t.now();
+            (now, now)
+        }
+    };
     t.record_launch(k, grid, block, shared as u32, start, end, &words);
     rc
 }
