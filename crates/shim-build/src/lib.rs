@@ -393,9 +393,12 @@ pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> Str
 pub const TRACE_TOP: usize = 0;
 /// Offset of the end of the frames (the stack is full when the top reaches it).
 pub const TRACE_LIMIT: usize = 8;
-/// Offset of the pointer to the thread's call counters: one `(count, ticks, max)` triple
-/// of `u64`s per export index.
+/// Offset of the pointer to the thread's call counters: `(count, ticks, max, timed)`,
+/// `u64`s, per export index.
 pub const TRACE_CALLS: usize = 16;
+/// Offset of the sampling mask: a call is timed when its export's count so far has none
+/// of these bits (0: every call).
+pub const TRACE_MASK: usize = 24;
 /// Size of one shadow-stack frame: `(slot, return address, index, start ticks)`, `u64`s.
 pub const TRACE_FRAME: usize = 32;
 
@@ -406,8 +409,9 @@ pub const TRACE_FRAME: usize = 32;
 /// - `PREFIX_trace_tls`: one word of initial-exec TLS per thread, the address of the
 ///   thread's trace block (0: none yet).
 /// - `PREFIX_trace_enter` (`%r11d` = the export's index, the caller's return address at
-///   `(%rsp)`): when the gate word is exactly `bits` (tracing, nothing else), the thread
-///   has a block, its shadow stack has room and holds no frame the stack has since
+///   `(%rsp)`): when the gate word is exactly `bits` (tracing, nothing else) and the
+///   thread has a block: a call the sampling mask leaves untimed only adds 1 to its count
+///   and jumps on; else, when its shadow stack has room and holds no frame the stack has since
 ///   unwound (a `longjmp`), it pushes `(slot, return address, index, rdtsc)`, puts
 ///   `PREFIX_trace_return` in the caller's return-address slot and jumps to
 ///   `{table}[index]` (never 0 once the gate is that value). Anything else goes to
@@ -420,7 +424,8 @@ pub const TRACE_FRAME: usize = 32;
 ///   address, `%rax`/`%rdx` (and every vector register) as the call left them.
 /// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's word.
 ///
-/// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`]; the frame below
+/// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`], [`TRACE_MASK`]; the
+/// frame below
 /// the first has the slot `u64::MAX`, so that an empty stack needs no test.
 pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     let p = prefix;
@@ -450,6 +455,12 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     movq %fs:(%rcx), %rcx
     testq %rcx, %rcx
     jz 1f
+    movq %r11, %rax
+    shlq $5, %rax
+    addq {TRACE_CALLS}(%rcx), %rax
+    movq (%rax), %rdx
+    testq {TRACE_MASK}(%rcx), %rdx
+    jnz 3f
     movq {TRACE_TOP}(%rcx), %rdx
     cmpq {TRACE_LIMIT}(%rcx), %rdx
     jae 1f
@@ -480,6 +491,13 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     pop %rdx
     pop %rax
     jmp {{full}}
+3:  addq $1, (%rax)
+    leaq {{table}}(%rip), %rax
+    movq (%rax,%r11,8), %r11
+    pop %rcx
+    pop %rdx
+    pop %rax
+    jmp *%r11
 .size {p}_trace_enter, .-{p}_trace_enter
 .p2align 4
 .globl {p}_trace_return
@@ -502,11 +520,11 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     movq -24(%rdx), %rdi
     leaq -{f}(%rdx), %rdx
     movq %rdx, {TRACE_TOP}(%rcx)
-    movq {TRACE_CALLS}(%rcx), %rcx
-    leaq (%rsi,%rsi,2), %rsi
-    leaq (%rcx,%rsi,8), %rsi
+    shlq $5, %rsi
+    addq {TRACE_CALLS}(%rcx), %rsi
     addq $1, (%rsi)
     addq %rax, 8(%rsi)
+    addq $1, 24(%rsi)
     cmpq %rax, 16(%rsi)
     jae 2f
     movq %rax, 16(%rsi)

@@ -52,14 +52,17 @@ fn bump(a: &AtomicU64, by: u64) {
 }
 
 /// One function's calls on one thread. The layout is fixed (`repr(C)`: count, ticks, max,
-/// 8 bytes each) because a host library's assembly may add to it directly
-/// ([`ThreadCounters::flat_calls`]).
+/// timed, 8 bytes each) because a host library's assembly may add to it directly
+/// ([`ThreadCounters::flat_calls`]). `ticks` and `max` are of the `timed` calls: a host
+/// library may time only some of the calls it counts, and [`merge`] scales `ticks` up to
+/// `count` (the mean of the timed calls stands for the others).
 #[derive(Default)]
 #[repr(C)]
 pub struct CallSlot {
     count: AtomicU64,
     ticks: AtomicU64,
     max: AtomicU64,
+    timed: AtomicU64,
 }
 
 /// One direction's copies on one thread.
@@ -130,6 +133,7 @@ impl ThreadCounters {
     pub fn call(&self, f: usize, ticks: u64) {
         if let Some(s) = self.call_slot(f) {
             bump(&s.count, 1);
+            bump(&s.timed, 1);
             bump(&s.ticks, ticks);
             if ticks > s.max.load(Ordering::Relaxed) {
                 s.max.store(ticks, Ordering::Relaxed);
@@ -186,7 +190,12 @@ pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
             }
             let e = &mut m.calls[i];
             e.0 += c;
-            e.1 += r(&s.ticks);
+            let (ticks, timed) = (r(&s.ticks), r(&s.timed));
+            e.1 += if timed == 0 || timed >= c {
+                ticks
+            } else {
+                (u128::from(ticks) * u128::from(c) / u128::from(timed)) as u64
+            };
             e.2 = e.2.max(r(&s.max));
         }
         for (i, s) in t.kernels.iter() {
@@ -249,11 +258,15 @@ mod tests {
         slots[2].count.store(3, Ordering::Relaxed);
         slots[2].ticks.store(30, Ordering::Relaxed);
         slots[2].max.store(12, Ordering::Relaxed);
+        slots[2].timed.store(3, Ordering::Relaxed);
         a.call(12, 40); // inside the range: the flat slot
         a.call(3, 7); // outside: the table
+        let bs = b.flat_calls(10, 5).unwrap();
         b.call(12, 5);
+        // Two more counted on `b`'s slot without being timed: its 5 ticks stand for 3 calls.
+        bs[2].count.store(3, Ordering::Relaxed);
         let m = merge(&[a, b]);
-        assert_eq!(m.calls[12], (5, 75, 40));
+        assert_eq!(m.calls[12], (7, 70 + 15, 40));
         assert_eq!(m.calls[3], (1, 7, 7));
         assert_eq!(m.calls.len(), 13);
     }
