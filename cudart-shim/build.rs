@@ -5,9 +5,12 @@
 //! SONAME's version node (`shim-build` writes all three). Nothing here is edited by hand.
 
 use shim_build::{
-    enqueues_device_work, in_flight_support, link_cdylib, names_rs, read_list, slow_path,
-    trampolines, version_script, GateWord, InFlight,
+    enqueues_device_work, in_flight_support_traced, link_cdylib, names_rs, read_list, slow_path,
+    trace_fast_path, trampolines, version_script, GateWord, InFlight,
 };
+
+/// `gate::TRACING`: the gate word's value when tracing takes the assembly fast path.
+const TRACING: u32 = 4;
 use std::collections::BTreeSet;
 use std::env;
 use std::fs;
@@ -79,7 +82,12 @@ fn main() {
     )
     .unwrap();
     fs::write(out.join("slow.s"), slow_path()).unwrap();
-    fs::write(out.join("inflight.s"), in_flight_support("cudaw_rt")).unwrap();
+    fs::write(
+        out.join("inflight.s"),
+        in_flight_support_traced("cudaw_rt", Some((TRACING, "cudaw_rt_trace_enter"))),
+    )
+    .unwrap();
+    fs::write(out.join("trace.s"), trace_fast_path("cudaw_rt", TRACING)).unwrap();
     let mut global = exported.clone();
     global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
     link_cdylib(&out, &version_script(Some(soname), &global), soname);

@@ -44,6 +44,9 @@ pub struct Config {
     pub trace_file: Option<PathBuf>,
     /// `CUDAW_TRACE_EVENTS`: the timeline ring's capacity in events.
     pub trace_events: usize,
+    /// `CUDAW_TRACE_SAMPLE`: with `metrics`, time one call in this many of each function
+    /// (a power of two; every call is counted; default 1, every call timed).
+    pub trace_sample: u32,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -125,6 +128,25 @@ impl Config {
                 }
             },
         };
+        let trace_sample = match get("CUDAW_TRACE_SAMPLE").filter(|v| !v.trim().is_empty()) {
+            None => 1,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if (1..=65536).contains(&n) && n.is_power_of_two() => n,
+                Ok(n) if (1..=65536).contains(&n) => {
+                    warnings.push(format!(
+                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two; using {}",
+                        n.next_power_of_two()
+                    ));
+                    n.next_power_of_two()
+                }
+                _ => {
+                    warnings.push(format!(
+                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two from 1 to 65536; using 1"
+                    ));
+                    1
+                }
+            },
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
@@ -146,6 +168,7 @@ impl Config {
             trace,
             trace_file: path("CUDAW_TRACE_FILE"),
             trace_events,
+            trace_sample,
             warnings,
         }
     }
@@ -263,6 +286,13 @@ mod tests {
                 Some(PathBuf::from("/tmp/t.json"))
             )
         );
+        assert_eq!(c.trace_sample, 1);
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "16".into()));
+        assert_eq!((c.trace_sample, c.warnings.len()), (16, 0));
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "10".into()));
+        assert_eq!((c.trace_sample, c.warnings.len()), (16, 1));
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "0".into()));
+        assert_eq!((c.trace_sample, c.warnings.len()), (1, 1));
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "loud".into()));
         assert_eq!(c.trace, cudaw_trace::Mode::Off);
         assert!(

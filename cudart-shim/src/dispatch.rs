@@ -5,8 +5,11 @@
 //! major). A trampoline tests [`crate::gate::GATE`] and jumps through [`TABLE`]; the slow
 //! path saves the argument registers, calls [`slow_resolve`], restores them and jumps to
 //! what it returned, so any signature (varargs and structs by value included) passes
-//! through untouched. With tracing on ([`gate::TRACING`]) every call takes the slow path,
-//! which also hands the call's return-address slot to [`crate::tracing::enter`].
+//! through untouched. With tracing on ([`gate::TRACING`]) every call takes the slow path:
+//! when the gate word is exactly `TRACING` (metrics), `shim-build`'s assembly
+//! `trace_fast_path` times the call itself, and falls back to the Rust slow path, which
+//! hands the call's return-address slot to [`crate::tracing::enter`], for anything else
+//! (a thread's first call, a full shadow stack, the timeline, a pause).
 //! The exports that can enqueue device work have in-flight trampolines instead
 //! ([`crate::inflight`]), so that pause waits for them.
 
@@ -28,7 +31,19 @@ std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym gate::GATE,
     table = sym TABLE,
-    slow = sym cudaw_slow_entry,
+    slow = sym cudaw_rt_trace_enter,
+    options(att_syntax)
+);
+
+// The fast path of tracing (shim-build's `trace_fast_path`, prefix `cudaw_rt`): the
+// trampolines' slow path; it goes on to `cudaw_slow_entry` unless the gate word is
+// exactly `gate::TRACING`.
+std::arch::global_asm!(
+    include_str!(concat!(env!("OUT_DIR"), "/trace.s")),
+    gate = sym gate::GATE,
+    table = sym TABLE,
+    full = sym cudaw_slow_entry,
+    slow_return = sym crate::tracing::cudaw_trace_return,
     options(att_syntax)
 );
 
@@ -42,17 +57,21 @@ std::arch::global_asm!(
     options(att_syntax)
 );
 
-// The in-flight trampolines' support (shim-build's `in_flight_support`, prefix
+// The in-flight trampolines' support (shim-build's `in_flight_support_traced`, prefix
 // `cudaw_rt`): the per-thread block, the return thunk, and their slow path, which calls
-// [`crate::inflight`]'s resolver.
+// [`crate::inflight`]'s resolver, or with the gate word exactly `gate::TRACING` puts the
+// in-flight thunk in place and goes on to the fast path of tracing.
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
+    gate = sym gate::GATE,
     inflight_resolve = sym crate::inflight::resolve,
     options(att_syntax)
 );
 
 extern "C" {
     fn cudaw_slow_entry();
+    /// The trampolines' slow path: the fast path of tracing (`trace.s`).
+    fn cudaw_rt_trace_enter();
 }
 
 static INIT: Once = Once::new();
@@ -83,6 +102,13 @@ extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
 /// Initialises the shim (once).
 pub(crate) fn ensure_initialised() {
     INIT.call_once(initialise);
+}
+
+/// Marks the shim initialised without loading a runtime: for tests that fill [`TABLE`]
+/// themselves (in a process of their own).
+#[cfg(test)]
+pub(crate) fn skip_initialise_for_test() {
+    INIT.call_once(|| {});
 }
 
 /// Where export `index` goes now.

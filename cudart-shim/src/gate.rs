@@ -13,8 +13,13 @@ pub const UNINITIALISED: u32 = 1;
 pub const PAUSED: u32 = 2;
 
 /// Tracing is on (`CUDAW_TRACE`): every call takes the slow path, which times it
-/// ([`crate::tracing`]).
+/// ([`crate::tracing`]). When the gate word is exactly this bit, the slow path is the
+/// assembly fast path of tracing (`shim-build`'s `trace_fast_path`).
 pub const TRACING: u32 = 4;
+
+/// With [`TRACING`]: every traced call goes through Rust ([`crate::tracing::enter`]), as
+/// the timeline needs (`CUDAW_TRACE=timeline`).
+pub const TRACE_IN_RUST: u32 = 8;
 
 /// The gate word the trampolines load. Read by assembly: keep it a plain `u32`-sized atomic.
 pub static GATE: AtomicU32 = AtomicU32::new(UNINITIALISED);

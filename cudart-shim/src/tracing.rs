@@ -3,14 +3,22 @@
 //! this module times every export and feeds the store from the wrappers.
 //!
 //! Timing every export without knowing its signature: with tracing on, the gate word has
-//! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. There,
-//! [`enter`] saves the caller's return address on a small per-thread shadow stack,
-//! replaces it with [`cudaw_trace_return`]'s address and reads the time stamp counter; the
-//! export runs untouched (any signature, varargs included) and returns into the thunk,
-//! which saves the return registers, calls [`exit`] (time, counters, timeline) and jumps
-//! to the saved address. Nested calls (a callback calling CUDA) stack up; frames a
-//! `longjmp` skipped are dropped when a shallower frame returns or enters. With tracing
-//! off, the gate word is what it always was and the trampolines are unchanged.
+//! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. With the
+//! word exactly `TRACING` (metrics, not paused), that is `shim-build`'s assembly
+//! `trace_fast_path`: it pushes `(slot, return address, index, rdtsc)` on the thread's
+//! shadow stack ([`Block`], reached through one word of static TLS), replaces the return
+//! address with its thunk and jumps to the target; the thunk reads the TSC, pops the frame,
+//! adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps back.
+//! With `CUDAW_TRACE_SAMPLE=N`, the fast path times one call in N of each export and only
+//! counts the others (the merge scales the timed calls' ticks up to the count).
+//! Anything else (the timeline, a pause, a thread's first call, a full stack, a frame a
+//! `longjmp` left behind) takes the Rust path: [`enter`] pushes the same frame with
+//! [`cudaw_trace_return`] as the thunk, which saves the return registers, calls [`exit`]
+//! (time, counters, timeline) and jumps to the saved address. Nested calls (a callback
+//! calling CUDA) stack up; frames a `longjmp` skipped are dropped when a shallower frame
+//! returns or enters. The in-flight trampolines chain: their thunk is the return address
+//! the tracing thunk goes back to. With tracing off, the gate word is what it always was
+//! and the trampolines are unchanged.
 //!
 //! The wrappers add what the generic layer cannot see: kernel names and the allocations a
 //! launch receives (from the parameter layouts), copy directions and sizes, allocations and
@@ -19,7 +27,6 @@
 use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
-use std::cell::RefCell;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -50,7 +57,11 @@ pub fn init() {
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
-    gate::GATE.fetch_or(gate::TRACING, Ordering::SeqCst);
+    let bits = match cfg.trace {
+        Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,
+        _ => gate::TRACING,
+    };
+    gate::GATE.fetch_or(bits, Ordering::SeqCst);
     log::info(format_args!(
         "tracing: {} ({}; ticks {:.3} per ns)",
         cfg.trace.as_str(),
@@ -91,24 +102,50 @@ pub fn trace_file() -> PathBuf {
 /// Calls a thread may nest (deeper calls run untimed).
 const DEPTH: usize = 32;
 
+/// One timed call on the shadow stack (`shim-build`'s `TRACE_FRAME` layout).
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct Frame {
-    /// Where the caller's return address was (the thunk's address is there now).
+    /// Where the caller's return address was (a thunk's address is there now).
     slot: usize,
     /// The caller's return address.
     ret: usize,
     /// The export's index in `ALL_NAMES`.
-    index: u32,
+    index: u64,
     /// Ticks at entry.
     start: u64,
 }
 
-struct Shadow {
-    depth: usize,
-    frames: [Frame; DEPTH],
-    /// This thread's counters in the tracer (one thread-local read per traced call).
-    counters: Option<&'static cudaw_trace::counters::ThreadCounters>,
+/// A thread's tracing state, shared with the assembly fast path (`shim-build`'s
+/// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through one
+/// word of static TLS (`cudaw_rt_trace_tls`). Made on the thread's first traced call and
+/// never freed (the tracer keeps every thread's counters anyway), so calls made while a
+/// thread exits are timed too.
+#[repr(C)]
+pub(crate) struct Block {
+    /// The next free frame.
+    top: *mut Frame,
+    /// One past the last frame.
+    limit: *mut Frame,
+    /// The thread's counters of `ALL_NAMES[i]`, at `i` (`ThreadCounters::flat_calls`).
+    calls: *const cudaw_trace::counters::CallSlot,
+    /// `CUDAW_TRACE_SAMPLE` - 1: the fast path times a call when its export's count so far
+    /// has none of these bits.
+    mask: u64,
+    /// The thread's counters.
+    counters: &'static cudaw_trace::counters::ThreadCounters,
+    /// `frames[0]` is a sentinel (slot `usize::MAX`: never stale, never matched).
+    frames: [Frame; DEPTH + 1],
 }
+
+const _: () = {
+    assert!(std::mem::offset_of!(Block, top) == 0);
+    assert!(std::mem::offset_of!(Block, limit) == 8);
+    assert!(std::mem::offset_of!(Block, calls) == 16);
+    assert!(std::mem::offset_of!(Block, mask) == 24);
+    assert!(std::mem::size_of::<Frame>() == 32);
+    assert!(std::mem::size_of::<cudaw_trace::counters::CallSlot>() == 32);
+};
 
 const EMPTY: Frame = Frame {
     slot: 0,
@@ -117,11 +154,61 @@ const EMPTY: Frame = Frame {
     start: 0,
 };
 
-thread_local! {
-    static SHADOW: RefCell<Shadow> = const {
-        RefCell::new(Shadow { depth: 0, frames: [EMPTY; DEPTH], counters: None })
-    };
+extern "C" {
+    /// The calling thread's block word (`trace.s`): 0 until [`block`] makes the block.
+    fn cudaw_rt_trace_block() -> *mut *mut c_void;
 }
+
+/// The calling thread's block word.
+fn block_word() -> *mut *mut Block {
+    // SAFETY: the accessor returns the address of the calling thread's static TLS word,
+    // which lives as long as the thread and is used by this thread only.
+    unsafe { cudaw_rt_trace_block() }.cast()
+}
+
+/// The calling thread's block, made on first use (`None`: tracing is off).
+fn block() -> Option<*mut Block> {
+    let word = block_word();
+    // SAFETY: the thread's own TLS word.
+    let b = unsafe { word.read() };
+    if !b.is_null() {
+        return Some(b);
+    }
+    let t = tracer()?;
+    let counters = t.thread_counters();
+    let base = FUNCTION_BASE.load(Ordering::Relaxed);
+    let calls = counters.flat_calls(base, ALL_NAMES.len())?.as_ptr();
+    let mut frames = [EMPTY; DEPTH + 1];
+    frames[0].slot = usize::MAX;
+    let b = Box::into_raw(Box::new(Block {
+        top: std::ptr::null_mut(),
+        limit: std::ptr::null_mut(),
+        calls,
+        mask: crate::config::get().trace_sample.max(1) as u64 - 1,
+        counters,
+        frames,
+    }));
+    // SAFETY: `b` is a fresh allocation, leaked for the life of the process; the frames
+    // array has DEPTH + 1 elements, so both pointers are in bounds (or one past the end).
+    unsafe {
+        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>();
+        (*b).top = first.add(1);
+        (*b).limit = first.add(DEPTH + 1);
+        word.write(b);
+    }
+    Some(b)
+}
+
+/// The calling thread's block, if it has one.
+fn existing_block() -> Option<*mut Block> {
+    // SAFETY: the thread's own TLS word.
+    let b = unsafe { block_word().read() };
+    (!b.is_null()).then_some(b)
+}
+
+/// Calls that took the Rust path (the tests check the fast path took the rest).
+#[cfg(test)]
+static RUST_ENTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Starts timing the call of export `index` whose return address is at `slot`: called by
 /// the slow path just before it jumps to the export.
@@ -130,45 +217,54 @@ thread_local! {
 /// `slot` is the address of the return address of the export call in progress on this
 /// thread (the word the `call` instruction pushed).
 pub unsafe fn enter(index: u32, slot: *mut usize) {
-    let _ = SHADOW.try_with(|s| {
-        let Ok(mut s) = s.try_borrow_mut() else {
-            return;
-        };
-        let at = slot as usize;
+    #[cfg(test)]
+    RUST_ENTERS.fetch_add(1, Ordering::Relaxed);
+    let Some(b) = block() else { return };
+    let at = slot as usize;
+    // SAFETY: `b` is this thread's block; only this thread (here, the assembly fast path
+    // and the thunks, never at the same time) touches it. `top` stays within
+    // frames[1..=DEPTH]; the sentinel frames[0] ends the loop.
+    unsafe {
         // A frame at or below this one on the stack cannot be live: a longjmp skipped it.
-        while s.depth > 0 && s.frames[s.depth - 1].slot <= at {
-            s.depth -= 1;
+        while (*(*b).top.sub(1)).slot <= at {
+            (*b).top = (*b).top.sub(1);
         }
-        if s.depth == DEPTH {
+        if (*b).top >= (*b).limit {
             return;
         }
-        // SAFETY: `slot` holds this call's return address (caller's contract).
-        let ret = unsafe { slot.read() };
-        let d = s.depth;
-        s.frames[d] = Frame {
+        let f = (*b).top;
+        (*b).top = f.add(1);
+        // SAFETY (slot): holds this call's return address (caller's contract); the export
+        // returns into the thunk, which returns to it.
+        f.write(Frame {
             slot: at,
-            ret,
-            index,
+            ret: slot.read(),
+            index: u64::from(index),
             start: 0,
-        };
-        s.depth = d + 1;
-        // SAFETY: as above; the export returns into the thunk, which returns to `ret`.
-        unsafe { slot.write(cudaw_trace_return as *const () as usize) };
-        s.frames[d].start = ticks();
-    });
+        });
+        slot.write(cudaw_trace_return as *const () as usize);
+        (*f).start = ticks();
+    }
 }
 
 /// The return thunk's work: ends the timing of the call whose return address was at
 /// `slot` and returns that address.
 extern "C" fn exit(slot: usize) -> usize {
     let end = ticks();
-    let popped = SHADOW.try_with(|s| {
-        let mut s = s.try_borrow_mut().ok()?;
-        let i = (0..s.depth).rev().find(|&i| s.frames[i].slot == slot)?;
-        s.depth = i;
-        Some((s.frames[i], s.counters))
+    // SAFETY: this thread's block (see `enter`); the search stays above the sentinel.
+    let popped = existing_block().and_then(|b| unsafe {
+        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>().add(1);
+        let mut f = (*b).top;
+        while f > first {
+            f = f.sub(1);
+            if (*f).slot == slot {
+                (*b).top = f;
+                return Some((f.read(), (*b).counters));
+            }
+        }
+        None
     });
-    let Ok(Some((f, counters))) = popped else {
+    let Some((f, counters)) = popped else {
         // No frame for this return: nowhere to go back to. Never expected.
         log::error(format_args!(
             "tracing: a traced call returned with no frame recorded (slot {slot:#x}); aborting"
@@ -177,27 +273,17 @@ extern "C" fn exit(slot: usize) -> usize {
     };
     crate::boundary::guard("tracing a call", (), || {
         if let Some(t) = tracer() {
-            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index;
-            match counters {
-                Some(c) => t.record_call_on(c, id, f.start, end),
-                None => {
-                    let c = t.thread_counters();
-                    let _ = SHADOW.try_with(|s| {
-                        if let Ok(mut s) = s.try_borrow_mut() {
-                            s.counters = Some(c);
-                        }
-                    });
-                    t.record_call_on(c, id, f.start, end);
-                }
-            }
+            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index as u32;
+            t.record_call_on(counters, id, f.start, end);
         }
     });
     f.ret
 }
 
-// The thunk a traced export returns into: %rsp is the return address's slot + 8. Saves the
-// return registers (%rax, %rdx, %xmm0, %xmm1), calls exit(slot) on an aligned stack,
-// restores them and jumps to the caller's real return address.
+// The thunk a call timed in Rust returns into (and the fast thunk's fallback): %rsp is the
+// return address's slot + 8. Saves the return registers (%rax, %rdx, %xmm0, %xmm1), calls
+// exit(slot) on an aligned stack, restores them and jumps to the caller's real return
+// address.
 std::arch::global_asm!(
     ".pushsection .text.cudaw_trace,\"ax\",@progbits",
     ".p2align 4",
@@ -232,19 +318,16 @@ std::arch::global_asm!(
 
 extern "C" {
     /// The return thunk (defined above in assembly; never called directly).
-    fn cudaw_trace_return();
+    pub(crate) fn cudaw_trace_return();
 }
 
 /// The return address of the traced export call in progress on this thread (the
-/// outermost cudaw sees), if any.
+/// innermost cudaw sees), if any.
 fn caller_address() -> Option<usize> {
-    SHADOW
-        .try_with(|s| {
-            let s = s.try_borrow().ok()?;
-            (s.depth > 0).then(|| s.frames[s.depth - 1].ret)
-        })
-        .ok()
-        .flatten()
+    let b = existing_block()?;
+    // SAFETY: this thread's block; `top - 1` is the sentinel at worst (slot usize::MAX).
+    let f = unsafe { (*b).top.sub(1).read() };
+    (f.slot != usize::MAX).then_some(f.ret)
 }
 
 /// The file name of the library (or program) containing `addr`.
@@ -298,10 +381,13 @@ pub fn copy(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(t) = tracer() else { return f() };
-    let start = t.now();
+    // The clock is read only where it is kept: the timeline's start, the last use.
+    let timeline = t.timeline();
+    let start = if timeline { t.now() } else { 0 };
     let rc = f();
     if rc == 0 {
         let end = t.now();
+        let start = if timeline { start } else { end };
         t.record_copy(
             Direction::from_kind(kind),
             bytes as u64,
@@ -361,16 +447,27 @@ pub fn launch(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(t) = tracer() else { return f() };
-    let start = t.now();
+    // The clock is read only where it is kept: the timeline, and the last use of the
+    // allocations the launch received (none for a kernel without pointers).
+    let timeline = t.timeline();
+    let start = if timeline { t.now() } else { 0 };
     let rc = f();
     if rc != 0 {
         return rc;
     }
-    let end = t.now();
+    let end = if timeline { t.now() } else { 0 };
     let Some(rec) = rec else { return rc };
     let k = kernel_id(t, rec);
     let mut words = Vec::new();
     pointer_words(rec, args, &mut words);
+    let (start, end) = match (timeline, words.is_empty()) {
+        (true, _) => (start, end),
+        (false, true) => (0, 0),
+        (false, false) => {
+            let now = t.now();
+            (now, now)
+        }
+    };
     t.record_launch(k, grid, block, shared as u32, start, end, &words);
     rc
 }
@@ -482,4 +579,209 @@ extern "C" fn at_exit() {
             log::warn_plain(format_args!("trace: {line}"));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fast path through the real trampolines, in a process of its own (the test runs
+    //! its own binary again): the dispatch table points a few exports at functions of the
+    //! test, which nest calls, so that the counts and times can be checked exactly.
+
+    use crate::dispatch::{self, idx, TABLE};
+    use std::process::Command;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    const CHILD: &str = "CUDAW_TRACING_TEST_CHILD";
+    const THREADS: u64 = 8;
+    const ROUNDS: u64 = 5000;
+    /// Calls deeper than the shadow stack (32) run untimed.
+    const DEEP: i32 = 40;
+    const SPIN: Duration = Duration::from_micros(2);
+
+    #[repr(C)]
+    #[derive(Debug, PartialEq)]
+    struct Pair {
+        a: u64,
+        b: u64,
+    }
+
+    // The trampolines, declared with the signatures of the test's targets (they pass any).
+    extern "C" {
+        fn cudaPeekAtLastError() -> u32;
+        fn cudaGetLastError() -> u32;
+        fn cudaGetDevice(depth: *mut i32) -> u32;
+        fn cudaMemsetAsync(p: usize, v: i32, n: usize, s: usize) -> u32;
+        fn cudaEventElapsedTime(a: u64, b: u64) -> Pair;
+        fn cudaEventQuery(x: f64, y: f64, k: i32) -> f64;
+    }
+
+    /// Spins for SPIN, then makes two nested calls.
+    extern "C" fn outer() -> u32 {
+        let t = Instant::now();
+        while t.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the trampolines go to the test's targets.
+        unsafe { cudaGetLastError() + cudaGetLastError() + 7 }
+    }
+    extern "C" fn inner() -> u32 {
+        1
+    }
+    /// Recurses through the trampoline until `*depth` is 0.
+    extern "C" fn deep(depth: *mut i32) -> u32 {
+        // SAFETY: the test passes a valid pointer.
+        unsafe {
+            *depth -= 1;
+            if *depth > 0 {
+                cudaGetDevice(depth)
+            } else {
+                0
+            }
+        }
+    }
+    /// An in-flight export: checks every argument, nests one call.
+    extern "C" fn memset(p: usize, v: i32, n: usize, s: usize) -> u32 {
+        assert_eq!((p, v, n, s), (0x1000, -3, 77, 0x2000));
+        // SAFETY: as above.
+        unsafe { cudaGetLastError() + 10 }
+    }
+    extern "C" fn pair(a: u64, b: u64) -> Pair {
+        Pair { a: a + 1, b: b * 2 }
+    }
+    extern "C" fn float(x: f64, y: f64, k: i32) -> f64 {
+        x * y + f64::from(k)
+    }
+
+    #[test]
+    fn fast_path_counts_and_times_threads_and_nested_calls() {
+        run_child("1");
+    }
+
+    #[test]
+    fn sampled_fast_path_counts_every_call() {
+        run_child("16");
+    }
+
+    /// Runs [`child`] with `CUDAW_TRACE_SAMPLE=sample`.
+    fn run_child(sample: &str) {
+        if std::env::var_os(CHILD).is_some() {
+            return;
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tracing::tests::child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .env("CUDAW_TRACE", "metrics")
+            .env("CUDAW_TRACE_SAMPLE", sample)
+            .env("CUDAW_LOG", "error")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(
+            text.contains("child checked"),
+            "the child did not run:\n{text}"
+        );
+    }
+
+    #[test]
+    #[ignore = "run by the tests above, in a process of its own"]
+    fn child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        dispatch::skip_initialise_for_test();
+        super::init();
+        crate::gate::mark_initialised();
+        assert_eq!(
+            crate::gate::GATE.load(Ordering::SeqCst),
+            crate::gate::TRACING
+        );
+        for (i, f) in [
+            (idx::cudaPeekAtLastError, outer as *const () as usize),
+            (idx::cudaGetLastError, inner as *const () as usize),
+            (idx::cudaGetDevice, deep as *const () as usize),
+            (idx::cudaMemsetAsync, memset as *const () as usize),
+            (idx::cudaEventElapsedTime, pair as *const () as usize),
+            (idx::cudaEventQuery, float as *const () as usize),
+        ] {
+            TABLE[i].store(f, Ordering::Release);
+        }
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    for r in 0..ROUNDS {
+                        // SAFETY: the trampolines go to the targets above.
+                        unsafe {
+                            assert_eq!(cudaPeekAtLastError(), 9);
+                            assert_eq!(cudaMemsetAsync(0x1000, -3, 77, 0x2000), 11);
+                            assert_eq!(cudaEventElapsedTime(t, r), Pair { a: t + 1, b: r * 2 });
+                            assert_eq!(cudaEventQuery(1.5, r as f64, 2), 1.5 * r as f64 + 2.0);
+                            if r % 100 == 0 {
+                                let mut d = DEEP;
+                                assert_eq!(cudaGetDevice(&mut d), 0);
+                                assert_eq!(d, 0);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let stats = super::stats(0).unwrap();
+        let get = |name: &str| {
+            stats
+                .calls
+                .iter()
+                .find(|c| c.name == name)
+                .unwrap_or_else(|| panic!("{name} not counted: {:?}", stats.calls))
+                .clone()
+        };
+        let n = THREADS * ROUNDS;
+        let outer = get("cudaPeekAtLastError");
+        let inner = get("cudaGetLastError");
+        assert_eq!(outer.count, n);
+        assert_eq!(
+            inner.count,
+            3 * n,
+            "two inside each outer call, one inside each memset"
+        );
+        assert_eq!(get("cudaMemsetAsync").count, n);
+        assert_eq!(get("cudaEventElapsedTime").count, n);
+        assert_eq!(get("cudaEventQuery").count, n);
+        assert_eq!(get("cudaGetDevice").count, THREADS * ROUNDS / 100 * 32);
+        let spin = SPIN.as_nanos() as f64;
+        for c in &stats.calls {
+            assert!(c.max_ns >= c.mean_ns && c.mean_ns > 0.0, "{c:?}");
+            assert!(c.max_ns < 1e9, "{c:?}");
+        }
+        // The outer call holds the spin and its two nested calls; the nested ones are short.
+        assert!(outer.mean_ns >= spin, "{outer:?}");
+        assert!(outer.total_ns >= spin * n as f64, "{outer:?}");
+        assert!(inner.mean_ns < spin / 4.0, "{inner:?}");
+        assert!(outer.mean_ns > 2.0 * inner.mean_ns, "{outer:?} {inner:?}");
+        // The Rust path: each thread's first call and first call in flight, and the calls
+        // past the shadow stack's depth; the fast path every other.
+        // With sampling, the recursion's calls are timed only when cudaGetDevice's count
+        // allows, so the calls past the stack's depth reach Rust less often.
+        let slow = super::RUST_ENTERS.load(Ordering::Relaxed);
+        let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
+        if crate::config::get().trace_sample == 1 {
+            assert_eq!(slow, 2 * THREADS + deep, "calls timed in Rust");
+        } else {
+            assert!(slow <= 2 * THREADS + deep, "calls timed in Rust: {slow}");
+        }
+        println!("child checked: {outer:?} {inner:?} ({slow} calls timed in Rust)");
+    }
 }

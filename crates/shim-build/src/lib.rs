@@ -304,6 +304,16 @@ pub fn enqueues_device_work(name: &str) -> bool {
 ///   / [`UNREGISTERED`] and `*slot` untouched) before returning the target;
 /// - `PREFIX_inflight_block`: `extern "C" fn() -> *mut u64`, the calling thread's block.
 pub fn in_flight_support(prefix: &str) -> String {
+    in_flight_support_traced(prefix, None)
+}
+
+/// [`in_flight_support`], and with `trace: Some((bits, enter))` a fast way into a
+/// [`trace_fast_path`]: when the gate word `{gate}` is exactly `bits` and the thread's
+/// word is [`IN_FLIGHT`] (registered, the trampoline set it), the slow path saves the
+/// return address and puts the in-flight thunk in its place as the open-gate trampoline
+/// does, then jumps to `enter` (the trace fast path), which times the call and chains its
+/// thunk before ours. Anything else takes the ordinary slow path.
+pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> String {
     let p = prefix;
     let mut s = format!(
         ".pushsection .tdata.{p}_inflight,\"awT\",@progbits
@@ -340,14 +350,203 @@ pub fn in_flight_support(prefix: &str) -> String {
 .popsection
 "
     );
-    s.push_str(&format!(
-        ".globl {p}_inflight_slow\n.hidden {p}_inflight_slow\n"
-    ));
-    s.push_str(&slow_path_named(
-        &format!("{p}_inflight_slow"),
-        "{inflight_resolve}",
-    ));
+    let slow = match trace {
+        None => format!("{p}_inflight_slow"),
+        Some((bits, enter)) => {
+            write!(
+                s,
+                ".pushsection .text.cudaw_inflight,\"ax\",@progbits
+.p2align 4
+.globl {p}_inflight_slow
+.hidden {p}_inflight_slow
+.type {p}_inflight_slow,@function
+{p}_inflight_slow:
+    cmpl ${bits}, {{gate}}(%rip)
+    jne {p}_inflight_slow_full
+    push %rax
+    movq {p}_inflight_tls@gottpoff(%rip), %rax
+    cmpq ${IN_FLIGHT}, %fs:(%rax)
+    jne 1f
+    pushq 8(%rsp)
+    popq %fs:8(%rax)
+    leaq {p}_inflight_return(%rip), %rax
+    movq %rax, 8(%rsp)
+    pop %rax
+    jmp {enter}
+1:  pop %rax
+    jmp {p}_inflight_slow_full
+.size {p}_inflight_slow, .-{p}_inflight_slow
+.popsection
+"
+            )
+            .unwrap();
+            format!("{p}_inflight_slow_full")
+        }
+    };
+    s.push_str(&format!(".globl {slow}\n.hidden {slow}\n"));
+    s.push_str(&slow_path_named(&slow, "{inflight_resolve}"));
     s
+}
+
+/// Offsets in the per-thread trace block of [`trace_fast_path`] (a `repr(C)` struct the
+/// host library owns): the next free frame.
+pub const TRACE_TOP: usize = 0;
+/// Offset of the end of the frames (the stack is full when the top reaches it).
+pub const TRACE_LIMIT: usize = 8;
+/// Offset of the pointer to the thread's call counters: `(count, ticks, max, timed)`,
+/// `u64`s, per export index.
+pub const TRACE_CALLS: usize = 16;
+/// Offset of the sampling mask: a call is timed when its export's count so far has none
+/// of these bits (0: every call).
+pub const TRACE_MASK: usize = 24;
+/// Size of one shadow-stack frame: `(slot, return address, index, start ticks)`, `u64`s.
+pub const TRACE_FRAME: usize = 32;
+
+/// `trace.s`: the assembly fast path of call timing (`CUDAW_TRACE=metrics`), for a library
+/// whose gate word is `{gate}` (a `u32`, [`GateWord::Direct`]) and whose trampolines'
+/// slow path is `PREFIX_trace_enter` (pass it as their `{slow}`).
+///
+/// - `PREFIX_trace_tls`: one word of initial-exec TLS per thread, the address of the
+///   thread's trace block (0: none yet).
+/// - `PREFIX_trace_enter` (`%r11d` = the export's index, the caller's return address at
+///   `(%rsp)`): when the gate word is exactly `bits` (tracing, nothing else) and the
+///   thread has a block: a call the sampling mask leaves untimed only adds 1 to its count
+///   and jumps on; else, when its shadow stack has room and holds no frame the stack has since
+///   unwound (a `longjmp`), it pushes `(slot, return address, index, rdtsc)`, puts
+///   `PREFIX_trace_return` in the caller's return-address slot and jumps to
+///   `{table}[index]` (never 0 once the gate is that value). Anything else goes to
+///   `{full}`, the ordinary slow path. Only `%r11` changes (the arguments and `%rax`
+///   are kept).
+/// - `PREFIX_trace_return`, the thunk a fast-timed call returns into: `rdtsc`, pops the
+///   top frame (when it is this call's, else `{slow_return}`, the library's own thunk, with
+///   the return registers untouched), adds 1, the ticks, and the max into the thread's
+///   counters (plain adds: only the thread writes them) and jumps to the saved return
+///   address, `%rax`/`%rdx` (and every vector register) as the call left them.
+/// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's word.
+///
+/// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`], [`TRACE_MASK`]; the
+/// frame below
+/// the first has the slot `u64::MAX`, so that an empty stack needs no test.
+pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
+    let p = prefix;
+    let f = TRACE_FRAME;
+    format!(
+        ".pushsection .tbss.{p}_trace,\"awT\",@nobits
+.p2align 3
+.globl {p}_trace_tls
+.hidden {p}_trace_tls
+.type {p}_trace_tls,@object
+.size {p}_trace_tls,8
+{p}_trace_tls:
+    .zero 8
+.popsection
+.pushsection .text.cudaw_trace_fast,\"ax\",@progbits
+.p2align 4
+.globl {p}_trace_enter
+.hidden {p}_trace_enter
+.type {p}_trace_enter,@function
+{p}_trace_enter:
+    cmpl ${bits}, {{gate}}(%rip)
+    jne {{full}}
+    push %rax
+    push %rdx
+    push %rcx
+    movq {p}_trace_tls@gottpoff(%rip), %rcx
+    movq %fs:(%rcx), %rcx
+    testq %rcx, %rcx
+    jz 1f
+    movq %r11, %rax
+    shlq $5, %rax
+    addq {TRACE_CALLS}(%rcx), %rax
+    movq (%rax), %rdx
+    testq {TRACE_MASK}(%rcx), %rdx
+    jnz 3f
+    movq {TRACE_TOP}(%rcx), %rdx
+    cmpq {TRACE_LIMIT}(%rcx), %rdx
+    jae 1f
+    leaq 24(%rsp), %rax
+    cmpq %rax, -{f}(%rdx)
+    jbe 1f
+    leaq {f}(%rdx), %rax
+    movq %rax, {TRACE_TOP}(%rcx)
+    leaq 24(%rsp), %rax
+    movq %rax, 0(%rdx)
+    movq (%rax), %rcx
+    movq %rcx, 8(%rdx)
+    movq %r11, 16(%rdx)
+    leaq {p}_trace_return(%rip), %rcx
+    movq %rcx, (%rax)
+    movq %rdx, %rcx
+    leaq {{table}}(%rip), %rax
+    movq (%rax,%r11,8), %r11
+    rdtsc
+    shlq $32, %rdx
+    orq %rdx, %rax
+    movq %rax, 24(%rcx)
+    pop %rcx
+    pop %rdx
+    pop %rax
+    jmp *%r11
+1:  pop %rcx
+    pop %rdx
+    pop %rax
+    jmp {{full}}
+3:  addq $1, (%rax)
+    leaq {{table}}(%rip), %rax
+    movq (%rax,%r11,8), %r11
+    pop %rcx
+    pop %rdx
+    pop %rax
+    jmp *%r11
+.size {p}_trace_enter, .-{p}_trace_enter
+.p2align 4
+.globl {p}_trace_return
+.hidden {p}_trace_return
+.type {p}_trace_return,@function
+{p}_trace_return:
+    movq %rax, %r8
+    movq %rdx, %r9
+    rdtsc
+    shlq $32, %rdx
+    orq %rdx, %rax
+    movq {p}_trace_tls@gottpoff(%rip), %rcx
+    movq %fs:(%rcx), %rcx
+    movq {TRACE_TOP}(%rcx), %rdx
+    leaq -8(%rsp), %rsi
+    cmpq %rsi, -{f}(%rdx)
+    jne 1f
+    subq -8(%rdx), %rax
+    movq -16(%rdx), %rsi
+    movq -24(%rdx), %rdi
+    leaq -{f}(%rdx), %rdx
+    movq %rdx, {TRACE_TOP}(%rcx)
+    shlq $5, %rsi
+    addq {TRACE_CALLS}(%rcx), %rsi
+    addq $1, (%rsi)
+    addq %rax, 8(%rsi)
+    addq $1, 24(%rsi)
+    cmpq %rax, 16(%rsi)
+    jae 2f
+    movq %rax, 16(%rsi)
+2:  movq %r8, %rax
+    movq %r9, %rdx
+    jmp *%rdi
+1:  movq %r8, %rax
+    movq %r9, %rdx
+    jmp {{slow_return}}
+.size {p}_trace_return, .-{p}_trace_return
+.p2align 4
+.globl {p}_trace_block
+.hidden {p}_trace_block
+.type {p}_trace_block,@function
+{p}_trace_block:
+    movq {p}_trace_tls@gottpoff(%rip), %rax
+    addq %fs:0, %rax
+    ret
+.size {p}_trace_block, .-{p}_trace_block
+.popsection
+"
+    )
 }
 
 /// The linker version script: `names` global (under `node`, or unversioned when `None`),
@@ -428,6 +627,29 @@ mod tests {
             assert!(support.contains(sym), "{sym}");
         }
         assert!(!support.contains("{entry}"));
+    }
+
+    #[test]
+    fn the_trace_fast_path_tests_the_exact_gate_and_chains_in_flight() {
+        let t = trace_fast_path("px", 4);
+        for want in [
+            "px_trace_tls:\n    .zero 8",
+            "px_trace_enter:\n    cmpl $4, {gate}(%rip)\n    jne {full}",
+            "movq (%rax,%r11,8), %r11",
+            "jmp {slow_return}",
+            "px_trace_block:",
+        ] {
+            assert!(t.contains(want), "{want}");
+        }
+        let f = in_flight_support_traced("px", Some((4, "px_trace_enter")));
+        assert!(f.contains(
+            "px_inflight_slow:\n    cmpl $4, {gate}(%rip)\n    jne px_inflight_slow_full"
+        ));
+        assert!(f.contains("jmp px_trace_enter"));
+        assert!(f.contains("px_inflight_slow_full:"));
+        // Without tracing, the slow path is what it was (and needs no {gate}).
+        let plain = in_flight_support("px");
+        assert!(plain.contains("px_inflight_slow:\n    push %rbp") && !plain.contains("{gate}"));
     }
 
     #[test]

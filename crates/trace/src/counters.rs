@@ -51,12 +51,18 @@ fn bump(a: &AtomicU64, by: u64) {
     );
 }
 
-/// One function's calls on one thread.
+/// One function's calls on one thread. The layout is fixed (`repr(C)`: count, ticks, max,
+/// timed, 8 bytes each) because a host library's assembly may add to it directly
+/// ([`ThreadCounters::flat_calls`]). `ticks` and `max` are of the `timed` calls: a host
+/// library may time only some of the calls it counts, and [`merge`] scales `ticks` up to
+/// `count` (the mean of the timed calls stands for the others).
 #[derive(Default)]
+#[repr(C)]
 pub struct CallSlot {
     count: AtomicU64,
     ticks: AtomicU64,
     max: AtomicU64,
+    timed: AtomicU64,
 }
 
 /// One direction's copies on one thread.
@@ -73,8 +79,17 @@ pub struct ThreadCounters {
     /// Its name, when it has one.
     pub name: Option<String>,
     calls: Table<CallSlot>,
+    /// A contiguous range of call slots (ids `base..base + len`), when a host library asked
+    /// for one ([`ThreadCounters::flat_calls`]).
+    flat: OnceLock<Flat>,
     kernels: Table<AtomicU64>,
     copies: [CopySlot; 5],
+}
+
+/// Call slots for ids `base..base + slots.len()`, in one array.
+struct Flat {
+    base: usize,
+    slots: Box<[CallSlot]>,
 }
 
 impl ThreadCounters {
@@ -84,16 +99,41 @@ impl ThreadCounters {
             tid,
             name,
             calls: Table::new(),
+            flat: OnceLock::new(),
             kernels: Table::new(),
             copies: Default::default(),
         }
     }
 
+    /// The slots of ids `base..base + len` as one array of [`CallSlot`]s (made on the first
+    /// request; `None` when an earlier request asked for another range). Only the owning
+    /// thread may add to them, with plain loads and stores (assembly included); the
+    /// tracer reads them like every other counter.
+    pub fn flat_calls(&self, base: u32, len: usize) -> Option<&[CallSlot]> {
+        let f = self.flat.get_or_init(|| Flat {
+            base: base as usize,
+            slots: (0..len).map(|_| CallSlot::default()).collect(),
+        });
+        (f.base == base as usize && f.slots.len() == len).then_some(&f.slots[..])
+    }
+
+    /// The slot counting calls of function `f`.
+    #[inline]
+    fn call_slot(&self, f: usize) -> Option<&CallSlot> {
+        if let Some(fl) = self.flat.get() {
+            if let Some(s) = f.checked_sub(fl.base).and_then(|i| fl.slots.get(i)) {
+                return Some(s);
+            }
+        }
+        self.calls.slot(f)
+    }
+
     /// One call of function `f` lasting `ticks`.
     #[inline]
     pub fn call(&self, f: usize, ticks: u64) {
-        if let Some(s) = self.calls.slot(f) {
+        if let Some(s) = self.call_slot(f) {
             bump(&s.count, 1);
+            bump(&s.timed, 1);
             bump(&s.ticks, ticks);
             if ticks > s.max.load(Ordering::Relaxed) {
                 s.max.store(ticks, Ordering::Relaxed);
@@ -134,7 +174,13 @@ pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
     let mut m = Merged::default();
     let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
     for t in threads {
-        for (i, s) in t.calls.iter() {
+        let flat = t.flat.get().into_iter().flat_map(|f| {
+            f.slots
+                .iter()
+                .enumerate()
+                .map(move |(i, s)| (f.base + i, s))
+        });
+        for (i, s) in t.calls.iter().chain(flat) {
             let c = r(&s.count);
             if c == 0 {
                 continue;
@@ -144,7 +190,12 @@ pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
             }
             let e = &mut m.calls[i];
             e.0 += c;
-            e.1 += r(&s.ticks);
+            let (ticks, timed) = (r(&s.ticks), r(&s.timed));
+            e.1 += if timed == 0 || timed >= c {
+                ticks
+            } else {
+                (u128::from(ticks) * u128::from(c) / u128::from(timed)) as u64
+            };
             e.2 = e.2.max(r(&s.max));
         }
         for (i, s) in t.kernels.iter() {
@@ -193,5 +244,30 @@ mod tests {
         assert_eq!(m.kernels[CHUNK + 1], 1);
         assert_eq!(m.copies[Direction::DtoH as usize], (2, 12));
         assert_eq!(m.calls.len(), 4);
+    }
+
+    #[test]
+    fn flat_slots_count_and_merge_with_the_table() {
+        let a = Arc::new(ThreadCounters::new(1, None));
+        let b = Arc::new(ThreadCounters::new(2, None));
+        let slots = a.flat_calls(10, 5).unwrap();
+        assert_eq!(slots.len(), 5);
+        assert!(a.flat_calls(11, 5).is_none(), "another range is refused");
+        assert_eq!(a.flat_calls(10, 5).unwrap().as_ptr(), slots.as_ptr());
+        // What the assembly does: plain adds to the slot.
+        slots[2].count.store(3, Ordering::Relaxed);
+        slots[2].ticks.store(30, Ordering::Relaxed);
+        slots[2].max.store(12, Ordering::Relaxed);
+        slots[2].timed.store(3, Ordering::Relaxed);
+        a.call(12, 40); // inside the range: the flat slot
+        a.call(3, 7); // outside: the table
+        let bs = b.flat_calls(10, 5).unwrap();
+        b.call(12, 5);
+        // Two more counted on `b`'s slot without being timed: its 5 ticks stand for 3 calls.
+        bs[2].count.store(3, Ordering::Relaxed);
+        let m = merge(&[a, b]);
+        assert_eq!(m.calls[12], (7, 70 + 15, 40));
+        assert_eq!(m.calls[3], (1, 7, 7));
+        assert_eq!(m.calls.len(), 13);
     }
 }
