@@ -24,11 +24,12 @@ const MAJORS: [(&str, &str, &str); 3] = [
 
 /// cudaw's own exports beside the runtime's: the hook table the driver shim
 /// (`libcuda.so.1`) looks up to share this library's gate and state, its handle table and
-/// its memory table.
-const OWN_EXPORTS: [&str; 3] = [
+/// its memory table and its tracing table.
+const OWN_EXPORTS: [&str; 4] = [
     "cudaw_runtime_handles_v1",
     "cudaw_runtime_hooks_v1",
     "cudaw_runtime_memory_v1",
+    "cudaw_runtime_trace_v1",
 ];
 
 fn main() {

@@ -7,7 +7,7 @@
 use cudaw_tests::{
     command_under_cudaw, compile, compile_fatbin, cudaw_ckpt, nvcc, workspace, Addressing,
 };
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
@@ -655,4 +655,138 @@ fn driver_allocations_are_forwarded_in_translated_addressing() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("check 0 ok\ndone\n"), "{stdout}");
+}
+
+/// The demangled name of `driver_launch`'s kernel (`_Z5scalePfif`).
+const SCALE: &str = "scale(float*, int, float)";
+
+/// `driver_launch` under `CUDAW_TRACE=mode`, stopped after its launches (argument `wait`):
+/// the tracing store of the runtime shim holds what the program sent to the driver only.
+/// `cudaw-ckpt stats --json` lists `scale` by its demangled name with its 12 launches, its
+/// buffer (made by `cuMemAlloc`, given to every launch, one copy in and one out) and the
+/// copies per direction; with the timeline, the file written at exit holds each launch with
+/// its grid, block and the buffer its first argument points into.
+fn traced_driver_launches(mode: &str) {
+    let Some((exe, module)) = program() else {
+        return;
+    };
+    let dir =
+        std::env::temp_dir().join(format!("cudaw-driver-trace-{}-{mode}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("timeline.json");
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    cmd.arg(&module)
+        .args(["0", "wait"])
+        .env("CUDAW_TRACE", mode)
+        .env("CUDAW_TRACE_FILE", &file)
+        .env("CUDAW_RUN_DIR", &dir)
+        .env("CUDAW_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting driver_launch");
+    let mut stdin = child.stdin.take().unwrap();
+    let rx = lines_of(child.stdout.take().unwrap());
+    let err = lines_of(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    wait_for(&rx, "driver_launch: waiting", &mut seen);
+
+    let pid = child.id().to_string();
+    let out = std::process::Command::new(cudaw_ckpt())
+        .args(["stats", &pid, "--json", "--top", "5"])
+        .env("CUDAW_RUN_DIR", &dir)
+        .output()
+        .expect("running cudaw-ckpt");
+    assert!(
+        out.status.success(),
+        "cudaw-ckpt stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stats --json is JSON");
+    assert_eq!(stats["mode"], mode);
+    let kernels = stats["kernels"].as_array().expect("kernels");
+    assert_eq!(
+        kernels.as_slice(),
+        [serde_json::json!({"name": SCALE, "mangled": "_Z5scalePfif", "launches": LAUNCHES})],
+        "{stats}"
+    );
+    let copies: Vec<(String, u64, u64)> = stats["copies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["direction"].as_str().unwrap().to_owned(),
+                c["count"].as_u64().unwrap(),
+                c["bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        copies,
+        [("HtoD".to_owned(), 1, 4096), ("DtoH".to_owned(), 1, 4096)],
+        "{stats}"
+    );
+    let hottest = &stats["memory"]["hottest"][0];
+    assert_eq!(
+        (
+            hottest["size"].as_u64(),
+            hottest["launches"].as_u64(),
+            hottest["copies_in"].as_u64(),
+            hottest["copies_out"].as_u64()
+        ),
+        (Some(4096), Some(LAUNCHES as u64), Some(1), Some(1)),
+        "{stats}"
+    );
+    assert_eq!(hottest["kernels"], serde_json::json!([SCALE]), "{stats}");
+    let base = hottest["base"].as_str().unwrap().to_owned();
+
+    stdin.write_all(b"\n").unwrap();
+    drop(stdin);
+    let status = child.wait().expect("waiting for driver_launch");
+    let log: Vec<String> = err.iter().collect();
+    assert!(
+        status.success(),
+        "driver_launch failed:\n{}",
+        log.join("\n")
+    );
+    let log = log.join("\n");
+    assert!(log.contains("trace: "), "no summary at exit:\n{log}");
+    if mode != "timeline" {
+        assert!(!file.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    let text = std::fs::read_to_string(&file).expect("the timeline written at exit");
+    let tl: serde_json::Value = serde_json::from_str(&text).expect("the timeline is JSON");
+    let events = tl["traceEvents"].as_array().expect("traceEvents");
+    let launches: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["cat"] == "kernel" && e["name"] == SCALE)
+        .collect();
+    assert_eq!(launches.len(), LAUNCHES, "{text}");
+    for l in &launches {
+        assert_eq!(l["args"]["kernel"], "_Z5scalePfif", "{l}");
+        assert_eq!(l["args"]["grid"], serde_json::json!([4, 1, 1]), "{l}");
+        assert_eq!(l["args"]["block"], serde_json::json!([256, 1, 1]), "{l}");
+        let buffers = l["args"]["buffers"].as_array().expect("buffers");
+        assert_eq!(buffers.len(), 1, "{l}");
+        assert_eq!(buffers[0]["param"], 0, "{l}");
+        assert_eq!(buffers[0]["base"], base.as_str(), "{l}");
+    }
+    let copies = events.iter().filter(|e| e["cat"] == "copy").count();
+    assert_eq!(copies, 2, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn driver_launches_and_copies_are_traced_in_the_metrics() {
+    traced_driver_launches("metrics");
+}
+
+#[test]
+fn driver_launches_and_copies_are_traced_in_the_timeline() {
+    traced_driver_launches("timeline");
 }

@@ -333,3 +333,106 @@ mod memory_hooks {
         &MEMORY
     }
 }
+
+mod trace_hooks {
+    //! The tracing store for the driver shim: launches and copies made through the driver
+    //! by callers other than this library (cuBLAS, cuDNN, Triton) join the same counters,
+    //! memory history and timeline as the runtime's (`crate::tracing`).
+    use crate::boundary::guard;
+    use crate::tracing;
+    use cudaw_trace::{Direction, Mode, Tracer};
+    use driver::hooks::{TraceHooks, TraceLaunch, TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+
+    /// The tracer, set up on the driver shim's first traced call if the runtime has not
+    /// initialised yet (a program that calls only the driver).
+    fn tracer() -> Option<&'static Tracer> {
+        if !tracing::enabled() {
+            return None;
+        }
+        tracing::init();
+        tracing::tracer()
+    }
+
+    extern "C" fn mode() -> u32 {
+        guard(
+            "the tracing mode (driver layer)",
+            TRACE_OFF,
+            || match crate::config::get().trace {
+                Mode::Off => TRACE_OFF,
+                Mode::Metrics => TRACE_METRICS,
+                Mode::Timeline => TRACE_TIMELINE,
+            },
+        )
+    }
+
+    extern "C" fn now() -> u64 {
+        guard("the tracing clock (driver layer)", 0, || {
+            tracer().map_or(0, |t| t.now())
+        })
+    }
+
+    extern "C" fn kernel_id(name: *const u8, len: usize) -> u32 {
+        guard("naming a kernel (driver layer)", u32::MAX, || {
+            let Some(t) = tracer() else { return u32::MAX };
+            if name.is_null() {
+                return u32::MAX;
+            }
+            // SAFETY: the driver shim passes `len` bytes of a name it owns.
+            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
+            t.kernel_id(&String::from_utf8_lossy(bytes))
+        })
+    }
+
+    extern "C" fn record_launch(l: *const TraceLaunch) {
+        guard("tracing a launch (driver layer)", (), || {
+            let Some(t) = tracer() else { return };
+            // SAFETY: the driver shim passes a launch record valid for this call.
+            let Some(l) = (unsafe { l.as_ref() }) else {
+                return;
+            };
+            if l.kernel == u32::MAX {
+                return;
+            }
+            let words: Vec<(u16, u64)> = if l.words.is_null() || l.words_len == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
+                unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
+                    .iter()
+                    .map(|w| (w.param, w.value))
+                    .collect()
+            };
+            t.record_launch(l.kernel, l.grid, l.block, l.shared, l.start, l.end, &words);
+        })
+    }
+
+    extern "C" fn record_copy(
+        direction: i32,
+        bytes: u64,
+        dst: u64,
+        src: u64,
+        start: u64,
+        end: u64,
+    ) {
+        guard("tracing a copy (driver layer)", (), || {
+            if let Some(t) = tracer() {
+                t.record_copy(Direction::from_kind(direction), bytes, dst, src, start, end);
+            }
+        })
+    }
+
+    static TRACE: TraceHooks = TraceHooks {
+        size: std::mem::size_of::<TraceHooks>(),
+        mode,
+        now,
+        kernel_id,
+        record_launch,
+        record_copy,
+    };
+
+    /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).
+    #[no_mangle]
+    pub extern "C" fn cudaw_runtime_trace_v1() -> *const TraceHooks {
+        &TRACE
+    }
+}

@@ -41,9 +41,15 @@ fn ticks() -> u64 {
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
 
-/// Sets tracing up from the configuration (once, while the shim initialises, before the
-/// dispatch table is filled); does nothing when `CUDAW_TRACE` is off.
+/// Sets tracing up from the configuration (once: while the shim initialises, before the
+/// dispatch table is filled, or at the driver shim's first traced call, whichever comes
+/// first); does nothing when `CUDAW_TRACE` is off.
 pub fn init() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(init_once);
+}
+
+fn init_once() {
     let cfg = crate::config::get();
     if cfg.trace == Mode::Off {
         return;

@@ -105,11 +105,14 @@ fn every_build_exports_exactly_the_real_set_under_its_version_node() {
             "{name}: version nodes"
         );
         let (a, b) = (dynamic_symbols(&ours), dynamic_symbols(&real));
-        // Beside the runtime's exports, cudaw's own: the hook, handle and memory tables its
-        // driver layer looks up (driver::hooks).
+        // Beside the runtime's exports, cudaw's own: the hook, handle, memory and tracing
+        // tables its driver layer looks up (driver::hooks).
         let own: Vec<_> = a.iter().filter(|s| s.contains(" cudaw_")).collect();
         assert!(
-            own.len() == 3
+            own.len() == 4
+                && own
+                    .iter()
+                    .any(|s| s.starts_with("T cudaw_runtime_trace_v1"))
                 && own
                     .iter()
                     .any(|s| s.starts_with("T cudaw_runtime_memory_v1"))

@@ -125,6 +125,7 @@ fn initialise() {
                 }
             }
             crate::proc_address::index_real_exports();
+            crate::trace::init();
             for (i, f) in wrappers() {
                 TABLE[i].store(f, Ordering::Release);
             }
@@ -165,6 +166,7 @@ fn wrappers() -> Vec<(usize, usize)> {
     let mut w = crate::proc_address::table();
     w.extend(crate::launch::table());
     w.extend(crate::memory::table());
+    w.extend(crate::trace::table());
     w
 }
 

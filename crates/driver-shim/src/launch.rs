@@ -13,12 +13,13 @@
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use crate::dispatch::idx;
+use crate::trace::Dims;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{LazyLock, Once};
 
 type Handle = *mut c_void;
@@ -30,6 +31,22 @@ pub struct Kernel {
     pub name: Box<str>,
     /// Launches through the driver so far.
     pub launches: AtomicU64,
+    /// The tracer's id for the name ([`crate::trace`]), `u32::MAX` until asked.
+    trace_id: AtomicU32,
+}
+
+impl Kernel {
+    /// The tracer's id for this kernel's name, asked of `intern` once.
+    pub fn trace_id(&self, intern: impl FnOnce(&str) -> u32) -> u32 {
+        match self.trace_id.load(Ordering::Relaxed) {
+            u32::MAX => {
+                let id = intern(&self.name);
+                self.trace_id.store(id, Ordering::Relaxed);
+                id
+            }
+            id => id,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -84,6 +101,7 @@ impl Registry {
         let k: &'static Kernel = Box::leak(Box::new(Kernel {
             name: name.into(),
             launches: AtomicU64::new(0),
+            trace_id: AtomicU32::new(u32::MAX),
         }));
         self.by_name.insert(name.into(), k);
         k
@@ -144,12 +162,12 @@ fn kernel_of(handle: usize) -> &'static Kernel {
     REGISTRY.lock().named(&name)
 }
 
-/// Counts one launch of `handle`.
-pub fn count(handle: usize) {
+/// Counts one launch of `handle`; its kernel.
+pub fn count(handle: usize) -> &'static Kernel {
     let generation = GENERATION.load(Ordering::Acquire);
     let counted = CACHE.try_with(|c| {
         let Ok(mut c) = c.try_borrow_mut() else {
-            return false;
+            return None;
         };
         if c.generation != generation {
             c.map.clear();
@@ -164,10 +182,15 @@ pub fn count(handle: usize) {
             }
         };
         k.launches.fetch_add(1, Ordering::Relaxed);
-        true
+        Some(k)
     });
-    if counted != Ok(true) {
-        kernel_of(handle).launches.fetch_add(1, Ordering::Relaxed);
+    match counted {
+        Ok(Some(k)) => k,
+        _ => {
+            let k = kernel_of(handle);
+            k.launches.fetch_add(1, Ordering::Relaxed);
+            k
+        }
     }
 }
 
@@ -301,22 +324,51 @@ macro_rules! observed {
     };
 }
 
-observed!(cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
+/// Defines a launch wrapper: counts the launch, then forwards it, traced when tracing is
+/// on (one predictable branch on a cached flag when it is off). `$dims` gives the launch's
+/// [`crate::trace::Dims`] (an `Option`), `$params` and `$extra` its arguments.
+macro_rules! launch {
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $f:ident, $dims:expr, $params:expr, $extra:expr) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let k = count($f as usize);
+                if crate::trace::on() {
+                    return crate::trace::launch(k, $f as usize, $dims, $params, $extra, || {
+                        crate::forward!($name: fn($($t),*) $(, $a)*)
+                    });
+                }
+                crate::forward!($name: fn($($t),*) $(, $a)*)
+            })
+        }
+    };
+}
+
+/// The dimensions of a launch given as arguments.
+fn dims(grid: [c_uint; 3], block: [c_uint; 3], shared: c_uint, stream: Handle) -> Option<Dims> {
+    Some(Dims {
+        grid,
+        block,
+        shared,
+        stream,
+    })
+}
+
+launch!(cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint,
     bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle, extra: *mut Handle)
-    => count(f as usize));
-observed!(cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    => f, dims([gx, gy, gz], [bx, by, bz], shared, stream), params, extra);
+launch!(cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
     by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle,
-    extra: *mut Handle) => count(f as usize));
-observed!(cuLaunchKernelEx(config: *const c_void, f: Handle, params: *mut Handle,
-    extra: *mut Handle) => count(f as usize));
-observed!(cuLaunchKernelEx_ptsz(config: *const c_void, f: Handle, params: *mut Handle,
-    extra: *mut Handle) => count(f as usize));
-observed!(cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
+    extra: *mut Handle) => f, dims([gx, gy, gz], [bx, by, bz], shared, stream), params, extra);
+launch!(cuLaunchKernelEx(config: *const c_void, f: Handle, params: *mut Handle,
+    extra: *mut Handle) => f, crate::trace::dims_of_config(config), params, extra);
+launch!(cuLaunchKernelEx_ptsz(config: *const c_void, f: Handle, params: *mut Handle,
+    extra: *mut Handle) => f, crate::trace::dims_of_config(config), params, extra);
+launch!(cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint,
     by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle)
-    => count(f as usize));
-observed!(cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint,
+    => f, dims([gx, gy, gz], [bx, by, bz], shared, stream), params, std::ptr::null_mut());
+launch!(cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint,
     bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, stream: Handle, params: *mut Handle)
-    => count(f as usize));
+    => f, dims([gx, gy, gz], [bx, by, bz], shared, stream), params, std::ptr::null_mut());
 observed!(cuGraphLaunch(exec: Handle, stream: Handle)
     => GRAPH_LAUNCHES.fetch_add(1, Ordering::Relaxed));
 observed!(cuGraphLaunch_ptsz(exec: Handle, stream: Handle)

@@ -72,6 +72,13 @@
 //!   own driver calls are never counted twice. Pointer queries name the VMM's allocation.
 //!   `cuMemCreate` and the calls that take its handle go to the runtime shim's handle table
 //!   (`cudaw_runtime_handles_v1`), which makes that memory evictable.
+//! - **Tracing** ([`trace`]): with `CUDAW_TRACE` set, the launches above and the driver's
+//!   `cuMemcpy*` (1D: HtoD, DtoH, DtoD, unified; sync, async, per-thread stream) made by
+//!   callers other than cudaw's runtime go to the runtime shim's tracing store
+//!   (`cudaw_runtime_trace_v1`): kernels by name, grid, block and the allocations their
+//!   arguments point into (where the module's layout is known), copies by direction and
+//!   size. The mode is read once at initialisation: with tracing off a launch pays one
+//!   predictable branch and copies are not wrapped.
 //! - **Modules** ([`modules`]): images loaded through the driver are copied at load and
 //!   parsed on first need, so each `CUfunction` / `CUkernel` handed out has its kernel's
 //!   parameter layout (`cudaw_driver_kernel_layout_v1`).
@@ -94,3 +101,4 @@ pub mod modules;
 pub mod proc_address;
 pub mod real;
 pub mod runtime;
+pub mod trace;

@@ -151,3 +151,81 @@ pub struct MemoryHooks {
 unsafe impl Sync for MemoryHooks {}
 // SAFETY: as for `Sync`.
 unsafe impl Send for MemoryHooks {}
+
+/// The runtime shim's export for its tracing table: `extern "C" fn() -> *const TraceHooks`.
+/// A table of its own (beside the others), so that each grows alone.
+pub const RUNTIME_TRACE_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_trace_v1";
+
+/// [`TraceHooks::mode`]: tracing is off.
+pub const TRACE_OFF: u32 = 0;
+/// [`TraceHooks::mode`]: counters and the memory history (`CUDAW_TRACE=metrics`).
+pub const TRACE_METRICS: u32 = 1;
+/// [`TraceHooks::mode`]: also the timeline (`CUDAW_TRACE=timeline`).
+pub const TRACE_TIMELINE: u32 = 2;
+
+/// One 8-byte word of a launch's arguments that may be a pointer, read through the
+/// kernel's parameter layout, with the parameter it came from.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TraceWord {
+    /// The parameter's ordinal.
+    pub param: u16,
+    /// The word.
+    pub value: u64,
+}
+
+/// A launch made through the driver, as [`TraceHooks::record_launch`] takes it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TraceLaunch {
+    /// The kernel's id, from [`TraceHooks::kernel_id`].
+    pub kernel: u32,
+    /// Grid and block dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared: u32,
+    /// The stream (a `CUstream`, 0 for the legacy default stream).
+    pub stream: u64,
+    /// Ticks ([`TraceHooks::now`]) before and after the launch (0 when not kept: metrics
+    /// without pointer arguments).
+    pub start: u64,
+    /// As `start`.
+    pub end: u64,
+    /// The argument words that may be pointers (`words_len` of them; null when the
+    /// kernel's layout is unknown).
+    pub words: *const TraceWord,
+    /// How many `words`.
+    pub words_len: usize,
+}
+
+/// The runtime shim's tracing store (`cudart-shim/src/hooks.rs`, `crates/trace`), for the
+/// launches and copies made through the driver by callers other than cudaw's runtime
+/// (cuBLAS, cuDNN, Triton). The struct only grows; `size` says how many fields a library has.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TraceHooks {
+    /// `size_of::<TraceHooks>()` of the library that filled it in.
+    pub size: usize,
+    /// `CUDAW_TRACE`: [`TRACE_OFF`], [`TRACE_METRICS`] or [`TRACE_TIMELINE`] (fixed for the
+    /// life of the process; reading it sets nothing up).
+    pub mode: extern "C" fn() -> u32,
+    /// The tracer's clock, in ticks (0 when tracing is off).
+    pub now: extern "C" fn() -> u64,
+    /// The tracer's id for the kernel of (mangled) name `name` (`len` bytes, UTF-8),
+    /// `u32::MAX` when tracing is off.
+    pub kernel_id: extern "C" fn(name: *const u8, len: usize) -> u32,
+    /// Records a launch that succeeded.
+    pub record_launch: extern "C" fn(launch: *const TraceLaunch),
+    /// Records a copy that succeeded: `direction` a `cudaMemcpyKind` (0 HtoH, 1 HtoD, 2
+    /// DtoH, 3 DtoD, 4 inferred from the addresses), `bytes` from `src` to `dst`, between
+    /// ticks `start` and `end`.
+    pub record_copy:
+        extern "C" fn(direction: i32, bytes: u64, dst: u64, src: u64, start: u64, end: u64),
+}
+
+// SAFETY: a table of thread-safe functions.
+unsafe impl Sync for TraceHooks {}
+// SAFETY: as for `Sync`.
+unsafe impl Send for TraceHooks {}

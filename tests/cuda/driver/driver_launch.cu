@@ -2,12 +2,15 @@
 // the runtime, and fetches every driver function through cuGetProcAddress, the one symbol
 // it looks up in libcuda.so.1 itself. It loads a module (argv[1], a fatbin of
 // scale_module.cu), launches `scale` LAUNCHES times, printing a line after each launch
-// returns (argv[2]: milliseconds to sleep between launches), then checks the result.
+// returns (argv[2]: milliseconds to sleep between launches), then checks the result. With
+// argv[3] "wait" it then prints "driver_launch: waiting" and waits for a line on its standard
+// input before it frees its buffer and exits (so that a test can read it live).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <vector>
 
@@ -42,7 +45,7 @@ static F fetch(const char* name, int version) {
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: driver_launch MODULE [SLEEP_MS]\n");
+        fprintf(stderr, "usage: driver_launch MODULE [SLEEP_MS [wait]]\n");
         return 2;
     }
     int sleep_ms = argc > 2 ? atoi(argv[2]) : 0;
@@ -114,6 +117,12 @@ int main(int argc, char** argv) {
     }
     CHECK(sync());
     CHECK(dtoh(host.data(), v, N * sizeof(float)));
+    if (argc > 3 && strcmp(argv[3], "wait") == 0) {
+        printf("driver_launch: waiting\n");
+        fflush(stdout);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) return 1;
+    }
     CHECK(mem_free(v));
     for (int i = 0; i < N; i++) {
         float want = (float)(i + 1) * (float)(1 << LAUNCHES);

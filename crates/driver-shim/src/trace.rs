@@ -1,0 +1,320 @@
+//! `CUDAW_TRACE` at the driver layer: the launches and copies that callers other than
+//! cudaw's runtime (cuBLAS, cuDNN, Triton) make through the driver are recorded in the
+//! runtime shim's tracing store, through its tracing table
+//! ([`driver::hooks::TraceHooks`], `cudaw_runtime_trace_v1`).
+//!
+//! The mode is read once, when this library initialises, into [`MODE`]: with tracing off
+//! a launch wrapper pays one predictable branch on it, and the copy wrappers are not even
+//! installed. A call made by a thread the runtime shim accounts for (inside one of its
+//! wrapped calls, which record the launch or copy themselves) is not recorded again.
+//! Launches record the kernel (its name, interned once per kernel), grid, block, shared
+//! memory and stream and, where the module's parameter layout is known ([`crate::modules`]),
+//! the argument words that may be pointers — the store finds the allocations they point
+//! into. The clock is read only where it is kept (the timeline, the last use of an
+//! allocation), as in the runtime.
+
+#![allow(non_snake_case)]
+
+use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
+use crate::dispatch::idx;
+use crate::launch::Kernel;
+use driver::hooks::{
+    TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
+};
+use fatbin::KernelInfo;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+/// `CUDAW_TRACE` as the runtime shim reads it ([`driver::hooks::TRACE_OFF`] without one).
+static MODE: AtomicU32 = AtomicU32::new(TRACE_OFF);
+
+static HOOKS: OnceLock<Option<&'static TraceHooks>> = OnceLock::new();
+
+fn find() -> Option<&'static TraceHooks> {
+    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, RUNTIME_TRACE_SYMBOL.as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: the runtime shim exports this name as `extern "C" fn() -> *const
+    // TraceHooks`; no other library exports it.
+    let get: extern "C" fn() -> *const TraceHooks = unsafe { std::mem::transmute(f) };
+    // SAFETY: a pointer to the runtime shim's static table (never freed), or null.
+    let h = unsafe { get().as_ref() }?;
+    (h.size >= std::mem::size_of::<TraceHooks>()).then_some(h)
+}
+
+/// The runtime shim's tracing table, if it is loaded.
+pub fn hooks() -> Option<&'static TraceHooks> {
+    *HOOKS.get_or_init(find)
+}
+
+/// Reads the mode from the runtime shim (once, while this library initialises).
+pub fn init() {
+    if let Some(h) = hooks() {
+        let mode = (h.mode)();
+        MODE.store(mode, Ordering::Relaxed);
+        if mode != TRACE_OFF {
+            crate::log::debug(format_args!(
+                "tracing the driver's launches and copies into the runtime's store"
+            ));
+        }
+    }
+}
+
+/// Whether tracing is on: the one test a launch pays with tracing off.
+#[inline(always)]
+pub fn on() -> bool {
+    MODE.load(Ordering::Relaxed) != TRACE_OFF
+}
+
+fn timeline() -> bool {
+    MODE.load(Ordering::Relaxed) == TRACE_TIMELINE
+}
+
+/// The grid, block, shared memory and stream of a launch.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory.
+    pub shared: u32,
+    /// The stream.
+    pub stream: *mut c_void,
+}
+
+/// `CUlaunchConfig` (cuda.h), the first fields of which `cuLaunchKernelEx` reads.
+#[repr(C)]
+struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: *mut c_void,
+}
+
+/// The dimensions of a `cuLaunchKernelEx` launch (`None` for a null config).
+pub fn dims_of_config(config: *const c_void) -> Option<Dims> {
+    // SAFETY: the caller's `CUlaunchConfig`, read before the launch uses it (null checked).
+    let c = unsafe { config.cast::<LaunchConfig>().as_ref() }?;
+    Some(Dims {
+        grid: c.grid,
+        block: c.block,
+        shared: c.shared,
+        stream: c.stream,
+    })
+}
+
+/// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER` (cuda.h).
+const PARAM_END: usize = 0;
+const PARAM_BUFFER_POINTER: usize = 1;
+
+/// The argument buffer `extra` names (`CU_LAUNCH_PARAM_BUFFER_POINTER`), if any.
+fn extra_buffer(extra: *mut *mut c_void) -> *const u8 {
+    if extra.is_null() {
+        return std::ptr::null();
+    }
+    let mut i = 0;
+    // At most 16 pairs: the list holds three keys at most, and a corrupt one is not chased.
+    while i < 32 {
+        // SAFETY: `extra` is the launch's key/value list, ended by CU_LAUNCH_PARAM_END
+        // (the launch succeeded with it).
+        let key = unsafe { *extra.add(i) } as usize;
+        if key == PARAM_END {
+            break;
+        }
+        // SAFETY: every key but the end is followed by its value.
+        let value = unsafe { *extra.add(i + 1) };
+        if key == PARAM_BUFFER_POINTER {
+            return value as *const u8;
+        }
+        i += 2;
+    }
+    std::ptr::null()
+}
+
+/// The 8-byte words of a launch's arguments that may be pointers (with the parameter each
+/// came from), read through the kernel's layout from `params` (one pointer per parameter)
+/// or, without them, from the buffer `extra` names.
+fn pointer_words(
+    layout: &KernelInfo,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    out: &mut Vec<TraceWord>,
+) {
+    let buffer = if params.is_null() {
+        extra_buffer(extra)
+    } else {
+        std::ptr::null()
+    };
+    if params.is_null() && buffer.is_null() {
+        return;
+    }
+    for p in &layout.params {
+        let base = if params.is_null() {
+            // SAFETY: the buffer holds the whole parameter block (the launch's contract).
+            unsafe { buffer.add(p.offset as usize) }
+        } else {
+            // SAFETY: the launch passes one argument pointer per kernel parameter.
+            (unsafe { *params.add(p.ordinal as usize) }) as *const u8
+        };
+        if base.is_null() {
+            continue;
+        }
+        let (off, size) = (p.offset as usize, p.size as usize);
+        let mut w = (8 - off % 8) % 8;
+        while w + 8 <= size {
+            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
+            let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
+            out.push(TraceWord {
+                param: p.ordinal as u16,
+                value: v,
+            });
+            w += 8;
+        }
+    }
+}
+
+/// Runs the launch `f` of kernel `k` (handle `handle`), recording it when it succeeds and
+/// the caller is not cudaw's runtime.
+pub fn launch(
+    k: &Kernel,
+    handle: usize,
+    dims: Option<Dims>,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    f: impl FnOnce() -> u32,
+) -> u32 {
+    let Some(h) = hooks() else { return f() };
+    if crate::runtime::runtime_accounts() {
+        return f();
+    }
+    let timeline = timeline();
+    let start = if timeline { (h.now)() } else { 0 };
+    let rc = f();
+    if rc != 0 {
+        return rc;
+    }
+    let end = if timeline { (h.now)() } else { 0 };
+    let Some(d) = dims else { return rc };
+    let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
+    let mut words = Vec::new();
+    if let Some(layout) = crate::modules::layout(handle) {
+        pointer_words(&layout, params, extra, &mut words);
+    }
+    let (start, end) = match (timeline, words.is_empty()) {
+        (true, _) => (start, end),
+        (false, true) => (0, 0),
+        (false, false) => {
+            let now = (h.now)();
+            (now, now)
+        }
+    };
+    (h.record_launch)(&TraceLaunch {
+        kernel,
+        grid: d.grid,
+        block: d.block,
+        shared: d.shared,
+        stream: d.stream as u64,
+        start,
+        end,
+        words: if words.is_empty() {
+            std::ptr::null()
+        } else {
+            words.as_ptr()
+        },
+        words_len: words.len(),
+    });
+    rc
+}
+
+/// `cudaMemcpyKind` values.
+const HTOD: i32 = 1;
+const DTOH: i32 = 2;
+const DTOD: i32 = 3;
+const DEFAULT: i32 = 4;
+
+/// Runs the copy `f` of `bytes` from `src` to `dst`, recording it when it succeeds and the
+/// caller is not cudaw's runtime.
+fn copy(direction: i32, bytes: usize, dst: u64, src: u64, f: impl FnOnce() -> u32) -> u32 {
+    let Some(h) = hooks() else { return f() };
+    if crate::runtime::runtime_accounts() {
+        return f();
+    }
+    let timeline = timeline();
+    let start = if timeline { (h.now)() } else { 0 };
+    let rc = f();
+    if rc == 0 {
+        let end = (h.now)();
+        let start = if timeline { start } else { end };
+        (h.record_copy)(direction, bytes as u64, dst, src, start, end);
+    }
+    rc
+}
+
+/// Defines a copy wrapper: `$dir`, the bytes argument, the destination and the source.
+macro_rules! copy_wrapper {
+    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $dir:expr, $n:ident, $dst:ident, $src:ident) => {
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                copy($dir, $n, $dst as u64, $src as u64, || {
+                    crate::forward!($name: fn($($t),*) $(, $a)*)
+                })
+            })
+        }
+    };
+}
+
+type Stream = *mut c_void;
+copy_wrapper!(cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) => HTOD, n, dst, src);
+copy_wrapper!(cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) => HTOD, n, dst, src);
+copy_wrapper!(cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, s: Stream)
+    => HTOD, n, dst, src);
+copy_wrapper!(cuMemcpyHtoDAsync_v2_ptsz(dst: u64, src: *const c_void, n: usize, s: Stream)
+    => HTOD, n, dst, src);
+copy_wrapper!(cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) => DTOH, n, dst, src);
+copy_wrapper!(cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) => DTOH, n, dst, src);
+copy_wrapper!(cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, s: Stream)
+    => DTOH, n, dst, src);
+copy_wrapper!(cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: u64, n: usize, s: Stream)
+    => DTOH, n, dst, src);
+copy_wrapper!(cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize) => DTOD, n, dst, src);
+copy_wrapper!(cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, n: usize) => DTOD, n, dst, src);
+copy_wrapper!(cuMemcpyDtoDAsync_v2(dst: u64, src: u64, n: usize, s: Stream) => DTOD, n, dst, src);
+copy_wrapper!(cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, n: usize, s: Stream)
+    => DTOD, n, dst, src);
+copy_wrapper!(cuMemcpy(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
+copy_wrapper!(cuMemcpy_ptds(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
+copy_wrapper!(cuMemcpyAsync(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
+copy_wrapper!(cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
+
+/// The copy wrappers (index, function): installed only while tracing is on, so that with
+/// tracing off a copy goes straight to the real driver.
+pub fn table() -> Vec<(usize, usize)> {
+    if !on() {
+        return Vec::new();
+    }
+    macro_rules! entries {
+        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
+    }
+    entries![
+        cuMemcpyHtoD_v2,
+        cuMemcpyHtoD_v2_ptds,
+        cuMemcpyHtoDAsync_v2,
+        cuMemcpyHtoDAsync_v2_ptsz,
+        cuMemcpyDtoH_v2,
+        cuMemcpyDtoH_v2_ptds,
+        cuMemcpyDtoHAsync_v2,
+        cuMemcpyDtoHAsync_v2_ptsz,
+        cuMemcpyDtoD_v2,
+        cuMemcpyDtoD_v2_ptds,
+        cuMemcpyDtoDAsync_v2,
+        cuMemcpyDtoDAsync_v2_ptsz,
+        cuMemcpy,
+        cuMemcpy_ptds,
+        cuMemcpyAsync,
+        cuMemcpyAsync_ptsz,
+    ]
+}
