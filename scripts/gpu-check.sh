@@ -374,12 +374,15 @@ with_buffers = sum(1 for e in ev if e.get("cat") == "kernel" and e["args"]["buff
 names = sorted(set(kernels))
 print(f"trace: timeline of torch steps is JSON\tPASS\t{len(ev)} events: {calls} calls, {len(kernels)} launches "
       f"of {len(names)} kernels ({with_buffers} with their buffers), dropped {t['otherData']['dropped']}")
-why = ("cuBLAS and Triton launch through the driver (cuLaunchKernel, cuLaunchKernelEx), which cudaw "
-       "traces only once the driver shim (libcuda.so.1) is in place")
+why = ("cuBLAS and Triton launch through the driver (cuLaunchKernel, cuLaunchKernelEx): cudaw's libcuda.so.1 "
+       "records them through cudaw_runtime_trace_v1 (is dist/lib/libcuda.so.1 preloaded? see trace-steps.log)")
 for label, pat in [("cuBLAS (gemm/sm90_xmma/cutlass)", r"gemm|sm90_xmma|cutlass"), ("Triton (triton_)", r"triton_")]:
     found = [n for n in names if re.search(pat, n)]
     if found:
-        print(f"trace: timeline names {label} kernels\tPASS\t{len(found)}: {', '.join(found)[:120]}")
+        ls = [e for e in ev if e.get("cat") == "kernel" and e["name"] in found]
+        nb = sum(1 for e in ls if e["args"]["buffers"])
+        print(f"trace: timeline names {label} kernels\tPASS\t{len(found)} kernels, {len(ls)} launches "
+              f"({nb} with their buffers): {', '.join(found)[:120]}")
     else:
         seen = ", ".join(n[:40] for n in names[:3])
         print(f"trace: timeline names {label} kernels\tFAIL\tnone among {len(names)} kernels (e.g. {seen}): {why}")
@@ -407,10 +410,13 @@ t = json.load(open(sys.argv[2]))
 calls = sum(c["count"] for c in s["calls"])
 top = s["calls"][0]
 launches = sum(k["launches"] for k in s["kernels"])
+import re
+drv = [k for k in s["kernels"] if re.search(r"gemm|sm90_xmma|cutlass|triton_", k["name"])]
 hot = s["memory"]["hottest"][:1]
 uses = hot[0]["copies_in"] + hot[0]["copies_out"] + hot[0]["launches"] if hot else 0
 print(f"{calls} calls (most time: {top['name']} {top['count']}x, mean {top['mean_ns'] / 1e3:.1f} us), "
-      f"{launches} launches of {len(s['kernels'])} kernels, {s['memory']['live']} live allocations "
+      f"{launches} launches of {len(s['kernels'])} kernels ({len(drv)} cuBLAS/Triton kernels, "
+      f"{sum(k['launches'] for k in drv)} launches), {s['memory']['live']} live allocations "
       f"(hottest: {hot[0]['size'] if hot else 0} B, {uses} uses); timeline {len(t['traceEvents'])} events")
 PY
 )
