@@ -318,3 +318,93 @@ pub fn table() -> Vec<(usize, usize)> {
         cuMemcpyAsync_ptsz,
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fatbin::ParamInfo;
+
+    /// `scale(float*, int, float)`'s layout and a `(void*, T*, 16-byte struct)` one.
+    fn layout(params: &[(u32, u32, u32)]) -> KernelInfo {
+        KernelInfo {
+            params: params
+                .iter()
+                .map(|&(ordinal, offset, size)| ParamInfo {
+                    ordinal,
+                    offset,
+                    size,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pointer_words_come_from_params_or_the_extra_buffer() {
+        // params: one pointer per argument.
+        let (mut v, mut n, mut k) = (0x7f00_1000u64, 1024i32, 2.0f32);
+        let mut params: [*mut c_void; 3] = [
+            (&mut v as *mut u64).cast(),
+            (&mut n as *mut i32).cast(),
+            (&mut k as *mut f32).cast(),
+        ];
+        let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 12, 4)]);
+        let mut words = Vec::new();
+        pointer_words(
+            &scale,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+            &mut words,
+        );
+        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
+        assert_eq!(got, [(0, 0x7f00_1000)]);
+
+        // extra: CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, its size, the end; a 16-byte
+        // struct at offset 8 gives two words.
+        let mut buffer = [0u64; 3];
+        buffer[0] = 0xaaaa;
+        buffer[1] = 0xbbbb;
+        buffer[2] = 0xcccc;
+        let mut size = std::mem::size_of_val(&buffer);
+        let mut extra: [*mut c_void; 5] = [
+            PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (&mut size as *mut usize).cast(),
+            PARAM_END as *mut c_void,
+        ];
+        let two = layout(&[(0, 0, 8), (1, 8, 16)]);
+        words.clear();
+        pointer_words(&two, std::ptr::null_mut(), extra.as_mut_ptr(), &mut words);
+        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
+        assert_eq!(got, [(0, 0xaaaa), (1, 0xbbbb), (1, 0xcccc)]);
+
+        // Neither: nothing.
+        words.clear();
+        pointer_words(&two, std::ptr::null_mut(), std::ptr::null_mut(), &mut words);
+        assert!(words.is_empty());
+    }
+
+    #[test]
+    fn launch_config_dims_are_read_from_cu_launch_config() {
+        #[repr(C)]
+        struct Config {
+            dims: [u32; 7],
+            stream: usize,
+            attrs: usize,
+            n: u32,
+        }
+        let c = Config {
+            dims: [4, 2, 1, 128, 1, 1, 512],
+            stream: 0x5000,
+            attrs: 0,
+            n: 0,
+        };
+        let d = dims_of_config((&c as *const Config).cast()).unwrap();
+        assert_eq!(
+            (d.grid, d.block, d.shared, d.stream as usize),
+            ([4, 2, 1], [128, 1, 1], 512, 0x5000)
+        );
+        assert!(dims_of_config(std::ptr::null()).is_none());
+    }
+}
