@@ -374,6 +374,21 @@ with_buffers = sum(1 for e in ev if e.get("cat") == "kernel" and e["args"]["buff
 names = sorted(set(kernels))
 print(f"trace: timeline of torch steps is JSON\tPASS\t{len(ev)} events: {calls} calls, {len(kernels)} launches "
       f"of {len(names)} kernels ({with_buffers} with their buffers), dropped {t['otherData']['dropped']}")
+# A launch the runtime forwards reaches the driver layer too (the real runtime calls the
+# driver): it must be recorded once, by the runtime. Recorded twice, the driver's event would
+# sit inside the runtime's on the same thread.
+by_tid = {}
+for e in ev:
+    if e.get("cat") == "kernel" and e.get("ph") == "X":
+        by_tid.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+nested = 0
+for lst in by_tid.values():
+    lst.sort()
+    for (s0, e0, n0), (s1, e1, n1) in zip(lst, lst[1:]):
+        if s1 < e0 and n0 == n1:
+            nested += 1
+print(f"trace: each launch recorded once\t{'PASS' if nested == 0 else 'FAIL'}\t{nested} kernel events "
+      f"nested in another of the same kernel on the same thread, among {len(kernels)} launches")
 why = ("cuBLAS and Triton launch through the driver (cuLaunchKernel, cuLaunchKernelEx): cudaw's libcuda.so.1 "
        "records them through cudaw_runtime_trace_v1 (is dist/lib/libcuda.so.1 preloaded? see trace-steps.log)")
 for label, pat in [("cuBLAS (gemm/sm90_xmma/cutlass)", r"gemm|sm90_xmma|cutlass"), ("Triton (triton_)", r"triton_")]:
