@@ -162,6 +162,12 @@ fn kernel_of(handle: usize) -> &'static Kernel {
     REGISTRY.lock().named(&name)
 }
 
+/// The generation of the handles: bumped whenever handles are forgotten (a module
+/// unloaded) or renamed, when every per-thread cache keyed by handle is stale.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
 /// Counts one launch of `handle`; its kernel.
 pub fn count(handle: usize) -> &'static Kernel {
     let generation = GENERATION.load(Ordering::Acquire);

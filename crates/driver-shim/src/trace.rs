@@ -10,7 +10,7 @@
 //! Launches record the kernel (its name, interned once per kernel), grid, block, shared
 //! memory and stream and, where the module's parameter layout is known ([`crate::modules`]),
 //! the argument words that may be pointers — the store finds the allocations they point
-//! into. The clock is read only where it is kept (the timeline, the last use of an
+//! into (each thread keeps the layouts of the handles it launched: no lock per launch). The clock is read only where it is kept (the timeline, the last use of an
 //! allocation), as in the runtime.
 
 #![allow(non_snake_case)]
@@ -22,9 +22,11 @@ use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
 use fatbin::KernelInfo;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// `CUDAW_TRACE` as the runtime shim reads it ([`driver::hooks::TRACE_OFF`] without one).
 static MODE: AtomicU32 = AtomicU32::new(TRACE_OFF);
@@ -177,6 +179,36 @@ fn pointer_words(
     }
 }
 
+/// Handle → its kernel's layout (`None`: unknown).
+type Layouts = HashMap<usize, Option<Arc<KernelInfo>>>;
+
+thread_local! {
+    /// The layouts of the handles this thread launched, for the generation of handles
+    /// ([`crate::launch::generation`]) it was filled in.
+    static LAYOUTS: RefCell<(u64, Layouts)> =
+        RefCell::new((0, HashMap::new()));
+}
+
+/// The parameter layout of `handle`'s kernel: from the thread's cache, else from
+/// [`crate::modules::layout`] (whose lock is taken on a thread's first launch of a handle).
+fn layout_of(handle: usize) -> Option<Arc<KernelInfo>> {
+    let generation = crate::launch::generation();
+    LAYOUTS
+        .try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else {
+                return crate::modules::layout(handle);
+            };
+            if c.0 != generation {
+                c.1.clear();
+                c.0 = generation;
+            }
+            c.1.entry(handle)
+                .or_insert_with(|| crate::modules::layout(handle))
+                .clone()
+        })
+        .unwrap_or_else(|_| crate::modules::layout(handle))
+}
+
 /// Runs the launch `f` of kernel `k` (handle `handle`), recording it when it succeeds and
 /// the caller is not cudaw's runtime.
 pub fn launch(
@@ -201,7 +233,7 @@ pub fn launch(
     let Some(d) = dims else { return rc };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
     let mut words = Vec::new();
-    if let Some(layout) = crate::modules::layout(handle) {
+    if let Some(layout) = layout_of(handle) {
         pointer_words(&layout, params, extra, &mut words);
     }
     let (start, end) = match (timeline, words.is_empty()) {
