@@ -26,8 +26,7 @@
 //! reaches the device after the synchronisation.
 
 use crate::staging::staging;
-use crate::types::*;
-use crate::{call_real, gate, image, log, memory};
+use crate::{gate, image, log, memory};
 use ckpt::{ImageError, ImageReader};
 use driver::DriverBackend;
 use parking_lot::Mutex;
@@ -417,13 +416,19 @@ pub fn image_path() -> Option<PathBuf> {
     CTL.lock().image.as_ref().map(|h| h.path.clone())
 }
 
+/// Waits for every device's work, through the driver (`cuCtxSynchronize` on the primary
+/// context cudaw's memory lives in), not the real runtime: a thread held at the driver
+/// layer's gate from inside the real runtime may hold one of the runtime's locks, which
+/// `cudaDeviceSynchronize` could then wait for.
 fn synchronise_all() {
-    for (ordinal, _) in memory::managed_devices() {
-        call_real!(cudaSetDevice: fn(i32) -> cudaError_t, ordinal);
-        let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
-        if rc != SUCCESS {
+    for (ordinal, m) in memory::managed_devices() {
+        let backend = m.vmm.backend();
+        if let Err(e) = backend
+            .make_current()
+            .and_then(|()| backend.driver().ctx_synchronize())
+        {
             log::warn(format_args!(
-                "pause: synchronising device {ordinal} reported {rc}"
+                "pause: synchronising device {ordinal} reported {e}"
             ));
         }
     }
