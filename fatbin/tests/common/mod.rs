@@ -102,10 +102,25 @@ pub fn cached(
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
     build(&tmp, &tmp.join(file));
-    let _ = std::fs::remove_dir_all(&dir);
+    // Tests run on several threads (and processes) at once, and two may build the same
+    // fixture: the first rename wins and the others keep its result. Never remove `dir`
+    // once it holds the file: another test may be reading it right now (removing it
+    // before renaming, as this once did, made a concurrent reader find nothing).
     if std::fs::rename(&tmp, &dir).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp); // another test process won the race
+        if !out.is_file() {
+            // A leftover without the file (an interrupted run): replace it.
+            let _ = std::fs::remove_dir_all(&dir);
+            if std::fs::rename(&tmp, &dir).is_ok() {
+                return out;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&tmp); // another test won the race
     }
+    assert!(
+        out.is_file(),
+        "fixture {} missing after its build",
+        out.display()
+    );
     out
 }
 
