@@ -12,6 +12,13 @@
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 #     (PAUSE_MODES="default arena": cudaw as is, and with --host-arena pinned)
+#
+# Everything at once takes longer than one 10-minute device command. In four runs (an
+# estimate; the last row, "time per section", gives each section's real seconds):
+#   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh
+#   SECTIONS="env torch torchbench trace" scripts/gpu-check.sh
+#   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh
+#   SECTIONS="env pausebench" scripts/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,6 +44,16 @@ minimum() { sort -g | head -1; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; }
 le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "nan" && a <= b) }'; }
+# lap SECTION: the seconds since the previous lap go to that section (when it was asked
+# for), so that the last row says how long each took: a device command may run 10 minutes
+# at most, and the table tells how to split SECTIONS into runs that fit.
+LAP=$SECONDS; declare -A LAPS=(); LAP_ORDER=()
+lap() {
+  want "$1" || return 0
+  [ -n "${LAPS[$1]:-}" ] || LAP_ORDER+=("$1")
+  LAPS[$1]=$((${LAPS[$1]:-0} + SECONDS - LAP)); LAP=$SECONDS
+}
+laps() { local n; for n in "${LAP_ORDER[@]}"; do printf '%s %ss, ' "$n" "${LAPS[$n]}"; done; }
 
 # compare NAME GOAL UNIT NATIVE_VALUES... -- CUDAW_VALUES...: the i-th values of each side
 # ran back to back, so the verdict is the median of the per-pair ratios (drift of the shared
@@ -69,6 +86,7 @@ if want env; then
   libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
   [ -n "$libcuda" ] && nm -D --defined-only "$libcuda" 2>/dev/null | awk '{print $NF}' | sort -u >"$OUT/libcuda.exports"
 fi
+lap env
 
 if want vmm && [ -x dist/bin/vmm_check ]; then
   if timeout 300 dist/bin/vmm_check --size "${VMM_SIZE:-8G}" >"$OUT/vmm_check.txt" 2>&1; then
@@ -77,6 +95,7 @@ if want vmm && [ -x dist/bin/vmm_check ]; then
     row "vmm: driver checks + evict/restore" FAIL "see vmm_check.txt: $(tail -2 "$OUT/vmm_check.txt" | tr '\n' ' ' | cut -c1-160)"
   fi
 fi
+lap vmm
 
 if want programs || want bench; then
   : >"$OUT/programs.log"
@@ -90,6 +109,7 @@ if want programs || want bench; then
     fi
   done
 fi
+lap programs
 
 if want programs; then
   for exe in "$WORK"/*; do
@@ -114,6 +134,7 @@ if want programs; then
     done
   done
 fi
+lap programs
 
 if want programs && [ -x "$WORK/vector_add" ]; then
   # The hand-made way, for programs without an RPATH: cudaw's libcudart.so.13 first in
@@ -127,6 +148,7 @@ if want programs && [ -x "$WORK/vector_add" ]; then
     row "program vector_add (LD_LIBRARY_PATH by hand)" FAIL "see byhand.log"
   fi
 fi
+lap programs
 
   # What the trampoline adds to one forwarded call, in ns (a launch makes three such calls).
 if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/gpu/call_overhead.cu >>"$OUT/programs.log" 2>&1; then
@@ -142,6 +164,7 @@ if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/
   if le "$d" 10; then st=PASS; else st=FAIL; fi
   row "bench: cost of one traced call (CUDAW_TRACE=metrics)" $st "+$d ns (cudaw $cc ns, traced $ct ns per cudaPeekAtLastError; goal <= 10 ns)"
 fi
+lap overhead
 
 if want bench && [ -x "$WORK/launch_loop" ]; then
   nat=(); cw=(); ctl=(); tr=(); cw2=(); ts=(); cw3=()
@@ -167,6 +190,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   compare "launch loop, CUDAW_TRACE=metrics vs off" 1.01 us "${cw2[@]}" -- "${tr[@]}"
   compare "launch loop, CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=16 vs off" 1.01 us "${cw3[@]}" -- "${ts[@]}"
 fi
+lap bench
 
 T="examples/torch_train.py"
 if want torch; then
@@ -209,6 +233,7 @@ if want torch; then
     fi
   done
 fi
+lap torch
 
 if want torchbench; then
     nat=(); cw=()
@@ -224,6 +249,7 @@ if want torchbench; then
     done
     compare "import torch + first CUDA op" 1.05 s "${nat[@]}" -- "${cw[@]}"
 fi
+lap torchbench
 
 if want pausebench; then
   # Pause and resume of a process holding PAUSE_SIZES GiB under cudaw, beside a pinned copy
@@ -243,6 +269,7 @@ if want pausebench; then
     while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
   fi
 fi
+lap pausebench
 
 if want torchpause; then
   # A PyTorch training loop paused/resumed 50 times and dumped/restored 5 times at random
@@ -257,6 +284,7 @@ if want torchpause; then
   done <"$OUT/torchpause.out"
   grep -qE '^(PASS|FAIL) ' "$OUT/torchpause.out" || row "torchpause" FAIL "no verdicts (rc $rc); see torchpause.out"
 fi
+lap torchpause
 
 if want expandable; then
   # PyTorch with expandable segments (cuMemCreate + cuMemMap through the runtime's driver
@@ -273,6 +301,7 @@ if want expandable; then
   done <"$OUT/expandable.out"
   grep -qE '^(PASS|FAIL) ' "$OUT/expandable.out" || row "expandable" FAIL "no verdicts (rc $rc); see expandable.out"
 fi
+lap expandable
 
 if want limits; then
   # Memory limits under PyTorch (examples/torch_limits.py prints `PASS | name | detail`
@@ -340,6 +369,7 @@ if want limits; then
   row "limits (two processes): what refused the grower" info "${why:-the driver itself (no ledger refusal logged)}"
   unset CUDAW_RUN_DIR
 fi
+lap limits
 
 if want trace; then
   # Tracing (issue #8) under PyTorch: the per-step cost of CUDAW_TRACE=metrics and
@@ -443,6 +473,7 @@ PY
   fi
   unset CUDAW_RUN_DIR
 fi
+lap trace
 
 if want demo; then
   # `cudaw demo` on the GPU: the example (dist/share/cudaw/cudaw_demo, else compiled with
@@ -476,6 +507,7 @@ PY
   while IFS='|' read -r name st detail; do row "$name" "$st" "$detail"; done <"$OUT/demo.rows"
   [ -s "$OUT/demo.rows" ] || row "demo: cudaw demo --json" FAIL "rc $rc; no rows (see demo.log)"
 fi
+lap demo
 
 if want driver; then
   # The driver layer under PyTorch (examples/torch_driver.py): cuBLAS, cuDNN and Triton
@@ -507,12 +539,14 @@ if want driver; then
   driver_rows " (pause)" "$WORK/driver.pause"
   [ $rp -eq 0 ] || row "driver (pause): script exit status" FAIL "rc $rp; see driver.pause.log"
 fi
+lap driver
 
 # At most 8 files come back from a device run: the logs travel as one archive.
 # (tar may complain that the folder changed while it read it: a tee into gpu-check.log.)
 ( cd "$OUT" && { tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null; true; } \
   && [ -s logs.tar.gz ] \
   && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -exec rm -rf {} + )
+row "time per section" info "$(laps)total $((SECONDS / 60)) min $((SECONDS % 60)) s"
 echo
 echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT, logs.tar.gz) =="
 cat "$TABLE"
