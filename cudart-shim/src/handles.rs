@@ -761,7 +761,8 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     let mut done: Vec<u64> = Vec::new();
     let r = (|| -> Result<(), String> {
         for (dev, vs) in &by_device {
-            let m = memory::device(*dev).map_err(|e| format!("device {dev}: error {e}"))?;
+            let m = memory::device_without_runtime(*dev)
+                .map_err(|e| format!("device {dev}: error {e}"))?;
             let backend = m.vmm.backend();
             backend.make_current().map_err(|e| e.to_string())?;
             let mut ranges = Vec::new();
@@ -961,7 +962,8 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
             let h = &t.handles[&v];
             (h.size, h.prop, h.device.unwrap_or(0), h.refs == 0)
         };
-        let m = memory::device(dev).map_err(|e| format!("device {dev}: error {e}"))?;
+        let m =
+            memory::device_without_runtime(dev).map_err(|e| format!("device {dev}: error {e}"))?;
         let backend = m.vmm.backend();
         backend.make_current().map_err(|e| e.to_string())?;
         let mut charged = 0;

@@ -23,8 +23,7 @@
 
 use crate::memory::{self, DeviceMemory};
 use crate::pause::{self, Ctl, Failure, Held, Load, Report};
-use crate::types::*;
-use crate::{call_real, config, log};
+use crate::{config, log};
 use ckpt::{
     AllocationRecord, GpuInfo, ImageError, ImageMetadata, ImageReader, ImageWriter, ProcessInfo,
     WriterOptions,
@@ -52,7 +51,7 @@ fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
         .collect();
     for d in crate::handles::evicted_devices() {
         if !with.iter().any(|(o, _)| *o == d) {
-            let m = memory::device(d)
+            let m = memory::device_without_runtime(d)
                 .map_err(|e| Failure::new(ErrorKind::Failed, format!("device {d}: error {e}")))?;
             with.push((d, m));
         }
@@ -161,21 +160,10 @@ fn runtime_major() -> u32 {
         .unwrap_or(0)
 }
 
-/// The device's UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, from the real
-/// runtime's `cudaGetDeviceProperties` (`uuid` follows the 256-byte name in every CUDA
-/// major); empty when the runtime does not give it.
-fn device_uuid(ordinal: i32) -> String {
-    // Larger than any CUDA version's cudaDeviceProp.
-    let mut prop = vec![0u64; 1024];
-    let rc = call_real!(
-        cudaGetDeviceProperties: fn(*mut std::ffi::c_void, i32) -> cudaError_t,
-        prop.as_mut_ptr().cast(),
-        ordinal
-    );
-    if rc != SUCCESS {
-        return String::new();
-    }
-    let bytes: Vec<u8> = prop[32..34].iter().flat_map(|w| w.to_le_bytes()).collect();
+/// A GPU's UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (as `nvidia-smi` writes it),
+/// from the driver's `cuDeviceGetUuid` (the control thread does not call the real runtime
+/// while the process is paused); empty when the driver does not give it (simgpu).
+fn uuid_text(bytes: [u8; 16]) -> String {
     if bytes.iter().all(|&b| b == 0) {
         return String::new();
     }
@@ -214,7 +202,7 @@ fn gpu_info(dev: Option<(i32, &DeviceMemory)>) -> GpuInfo {
     g.compute_capability_major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     g.compute_capability_minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     g.total_memory = drv.device_total_mem(d).unwrap_or(0);
-    g.uuid = device_uuid(ordinal);
+    g.uuid = drv.device_uuid(d).map(uuid_text).unwrap_or_default();
     g
 }
 
@@ -750,6 +738,18 @@ pub(crate) fn restore(
                 return Err(refuse(ctl, e));
             }
         }
+    }
+    // The loaded bytes reach the device before any of the program's kernels run.
+    if let Err(e) = crate::pause::synchronise_all() {
+        let e = Failure::new(
+            ErrorKind::Failed,
+            format!(
+                "loading {} failed: {e}; the process stays paused (resume to retry)",
+                path.display()
+            ),
+        );
+        log::error(format_args!("restore: {}", e.message));
+        return Err(e);
     }
     let load_ms = ms(load_started);
     // Every allocation is on the device: no image holds the process's memory any more.

@@ -59,6 +59,9 @@ pub struct DeviceMemory {
     pub vmm: Vmm<DriverBackend>,
     /// Frees waiting for their stream: (event, pointer).
     deferred: Mutex<Vec<(usize, u64)>>,
+    /// Events of deferred frees released by a pause, destroyed by the next thread that
+    /// reaps (the control thread does not call the real runtime).
+    spent_events: Mutex<Vec<usize>>,
 }
 
 static DRIVER: OnceLock<Result<Arc<LibCuda>, String>> = OnceLock::new();
@@ -93,17 +96,33 @@ pub fn current_device() -> Result<i32, cudaError_t> {
 
 /// The memory of device `ordinal`, created on first use.
 pub fn device(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
+    device_slot(ordinal, true)
+}
+
+/// The memory of device `ordinal`, created on first use through the driver alone (the
+/// primary context retained by cudaw, the real runtime not called): for the control
+/// thread while the gate is closed, when a thread held at the driver layer's gate from
+/// inside the real runtime may hold one of the runtime's locks. The device is in use
+/// already then (its driver handles are why it is asked for), so the runtime needs no
+/// initialising.
+pub fn device_without_runtime(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
+    device_slot(ordinal, false)
+}
+
+fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMemory, cudaError_t> {
     let slot = DEVICES
         .get(usize::try_from(ordinal).map_err(|_| ERROR_INVALID_VALUE)?)
         .ok_or(ERROR_INVALID_VALUE)?;
     let r = slot.get_or_init(|| {
         let started = std::time::Instant::now();
         // The runtime creates and makes current the device's primary context.
-        let rc = call_real!(cudaFree: fn(*mut c_void) -> cudaError_t, std::ptr::null_mut());
-        if rc != SUCCESS {
-            return Err(format!(
-                "initialising the runtime on device {ordinal} failed ({rc})"
-            ));
+        if through_runtime {
+            let rc = call_real!(cudaFree: fn(*mut c_void) -> cudaError_t, std::ptr::null_mut());
+            if rc != SUCCESS {
+                return Err(format!(
+                    "initialising the runtime on device {ordinal} failed ({rc})"
+                ));
+            }
         }
         let drv = driver()?;
         let backend = DriverBackend::new(drv, ordinal).map_err(|e| e.to_string())?;
@@ -125,6 +144,7 @@ pub fn device(ordinal: i32) -> Result<&'static DeviceMemory, cudaError_t> {
         Ok(DeviceMemory {
             vmm,
             deferred: Mutex::new(Vec::new()),
+            spent_events: Mutex::new(Vec::new()),
         })
     });
     match r {
@@ -455,6 +475,10 @@ impl DeviceMemory {
     /// Releases deferred frees whose stream has passed them (all of them, waiting, when
     /// `wait`). Returns how many were released.
     pub fn reap(&self, wait: bool) -> usize {
+        let spent = std::mem::take(&mut *self.spent_events.lock());
+        for ev in spent {
+            call_real!(cudaEventDestroy: fn(cudaEvent_t) -> cudaError_t, ev as cudaEvent_t);
+        }
         let ready: Vec<(usize, u64)> = {
             let mut d = self.deferred.lock();
             if d.is_empty() {
@@ -479,6 +503,21 @@ impl DeviceMemory {
         };
         for &(ev, ptr) in &ready {
             call_real!(cudaEventDestroy: fn(cudaEvent_t) -> cudaError_t, ev as cudaEvent_t);
+            if let Err(e) = self.vmm.free(ptr) {
+                log::warn(format_args!("deferred free of {ptr:#x}: {e}"));
+            }
+        }
+        ready.len()
+    }
+
+    /// For a pause, once the device is synchronised (every recorded event has
+    /// completed): releases every deferred free without calling the real runtime, whose
+    /// locks a thread held at the driver layer's gate may hold; their events are
+    /// destroyed by the next [`DeviceMemory::reap`]. Returns how many were released.
+    pub fn reap_synchronised(&self) -> usize {
+        let ready = std::mem::take(&mut *self.deferred.lock());
+        for &(ev, ptr) in &ready {
+            self.spent_events.lock().push(ev);
             if let Err(e) = self.vmm.free(ptr) {
                 log::warn(format_args!("deferred free of {ptr:#x}: {e}"));
             }

@@ -419,19 +419,25 @@ pub fn image_path() -> Option<PathBuf> {
 /// Waits for every device's work, through the driver (`cuCtxSynchronize` on the primary
 /// context cudaw's memory lives in), not the real runtime: a thread held at the driver
 /// layer's gate from inside the real runtime may hold one of the runtime's locks, which
-/// `cudaDeviceSynchronize` could then wait for.
-fn synchronise_all() {
-    for (ordinal, m) in memory::managed_devices() {
+/// `cudaDeviceSynchronize` could then wait for. Every device with memory of cudaw's:
+/// allocations, or driver handles alone (PyTorch's expandable segments need no
+/// `cudaMalloc`). A device that cannot be synchronised is an error: its kernels may still
+/// be using the memory a pause would take away, or a resume has just loaded.
+pub(crate) fn synchronise_all() -> Result<(), String> {
+    let mut ordinals: Vec<i32> = memory::managed_devices().map(|(o, _)| o).collect();
+    ordinals.extend(crate::handles::devices());
+    ordinals.sort_unstable();
+    ordinals.dedup();
+    for ordinal in ordinals {
+        let m = memory::device_without_runtime(ordinal)
+            .map_err(|e| format!("device {ordinal}: error {e}"))?;
         let backend = m.vmm.backend();
-        if let Err(e) = backend
+        backend
             .make_current()
             .and_then(|()| backend.driver().ctx_synchronize())
-        {
-            log::warn(format_args!(
-                "pause: synchronising device {ordinal} reported {e}"
-            ));
-        }
+            .map_err(|e| format!("synchronising device {ordinal}: {e}"))?;
     }
+    Ok(())
 }
 
 /// Evicts every resident allocation of one device to host memory: the one place that says
@@ -667,7 +673,13 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     let started = Instant::now();
     gate::close();
     wait_for_calls_in_flight(started);
-    synchronise_all();
+    if let Err(e) = synchronise_all() {
+        // Nothing is evicted yet: the process runs on as before.
+        let msg = format!("{e}; resumed");
+        log::error(format_args!("pause: {msg}"));
+        gate::open();
+        return Err(Failure::new(ErrorKind::Failed, msg));
+    }
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().resident)
         .sum::<u64>()
@@ -684,7 +696,7 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     let mut evicted: Vec<(i32, &'static memory::DeviceMemory)> = Vec::new();
     let (mut allocations, mut bytes) = (0usize, 0u64);
     for (ordinal, m) in memory::managed_devices() {
-        m.reap(true);
+        m.reap_synchronised();
         let r = evict_device(m, &mut |n| {
             done += n;
             report(Progress {
@@ -845,6 +857,14 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
         }
     }
     drop(load);
+    // A copy from pageable host memory returns once the bytes are staged, before they
+    // reach the device; kernels on the program's non-blocking streams must not run
+    // ahead of them.
+    if let Err(e) = synchronise_all() {
+        let msg = format!("{e}; staying paused (resume again to retry)");
+        log::error(format_args!("resume: {msg}"));
+        return Err(Failure::new(ErrorKind::Failed, msg));
+    }
     let from = match ctl.image.take() {
         Some(h) => format!(" (from {})", h.path.display()),
         None => String::new(),

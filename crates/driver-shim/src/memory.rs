@@ -9,7 +9,9 @@
 //! budget (granule rounding included). The stream-ordered calls take the memory at once
 //! (usable on every stream); `cuMemFreeAsync` releases it once its stream reaches the free.
 //! A pool's own attributes (release threshold, IPC export) do not apply to such memory.
-//! `cuMemFree*` of a pointer the VMM does not own goes to the real driver.
+//! A stream-ordered allocation on a stream being captured into a graph is forwarded, so the
+//! graph gets its allocation node. `cuMemFree*` of a pointer the VMM does not own goes to
+//! the real driver.
 //!
 //! Otherwise — no runtime shim, translated addressing (the program would get a pointer the
 //! real driver does not know), a device the VMM cannot serve — the call is forwarded and
@@ -92,6 +94,19 @@ fn from_vmm(f: impl FnOnce(&MemoryHooks, i32) -> u32) -> Option<u32> {
             Some(rc)
         }
     }
+}
+
+/// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`; `ptsz`: the
+/// per-thread default stream's form). A driver without the call captures nothing.
+fn capturing(stream: Handle, ptsz: bool) -> bool {
+    let mut status = 0u32;
+    let rc = if ptsz {
+        crate::forward!(cuStreamIsCapturing_ptsz: fn(Handle, *mut u32), stream, &mut status)
+    } else {
+        crate::forward!(cuStreamIsCapturing: fn(Handle, *mut u32), stream, &mut status)
+    };
+    // CU_STREAM_CAPTURE_STATUS_NONE is 0; ACTIVE and INVALIDATED both mean a capture.
+    rc == 0 && status != 0
 }
 
 /// Frees `ptr` in the runtime's VMM: `None` when the VMM does not own it.
@@ -246,14 +261,21 @@ allocation!(cuMemAlloc_v2(out: *mut u64, size: usize)
 allocation!(cuMemAllocPitch_v2(out: *mut u64, pitch: *mut usize, width: usize, height: usize,
     element: u32) => vmm |h, dev| (h.mem_alloc_pitch)(out, pitch, width, height, element, dev),
     bytes width.saturating_mul(height), out out);
+// Stream-ordered allocations on a stream being captured into a graph go to the real
+// driver: the graph gets its allocation node (the VMM would hand out memory at once, and
+// the graph's replays would outlive its free).
 allocation!(cuMemAllocAsync(out: *mut u64, size: usize, stream: Handle)
-    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
+    => vmm |h, dev| if capturing(stream, false) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
+    bytes size, out out);
 allocation!(cuMemAllocAsync_ptsz(out: *mut u64, size: usize, stream: Handle)
-    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
+    => vmm |h, dev| if capturing(stream, true) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
+    bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync(out: *mut u64, size: usize, pool: Handle, stream: Handle)
-    => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
+    => vmm |h, dev| if capturing(stream, false) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
+    bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync_ptsz(out: *mut u64, size: usize, pool: Handle,
-    stream: Handle) => vmm |h, dev| (h.mem_alloc)(out, size, dev), bytes size, out out);
+    stream: Handle) => vmm |h, dev| if capturing(stream, true) { NOT_MINE } else {
+        (h.mem_alloc)(out, size, dev) }, bytes size, out out);
 allocation!(forward_mem_create = cuMemCreate(out: *mut u64, size: usize, prop: *const c_void,
     flags: u64) => bytes size, out out);
 release!(cuMemFree_v2(ptr: u64) => vmm |h| (h.mem_free)(ptr), key ptr);

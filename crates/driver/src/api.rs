@@ -62,6 +62,8 @@ pub trait Driver: Send + Sync {
     fn device_name(&self, device: Device) -> Result<String>;
     /// `cuDeviceTotalMem_v2`.
     fn device_total_mem(&self, device: Device) -> Result<u64>;
+    /// `cuDeviceGetUuid_v2` (else `cuDeviceGetUuid`): the 16 bytes of the GPU's UUID.
+    fn device_uuid(&self, device: Device) -> Result<[u8; 16]>;
 
     /// `cuDevicePrimaryCtxRetain`.
     fn primary_ctx_retain(&self, device: Device) -> Result<Context>;

@@ -64,6 +64,7 @@ driver_functions! {
     cuDeviceGetAttribute(*mut c_int, sys::CUdevice_attribute, sys::CUdevice) = ["cuDeviceGetAttribute"];
     cuDeviceGetName(*mut c_char, c_int, sys::CUdevice) = ["cuDeviceGetName"];
     cuDeviceTotalMem(*mut usize, sys::CUdevice) = ["cuDeviceTotalMem_v2"];
+    cuDeviceGetUuid(*mut [u8; 16], sys::CUdevice) = ["cuDeviceGetUuid_v2", "cuDeviceGetUuid"];
     cuDevicePrimaryCtxRetain(*mut Raw, sys::CUdevice) = ["cuDevicePrimaryCtxRetain"];
     cuDevicePrimaryCtxRelease(sys::CUdevice) = ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"];
     cuCtxSetCurrent(Raw) = ["cuCtxSetCurrent"];
@@ -300,6 +301,15 @@ impl Driver for LibCuda {
         let code = unsafe { f(&mut v, device) };
         self.check(code, "cuDeviceTotalMem_v2")?;
         Ok(v as u64)
+    }
+
+    fn device_uuid(&self, device: Device) -> Result<[u8; 16]> {
+        let f = self.cuDeviceGetUuid()?;
+        let mut v = [0u8; 16];
+        // SAFETY: a valid out-pointer to 16 bytes (a CUuuid).
+        let code = unsafe { f(&mut v, device) };
+        self.check(code, "cuDeviceGetUuid_v2")?;
+        Ok(v)
     }
 
     fn primary_ctx_retain(&self, device: Device) -> Result<Context> {

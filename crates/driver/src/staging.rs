@@ -1379,6 +1379,11 @@ fn pin_in_place(driver: &dyn Driver, bytes: usize, threads: usize) -> Option<*mu
         return None;
     }
     let base = p as usize;
+    // A child of fork (PyTorch's DataLoader workers, subprocesses) neither needs nor
+    // inherits the pinned pool or arena: without this, a kernel that pins pages through
+    // pin_user_pages copies every pinned page into each child at fork. Advice only.
+    // SAFETY: advice on our fresh mapping; no contents change.
+    unsafe { libc::madvise(p, bytes, libc::MADV_DONTFORK) };
     advise_huge_pages(p.cast(), bytes);
     let part = bytes.div_ceil(threads.max(1)).next_multiple_of(PAGE);
     std::thread::scope(|s| {
