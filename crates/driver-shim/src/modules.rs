@@ -4,10 +4,12 @@
 //! that launch-time argument inspection works for kernels the runtime never registered.
 //!
 //! At load, the image's bytes are copied (the caller may free them once the call returns;
-//! their length comes from the image's own headers, [`fatbin::raw`]) — or, for a file, its
-//! path is kept. Nothing is parsed then: the first [`layout`] asked of a handle made from
-//! the module parses the image with the `fatbin` crate (a fatbin container, a cubin or PTX)
-//! for the current device's SM, keeps every kernel's layout and drops the bytes. A parse
+//! their length comes from the image's own headers, [`fatbin::raw`]) — unless they lie in
+//! a loaded shared object or executable (`dladdr`: the fatbins a runtime registers), which
+//! are read in place later; for a file, its path is kept. Nothing is parsed then: the first
+//! [`layout`] asked of a handle made from the module parses the image with the `fatbin`
+//! crate (a fatbin container, a cubin or PTX) for the current device's SM, with no lock
+//! held, keeps every kernel's layout and drops the bytes. A parse
 //! that fails or panics (the parser is fuzzed, but a panic is caught here) leaves the
 //! module without layouts, logged once. Handles (`cuModuleGetFunction`,
 //! `cuLibraryGetKernel`, `cuKernelGetFunction`) are keyed to their module and kernel name;
@@ -29,6 +31,16 @@ const MAX_IMAGE: u64 = 1 << 30;
 /// Where a module's code is, until parsed.
 enum Code {
     Bytes(Box<[u8]>),
+    /// `len` bytes at `addr`, inside a shared object or executable the process has loaded
+    /// (the fatbins the runtime registers, in their library's `.nv_fatbin`): read in place
+    /// when parsed, never copied. The object stays loaded while the module is (its
+    /// destructor unregisters the fatbin, which unloads the module and forgets this).
+    InObject {
+        addr: usize,
+        len: usize,
+    },
+    /// Being parsed by a thread that holds no lock meanwhile.
+    Parsing,
     File(PathBuf),
     /// Parsed: every kernel's layout by name.
     Parsed(HashMap<String, Arc<KernelInfo>>),
@@ -56,7 +68,7 @@ pub fn layouts_recorded() -> u64 {
 /// # Safety
 /// `image` is null or an image the real driver just loaded (a fatbin container or wrapper,
 /// a cubin, or NUL-terminated PTX), readable for the length its headers declare.
-unsafe fn image_bytes(image: *const c_void) -> Option<Box<[u8]>> {
+unsafe fn image_span(image: *const c_void) -> Option<(*const u8, usize)> {
     if image.is_null() {
         return None;
     }
@@ -73,7 +85,7 @@ unsafe fn image_bytes(image: *const c_void) -> Option<Box<[u8]>> {
                 return None;
             }
             // SAFETY: the wrapper names the container the driver loaded.
-            return unsafe { image_bytes(container) };
+            return unsafe { image_span(container) };
         }
         ImageKind::Cubin => {
             // SAFETY: an ELF image holds its 64-byte header.
@@ -98,8 +110,16 @@ unsafe fn image_bytes(image: *const c_void) -> Option<Box<[u8]>> {
     if len > MAX_IMAGE {
         return None;
     }
-    // SAFETY: the image's headers declare `len` bytes, all loaded by the driver.
-    Some(unsafe { std::slice::from_raw_parts(p, len as usize) }.into())
+    Some((p, len as usize))
+}
+
+/// Whether `addr` lies inside a shared object or executable the process has loaded
+/// (`dladdr`), rather than in memory the caller may free once the load returns.
+fn in_loaded_object(addr: *const u8) -> bool {
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::dladdr(addr.cast(), &mut info) != 0 && !info.dli_fname.is_null() }
 }
 
 /// After a successful load of `image` into the module or library written through `out`.
@@ -108,8 +128,13 @@ pub fn loaded_image(out: *const usize, image: *const c_void) {
         return;
     }
     // SAFETY: the driver just loaded `image` (and wrote `out`).
-    let code = match unsafe { image_bytes(image) } {
-        Some(b) => Code::Bytes(b),
+    let code = match unsafe { image_span(image) } {
+        Some((p, len)) if in_loaded_object(p) => Code::InObject {
+            addr: p as usize,
+            len,
+        },
+        // SAFETY: the image's headers declare `len` bytes, all loaded by the driver.
+        Some((p, len)) => Code::Bytes(unsafe { std::slice::from_raw_parts(p, len) }.into()),
         None => Code::Unusable,
     };
     // SAFETY: the driver just wrote the handle through the caller's out-pointer.
@@ -188,52 +213,76 @@ fn parse(bytes: &[u8], sm: u32) -> Result<HashMap<String, Arc<KernelInfo>>, Stri
     Ok(by_name)
 }
 
-/// Parses `code` if not yet done; the layouts it holds.
-fn parsed(module: usize, code: &mut Code) -> Option<&HashMap<String, Arc<KernelInfo>>> {
-    let bytes: Option<Vec<u8>> = match code {
-        Code::Parsed(_) | Code::Unusable => None,
-        Code::Bytes(b) => Some(std::mem::take(b).into_vec()),
-        Code::File(p) => match std::fs::read(&*p) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                crate::log::debug(format_args!("module {module:#x}: {}: {e}", p.display()));
-                *code = Code::Unusable;
-                None
-            }
-        },
-    };
-    if let Some(bytes) = bytes {
-        let sm = current_sm();
-        *code = match catch_unwind(AssertUnwindSafe(|| parse(&bytes, sm))) {
-            Ok(Ok(layouts)) => {
-                LAYOUTS.fetch_add(layouts.len() as u64, Ordering::Relaxed);
-                Code::Parsed(layouts)
-            }
-            Ok(Err(e)) => {
-                crate::log::debug(format_args!("module {module:#x}: no kernel layouts: {e}"));
-                Code::Unusable
-            }
-            Err(_) => {
-                crate::log::warn(format_args!(
-                    "module {module:#x}: the image parser failed; its kernels have no layouts"
-                ));
-                Code::Unusable
-            }
-        };
-    }
-    match code {
-        Code::Parsed(m) => Some(m),
-        _ => None,
-    }
+/// What parsing `code` needs, taken out of the table (the parse itself runs with no lock
+/// held: decompressing a large image takes milliseconds, and module loads and handle
+/// lookups on every thread wait for the table's lock).
+enum Source {
+    Owned(Vec<u8>),
+    InObject(usize, usize),
 }
 
 /// The parameter layout of the kernel `handle` (a `CUfunction` or `CUkernel` handed out
 /// through this layer) runs, parsing its module on first need.
 pub fn layout(handle: usize) -> Option<Arc<KernelInfo>> {
+    let (module, name, source) = {
+        let mut s = STATE.lock();
+        let (module, name) = s.handles.get(&handle).cloned()?;
+        let code = s.modules.get_mut(&module)?;
+        let source = match code {
+            Code::Parsed(m) => return m.get(&*name).cloned(),
+            Code::Unusable | Code::Parsing => return None,
+            Code::Bytes(b) => Source::Owned(std::mem::take(b).into_vec()),
+            Code::InObject { addr, len } => Source::InObject(*addr, *len),
+            Code::File(p) => match std::fs::read(&*p) {
+                Ok(b) => Source::Owned(b),
+                Err(e) => {
+                    crate::log::debug(format_args!("module {module:#x}: {}: {e}", p.display()));
+                    *code = Code::Unusable;
+                    return None;
+                }
+            },
+        };
+        *code = Code::Parsing;
+        (module, name, source)
+    };
+    let bytes: &[u8] = match &source {
+        Source::Owned(b) => b,
+        // SAFETY: the module is loaded (it was in the table a moment ago, and a launch of
+        // one of its kernels is under way), so the object holding its image is too.
+        Source::InObject(addr, len) => unsafe {
+            std::slice::from_raw_parts(*addr as *const u8, *len)
+        },
+    };
+    let sm = current_sm();
+    let code = match catch_unwind(AssertUnwindSafe(|| parse(bytes, sm))) {
+        Ok(Ok(layouts)) => {
+            LAYOUTS.fetch_add(layouts.len() as u64, Ordering::Relaxed);
+            Code::Parsed(layouts)
+        }
+        Ok(Err(e)) => {
+            crate::log::debug(format_args!("module {module:#x}: no kernel layouts: {e}"));
+            Code::Unusable
+        }
+        Err(_) => {
+            crate::log::warn(format_args!(
+                "module {module:#x}: the image parser failed; its kernels have no layouts"
+            ));
+            Code::Unusable
+        }
+    };
+    let found = match &code {
+        Code::Parsed(m) => m.get(&*name).cloned(),
+        _ => None,
+    };
+    // Unloaded meanwhile (or unloaded and the handle reused: then it is not `Parsing`):
+    // the result is dropped.
     let mut s = STATE.lock();
-    let (module, name) = s.handles.get(&handle).cloned()?;
-    let code = s.modules.get_mut(&module)?;
-    parsed(module, code)?.get(&*name).cloned()
+    if let Some(c) = s.modules.get_mut(&module) {
+        if matches!(c, Code::Parsing) {
+            *c = code;
+        }
+    }
+    found
 }
 
 /// `{"name":...,"param_bytes":N,"params":[{"ordinal":..,"offset":..,"size":..},...]}`.
@@ -277,4 +326,55 @@ pub extern "C" fn cudaw_driver_kernel_layout_v1(
         }
         text.len()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PTX module with one kernel taking a pointer and an int, NUL-terminated as
+    /// `cuModuleLoadData` takes it. In this test binary's read-only data.
+    static PTX: &[u8] = b"//\n.version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry _Z1kPfi(\n\t.param .u64 _Z1kPfi_param_0,\n\t.param .u32 _Z1kPfi_param_1\n)\n{\n\tret;\n}\n\0";
+
+    fn params(handle: usize) -> Option<Vec<(u32, u32)>> {
+        layout(handle).map(|k| k.params.iter().map(|p| (p.offset, p.size)).collect())
+    }
+
+    #[test]
+    fn images_in_a_loaded_object_are_read_in_place_and_others_copied() {
+        assert!(in_loaded_object(PTX.as_ptr()));
+        let heap = PTX.to_vec();
+        assert!(!in_loaded_object(heap.as_ptr()));
+
+        // In the binary: kept as an address, parsed in place on first need.
+        let (m1, f1) = (0x1000usize, 0x1001usize);
+        loaded_image(&m1, PTX.as_ptr().cast());
+        assert!(matches!(
+            STATE.lock().modules.get(&m1),
+            Some(Code::InObject { .. })
+        ));
+        handle_made(f1, m1, "_Z1kPfi");
+        assert_eq!(params(f1), Some(vec![(0, 8), (8, 4)]));
+        assert!(matches!(
+            STATE.lock().modules.get(&m1),
+            Some(Code::Parsed(_))
+        ));
+
+        // On the heap: copied at load (the caller may free it), the same layout.
+        let (m2, f2) = (0x2000usize, 0x2001usize);
+        loaded_image(&m2, heap.as_ptr().cast());
+        drop(heap);
+        assert!(matches!(
+            STATE.lock().modules.get(&m2),
+            Some(Code::Bytes(_))
+        ));
+        handle_made(f2, m2, "_Z1kPfi");
+        assert_eq!(params(f2), Some(vec![(0, 8), (8, 4)]));
+
+        // Unloaded: forgotten.
+        unloaded(m1);
+        unloaded(m2);
+        assert_eq!(params(f1), None);
+        assert_eq!(params(f2), None);
+    }
 }
