@@ -10,7 +10,9 @@
 //! - threads racing at the limit: never past it, not by one granule;
 //! - two processes sharing the card through the node ledger, and a killed one's share
 //!   reclaimed;
-//! - `cudaw-ckpt status` showing limit, use and peak.
+//! - `cudaw-ckpt status` showing limit, use and peak;
+//! - pauses beside the limits: a paused process lends its share of the card, and a pause
+//!   that cannot finish by its deadline (`CUDAW_PAUSE_TIMEOUT`) is given up.
 
 use cudaw_tests::{compile, cudaw, cudaw_ckpt, nvcc, shims, simgpu, workspace, Addressing};
 use std::io::{BufRead, BufReader, Write};
@@ -524,6 +526,59 @@ fn ckpt(dir: &Path, action: &str, pid: u32) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+#[test]
+fn a_pause_that_cannot_finish_by_its_deadline_is_given_up_and_the_program_runs_on() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("pause-timeout");
+    let mut s = Shell::start(
+        &exe,
+        &dir,
+        Addressing::Mapped,
+        &[],
+        &[("CUDAW_PAUSE_TIMEOUT", "300ms")],
+    );
+    let held = s.alloc("malloc", 8 * M);
+    // A kernel that runs far longer than the pause may wait (a collective waiting for a
+    // rank that is paused would run for ever).
+    s.expect("spin 4000", "spin rc=0");
+    let out = Command::new(cudaw_ckpt())
+        .args(["pause", &s.pid.to_string(), "--json"])
+        .env("CUDAW_RUN_DIR", &dir)
+        .output()
+        .expect("running cudaw-ckpt");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "pause --json: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["kind"], "timeout", "{v}");
+    let why = v["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("still running")
+            && why.contains("CUDAW_PAUSE_TIMEOUT")
+            && why.contains("runs on"),
+        "{why}"
+    );
+    // Given up before anything was evicted: the program runs on, its memory in place.
+    let st = s.status();
+    assert_eq!(json_u64(&st, "evicted"), 0, "{st}");
+    assert_eq!(json_u64(&st, "resident"), 8 * M, "{st}");
+    s.expect("sync", "sync rc=0");
+    s.expect(&format!("touch {held}"), "touch ok");
+    // Idle, it pauses and resumes.
+    let (ok, out) = ckpt(&dir, "pause", s.pid);
+    assert!(ok, "{out}");
+    let (ok, out) = ckpt(&dir, "resume", s.pid);
+    assert!(ok, "{out}");
+    s.expect(&format!("touch {held}"), "touch ok");
+    let log = s.quit();
+    assert!(log.contains("the pause was given up"), "{log}");
 }
 
 #[test]

@@ -34,6 +34,9 @@ pub struct Config {
     pub resume_signal: Option<i32>,
     /// `CUDAW_CONTROL_SOCKET` (`off` turns the control socket off; default on).
     pub control_socket: bool,
+    /// `CUDAW_PAUSE_TIMEOUT`: how long a pause waits for the calls in flight and the
+    /// device's work before it gives up and lets the program run on (`None`: for ever).
+    pub pause_timeout: Option<std::time::Duration>,
     /// `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`: how
     /// pause and resume copy.
     pub staging: driver::StagingConfig,
@@ -147,6 +150,16 @@ impl Config {
                 }
             },
         };
+        let pause_timeout = match get("CUDAW_PAUSE_TIMEOUT").filter(|v| !v.trim().is_empty()) {
+            None => Some(DEFAULT_PAUSE_TIMEOUT),
+            Some(v) => parse_timeout(&v).unwrap_or_else(|| {
+                warnings.push(format!(
+                    "CUDAW_PAUSE_TIMEOUT={v:?} is not a time (60, 60s, 500ms, 2m, or off); using {} s",
+                    DEFAULT_PAUSE_TIMEOUT.as_secs()
+                ));
+                Some(DEFAULT_PAUSE_TIMEOUT)
+            }),
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         Config {
             log_level,
@@ -164,6 +177,7 @@ impl Config {
                 get("CUDAW_CONTROL_SOCKET").as_deref().map(str::trim),
                 Some("off" | "none" | "0")
             ),
+            pause_timeout,
             staging,
             trace,
             trace_file: path("CUDAW_TRACE_FILE"),
@@ -172,6 +186,30 @@ impl Config {
             warnings,
         }
     }
+}
+
+/// How long a pause waits for the calls in flight and the device by default.
+pub const DEFAULT_PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Parses `CUDAW_PAUSE_TIMEOUT`: seconds (`60`, `2.5`, `60s`), `500ms`, `2m`; `off`, `none`
+/// or `0` wait for ever (`Some(None)`). `None`: not a time.
+pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
+    let v = v.trim().to_ascii_lowercase();
+    if matches!(v.as_str(), "off" | "none" | "0") {
+        return Some(None);
+    }
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (v.as_str(), 1.0)
+    };
+    let secs = num.trim().parse::<f64>().ok()? * scale;
+    (secs.is_finite() && secs > 0.0 && secs <= 86_400.0 * 365.0)
+        .then(|| Some(std::time::Duration::from_secs_f64(secs)))
 }
 
 /// The limit syntax of `CUDAW_MEM_LIMIT` (one parser, shared with `cudaw run --mem-limit`).
@@ -253,6 +291,43 @@ mod tests {
         );
         assert!(Config::from_lookup(|_| None).ledger);
         assert!(!Config::from_lookup(|k| (k == "CUDAW_LEDGER").then(|| "off".into())).ledger);
+    }
+
+    #[test]
+    fn pause_timeouts() {
+        use std::time::Duration;
+        let secs = |s: f64| Some(Some(Duration::from_secs_f64(s)));
+        assert_eq!(parse_timeout("60"), secs(60.0));
+        assert_eq!(parse_timeout(" 2.5s "), secs(2.5));
+        assert_eq!(parse_timeout("500ms"), secs(0.5));
+        assert_eq!(parse_timeout("2m"), secs(120.0));
+        for off in ["off", "none", "0", "OFF"] {
+            assert_eq!(parse_timeout(off), Some(None), "{off}");
+        }
+        for bad in ["", "soon", "-1", "1h", "nan", "inf", "1e30"] {
+            assert_eq!(parse_timeout(bad), None, "{bad}");
+        }
+        let with = |v: &'static str| {
+            Config::from_lookup(move |k| (k == "CUDAW_PAUSE_TIMEOUT").then(|| v.into()))
+        };
+        assert_eq!(
+            Config::from_lookup(|_| None).pause_timeout,
+            Some(DEFAULT_PAUSE_TIMEOUT)
+        );
+        assert_eq!(with("off").pause_timeout, None);
+        assert_eq!(
+            with("250ms").pause_timeout,
+            Some(Duration::from_millis(250))
+        );
+        let bad = with("later");
+        assert_eq!(bad.pause_timeout, Some(DEFAULT_PAUSE_TIMEOUT));
+        assert!(
+            bad.warnings
+                .iter()
+                .any(|w| w.contains("CUDAW_PAUSE_TIMEOUT")),
+            "{:?}",
+            bad.warnings
+        );
     }
 
     #[test]

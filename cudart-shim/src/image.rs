@@ -740,12 +740,13 @@ pub(crate) fn restore(
         }
     }
     // The loaded bytes reach the device before any of the program's kernels run.
-    if let Err(e) = crate::pause::synchronise_all() {
+    if let Err(e) = crate::pause::synchronise_all(None) {
         let e = Failure::new(
             ErrorKind::Failed,
             format!(
-                "loading {} failed: {e}; the process stays paused (resume to retry)",
-                path.display()
+                "loading {} failed: {}; the process stays paused (resume to retry)",
+                path.display(),
+                e.message
             ),
         );
         log::error(format_args!("restore: {}", e.message));

@@ -423,19 +423,56 @@ pub fn image_path() -> Option<PathBuf> {
 /// allocations, or driver handles alone (PyTorch's expandable segments need no
 /// `cudaMalloc`). A device that cannot be synchronised is an error: its kernels may still
 /// be using the memory a pause would take away, or a resume has just loaded.
-pub(crate) fn synchronise_all() -> Result<(), String> {
+///
+/// With a `deadline`, the synchronise runs on a helper thread and a device still busy then
+/// is an error of kind [`ErrorKind::Timeout`] (a kernel that waits for something the pause
+/// holds back — another rank's collective, a host callback — would keep it busy for ever;
+/// the helper returns once the device is idle).
+pub(crate) fn synchronise_all(deadline: Option<Instant>) -> Result<(), Failure> {
     let mut ordinals: Vec<i32> = memory::managed_devices().map(|(o, _)| o).collect();
     ordinals.extend(crate::handles::devices());
     ordinals.sort_unstable();
     ordinals.dedup();
+    let failed = |msg: String| Failure::new(ErrorKind::Failed, msg);
     for ordinal in ordinals {
         let m = memory::device_without_runtime(ordinal)
-            .map_err(|e| format!("device {ordinal}: error {e}"))?;
+            .map_err(|e| failed(format!("device {ordinal}: error {e}")))?;
         let backend = m.vmm.backend();
-        backend
-            .make_current()
-            .and_then(|()| backend.driver().ctx_synchronize())
-            .map_err(|e| format!("synchronising device {ordinal}: {e}"))?;
+        let sync = move || {
+            backend
+                .make_current()
+                .and_then(|()| backend.driver().ctx_synchronize())
+                .map_err(|e| format!("synchronising device {ordinal}: {e}"))
+        };
+        let Some(deadline) = deadline else {
+            sync().map_err(failed)?;
+            continue;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("cudaw-sync".into())
+            .spawn(move || {
+                let _ = tx.send(sync());
+            })
+            .map_err(|e| {
+                failed(format!(
+                    "starting a thread to synchronise device {ordinal}: {e}"
+                ))
+            })?;
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => r.map_err(failed)?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                return Err(Failure::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "device {ordinal} was still running the program's work at the pause's deadline (CUDAW_PAUSE_TIMEOUT)"
+                    ),
+                ))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(failed(format!("synchronising device {ordinal}: the helper thread died")))
+            }
+        }
     }
     Ok(())
 }
@@ -647,15 +684,19 @@ pub(crate) fn arena_demand(m: &memory::DeviceMemory) -> u64 {
         .sum()
 }
 
-/// Waits, the gate closed, until no thread is inside a wrapped call or a call in flight.
-fn wait_for_calls_in_flight(started: Instant) {
+/// Waits, the gate closed, until no thread is inside a wrapped call or a call in flight;
+/// `Err(calls still in flight)` at `deadline`.
+fn wait_for_calls_in_flight(started: Instant, deadline: Option<Instant>) -> Result<(), usize> {
     // Every thread's "in flight" store before its gate test is visible from here on.
     driver::inflight::barrier();
     let mut warned = false;
     loop {
         let (wrapped, marked) = (in_flight(), crate::inflight::REGISTRY.busy());
         if wrapped == 0 && marked == 0 {
-            return;
+            return Ok(());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(wrapped + marked);
         }
         if !warned && started.elapsed() > Duration::from_secs(1) {
             log::warn(format_args!(
@@ -671,14 +712,34 @@ fn wait_for_calls_in_flight(started: Instant) {
 /// Pauses; on failure the process runs on as before.
 pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     let started = Instant::now();
+    let timeout = crate::config::get().pause_timeout;
+    let deadline = timeout.map(|t| started + t);
     gate::close();
-    wait_for_calls_in_flight(started);
-    if let Err(e) = synchronise_all() {
-        // Nothing is evicted yet: the process runs on as before.
-        let msg = format!("{e}; resumed");
-        log::error(format_args!("pause: {msg}"));
+    // Nothing is evicted until both waits are over: a failure lets the process run on as
+    // before.
+    let waited = wait_for_calls_in_flight(started, deadline)
+        .map_err(|n| {
+            Failure::new(
+                ErrorKind::Timeout,
+                format!(
+                    "{n} call(s) that can put work on the device were still in flight at the pause's deadline (CUDAW_PAUSE_TIMEOUT)"
+                ),
+            )
+        })
+        .and_then(|()| synchronise_all(deadline));
+    if let Err(mut e) = waited {
+        if e.kind == ErrorKind::Timeout {
+            let secs = timeout.map_or(0.0, |t| t.as_secs_f64());
+            e.message = format!(
+                "{} after {secs:.1} s; the pause was given up and the program runs on (a kernel or copy waiting for something a pause holds back, such as another process's collective, never finishes: pause every rank of a job, or raise CUDAW_PAUSE_TIMEOUT)",
+                e.message
+            );
+        } else {
+            e.message.push_str("; resumed");
+        }
+        log::error(format_args!("pause: {}", e.message));
         gate::open();
-        return Err(Failure::new(ErrorKind::Failed, msg));
+        return Err(e);
     }
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().resident)
@@ -860,10 +921,11 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     // A copy from pageable host memory returns once the bytes are staged, before they
     // reach the device; kernels on the program's non-blocking streams must not run
     // ahead of them.
-    if let Err(e) = synchronise_all() {
-        let msg = format!("{e}; staying paused (resume again to retry)");
-        log::error(format_args!("resume: {msg}"));
-        return Err(Failure::new(ErrorKind::Failed, msg));
+    if let Err(mut e) = synchronise_all(None) {
+        e.message
+            .push_str("; staying paused (resume again to retry)");
+        log::error(format_args!("resume: {}", e.message));
+        return Err(e);
     }
     let from = match ctl.image.take() {
         Some(h) => format!(" (from {})", h.path.display()),

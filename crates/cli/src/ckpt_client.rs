@@ -33,6 +33,8 @@ pub enum Kind {
     Failed,
     /// The process holds memory the request cannot cover (driver-level handles in a dump).
     Unsupported,
+    /// A pause gave up at the process's deadline (`CUDAW_PAUSE_TIMEOUT`); it runs on.
+    Timeout,
 }
 
 impl Kind {
@@ -49,6 +51,7 @@ impl Kind {
             Kind::Request => "request",
             Kind::Failed => "failed",
             Kind::Unsupported => "unsupported",
+            Kind::Timeout => "timeout",
         }
     }
 
@@ -67,6 +70,7 @@ impl Kind {
             Some(ErrorKind::Io) => Kind::Io,
             Some(ErrorKind::Failed) => Kind::Failed,
             Some(ErrorKind::Unsupported) => Kind::Unsupported,
+            Some(ErrorKind::Timeout) => Kind::Timeout,
             _ if msg.starts_with("permission denied") => Kind::Permission,
             Some(ErrorKind::Request) => Kind::Request,
             None => Kind::Failed,

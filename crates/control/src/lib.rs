@@ -323,6 +323,9 @@ pub enum ErrorKind {
     /// The process holds memory the request cannot cover: a dump of a process with
     /// driver-level handles (`cuMemCreate`), which the image format cannot hold.
     Unsupported,
+    /// A pause gave up at its deadline (`CUDAW_PAUSE_TIMEOUT`): calls in flight or the
+    /// device's work did not finish; the process runs on as before.
+    Timeout,
 }
 
 /// One reply.

@@ -290,6 +290,11 @@ pub static KERNELS: &[Kernel] = &[
         prepare: empty,
     },
     Kernel {
+        name: "_Z4spinj",
+        declaration: "spin(unsigned ms) (mem_shell: a kernel that runs ms milliseconds)",
+        prepare: spin,
+    },
+    Kernel {
         name: "_Z10vector_addPKfS0_Pfi",
         declaration: "vector_add(const float* a, const float* b, float* c, int n)",
         prepare: vector_add,
@@ -517,6 +522,16 @@ unsafe fn fill(name: &'static str, l: &Launch, args: *const *const c_void) -> Wo
 /// CUDA: `{}` (tests/cuda/gpu/launch_loop.cu: launches cost, nothing else).
 unsafe fn empty(name: &'static str, _l: &Launch, _args: *const *const c_void) -> Work {
     Work::new(name, Vec::new(), || {})
+}
+
+/// CUDA: spins on the global timer for `ms` milliseconds; here the stream's worker sleeps
+/// as long (the stream, and a device synchronise, wait for it as on a GPU).
+unsafe fn spin(name: &'static str, _l: &Launch, args: *const *const c_void) -> Work {
+    // SAFETY: the parameter as declared (the caller's contract).
+    let ms = unsafe { arg::<u32>(args, 0) };
+    Work::new(name, Vec::new(), move || {
+        std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)))
+    })
 }
 
 /// CUDA: `if (i < n) acc[i] += a[i];`

@@ -10,6 +10,8 @@
 //   race THREADS KIND SIZE threads allocate at once until refused (KIND mix: half cudaMalloc,
 //                          half cuMemCreate): "race count=N bad=M" (M: failures not OOM)
 //   touch ID | free ID | freeall | quit
+//   spin MS                a kernel that runs MS milliseconds, launched and not waited for
+//   sync                   cudaDeviceSynchronize: "sync rc=CODE"
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -170,6 +172,15 @@ static int free_one(Block& b) {
 
 static size_t parse_size(const std::string& s) { return (size_t)std::stoull(s); }
 
+// Runs `ms` milliseconds of the GPU's global timer (simgpu: sleeps as long).
+__global__ void spin(unsigned ms) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < (unsigned long long)ms * 1000000ull);
+}
+
 int main() {
   Driver d;
   drv = &d;
@@ -253,6 +264,13 @@ int main() {
       go = true;
       for (auto& th : pool) th.join();
       std::printf("race count=%d bad=%d\n", count.load(), bad.load());
+    } else if (cmd == "spin") {
+      unsigned ms = 0;
+      in >> ms;
+      spin<<<1, 1>>>(ms);
+      std::printf("spin rc=%d\n", (int)cudaGetLastError());
+    } else if (cmd == "sync") {
+      std::printf("sync rc=%d\n", (int)cudaDeviceSynchronize());
     } else if (cmd == "touch") {
       int id;
       in >> id;
