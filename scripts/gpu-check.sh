@@ -20,7 +20,7 @@
 #   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh
 #   SECTIONS="env pausebench" scripts/gpu-check.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"

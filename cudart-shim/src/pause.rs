@@ -782,6 +782,9 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
             Err(e) => {
                 let msg = format!("evicting device {ordinal} failed: {e}; resumed");
                 log::error(format_args!("pause: {msg}"));
+                // The failing device too: a release that failed after the copies left its
+                // allocations evicted (their chunks still mapped, which a restore fills).
+                evicted.push((ordinal, m));
                 for (o, m) in evicted {
                     match m.vmm.restore_all(&mut staging()) {
                         Ok(_) => crate::staging::restored(m.vmm.backend(), 0),
