@@ -16,7 +16,7 @@ use crate::dispatch::idx;
 use crate::trace::Dims;
 use parking_lot::Mutex;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -53,8 +53,9 @@ impl Kernel {
 struct Registry {
     by_name: HashMap<Box<str>, &'static Kernel>,
     by_handle: HashMap<usize, &'static Kernel>,
-    /// Module or library → the handles made from it.
-    by_module: HashMap<usize, Vec<usize>>,
+    /// Module or library → the handles made from it (a set: libraries ask for the same
+    /// function again and again).
+    by_module: HashMap<usize, HashSet<usize>>,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
@@ -119,7 +120,7 @@ pub fn record(handle: usize, name: &str, module: usize) {
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }
     if module != 0 {
-        r.by_module.entry(module).or_default().push(handle);
+        r.by_module.entry(module).or_default().insert(handle);
     }
 }
 
