@@ -28,7 +28,10 @@ import subprocess
 import sys
 import time
 
-import torch
+# cuBLAS reproducible from run to run (set before torch loads it), as in torch_train.py.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
 
 failures = 0
 
@@ -55,9 +58,15 @@ def driver_counts():
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     n = f(None, 0)
-    buf = ctypes.create_string_buffer(n + 1)
-    f(buf, n + 1)
-    return json.loads(buf.value.decode())
+    # The counts may grow between the two calls (another thread launching): ask again
+    # with room to spare until the text fits.
+    for _ in range(10):
+        buf = ctypes.create_string_buffer(n + 4096)
+        need = f(buf, len(buf))
+        if need < len(buf):
+            return json.loads(buf.value.decode())
+        n = need
+    raise RuntimeError("the driver layer's launch counts kept growing past the buffer")
 
 
 # Kernel-name patterns of each library (cuBLAS's GEMMs, cuDNN's convolutions, Inductor's
@@ -67,10 +76,22 @@ FAMILIES = {
     "cuDNN convolution": ("conv", "fprop", "implicit", "cudnn", "xmma_fprop", "wgrad", "dgrad"),
     "Triton (torch.compile)": ("triton_",),
 }
+# cuDNN's implicit-GEMM convolutions match the cuBLAS patterns too: they do not count as
+# cuBLAS matmuls.
+NOT_IN = {"cuBLAS matmul": FAMILIES["cuDNN convolution"]}
+
+
+def in_family(family, name):
+    n = name.lower()
+    return (any(p.lower() in n for p in FAMILIES[family])
+            and not any(p.lower() in n for p in NOT_IN.get(family, ())))
 
 
 def step():
     torch.manual_seed(1234)
+    # Deterministic kernels (and no Inductor autotuning between reduction orders): the
+    # digests of a native run and a run under cudaw must not differ for other reasons.
+    torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -104,8 +125,8 @@ def step():
     kernels = after["kernels"]
     print(f"info | driver layer | {sum(kernels.values())} launches of {len(kernels)} kernels, "
           f"{after['modules_loaded']} modules loaded", flush=True)
-    for family, patterns in FAMILIES.items():
-        hits = {k: n for k, n in kernels.items() if any(p.lower() in k.lower() for p in patterns)}
+    for family in FAMILIES:
+        hits = {k: n for k, n in kernels.items() if in_family(family, k)}
         total = sum(hits.values())
         example = max(hits, key=hits.get)[:70] if hits else "-"
         report(total > 0, f"counted by name: {family}",

@@ -13,10 +13,11 @@
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 #     (PAUSE_MODES="default arena": cudaw as is, and with --host-arena pinned)
 #
-# Everything at once takes longer than one 10-minute device command. In four runs (an
+# Everything at once takes longer than one 10-minute device command. In five runs (an
 # estimate; the last row, "time per section", gives each section's real seconds):
 #   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh
-#   SECTIONS="env torch torchbench trace" scripts/gpu-check.sh
+#   SECTIONS="env torch torchbench" scripts/gpu-check.sh
+#   SECTIONS="env trace" scripts/gpu-check.sh
 #   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh
 #   SECTIONS="env pausebench" scripts/gpu-check.sh
 set -uo pipefail
@@ -43,7 +44,9 @@ want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 minimum() { sort -g | head -1; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; }
-le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "nan" && a <= b) }'; }
+# le A B: A <= B, both numbers (an empty or non-numeric A is never "less").
+num() { [[ $1 =~ ^-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
+le() { num "$1" && num "$2" && awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 <= b + 0) }'; }
 # lap SECTION: the seconds since the previous lap go to that section (when it was asked
 # for), so that the last row says how long each took: a device command may run 10 minutes
 # at most, and the table tells how to split SECTIONS into runs that fit.
@@ -58,20 +61,30 @@ laps() { local n; for n in "${LAP_ORDER[@]}"; do printf '%s %ss, ' "$n" "${LAPS[
 # compare NAME GOAL UNIT NATIVE_VALUES... -- CUDAW_VALUES...: the i-th values of each side
 # ran back to back, so the verdict is the median of the per-pair ratios (drift of the shared
 # host cancels within a pair); best-of-N and medians are reported beside it.
+# A run that printed nothing leaves an empty value in its place: pairs stay aligned, a pair
+# with an empty side is left out, and fewer than half the runs paired is a FAIL (no
+# verdict from nothing).
 compare() {
   local name=$1 goal=$2 unit=$3; shift 3
   local nat=() cw=() side=n
   for v in "$@"; do
     if [ "$v" = -- ]; then side=c; continue; fi
-    [ -z "$v" ] && continue
     if [ $side = n ]; then nat+=("$v"); else cw+=("$v"); fi
   done
-  local nb cb nm cm rb pr st i pairs=()
-  nb=$(printf '%s\n' "${nat[@]}" | minimum); cb=$(printf '%s\n' "${cw[@]}" | minimum)
-  nm=$(printf '%s\n' "${nat[@]}" | median); cm=$(printf '%s\n' "${cw[@]}" | median)
-  for i in "${!nat[@]}"; do [ -n "${cw[$i]:-}" ] && pairs+=("$(ratio "${cw[$i]}" "${nat[$i]}")"); done
+  local nb cb nm cm rb pr st i pairs=() ns=() cs=()
+  for i in "${!nat[@]}"; do
+    if num "${nat[$i]}" && num "${cw[$i]:-}"; then
+      pairs+=("$(ratio "${cw[$i]}" "${nat[$i]}")"); ns+=("${nat[$i]}"); cs+=("${cw[$i]}")
+    fi
+  done
+  nb=$(printf '%s\n' "${ns[@]}" | minimum); cb=$(printf '%s\n' "${cs[@]}" | minimum)
+  nm=$(printf '%s\n' "${ns[@]}" | median); cm=$(printf '%s\n' "${cs[@]}" | median)
   pr=$(printf '%s\n' "${pairs[@]}" | median); rb=$(ratio "$cb" "$nb")
   echo "$name native ${nat[*]} cudaw ${cw[*]} pair-ratios ${pairs[*]}" >>"$OUT/bench.txt"
+  if [ $((2 * ${#pairs[@]})) -lt "${#nat[@]}" ] || [ ${#pairs[@]} -eq 0 ]; then
+    row "bench: $name" FAIL "only ${#pairs[@]} of ${#nat[@]} runs gave figures on both sides (see bench.txt and the logs)"
+    return
+  fi
   if le "$pr" "$goal"; then st=PASS; else st=FAIL; fi
   row "bench: $name" $st "ratio $pr (median of ${#pairs[@]} pairs; best $nb vs $cb $unit = $rb; medians $nm vs $cm; goal <= $goal)"
 }
@@ -88,6 +101,9 @@ if want env; then
 fi
 lap env
 
+if want vmm && ! [ -x dist/bin/vmm_check ]; then
+  row "vmm: driver checks + evict/restore" FAIL "dist/bin/vmm_check missing (scripts/package.sh builds it)"
+fi
 if want vmm && [ -x dist/bin/vmm_check ]; then
   if timeout 300 dist/bin/vmm_check --size "${VMM_SIZE:-8G}" >"$OUT/vmm_check.txt" 2>&1; then
     row "vmm: driver checks + evict/restore ${VMM_SIZE:-8G}" PASS "$(grep -iE 'evict|restore|pinned' "$OUT/vmm_check.txt" | tr -s ' ' | tr '\n' ';' | cut -c1-200)"
@@ -115,7 +131,7 @@ if want programs; then
   for exe in "$WORK"/*; do
     name=$(basename "$exe")
     case $name in launch_loop | call_overhead) continue ;; esac
-    timeout 120 "$exe" >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
+    timeout 120 "$exe" </dev/null >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
     for mode in mapped translated; do
       if [ $mode = translated ] && [ "$name" = cublas_gemm ]; then
         # Translated pointers mean nothing to a library that reaches the driver itself
@@ -123,7 +139,7 @@ if want programs; then
         row "program $name ($mode)" SKIP "cuBLAS bypasses the runtime: mapped addressing only"
         continue
       fi
-      timeout 120 "$CUDAW" run --addressing $mode -- "$exe" >"$WORK/$name.$mode" 2>>"$OUT/programs.log"; rc=$?
+      timeout 120 "$CUDAW" run --addressing $mode -- "$exe" </dev/null >"$WORK/$name.$mode" 2>>"$OUT/programs.log"; rc=$?
       if [ $rn -ne 0 ]; then
         row "program $name ($mode)" FAIL "native run failed (rc $rn)"
       elif [ $rc -eq 0 ] && cmp -s "$WORK/$name.native" "$WORK/$name.$mode"; then
@@ -152,16 +168,17 @@ lap programs
 
   # What the trampoline adds to one forwarded call, in ns (a launch makes three such calls).
 if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/gpu/call_overhead.cu >>"$OUT/programs.log" 2>&1; then
-  cn=$(taskset -c 3 "$WORK/call_overhead" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
-  cc=$(taskset -c 3 "$CUDAW" run -- "$WORK/call_overhead" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  cn=$(taskset -c 3 timeout 120 "$WORK/call_overhead" </dev/null | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  cc=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
   d=$(awk -v a="$cc" -v b="$cn" 'BEGIN { printf "%.2f", a - b }')
-  if le "$d" 2; then st=PASS; else st=FAIL; fi
+  # Both sides must have given a figure: an empty one would read as 0.
+  if num "$cn" && num "$cc" && le "$d" 2; then st=PASS; else st=FAIL; fi
   row "bench: cost of one forwarded call" $st "+$d ns (native $cn ns, cudaw $cc ns per cudaPeekAtLastError; goal <= 2 ns)"
   # What CUDAW_TRACE=metrics adds to one call (the assembly fast path; issue #8: a launch
   # makes three calls, so 10 ns a call is under 1% of a 3.5 us launch).
-  ct=$(CUDAW_TRACE=metrics taskset -c 3 "$CUDAW" run -- "$WORK/call_overhead" 2>>"$OUT/trace-bench.log" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  ct=$(CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
   d=$(awk -v a="$ct" -v b="$cc" 'BEGIN { printf "%.2f", a - b }')
-  if le "$d" 10; then st=PASS; else st=FAIL; fi
+  if num "$ct" && num "$cc" && le "$d" 10; then st=PASS; else st=FAIL; fi
   row "bench: cost of one traced call (CUDAW_TRACE=metrics)" $st "+$d ns (cudaw $cc ns, traced $ct ns per cudaPeekAtLastError; goal <= 10 ns)"
 fi
 lap overhead
@@ -171,15 +188,15 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   for i in $(seq "$REPS"); do
     # Pinned to one core: the loop is CPU-bound, and a wandering thread is most of the noise.
     # The order alternates, so neither side always runs second.
-    one_nat() { taskset -c 3 "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
-    one_cw() { taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 | sed -n 's/.*us_per_launch=//p'; }
+    one_nat() { taskset -c 3 timeout 120 "$WORK/launch_loop" 300000 </dev/null | sed -n 's/.*us_per_launch=//p'; }
+    one_cw() { taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null | sed -n 's/.*us_per_launch=//p'; }
     # CUDAW_TRACE=metrics: every call timed and counted (the summary goes to stderr).
-    one_tr() { CUDAW_TRACE=metrics taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
+    one_tr() { CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
     if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_nat)"); cw+=("$(one_cw)"); else cw+=("$(one_cw)"); nat+=("$(one_nat)"); fi
     ctl+=("$(one_nat)")
     if [ $((i % 2)) -eq 1 ]; then cw2+=("$(one_cw)"); tr+=("$(one_tr)"); else tr+=("$(one_tr)"); cw2+=("$(one_cw)"); fi
     # CUDAW_TRACE_SAMPLE=16: every call counted, one in 16 of each function timed.
-    one_ts() { CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=16 taskset -c 3 "$CUDAW" run -- "$WORK/launch_loop" 300000 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
+    one_ts() { CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=16 taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
     if [ $((i % 2)) -eq 1 ]; then cw3+=("$(one_cw)"); ts+=("$(one_ts)"); else ts+=("$(one_ts)"); cw3+=("$(one_cw)"); fi
   done
   # Control: native against native shows how far two identical runs drift apart.
@@ -219,7 +236,7 @@ if want torch; then
     env "${envs[@]}" CUDAW_LOG=info timeout 300 "$CUDAW" run -- python3 $T --steps 3 \
       >"$WORK/evidence.out" 2>"$OUT/torch-evidence.$conf.log"
     fwd=$(grep -o "forwarding [0-9]* exports ([^)]*)" "$OUT/torch-evidence.$conf.log" | head -1)
-    summary=$(grep -o "at exit:.*" "$OUT/torch-evidence.$conf.log" | head -1 | cut -c10-)
+    summary=$(grep -o "at exit:.*" "$OUT/torch-evidence.$conf.log" | tail -1 | cut -c10-)
     kernels=$(echo "$summary" | sed -n 's/.*, \([0-9]*\) kernels.*/\1/p')
     if [ $conf = default ]; then
       owned=$(grep -c "cudaw manages its memory" "$OUT/torch-evidence.$conf.log")
@@ -236,16 +253,21 @@ fi
 lap torch
 
 if want torchbench; then
+    # Steps timed in each run (after the script's warm-up): the goal is 1%, so each run
+    # times a few seconds; the order alternates, so neither side always runs second.
+    TS=${TORCH_STEPS:-1000}
+    one_n() { timeout 300 python3 $T --bench --steps "$TS" </dev/null 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'; }
+    one_c() { timeout 300 "$CUDAW" run -- python3 $T --bench --steps "$TS" </dev/null 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'; }
     nat=(); cw=()
     for i in $(seq "${TORCH_REPS:-4}"); do
-      nat+=("$(python3 $T --bench --steps 300 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p')")
-      cw+=("$("$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/torch.log" | sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p')")
+      if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_n)"); cw+=("$(one_c)"); else cw+=("$(one_c)"); nat+=("$(one_n)"); fi
     done
     compare "torch training step" 1.01 ms "${nat[@]}" -- "${cw[@]}"
     nat=(); cw=()
+    one_n() { timeout 300 python3 examples/torch_first_op.py </dev/null 2>>"$OUT/torch.log" | tee -a "$OUT/first_op.native" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p'; }
+    one_c() { timeout 300 "$CUDAW" run -- python3 examples/torch_first_op.py </dev/null 2>>"$OUT/torch.log" | tee -a "$OUT/first_op.cudaw" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p'; }
     for i in $(seq "$REPS"); do
-      nat+=("$(python3 examples/torch_first_op.py 2>>"$OUT/torch.log" | tee -a "$OUT/first_op.native" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p')")
-      cw+=("$("$CUDAW" run -- python3 examples/torch_first_op.py 2>>"$OUT/torch.log" | tee -a "$OUT/first_op.cudaw" | sed -n 's/.*seconds=\([0-9.]*\).*/\1/p')")
+      if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_n)"); cw+=("$(one_c)"); else cw+=("$(one_c)"); nat+=("$(one_n)"); fi
     done
     compare "import torch + first CUDA op" 1.05 s "${nat[@]}" -- "${cw[@]}"
 fi
@@ -263,10 +285,15 @@ if want pausebench; then
   done
   if [ $built = 1 ]; then
     # shellcheck disable=SC2086
-    python3 scripts/pausebench.py --bin "$WORK" --dist "$ROOT/dist" --sizes ${PAUSE_SIZES:-8 32} \
+    timeout "${PAUSEBENCH_TIMEOUT:-540}" python3 scripts/pausebench.py --bin "$WORK" --dist "$ROOT/dist" --sizes ${PAUSE_SIZES:-8 32} \
       --reps "${PAUSE_REPS:-3}" --modes ${PAUSE_MODES:-default arena} --log "$OUT/pausebench.txt" --json "$OUT/pausebench.json" \
-      --verdicts "$WORK/pausebench.verdicts"
-    while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
+      --verdicts "$WORK/pausebench.verdicts" >>"$OUT/pausebench.out" 2>&1; rc=$?
+    if [ -s "$WORK/pausebench.verdicts" ]; then
+      while IFS=$'\t' read -r name status detail; do row "$name" "$status" "$detail"; done <"$WORK/pausebench.verdicts"
+    fi
+    # A crash or a hang must not leave the section green with the rows it had.
+    [ $rc -eq 0 ] || row "pausebench: script exit status" FAIL "rc $rc (124: timed out); see pausebench.out, pausebench.txt"
+    [ -s "$WORK/pausebench.verdicts" ] || row "pausebench: verdicts" FAIL "none written; see pausebench.out"
   fi
 fi
 lap pausebench
@@ -283,6 +310,8 @@ if want torchpause; then
     case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-200)" ;; esac
   done <"$OUT/torchpause.out"
   grep -qE '^(PASS|FAIL) ' "$OUT/torchpause.out" || row "torchpause" FAIL "no verdicts (rc $rc); see torchpause.out"
+  # Verdicts printed along the way do not make up for a run that hung or died after them.
+  [ $rc -eq 0 ] || row "torchpause: script exit status" FAIL "rc $rc (124: timed out); see torchpause.out"
 fi
 lap torchpause
 
@@ -300,6 +329,7 @@ if want expandable; then
     case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-200)" ;; esac
   done <"$OUT/expandable.out"
   grep -qE '^(PASS|FAIL) ' "$OUT/expandable.out" || row "expandable" FAIL "no verdicts (rc $rc); see expandable.out"
+  [ $rc -eq 0 ] || row "expandable: script exit status" FAIL "rc $rc (124: timed out); see expandable.out"
 fi
 lap expandable
 
@@ -377,11 +407,18 @@ if want trace; then
   # repetition); the timeline of a few training steps names its kernels; the metrics are
   # read live with cudaw-ckpt stats.
   off=(); met=(); tl=()
+  TS=${TORCH_STEPS:-1000}
   step_ms() { sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'; }
+  one_off() { timeout 300 "$CUDAW" run -- python3 $T --bench --steps "$TS" </dev/null 2>>"$OUT/trace-torch.log" | step_ms; }
+  one_met() { CUDAW_TRACE=metrics timeout 300 "$CUDAW" run -- python3 $T --bench --steps "$TS" </dev/null 2>>"$OUT/trace-torch.log" | step_ms; }
+  one_tl() { CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- python3 $T --bench --steps "$TS" </dev/null 2>>"$OUT/trace-torch.log" | step_ms; }
   for i in $(seq "${TORCH_REPS:-4}"); do
-    off+=("$("$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
-    met+=("$(CUDAW_TRACE=metrics "$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
-    tl+=("$(CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/bench.trace.json" "$CUDAW" run -- python3 $T --bench --steps 300 2>>"$OUT/trace-torch.log" | step_ms)")
+    # The three in a rotated order, so that none always runs first or last.
+    case $((i % 3)) in
+      1) off+=("$(one_off)"); met+=("$(one_met)"); tl+=("$(one_tl)") ;;
+      2) met+=("$(one_met)"); tl+=("$(one_tl)"); off+=("$(one_off)") ;;
+      0) tl+=("$(one_tl)"); off+=("$(one_off)"); met+=("$(one_met)") ;;
+    esac
   done
   compare "torch step, CUDAW_TRACE=metrics vs off" 1.01 ms "${off[@]}" -- "${met[@]}"
   compare "torch step, CUDAW_TRACE=timeline vs off" 1.05 ms "${off[@]}" -- "${tl[@]}"
@@ -421,8 +458,11 @@ print(f"trace: each launch recorded once\t{'PASS' if nested == 0 else 'FAIL'}\t{
       f"nested in another of the same kernel on the same thread, among {len(kernels)} launches")
 why = ("cuBLAS and Triton launch through the driver (cuLaunchKernel, cuLaunchKernelEx): cudaw's libcuda.so.1 "
        "records them through cudaw_runtime_trace_v1 (is dist/lib/libcuda.so.1 preloaded? see trace-steps.log)")
-for label, pat in [("cuBLAS (gemm/sm90_xmma/cutlass)", r"gemm|sm90_xmma|cutlass"), ("Triton (triton_)", r"triton_")]:
-    found = [n for n in names if re.search(pat, n)]
+# cuDNN's implicit-GEMM convolutions match the cuBLAS pattern too: not counted as cuBLAS.
+conv = r"conv|fprop|dgrad|wgrad|implicit"
+for label, pat, unless in [("cuBLAS (gemm/sm90_xmma/cutlass)", r"gemm|sm90_xmma|cutlass", conv),
+                           ("Triton (triton_)", r"triton_", r"^$")]:
+    found = [n for n in names if re.search(pat, n) and not re.search(unless, n)]
     if found:
         ls = [e for e in ev if e.get("cat") == "kernel" and e["name"] in found]
         nb = sum(1 for e in ls if e["args"]["buffers"])
@@ -438,14 +478,24 @@ PY
 
   # Read live: cudaw-ckpt stats (JSON and Prometheus) and trace of a running training job.
   export CUDAW_RUN_DIR="$WORK/run-trace"
-  CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/live-exit.trace.json" "$CUDAW" run -- python3 $T --bench --steps 3000 \
-    >/dev/null 2>"$OUT/trace-live.log" &
+  # A job that trains until it is stopped (far more steps than it gets to run): read once
+  # its kernels run (stats shows launches), with a deadline.
+  # (No `timeout` in front: $! must be the program's PID, which `cudaw run` keeps; it is
+  # killed below.)
+  CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$WORK/live-exit.trace.json" "$CUDAW" run -- python3 $T --bench --steps 10000000 \
+    </dev/null >/dev/null 2>"$OUT/trace-live.err" &
   job=$!
   for _ in $(seq 600); do [ -S "$CUDAW_RUN_DIR/$job.sock" ] && break; sleep 0.1; done
-  sleep 20
-  "$ROOT/dist/bin/cudaw-ckpt" stats $job --json >"$WORK/live-stats.json" 2>>"$OUT/trace-live.log"; rs=$?
-  "$ROOT/dist/bin/cudaw-ckpt" stats $job --prometheus >"$OUT/live-stats.prom" 2>>"$OUT/trace-live.log"; rp=$?
-  "$ROOT/dist/bin/cudaw-ckpt" trace $job -o "$WORK/live.trace.json" >>"$OUT/trace-live.log" 2>&1; rt=$?
+  for _ in $(seq 120); do
+    kill -0 $job 2>/dev/null || break
+    timeout 60 "$ROOT/dist/bin/cudaw-ckpt" stats $job --json >"$WORK/live-stats.json" 2>>"$OUT/trace-live.log"
+    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if sum(k["launches"] for k in s["kernels"]) > 1000 else 1)' \
+      "$WORK/live-stats.json" 2>/dev/null && break
+    sleep 1
+  done
+  timeout 60 "$ROOT/dist/bin/cudaw-ckpt" stats $job --json >"$WORK/live-stats.json" 2>>"$OUT/trace-live.log"; rs=$?
+  timeout 60 "$ROOT/dist/bin/cudaw-ckpt" stats $job --prometheus >"$OUT/live-stats.prom" 2>>"$OUT/trace-live.log"; rp=$?
+  timeout 120 "$ROOT/dist/bin/cudaw-ckpt" trace $job -o "$WORK/live.trace.json" >>"$OUT/trace-live.log" 2>&1; rt=$?
   kill $job 2>/dev/null; wait $job 2>/dev/null
   cp "$WORK/live-stats.json" "$OUT/" 2>/dev/null
   live=$(python3 - "$WORK/live-stats.json" "$WORK/live.trace.json" 2>>"$OUT/trace-live.log" <<'PY'
@@ -469,7 +519,7 @@ PY
   if [ $rs -eq 0 ] && [ $rp -eq 0 ] && [ $rt -eq 0 ] && [ -n "$live" ] && [ "${prom:-0}" -gt 0 ]; then
     row "trace: cudaw-ckpt stats/trace of live torch" PASS "$live; $prom Prometheus call series"
   else
-    row "trace: cudaw-ckpt stats/trace of live torch" FAIL "stats rc $rs, prometheus rc $rp, trace rc $rt; see trace-live.log"
+    row "trace: cudaw-ckpt stats/trace of live torch" FAIL "stats rc $rs, prometheus rc $rp, trace rc $rt; see trace-live.log, trace-live.err"
   fi
   unset CUDAW_RUN_DIR
 fi

@@ -9,8 +9,10 @@ resume from the image, a dump --leave-running and a restore of it: the tensors i
 each. Prints `PASS | name | detail` / `FAIL | ...` lines.
 
     python3 scripts/torch_expandable_check.py --dist dist --gib 4 --cycles 3
+
+Exits 0 only when every check passed. The image goes to a temporary folder and is removed.
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, queue, subprocess, sys, tempfile, threading, time
 
 CHILD = r'''
 import sys, torch
@@ -35,8 +37,33 @@ def used_mib():
         return None
 
 
+verdicts = []
+
+
 def verdict(ok, name, detail):
+    verdicts.append(ok)
     print(f"{'PASS' if ok else 'FAIL'} | {name} | {detail}", flush=True)
+
+
+def line_reader(stream):
+    """The child's output lines through a queue, so that no read can hang the check."""
+    q = queue.Queue()
+
+    def pump():
+        for line in stream:
+            q.put(line.strip())
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def next_line(timeout=300):
+        try:
+            line = q.get(timeout=timeout)
+        except queue.Empty:
+            return "(no answer in time)"
+        return "(the process ended)" if line is None else line
+
+    return next_line
 
 
 def main():
@@ -50,10 +77,13 @@ def main():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ckpt = lambda *w: subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), *w, "--json"],
                                      capture_output=True, text=True, timeout=300)
+    next_line = line_reader(p.stdout)
+    work = tempfile.mkdtemp(prefix="cudaw-expandable-")
+    img = os.path.join(work, "expandable.img")
     try:
-        if p.stdout.readline().strip() != "ready":
+        if next_line() != "ready":
             verdict(False, "expandable: start", "the PyTorch process did not get ready")
-            return
+            return 1
         time.sleep(1)
         for c in range(a.cycles):
             before = used_mib()
@@ -75,13 +105,11 @@ def main():
                     f"handles {dev.get('handles')}, mapped {dev.get('mapped')}, held {dev.get('held')}, evicted {dev.get('evicted')}")
             r = ckpt("resume", str(p.pid))
             p.stdin.write("check\n"); p.stdin.flush()
-            line = p.stdout.readline().strip()
+            line = next_line()
             verdict(r.returncode == 0 and line == "ok", f"expandable: resume {c} intact", f"{line}; {r.stdout.strip()[:120]}")
-        img = os.path.abspath("expandable.img")
-
         def check(name, r):
             p.stdin.write("check\n"); p.stdin.flush()
-            line = p.stdout.readline().strip()
+            line = next_line()
             verdict(r.returncode == 0 and line == "ok", name, f"{line}; {r.stdout.strip()[:160]}")
 
         before = used_mib()
@@ -107,13 +135,28 @@ def main():
         t0 = time.time()
         r = ckpt("restore", str(p.pid), "-i", img)
         check(f"expandable: restore intact ({time.time() - t0:.1f} s)", r)
+    except Exception as e:  # noqa: BLE001 - a failure is a verdict; the child must not be left behind
+        verdict(False, "expandable: the check ran to its end", f"{type(e).__name__}: {e}")
     finally:
-        p.stdin.close()
-        p.wait(timeout=120)
+        if p.poll() is None:
+            # Never leave the child paused (it would wait for ever): resume it first.
+            subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), "resume", str(p.pid)],
+                           capture_output=True, timeout=300)
         try:
-            os.remove(os.path.abspath("expandable.img"))
+            p.stdin.close()
         except OSError:
             pass
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        try:
+            os.remove(img)
+            os.rmdir(work)
+        except OSError:
+            pass
+    return 0 if verdicts and all(verdicts) else 1
 
 
-main()
+sys.exit(main())

@@ -116,12 +116,24 @@ def main():
     err = open(os.path.join(args.work, "cudaw.err"), "w")
     proc = subprocess.Popen([os.path.join(args.dist, "bin", "cudaw"), "run", "--", *train, "--pid-file", pid_file],
                             stdout=out, stderr=err, env=env)
-    while not os.path.exists(pid_file) and proc.poll() is None:
+    started = time.monotonic()
+    while not os.path.exists(pid_file) and proc.poll() is None and time.monotonic() - started < 300:
         time.sleep(0.05)
-    if proc.poll() is not None:
-        verdict(False, "torch under cudaw: started", f"exited early rc {proc.returncode}; see cudaw.err")
+    if proc.poll() is not None or not os.path.exists(pid_file):
+        why = f"exited early rc {proc.returncode}" if proc.poll() is not None else "no pid file after 300 s"
+        verdict(False, "torch under cudaw: started", why + "; see cudaw.err")
+        proc.kill()
         return 1
-    pid = int(open(pid_file).read())
+    pid = None
+    while pid is None and time.monotonic() - started < 300:
+        try:
+            pid = int(open(pid_file).read())
+        except ValueError:  # created, not yet written
+            time.sleep(0.02)
+    if pid is None:
+        verdict(False, "torch under cudaw: started", "the pid file stayed empty; see cudaw.err")
+        proc.kill()
+        return 1
 
     # The plan: PAUSES pause/resume events and DUMPS dump/restore events in random order,
     # separated by random running intervals (0-150 ms) so they land at random instants.
@@ -129,9 +141,55 @@ def main():
     rng.shuffle(events)
     done = {"pause": 0, "dump": 0}
     pause_ms, resume_ms, problems = [], [], []
-    freed_checked = False
     timeline = []  # (lines of output when the event began, event)
     image = os.path.join(args.work, "train.img")
+    try:
+        run_events(args, rng, proc, pid, events, done, pause_ms, resume_ms, problems, timeline, image)
+    except Exception as e:  # noqa: BLE001 - any failure is a verdict, and the trainer must not be left behind
+        problems.append(f"the event loop failed: {type(e).__name__}: {e}")
+    if problems and proc.poll() is None:
+        # Never leave the trainer paused (it would wait for ever): resume it, whatever state it is in.
+        ckpt(args, "resume", str(pid), timeout=120)
+    try:
+        rc = proc.wait(timeout=120 if problems else 300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = "timeout"
+    out.close()
+    err.close()
+    if os.path.exists(image):
+        os.remove(image)
+
+    med = (lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan"))
+    verdict(not problems and done["pause"] == args.pauses and done["dump"] == args.dumps,
+            f"torch {args.pauses} pauses + {args.dumps} dumps at random instants",
+            f"{done['pause']} pauses (median pause {med(pause_ms):.1f} ms, resume {med(resume_ms):.1f} ms), "
+            f"{done['dump']} dump+restore of {args.hold_gib:g} GiB held; seed {args.seed}"
+            + (f"; {'; '.join(problems)}" if problems else ""))
+    a = open(os.path.join(args.work, "native.out")).read()
+    b = open(os.path.join(args.work, "cudaw.out")).read()
+    last = (a.strip().splitlines() or ["(no output)"])[-1]
+    same = rn == 0 and rc == 0 and a == b and "intact True" in a
+    verdict(same, "torch paused/dumped run bit-identical to native",
+            f"native rc {rn}, cudaw rc {rc}; {args.steps} losses + weights + held buffer "
+            + ("identical: " + last if a == b else "DIFFER: " + first_difference(a, b, timeline)))
+    if args.control or a != b:
+        # The same run under cudaw without any pause: tells a pause's fault from a
+        # difference cudaw makes anyway.
+        with open(os.path.join(args.work, "control.out"), "w") as out, \
+                open(os.path.join(args.work, "control.err"), "w") as err:
+            rk = subprocess.run([os.path.join(args.dist, "bin", "cudaw"), "run", "--", *train],
+                                stdout=out, stderr=err, env=env, timeout=900).returncode
+        c = open(os.path.join(args.work, "control.out")).read()
+        verdict(rk == 0 and c == a, "torch under cudaw, no pauses, bit-identical to native",
+                f"rc {rk}; " + ("identical" if c == a else "DIFFER: " + first_difference(a, c, [])))
+    return 0 if all(verdicts) else 1
+
+
+def run_events(args, rng, proc, pid, events, done, pause_ms, resume_ms, problems, timeline, image):
+    """The plan's events, one after the other; the first problem ends them."""
+    freed_checked = False
     for i, ev in enumerate(events):
         time.sleep(rng.uniform(0, 0.15))
         if proc.poll() is not None:
@@ -188,38 +246,6 @@ def main():
                 break
             os.remove(image)
         done[ev] += 1
-    try:
-        rc = proc.wait(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        rc = "timeout"
-    out.close()
-    err.close()
-
-    med = (lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan"))
-    verdict(not problems and done["pause"] == args.pauses and done["dump"] == args.dumps,
-            f"torch {args.pauses} pauses + {args.dumps} dumps at random instants",
-            f"{done['pause']} pauses (median pause {med(pause_ms):.1f} ms, resume {med(resume_ms):.1f} ms), "
-            f"{done['dump']} dump+restore of {args.hold_gib:g} GiB held; seed {args.seed}"
-            + (f"; {'; '.join(problems)}" if problems else ""))
-    a = open(os.path.join(args.work, "native.out")).read()
-    b = open(os.path.join(args.work, "cudaw.out")).read()
-    last = (a.strip().splitlines() or ["(no output)"])[-1]
-    same = rn == 0 and rc == 0 and a == b and "intact True" in a
-    verdict(same, "torch paused/dumped run bit-identical to native",
-            f"native rc {rn}, cudaw rc {rc}; {args.steps} losses + weights + held buffer "
-            + ("identical: " + last if a == b else "DIFFER: " + first_difference(a, b, timeline)))
-    if args.control or a != b:
-        # The same run under cudaw without any pause: tells a pause's fault from a
-        # difference cudaw makes anyway.
-        with open(os.path.join(args.work, "control.out"), "w") as out, \
-                open(os.path.join(args.work, "control.err"), "w") as err:
-            rk = subprocess.run([os.path.join(args.dist, "bin", "cudaw"), "run", "--", *train],
-                                stdout=out, stderr=err, env=env, timeout=900).returncode
-        c = open(os.path.join(args.work, "control.out")).read()
-        verdict(rk == 0 and c == a, "torch under cudaw, no pauses, bit-identical to native",
-                f"rc {rk}; " + ("identical" if c == a else "DIFFER: " + first_difference(a, c, [])))
-    return 0 if all(verdicts) else 1
 
 
 def first_difference(a, b, timeline):
@@ -241,13 +267,15 @@ def check_freed(args):
         verdict(False, "paused: memory freed (nvidia-smi)", "nvidia-smi gave no reading")
         return
     want = int(args.hold_gib * 1024)
-    detail = f"GPU used {before[0]} MiB running -> {used_paused} MiB paused" if before else f"{used_paused} MiB used paused"
-    ok = before is not None and before[0] - used_paused >= want
+    detail = (f"GPU used {before[0]} MiB running -> {used_paused} MiB paused" if before and before[0] is not None
+              else f"{used_paused} MiB used paused (no reading before the pause)")
+    ok = before is not None and before[0] is not None and before[0] - used_paused >= want
     verdict(ok, "paused: trainer's memory released (nvidia-smi)", f"{detail}; held buffer {want} MiB")
     # More than was free before the pause: only possible with the trainer's memory.
     n = (free_paused - 2048) << 20
     p = subprocess.run(["python3", "-c", ALLOC, str(n)], capture_output=True, text=True, timeout=300)
-    ok = p.returncode == 0 and "ok" in p.stdout and before is not None and (n >> 20) > before[1]
+    ok = (p.returncode == 0 and "ok" in p.stdout and before is not None and before[1] is not None
+          and (n >> 20) > before[1])
     verdict(ok, "paused: another process allocates the freed memory",
             f"allocated {n >> 20} MiB (free before the pause: {before[1] if before else '?'} MiB): "
             f"{(p.stdout.strip() or p.stderr.strip()[-200:])}")

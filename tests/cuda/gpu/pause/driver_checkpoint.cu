@@ -24,15 +24,18 @@ static F sym(void* lib, const char* name) {
   return (F)p;
 }
 
-static const char* (*error_name)(CUresult, const char**);
+static CUresult (*error_name)(CUresult, const char**);
+
+static bool failed(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return false;
+  const char* name = "?";
+  if (error_name) error_name(r, &name);
+  fprintf(stderr, "driver_checkpoint: %s failed: %s (%d)\n", what, name, (int)r);
+  return true;
+}
 
 static void check(CUresult r, const char* what) {
-  if (r != CUDA_SUCCESS) {
-    const char* name = "?";
-    if (error_name) error_name(r, &name);
-    fprintf(stderr, "driver_checkpoint: %s failed: %s (%d)\n", what, name, (int)r);
-    exit(1);
-  }
+  if (failed(r, what)) exit(1);
 }
 
 int main(int argc, char** argv) {
@@ -46,20 +49,28 @@ int main(int argc, char** argv) {
     fprintf(stderr, "driver_checkpoint: %s\n", dlerror());
     return 1;
   }
-  error_name = (const char* (*)(CUresult, const char**))dlsym(lib, "cuGetErrorName");
+  error_name = (CUresult(*)(CUresult, const char**))dlsym(lib, "cuGetErrorName");
   auto init = sym<CUresult (*)(unsigned)>(lib, "cuInit");
   check(init(0), "cuInit");
   if (!strcmp(argv[1], "checkpoint")) {
     auto lock = sym<CUresult (*)(int, CUcheckpointLockArgs*)>(lib, "cuCheckpointProcessLock");
     auto ckpt = sym<CUresult (*)(int, CUcheckpointCheckpointArgs*)>(lib, "cuCheckpointProcessCheckpoint");
+    auto unlock = sym<CUresult (*)(int, CUcheckpointUnlockArgs*)>(lib, "cuCheckpointProcessUnlock");
     CUcheckpointLockArgs la;
     memset(&la, 0, sizeof la);
+    la.timeoutMs = 30000;  // a process that never reaches a lockable point fails, not hangs
     CUcheckpointCheckpointArgs ca;
     memset(&ca, 0, sizeof ca);
     double t0 = now();
     check(lock(pid, &la), "cuCheckpointProcessLock");
     double t1 = now();
-    check(ckpt(pid, &ca), "cuCheckpointProcessCheckpoint");
+    if (failed(ckpt(pid, &ca), "cuCheckpointProcessCheckpoint")) {
+      // Never leave the process locked: it would wait for ever in its next CUDA call.
+      CUcheckpointUnlockArgs ua;
+      memset(&ua, 0, sizeof ua);
+      failed(unlock(pid, &ua), "cuCheckpointProcessUnlock (after the failed checkpoint)");
+      return 1;
+    }
     double t2 = now();
     printf("lock_s=%.4f checkpoint_s=%.4f\n", t1 - t0, t2 - t1);
   } else {
