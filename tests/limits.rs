@@ -12,7 +12,8 @@
 //!   reclaimed;
 //! - `cudaw-ckpt status` showing limit, use and peak;
 //! - pauses beside the limits: a paused process lends its share of the card, and a pause
-//!   that cannot finish by its deadline (`CUDAW_PAUSE_TIMEOUT`) is given up.
+//!   that cannot finish by its deadline (`CUDAW_PAUSE_TIMEOUT`) is given up;
+//! - and, since the shell reaches cudaw's memory, legacy IPC of it refused with a reason.
 
 use cudaw_tests::{compile, cudaw, cudaw_ckpt, nvcc, shims, simgpu, workspace, Addressing};
 use std::io::{BufRead, BufReader, Write};
@@ -579,6 +580,25 @@ fn a_pause_that_cannot_finish_by_its_deadline_is_given_up_and_the_program_runs_o
     s.expect(&format!("touch {held}"), "touch ok");
     let log = s.quit();
     assert!(log.contains("the pause was given up"), "{log}");
+}
+
+#[test]
+fn sharing_cudaws_memory_through_legacy_ipc_is_refused_with_a_reason() {
+    let Some(exe) = mem_shell() else { return };
+    let dir = run_dir("ipc");
+    let mut s = Shell::start(&exe, &dir, Addressing::Mapped, &[], &[]);
+    let id = s.alloc("malloc", M);
+    let answer = s.expect(&format!("ipc {id}"), "ipc rc=");
+    assert_ne!(
+        answer, "ipc rc=0",
+        "legacy IPC of cudaw's memory cannot work"
+    );
+    s.expect(&format!("ipc {id}"), "ipc rc=");
+    let log = s.quit();
+    let said = log
+        .matches("cannot be shared with another process through legacy CUDA IPC")
+        .count();
+    assert_eq!(said, 1, "said once, however often it is asked:\n{log}");
 }
 
 #[test]

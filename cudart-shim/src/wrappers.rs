@@ -1094,6 +1094,28 @@ fn pointer_attributes_impl(
 }
 variants!(pointer_attributes_impl => cudaPointerGetAttributes; (out: *mut cudaPointerAttributes, p: *const c_void));
 
+// ---------------------------------------------------------------- inter-process handles
+
+/// `cudaIpcGetMemHandle`: forwarded as it is. cudaw's memory cannot be shared through
+/// legacy IPC (mapped addressing: `cuMemCreate` memory, which legacy IPC refuses;
+/// translated: a pointer the driver does not know, and a backing that other allocations
+/// may share, so an importer would see the wrong base): the real runtime's refusal goes
+/// back to the program, and the log says why, once (PyTorch's `torch.multiprocessing`
+/// sharing of CUDA tensors takes this path).
+fn ipc_get_mem_handle_impl(i: usize, handle: *mut c_void, dev_ptr: *mut c_void) -> cudaError_t {
+    let rc = forward!(i, fn(*mut c_void, *mut c_void), handle, dev_ptr);
+    if rc != SUCCESS && memory::lookup(dev_ptr as u64).is_some() {
+        static TOLD: std::sync::Once = std::sync::Once::new();
+        TOLD.call_once(|| {
+            log::warn(format_args!(
+                "cudaIpcGetMemHandle({dev_ptr:p}) failed ({rc}): the memory cudaw hands out cannot be shared with another process through legacy CUDA IPC (sharing CUDA tensors with torch.multiprocessing, for one); such a program must run without cudaw for now"
+            ))
+        });
+    }
+    rc
+}
+variants!(ipc_get_mem_handle_impl => cudaIpcGetMemHandle; (handle: *mut c_void, dev_ptr: *mut c_void));
+
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
     macro_rules! entries {
@@ -1154,6 +1176,7 @@ pub fn table() -> Vec<(usize, usize)> {
         cudaMemcpyToSymbolAsync_ptsz,
         cudaMemcpyFromSymbolAsync,
         cudaMemcpyFromSymbolAsync_ptsz,
+        cudaIpcGetMemHandle,
     ];
     v.extend(crate::entry_points::table());
     // Launches are wrapped to translate their arguments, or to trace them.

@@ -12,6 +12,7 @@
 //   touch ID | free ID | freeall | quit
 //   spin MS                a kernel that runs MS milliseconds, launched and not waited for
 //   sync                   cudaDeviceSynchronize: "sync rc=CODE"
+//   ipc ID                 cudaIpcGetMemHandle of the block: "ipc rc=CODE"
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -269,6 +270,11 @@ int main() {
       in >> ms;
       spin<<<1, 1>>>(ms);
       std::printf("spin rc=%d\n", (int)cudaGetLastError());
+    } else if (cmd == "ipc") {
+      int id;
+      in >> id;
+      cudaIpcMemHandle_t h;
+      std::printf("ipc rc=%d\n", (int)cudaIpcGetMemHandle(&h, blocks.at(id).ptr));
     } else if (cmd == "sync") {
       std::printf("sync rc=%d\n", (int)cudaDeviceSynchronize());
     } else if (cmd == "touch") {
