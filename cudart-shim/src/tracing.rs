@@ -95,12 +95,28 @@ pub fn enabled() -> bool {
     crate::config::get().trace != Mode::Off
 }
 
-/// `CUDAW_TRACE_FILE`, or `cudaw-PID.trace.json` in the working folder.
+/// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID, so that the processes a program
+/// starts, which inherit the variable, write files of their own), or
+/// `cudaw-PID.trace.json` in the working folder.
 pub fn trace_file() -> PathBuf {
-    crate::config::get()
-        .trace_file
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("cudaw-{}.trace.json", std::process::id())))
+    trace_file_for(
+        crate::config::get().trace_file.as_deref(),
+        std::process::id(),
+    )
+}
+
+fn trace_file_for(configured: Option<&std::path::Path>, pid: u32) -> PathBuf {
+    match configured {
+        Some(p) => {
+            let text = p.to_string_lossy();
+            if text.contains("%p") {
+                PathBuf::from(text.replace("%p", &pid.to_string()))
+            } else {
+                p.to_path_buf()
+            }
+        }
+        None => PathBuf::from(format!("cudaw-{pid}.trace.json")),
+    }
 }
 
 // ------------------------------------------------------------------ the shadow stack
@@ -585,6 +601,28 @@ extern "C" fn at_exit() {
             log::warn_plain(format_args!("trace: {line}"));
         }
     })
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::trace_file_for;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn trace_file_names() {
+        assert_eq!(
+            trace_file_for(None, 42),
+            PathBuf::from("cudaw-42.trace.json")
+        );
+        assert_eq!(
+            trace_file_for(Some(Path::new("/tmp/run.json")), 42),
+            PathBuf::from("/tmp/run.json")
+        );
+        assert_eq!(
+            trace_file_for(Some(Path::new("/tmp/run-%p.json")), 42),
+            PathBuf::from("/tmp/run-42.json")
+        );
+    }
 }
 
 #[cfg(test)]
