@@ -533,12 +533,20 @@ fn ckpt(dir: &Path, action: &str, pid: u32) -> (bool, String) {
 fn a_pause_that_cannot_finish_by_its_deadline_is_given_up_and_the_program_runs_on() {
     let Some(exe) = mem_shell() else { return };
     let dir = run_dir("pause-timeout");
+    // A bad value is refused before anything runs.
+    let out = Command::new(cudaw())
+        .args(["run", "--pause-timeout", "soon", "--", "true"])
+        .output()
+        .expect("running cudaw");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"soon\" is not a time"), "{err}");
     let mut s = Shell::start(
         &exe,
         &dir,
         Addressing::Mapped,
+        &["--pause-timeout", "300ms"],
         &[],
-        &[("CUDAW_PAUSE_TIMEOUT", "300ms")],
     );
     let held = s.alloc("malloc", 8 * M);
     // A kernel that runs far longer than the pause may wait (a collective waiting for a

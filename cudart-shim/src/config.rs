@@ -188,29 +188,7 @@ impl Config {
     }
 }
 
-/// How long a pause waits for the calls in flight and the device by default.
-pub const DEFAULT_PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Parses `CUDAW_PAUSE_TIMEOUT`: seconds (`60`, `2.5`, `60s`), `500ms`, `2m`; `off`, `none`
-/// or `0` wait for ever (`Some(None)`). `None`: not a time.
-pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
-    let v = v.trim().to_ascii_lowercase();
-    if matches!(v.as_str(), "off" | "none" | "0") {
-        return Some(None);
-    }
-    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = v.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (v.as_str(), 1.0)
-    };
-    let secs = num.trim().parse::<f64>().ok()? * scale;
-    (secs.is_finite() && secs > 0.0 && secs <= 86_400.0 * 365.0)
-        .then(|| Some(std::time::Duration::from_secs_f64(secs)))
-}
+pub use cudaw_control::{parse_timeout, DEFAULT_PAUSE_TIMEOUT};
 
 /// The limit syntax of `CUDAW_MEM_LIMIT` (one parser, shared with `cudaw run --mem-limit`).
 pub use cudaw_ledger::MemLimits;

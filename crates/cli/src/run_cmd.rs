@@ -37,6 +37,11 @@ pub struct Args {
     /// while the program runs. Sets CUDAW_HOST_ARENA.
     #[arg(long, value_name = "MODE", value_parser = ["pinned", "off"])]
     pub host_arena: Option<String>,
+    /// How long a pause waits for the calls in flight and the device's work before it is
+    /// given up and the program runs on: seconds (60, 2.5), 500ms, 2m, or off (wait for
+    /// ever). Default 60 s. Sets CUDAW_PAUSE_TIMEOUT.
+    #[arg(long, value_name = "TIME", value_parser = parse_pause_timeout)]
+    pub pause_timeout: Option<String>,
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
@@ -68,6 +73,13 @@ pub struct Args {
         value_name = "CMD"
     )]
     pub command: Vec<OsString>,
+}
+
+/// Checks a `--pause-timeout` value with the parser the drop-in runtime uses.
+fn parse_pause_timeout(s: &str) -> std::result::Result<String, String> {
+    cudaw_control::parse_timeout(s)
+        .map(|_| s.trim().to_owned())
+        .ok_or_else(|| format!("{s:?} is not a time (60, 2.5s, 500ms, 2m, or off)"))
 }
 
 /// Checks a `--mem-limit` value with the parser the drop-in runtime uses.
@@ -312,6 +324,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(a) = &args.host_arena {
         env.push(("CUDAW_HOST_ARENA".into(), a.into()));
+    }
+    if let Some(t) = &args.pause_timeout {
+        env.push(("CUDAW_PAUSE_TIMEOUT".into(), t.into()));
     }
     if let Some(l) = &args.log {
         env.push(("CUDAW_LOG".into(), l.into()));

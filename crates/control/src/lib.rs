@@ -486,6 +486,30 @@ pub struct Status {
     pub devices: Vec<DeviceStatus>,
 }
 
+/// How long a pause waits for the calls in flight and the device by default.
+pub const DEFAULT_PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Parses `CUDAW_PAUSE_TIMEOUT` (and `cudaw run --pause-timeout`): seconds (`60`, `2.5`, `60s`), `500ms`, `2m`; `off`, `none`
+/// or `0` wait for ever (`Some(None)`). `None`: not a time.
+pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
+    let v = v.trim().to_ascii_lowercase();
+    if matches!(v.as_str(), "off" | "none" | "0") {
+        return Some(None);
+    }
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (v.as_str(), 1.0)
+    };
+    let secs = num.trim().parse::<f64>().ok()? * scale;
+    (secs.is_finite() && secs > 0.0 && secs <= 86_400.0 * 365.0)
+        .then(|| Some(std::time::Duration::from_secs_f64(secs)))
+}
+
 /// The run folder: `CUDAW_RUN_DIR`, else `$XDG_RUNTIME_DIR/cudaw`, else `/tmp/cudaw-UID`.
 pub fn run_dir(get: impl Fn(&str) -> Option<String>, uid: u32) -> PathBuf {
     if let Some(d) = get("CUDAW_RUN_DIR").filter(|v| !v.is_empty()) {
