@@ -86,7 +86,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dist", default=os.path.join(ROOT, "dist"))
     ap.add_argument("--work", required=True, help="folder for outputs, images and logs")
-    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="training steps (default: as many as take about 40 s, at least 6000, "
+                         "from a short timed run: the events need the trainer running)")
     ap.add_argument("--hold-gib", type=float, default=2)
     ap.add_argument("--pauses", type=int, default=50)
     ap.add_argument("--dumps", type=int, default=5)
@@ -97,6 +99,8 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     rng = random.Random(args.seed)
     print(f"seed {args.seed}", flush=True)
+    if args.steps is None:
+        args.steps = calibrated_steps()
     train = ["python3", TRAIN, "--steps", str(args.steps), "--print-losses", "--hold-gib", str(args.hold_gib)]
 
     t = time.monotonic()
@@ -246,6 +250,21 @@ def run_events(args, rng, proc, pid, events, done, pause_ms, resume_ms, problems
                 break
             os.remove(image)
         done[ev] += 1
+
+
+def calibrated_steps(seconds=40.0, least=6000, most=100000):
+    """Steps that take about `seconds` of training (natively), from a short timed run: the
+    events must land while the trainer runs, whatever the GPU's speed."""
+    try:
+        p = subprocess.run(["python3", TRAIN, "--bench", "--steps", "200"], capture_output=True,
+                           text=True, timeout=300)
+        ms = float(re.search(r"ms_per_step=([\d.]+)", p.stdout).group(1))
+    except (subprocess.TimeoutExpired, AttributeError, ValueError):
+        print("calibration failed: using the least number of steps", flush=True)
+        return least
+    steps = max(least, min(most, int(seconds * 1000 / max(ms, 1e-3))))
+    print(f"calibration: {ms:.3f} ms per step: {steps} steps", flush=True)
+    return steps
 
 
 def first_difference(a, b, timeline):
