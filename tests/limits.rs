@@ -591,6 +591,53 @@ fn a_pause_that_cannot_finish_by_its_deadline_is_given_up_and_the_program_runs_o
 }
 
 #[test]
+fn host_copies_are_kept_from_a_resume_for_the_next_pause() {
+    let Some(exe) = mem_shell() else { return };
+    for (reuse, tag) in [("on", "reuse-on"), ("off", "reuse-off")] {
+        let dir = run_dir(tag);
+        let mut s = Shell::start(
+            &exe,
+            &dir,
+            Addressing::Mapped,
+            &[],
+            &[("CUDAW_HOST_REUSE", reuse)],
+        );
+        let ids = [s.alloc("malloc", 8 * M), s.alloc("malloc", 6 * M)];
+        for cycle in 0..3u8 {
+            // New contents each cycle: the kept memory holds the last cycle's bytes, which
+            // must never reach the device.
+            for (k, id) in ids.iter().enumerate() {
+                s.expect(&format!("set {id} {}", 10 * cycle + k as u8), "set rc=0");
+            }
+            let (ok, out) = ckpt(&dir, "pause", s.pid);
+            assert!(ok, "{out}");
+            let (ok, out) = ckpt(&dir, "resume", s.pid);
+            assert!(ok, "{out}");
+            for (k, id) in ids.iter().enumerate() {
+                s.expect(&format!("check {id} {}", 10 * cycle + k as u8), "check ok");
+            }
+        }
+        let log = s.quit();
+        let reused: Vec<u64> = log
+            .lines()
+            .filter_map(|l| {
+                l.split("pause: ")
+                    .nth(1)?
+                    .strip_suffix(" bytes went into host memory kept from the last resume")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if reuse == "on" {
+            // The first pause has nothing kept; the two after it reuse all 14 MiB.
+            assert_eq!(reused, vec![14 * M, 14 * M], "{log}");
+        } else {
+            assert!(reused.is_empty(), "{log}");
+        }
+    }
+}
+
+#[test]
 fn sharing_cudaws_memory_through_legacy_ipc_is_refused_with_a_reason() {
     let Some(exe) = mem_shell() else { return };
     let dir = run_dir("ipc");

@@ -1044,7 +1044,8 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
             undo_charge();
             return Err(f);
         }
-        h.saved.clear();
+        // Their host copies go back to the staging, for the next pause's bytes.
+        loader.recycle(h.saved.drain(..).filter_map(|s| s.bytes).collect());
         h.real = Some(r);
         h.charged = charged;
         if released {

@@ -644,6 +644,10 @@ impl<'a> Load<'a> {
 }
 
 impl Staging<DriverBackend> for Load<'_> {
+    fn recycle(&mut self, copies: Vec<Vec<u8>>) {
+        staging().recycle(copies);
+    }
+
     fn save(
         &mut self,
         _backend: &DriverBackend,
@@ -831,6 +835,12 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
     };
     allocations += h.handles;
     bytes += h.bytes;
+    let reused = crate::staging::pause_done();
+    if reused > 0 {
+        log::info(format_args!(
+            "pause: {reused} bytes went into host memory kept from the last resume"
+        ));
+    }
     let mapped: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().mapped)
         .sum::<u64>()

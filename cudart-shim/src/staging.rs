@@ -153,4 +153,25 @@ impl Staging<DriverBackend> for ProcessStaging {
     ) -> Result<(), StagingError> {
         with(backend, |s| s.load(backend, ranges))
     }
+
+    fn recycle(&mut self, copies: Vec<Vec<u8>>) {
+        staging_mutex().lock().recycle(copies);
+    }
+}
+
+/// After a whole pause: frees the kept host copies it did not reuse (the program's
+/// allocations changed since the last resume), so that they are not held beside the new
+/// ones while the process stays paused.
+/// Returns how many bytes of host memory kept from the last resume the pause wrote into.
+pub fn pause_done() -> usize {
+    let Some(s) = STAGING.get() else { return 0 };
+    let mut s = s.lock();
+    let unused = s.warm_bytes();
+    s.drop_warm();
+    if unused > 0 {
+        log::debug(format_args!(
+            "pause: {unused} bytes of kept host memory not reused, freed"
+        ));
+    }
+    s.take_reused()
 }

@@ -88,6 +88,13 @@ pub trait Staging<B: Backend + ?Sized> {
 
     /// Copies every range onto the device.
     fn load(&mut self, backend: &B, ranges: &[LoadRange<'_>]) -> Result<(), StagingError>;
+
+    /// Takes back host copies the VMM no longer needs (their ranges were just loaded), so
+    /// that a later [`Staging::save`] may write into their memory, already faulted in,
+    /// rather than into fresh pages. The default drops them.
+    fn recycle(&mut self, copies: Vec<Vec<u8>>) {
+        drop(copies);
+    }
 }
 
 /// The simple staging: synchronous [`Backend::copy_to_host`] / [`Backend::copy_from_host`]

@@ -1409,7 +1409,8 @@ impl<B: Backend> Vmm<B> {
         }
         self.changed.notify_all();
         drop(st);
-        drop(hosts); // restored host copies, outside the lock
+        // The restored host copies, outside the lock: the staging may keep their memory.
+        staging.recycle(hosts.into_iter().flatten().collect());
         Ok(Moved {
             allocations: targets.len(),
             bytes,

@@ -37,6 +37,12 @@
 //! refused), the staging falls back to [`vmm::HostStaging`]'s synchronous copies and says
 //! so in [`PinnedStaging::take_notes`].
 //!
+//! **Kept host copies** (`CUDAW_HOST_REUSE`, on by default): the host copies a load has
+//! copied back are given to [`vmm::Staging::recycle`]; their pages are given back lazily
+//! (`MADV_FREE`) and the next save writes into them (by size: a copy of capacity `len` to
+//! `len` + 1/8), at the speed of memory already faulted in where the kernel has not taken
+//! them back meanwhile. [`PinnedStaging::drop_warm`] frees what a pause did not reuse.
+//!
 //! **Host arena** (opt-in, `CUDAW_HOST_ARENA=pinned`): to get past the fault limit of fresh
 //! pageable memory, [`PinnedStaging::start_arena`] makes (on a background thread, the same
 //! way as the pool: mmap, huge pages, faulted in on many threads, `cuMemHostRegister`) a
@@ -74,6 +80,9 @@ pub const THREADS_ENV: &str = "CUDAW_STAGING_THREADS";
 
 /// The variable that turns the host arena on: `pinned` (or `off`, the default).
 pub const ARENA_ENV: &str = "CUDAW_HOST_ARENA";
+/// The variable that turns off the reuse of host copies between pauses: `off` (or `on`,
+/// the default).
+pub const REUSE_ENV: &str = "CUDAW_HOST_REUSE";
 /// Where each allocation's bytes start in the host arena: a multiple of this. Size an
 /// arena for a set of allocations as the sum of their sizes rounded up to it.
 pub const ARENA_ALIGN: u64 = 4096;
@@ -115,6 +124,10 @@ pub struct StagingConfig {
     /// (`CUDAW_HOST_ARENA=pinned`): whole-process pauses then copy straight into it
     /// ([`PinnedStaging::save_retaining`]) and resumes straight out of it.
     pub host_arena: bool,
+    /// Keep the host copies a resume has loaded (their memory given back lazily,
+    /// `MADV_FREE`) and save the next pause's bytes into them (`CUDAW_HOST_REUSE`, default
+    /// on): memory already faulted in takes the bytes about twice as fast as fresh pages.
+    pub reuse_host: bool,
 }
 
 impl Default for StagingConfig {
@@ -143,6 +156,7 @@ impl StagingConfig {
             streaming_stores: true,
             pin_in_place: true,
             host_arena: false,
+            reuse_host: true,
         }
     }
 
@@ -190,8 +204,20 @@ impl StagingConfig {
                 false
             }
         };
+        let reuse_host = match get(REUSE_ENV).map(|v| v.trim().to_ascii_lowercase()) {
+            None => d.reuse_host,
+            Some(v) if v.is_empty() || v == "on" => true,
+            Some(v) if v == "off" => false,
+            Some(v) => {
+                warnings.push(format!(
+                    "{REUSE_ENV}={v:?} is neither `on` nor `off`; using on"
+                ));
+                true
+            }
+        };
         StagingConfig {
             host_arena,
+            reuse_host,
             ..StagingConfig::new(streams, buffer, threads)
         }
     }
@@ -214,6 +240,10 @@ pub struct PinnedStaging {
     building: HashMap<usize, Building>,
     /// Contexts where making an arena failed (not tried again).
     arena_refused: std::collections::HashSet<usize>,
+    /// Host copies given back after a resume, for the next pause's bytes.
+    warm: WarmPool,
+    /// Bytes of kept host memory that saves reused, since [`PinnedStaging::take_reused`].
+    reused: usize,
     notes: Vec<String>,
 }
 
@@ -235,8 +265,25 @@ impl PinnedStaging {
             arenas: HashMap::new(),
             building: HashMap::new(),
             arena_refused: std::collections::HashSet::new(),
+            warm: WarmPool::default(),
+            reused: 0,
             notes: Vec::new(),
         }
+    }
+
+    /// Bytes of kept host memory (capacity) that saves wrote into since the last call.
+    pub fn take_reused(&mut self) -> usize {
+        std::mem::take(&mut self.reused)
+    }
+
+    /// Bytes of host memory kept for the next pause ([`StagingConfig::reuse_host`]).
+    pub fn warm_bytes(&self) -> usize {
+        self.warm.bytes
+    }
+
+    /// Frees the kept host copies a pause did not reuse (its allocations changed since).
+    pub fn drop_warm(&mut self) {
+        self.warm = WarmPool::default();
     }
 
     /// Its configuration.
@@ -334,12 +381,27 @@ impl Staging<DriverBackend> for PinnedStaging {
             return Ok(Vec::new());
         }
         let config = self.config;
+        let mut warm = std::mem::take(&mut self.warm);
+        let kept = warm.bytes;
         let (result, broken) = match self.pool_or_note(backend) {
-            Some(pool) => pool.save(&config, ranges),
-            None => return HostStaging.save(backend, ranges),
+            Some(pool) => pool.save(&config, ranges, &mut warm),
+            None => {
+                self.warm = warm;
+                return HostStaging.save(backend, ranges);
+            }
         };
+        self.reused += kept - warm.bytes;
+        self.warm = warm;
         self.discard_if_broken(backend, broken);
         result
+    }
+
+    fn recycle(&mut self, copies: Vec<Vec<u8>>) {
+        if self.config.reuse_host {
+            for v in copies {
+                self.warm.put(v);
+            }
+        }
     }
 
     fn load(
@@ -957,6 +1019,7 @@ impl Pool {
         &self,
         config: &StagingConfig,
         ranges: &[StagingRange],
+        warm: &mut WarmPool,
     ) -> (Result<Vec<HostCopy>, StagingError>, bool) {
         let mut lens = Vec::with_capacity(ranges.len());
         let mut dests: Vec<Vec<u8>> = Vec::with_capacity(ranges.len());
@@ -965,6 +1028,13 @@ impl Pool {
                 let e = format!("range of {} bytes exceeds the address space", r.len);
                 return (Err(StagingError::Io(e)), false);
             };
+            if let Some(v) = warm.take(len) {
+                // Faulted in by an earlier pause (or fresh again if the kernel took it back
+                // meanwhile: every byte is written before it is read either way).
+                lens.push(len);
+                dests.push(v);
+                continue;
+            }
             let mut v = Vec::new();
             if v.try_reserve_exact(len).is_err() {
                 let e = format!(
@@ -1344,6 +1414,52 @@ unsafe impl Send for HostPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for HostPtr {}
 
+/// Host copies kept between a resume and the next pause, by capacity. Their memory is
+/// given back to the kernel lazily (`MADV_FREE`): under memory pressure it takes the pages
+/// (a later write faults fresh ones in, as without the pool); otherwise they are still
+/// there, and the next pause's bytes go into them at the speed of memory already faulted
+/// in (60 GiB/s against 29 GiB/s for fresh pages, 16 threads of an H100 host).
+#[derive(Default)]
+struct WarmPool {
+    by_capacity: std::collections::BTreeMap<usize, Vec<Vec<u8>>>,
+    bytes: usize,
+}
+
+impl WarmPool {
+    /// Keeps `v` (empty, its memory lazily freed). Small ones are not worth keeping.
+    fn put(&mut self, mut v: Vec<u8>) {
+        let cap = v.capacity();
+        if cap < HUGE_PAGE {
+            return;
+        }
+        v.clear();
+        let start = (v.as_mut_ptr() as usize).next_multiple_of(PAGE);
+        let end = (v.as_mut_ptr() as usize + cap) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: whole pages inside `v`'s own allocation, whose contents are not
+            // needed any more (`v` is empty; every byte is written before it is read
+            // again). MADV_FREE changes no mapping; advice only, failures ignored.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_FREE) };
+        }
+        self.bytes += cap;
+        self.by_capacity.entry(cap).or_default().push(v);
+    }
+
+    /// A kept vector of capacity `len` to `len` + 1/8 (not a much larger one: its spare
+    /// memory would be held for nothing), emptied.
+    fn take(&mut self, len: usize) -> Option<Vec<u8>> {
+        let most = len.saturating_add(len / 8);
+        let (&cap, _) = self.by_capacity.range(len..=most).next()?;
+        let list = self.by_capacity.get_mut(&cap)?;
+        let v = list.pop()?;
+        if list.is_empty() {
+            self.by_capacity.remove(&cap);
+        }
+        self.bytes -= cap;
+        Some(v)
+    }
+}
+
 /// Advises the whole 2 MiB pages inside `[ptr, ptr + len)` for transparent huge pages.
 /// Advice only: failures (no THP support) are ignored.
 fn advise_huge_pages(ptr: *mut u8, len: usize) {
@@ -1553,6 +1669,49 @@ mod tests {
             .iter()
             .any(|m| m.contains("CUDAW_STAGING_BUFFER=\"huge\"")));
         assert_eq!(StagingConfig::new(1, 5000, 1).buffer_bytes, 8192);
+    }
+
+    #[test]
+    fn kept_host_copies_are_reused_by_size() {
+        let mut w = WarmPool::default();
+        let mk = |n: usize| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).unwrap();
+            v.resize(n, 1u8);
+            v
+        };
+        w.put(mk(4 << 20));
+        w.put(mk(8 << 20));
+        w.put(mk(4 << 20));
+        w.put(mk(4096)); // too small to keep
+        assert_eq!(w.bytes, 16 << 20);
+        // The same size, then one a little smaller; never one much larger.
+        let a = w.take(4 << 20).expect("a 4 MiB one");
+        assert!(a.is_empty() && a.capacity() >= 4 << 20);
+        assert!(w.take(15 << 19).is_some_and(|v| v.capacity() == 8 << 20)); // 7.5 MiB
+        assert!(
+            w.take(1 << 20).is_none(),
+            "4 MiB is far more than 1 MiB needs"
+        );
+        assert!(w.take(4 << 20).is_some());
+        assert!(w.take(4 << 20).is_none());
+        assert_eq!(w.bytes, 0);
+        // Reused memory (lazily freed meanwhile) takes and keeps new bytes.
+        let mut v = a;
+        v.resize(4 << 20, 0xAB);
+        assert!(v.iter().all(|&b| b == 0xAB));
+        // The switch.
+        let mut warnings = Vec::new();
+        let off = StagingConfig::from_lookup(
+            |k| (k == REUSE_ENV).then(|| "off".to_owned()),
+            &mut warnings,
+        );
+        assert!(!off.reuse_host && StagingConfig::default().reuse_host && warnings.is_empty());
+        let bad = StagingConfig::from_lookup(
+            |k| (k == REUSE_ENV).then(|| "maybe".to_owned()),
+            &mut warnings,
+        );
+        assert!(bad.reuse_host && warnings.iter().any(|w| w.contains(REUSE_ENV)));
     }
 
     #[test]

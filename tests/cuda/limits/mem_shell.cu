@@ -13,6 +13,8 @@
 //   spin MS                a kernel that runs MS milliseconds, launched and not waited for
 //   sync                   cudaDeviceSynchronize: "sync rc=CODE"
 //   ipc ID                 cudaIpcGetMemHandle of the block: "ipc rc=CODE"
+//   set ID BYTE            cudaMemset of the whole block: "set rc=CODE"
+//   check ID BYTE          every byte of the block equals BYTE: "check ok|bad rc=CODE"
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -275,6 +277,22 @@ int main() {
       in >> id;
       cudaIpcMemHandle_t h;
       std::printf("ipc rc=%d\n", (int)cudaIpcGetMemHandle(&h, blocks.at(id).ptr));
+    } else if (cmd == "set") {
+      int id, byte;
+      in >> id >> byte;
+      Block b = blocks.at(id);
+      int rc = cudaMemset(b.ptr, byte, b.size);
+      if (rc == 0) rc = cudaDeviceSynchronize();
+      std::printf("set rc=%d\n", rc);
+    } else if (cmd == "check") {
+      int id, byte;
+      in >> id >> byte;
+      Block b = blocks.at(id);
+      std::vector<unsigned char> h(b.size, (unsigned char)~byte);
+      int rc = cudaMemcpy(h.data(), b.ptr, b.size, cudaMemcpyDeviceToHost);
+      bool same = rc == 0;
+      for (size_t i = 0; same && i < b.size; i++) same = h[i] == (unsigned char)byte;
+      std::printf("check %s rc=%d\n", same ? "ok" : "bad", rc);
     } else if (cmd == "sync") {
       std::printf("sync rc=%d\n", (int)cudaDeviceSynchronize());
     } else if (cmd == "touch") {
