@@ -97,7 +97,19 @@ if want env; then
   row "environment" info "$(head -1 "$OUT/env.txt" | tr -s ' ')"
   # The real driver's export list (the driver shim's function list is checked against it).
   libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
-  [ -n "$libcuda" ] && nm -D --defined-only "$libcuda" 2>/dev/null | awk '{print $NF}' | sort -u >"$OUT/libcuda.exports"
+  [ -n "$libcuda" ] && nm -D --defined-only "$libcuda" 2>/dev/null | awk '{print $NF}' | sed 's/@.*//' | sort -u >"$OUT/libcuda.exports"
+  if [ -s "$OUT/libcuda.exports" ]; then
+    # Every function this driver exports should be one cudaw's driver layer exports too (a
+    # missing one still works, through the real driver, but passes no gate).
+    grep -v '^#' crates/driver-shim/data/cuda-13.driver-functions | awk '{print $1}' | sort -u >"$WORK/shim.functions"
+    missing=$(grep '^cu' "$OUT/libcuda.exports" | comm -23 - "$WORK/shim.functions")
+    n=$(grep -c '^cu' "$OUT/libcuda.exports")
+    if [ -z "$missing" ]; then
+      row "driver layer covers the driver's exports" PASS "all $n cu* exports of $libcuda"
+    else
+      row "driver layer covers the driver's exports" info "$(echo "$missing" | wc -l) of $n not in the list (they pass through ungated): $(echo "$missing" | head -8 | tr '\n' ' ')"
+    fi
+  fi
 fi
 lap env
 
