@@ -631,6 +631,37 @@ fn driver_allocations_count_against_the_limit() {
     }
 }
 
+/// A driver-API program with a context of its own (`cuCtxCreate`) keeps it current across
+/// the allocations cudaw's VMM serves: the VMM works in the primary context, and its first
+/// use initialises the runtime there, but neither may stay current in the program's place.
+#[test]
+fn a_programs_own_context_stays_current_across_vmm_allocations() {
+    let Some((exe, module)) = driver_alloc() else {
+        return;
+    };
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_LOG", "info")]);
+    let out = cmd
+        .arg(&module)
+        .arg("own")
+        .output()
+        .expect("driver_alloc own");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // The allocation really came from cudaw's VMM (the case at stake), in a context that
+    // really is another one.
+    assert!(stderr.contains("cudaw manages its memory"), "{stderr}");
+    assert!(
+        stdout.contains("own context is not the primary one"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("own context current after alloc: yes")
+            && stdout.contains("own context current after free: yes"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// In translated addressing the driver's allocations are forwarded to the real driver (the
 /// program must get real device addresses): the program runs as without cudaw.
 #[test]

@@ -205,9 +205,30 @@ mod memory_hooks {
     const CU_SUCCESS: u32 = 0;
     const CU_ERROR_INVALID_VALUE: u32 = 1;
 
+    /// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
+    /// context if `f` changed it. A driver-API caller may have a context of its own
+    /// (`cuCtxCreate`): the VMM works in the device's primary context (and its first use
+    /// initialises the runtime there), which must not stay current in the caller's place.
+    fn keeping_context<R>(f: impl FnOnce() -> R) -> R {
+        use driver::Driver;
+        let drv = memory::driver().ok();
+        let prev = drv.as_ref().and_then(|d| d.ctx_get_current().ok());
+        let r = f();
+        if let (Some(d), Some(p)) = (drv, prev) {
+            if p != driver::Context::NONE && d.ctx_get_current().ok() != Some(p) {
+                let _ = d.ctx_set_current(p);
+            }
+        }
+        r
+    }
+
     /// Allocates `size` bytes on device `ordinal` from its VMM and writes the address
     /// through `out`; [`NOT_MINE`] where the VMM does not serve the driver shim.
     fn alloc(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
+        keeping_context(|| alloc_in_vmm(out, size, ordinal, tag))
+    }
+
+    fn alloc_in_vmm(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
         if memory::translated() {
             return NOT_MINE;
         }
@@ -269,7 +290,7 @@ mod memory_hooks {
 
     extern "C" fn mem_free(ptr: u64) -> u32 {
         guard("cuMemFree (driver layer)", UNKNOWN, || {
-            match memory::lookup(ptr) {
+            keeping_context(|| match memory::lookup(ptr) {
                 Some((mem, a)) if a.base == ptr => {
                     let _in_flight = crate::pause::enter();
                     // cuMemFree synchronises: the device may still be using the memory.
@@ -282,23 +303,21 @@ mod memory_hooks {
                 }
                 Some(_) => CU_ERROR_INVALID_VALUE,
                 None => NOT_MINE,
-            }
+            })
         })
     }
 
     extern "C" fn mem_free_async(ptr: u64, stream: *mut c_void) -> u32 {
-        guard(
-            "cuMemFreeAsync (driver layer)",
-            UNKNOWN,
-            || match memory::lookup(ptr) {
+        guard("cuMemFreeAsync (driver layer)", UNKNOWN, || {
+            keeping_context(|| match memory::lookup(ptr) {
                 Some((mem, a)) if a.base == ptr => {
                     let _in_flight = crate::pause::enter();
                     to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
                 }
                 Some(_) => CU_ERROR_INVALID_VALUE,
                 None => NOT_MINE,
-            },
-        )
+            })
+        })
     }
 
     extern "C" fn allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {

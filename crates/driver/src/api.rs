@@ -71,6 +71,8 @@ pub trait Driver: Send + Sync {
     fn primary_ctx_release(&self, device: Device) -> Result<()>;
     /// `cuCtxSetCurrent`.
     fn ctx_set_current(&self, context: Context) -> Result<()>;
+    /// `cuCtxGetCurrent` ([`Context::NONE`] when the thread has none).
+    fn ctx_get_current(&self) -> Result<Context>;
     /// `cuCtxSynchronize`.
     fn ctx_synchronize(&self) -> Result<()>;
     /// `cuMemGetInfo_v2`: (free, total) bytes.

@@ -75,6 +75,39 @@ impl DriverBackend {
     pub fn make_current(&self) -> Result<()> {
         self.driver.ctx_set_current(self.context)
     }
+
+    /// Makes the primary context current for one operation of the [`Backend`], and puts
+    /// back afterwards the context the thread had, when it had another: a program's own
+    /// context (`cuCtxCreate`, a driver-API program allocating through cudaw's driver
+    /// layer), or another device's (the runtime takes the thread's device from its current
+    /// context: freeing device 0's memory from a thread on device 1 must leave it there).
+    /// A thread with none keeps the primary context, as the runtime would bind it.
+    fn scoped(&self) -> Result<Scoped<'_>> {
+        let prev = self.driver.ctx_get_current()?;
+        if prev == self.context {
+            return Ok(Scoped { driver: None, prev });
+        }
+        self.driver.ctx_set_current(self.context)?;
+        let restore = prev != Context::NONE;
+        Ok(Scoped {
+            driver: restore.then_some(&*self.driver),
+            prev,
+        })
+    }
+}
+
+/// Puts the thread's previous context back when dropped ([`DriverBackend::scoped`]).
+struct Scoped<'a> {
+    driver: Option<&'a dyn Driver>,
+    prev: Context,
+}
+
+impl Drop for Scoped<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver {
+            let _ = d.ctx_set_current(self.prev);
+        }
+    }
 }
 
 impl Drop for DriverBackend {
@@ -93,29 +126,29 @@ impl Backend for DriverBackend {
     }
 
     fn reserve(&self, size: u64, alignment: u64) -> Result<u64, BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_address_reserve(size, alignment, 0)?)
     }
 
     fn free_reservation(&self, base: u64, size: u64) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_address_free(base, size)?)
     }
 
     fn create_physical(&self, size: u64) -> Result<PhysicalHandle, BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self
             .driver
             .mem_create(size, &pinned_device_prop(self.device))?)
     }
 
     fn release_physical(&self, physical: PhysicalHandle) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_release(physical)?)
     }
 
     fn map(&self, addr: u64, size: u64, physical: PhysicalHandle) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         self.driver.mem_map(addr, size, physical)?;
         let access = [read_write_access(self.device)];
         if let Err(e) = self.driver.mem_set_access(addr, size, &access) {
@@ -126,32 +159,32 @@ impl Backend for DriverBackend {
     }
 
     fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_unmap(addr, size)?)
     }
 
     fn alloc_linear(&self, size: u64) -> Result<u64, BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_alloc(size)?)
     }
 
     fn free_linear(&self, addr: u64) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_free(addr)?)
     }
 
     fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.memcpy_dtoh(dst, src)?)
     }
 
     fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<(), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.memcpy_htod(dst, src)?)
     }
 
     fn memory_info(&self) -> Result<(u64, u64), BackendError> {
-        self.make_current()?;
+        let _ctx = self.scoped()?;
         Ok(self.driver.mem_get_info()?)
     }
 }

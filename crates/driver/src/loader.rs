@@ -68,6 +68,7 @@ driver_functions! {
     cuDevicePrimaryCtxRetain(*mut Raw, sys::CUdevice) = ["cuDevicePrimaryCtxRetain"];
     cuDevicePrimaryCtxRelease(sys::CUdevice) = ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"];
     cuCtxSetCurrent(Raw) = ["cuCtxSetCurrent"];
+    cuCtxGetCurrent(*mut Raw) = ["cuCtxGetCurrent"];
     cuCtxSynchronize() = ["cuCtxSynchronize"];
     cuMemGetInfo(*mut usize, *mut usize) = ["cuMemGetInfo_v2"];
     cuMemAddressReserve(*mut u64, usize, usize, u64, u64) = ["cuMemAddressReserve"];
@@ -333,6 +334,15 @@ impl Driver for LibCuda {
         // SAFETY: a context handle the driver gave out, or null.
         let code = unsafe { f(raw(context.0)) };
         self.check(code, "cuCtxSetCurrent")
+    }
+
+    fn ctx_get_current(&self) -> Result<Context> {
+        let f = self.cuCtxGetCurrent()?;
+        let mut c: Raw = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let code = unsafe { f(&mut c) };
+        self.check(code, "cuCtxGetCurrent")?;
+        Ok(Context(c as usize))
     }
 
     fn ctx_synchronize(&self) -> Result<()> {

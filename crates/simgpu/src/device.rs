@@ -30,6 +30,7 @@ static DEVICE: OnceLock<CuResult<Device>> = OnceLock::new();
 
 /// The primary context's handle: the address of this static (any non-null unique value).
 static PRIMARY_CONTEXT: u8 = 0;
+static OWN_CONTEXT: u8 = 0;
 
 thread_local! {
     static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -134,9 +135,16 @@ pub fn primary_context() -> usize {
     &PRIMARY_CONTEXT as *const u8 as usize
 }
 
-/// `cuCtxSetCurrent`: the primary context or none.
+/// The one context of its own a program can make (`cuCtxCreate`): it shares the device's
+/// memory with the primary context, but it is another handle, as on a GPU — so that code
+/// which must leave a program's own context current can be checked.
+pub fn own_context() -> usize {
+    &OWN_CONTEXT as *const u8 as usize
+}
+
+/// `cuCtxSetCurrent`: the primary context, the program's own, or none.
 pub fn set_current(ctx: usize) -> CuResult<()> {
-    if ctx != 0 && ctx != primary_context() {
+    if ctx != 0 && ctx != primary_context() && ctx != own_context() {
         return Err(CuError::CUDA_ERROR_INVALID_CONTEXT);
     }
     CURRENT.with(|c| c.set(ctx));

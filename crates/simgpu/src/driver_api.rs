@@ -342,7 +342,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
     unsafe { cuDevicePrimaryCtxRelease_v2(dev) }
 }
 
-/// `cuCtxCreate_v2`: simgpu has one context, the primary one; it becomes current.
+/// `cuCtxCreate_v2`: the program's own context ([`device::own_context`]: the same device
+/// memory as the primary one, another handle); it becomes current.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(
     ctx: *mut Handle,
@@ -353,8 +354,8 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
         Device::get()?;
         device::check_ordinal(dev)?;
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(ctx, device::primary_context() as Handle) }?;
-        device::set_current(device::primary_context())
+        unsafe { put(ctx, device::own_context() as Handle) }?;
+        device::set_current(device::own_context())
     })
 }
 
@@ -363,7 +364,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
     entry!({
         Device::get()?;
-        if ctx as usize != device::primary_context() {
+        if ctx as usize != device::primary_context() && ctx as usize != device::own_context() {
             return Err(CuError::CUDA_ERROR_INVALID_CONTEXT);
         }
         if device::current() == ctx as usize {

@@ -10,6 +10,9 @@
 //                              them (cuMemFree, cuMemFreeAsync) and prints "done".
 //   driver_alloc MODULE fill   cuMemAlloc of 3 MiB until refused: "fill count=N err=E",
 //                              then frees all and allocates again: "again rc=R".
+//   driver_alloc MODULE own    in a context of its own (cuCtxCreate), cuMemAlloc and
+//                              cuMemFree, then whether that context is still current:
+//                              "own context current after alloc: yes|no", "... after free".
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
@@ -93,6 +96,22 @@ int main(int argc, char** argv) {
     CUcontext ctx;
     CHECK(retain(&ctx, dev));
     CHECK(set_current(ctx));
+
+    if (strcmp(argv[2], "own") == 0) {
+        auto create = fetch<PFN_cuCtxCreate_v3020>("cuCtxCreate", 3020);
+        auto get_current = fetch<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 4000);
+        CUcontext own, now;
+        CHECK(create(&own, 0, dev));
+        printf("own context %s the primary one\n", own == ctx ? "is" : "is not");
+        CUdeviceptr p;
+        CHECK(mem_alloc(&p, 3u << 20));
+        CHECK(get_current(&now));
+        printf("own context current after alloc: %s\n", now == own ? "yes" : "no");
+        CHECK(mem_free(p));
+        CHECK(get_current(&now));
+        printf("own context current after free: %s\n", now == own ? "yes" : "no");
+        return 0;
+    }
 
     if (strcmp(argv[2], "fill") == 0) {
         std::vector<CUdeviceptr> held;
