@@ -293,8 +293,7 @@ mod memory_hooks {
             keeping_context(|| match memory::lookup(ptr) {
                 Some((mem, a)) if a.base == ptr => {
                     let _in_flight = crate::pause::enter();
-                    // cuMemFree synchronises: the device may still be using the memory.
-                    crate::call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
+                    mem.synchronise_before_free("cuMemFree");
                     crate::tracing::free(ptr);
                     match mem.vmm.free(ptr) {
                         Ok(()) => CU_SUCCESS,

@@ -510,6 +510,25 @@ impl DeviceMemory {
         ready.len()
     }
 
+    /// What `cudaFree` and `cuMemFree` do before the memory goes: they synchronise (no
+    /// kernel may still use memory once it is unmapped): the calling thread's device, as
+    /// the real runtime would, and the memory's own device when that is another one (its
+    /// primary context, the thread's context left as it was; a `CUdevice` is its ordinal).
+    pub fn synchronise_before_free(&self, what: &str) {
+        let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
+        if rc != SUCCESS {
+            log::debug(format_args!("{what}: synchronisation reported {rc}"));
+        }
+        let owner = self.vmm.backend();
+        if current_device().ok() != Some(owner.device()) {
+            if let Err(e) = owner.synchronize() {
+                log::debug(format_args!(
+                    "{what}: synchronising the memory's device: {e}"
+                ));
+            }
+        }
+    }
+
     /// For a pause, once the device is synchronised (every recorded event has
     /// completed): releases every deferred free without calling the real runtime, whose
     /// locks a thread held at the driver layer's gate may hold; their events are

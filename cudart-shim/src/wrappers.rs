@@ -84,11 +84,7 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
                 // start (cudaErrorInvalidDevicePointer is deprecated since CUDA 10.1).
                 return ERROR_INVALID_VALUE;
             }
-            // cudaFree synchronises: no kernel may still use the memory once it is unmapped.
-            let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
-            if rc != SUCCESS {
-                log::debug(format_args!("cudaFree: synchronisation reported {rc}"));
-            }
+            mem.synchronise_before_free("cudaFree");
             mem.reap(false);
             tracing::free(a.base);
             match mem.vmm.free(a.base) {

@@ -76,6 +76,13 @@ impl DriverBackend {
         self.driver.ctx_set_current(self.context)
     }
 
+    /// Waits for the device's work in its primary context (`cuCtxSynchronize`), leaving
+    /// the calling thread's current context as it was.
+    pub fn synchronize(&self) -> Result<()> {
+        let _ctx = self.scoped()?;
+        self.driver.ctx_synchronize()
+    }
+
     /// Makes the primary context current for one operation of the [`Backend`], and puts
     /// back afterwards the context the thread had, when it had another: a program's own
     /// context (`cuCtxCreate`, a driver-API program allocating through cudaw's driver
