@@ -617,6 +617,26 @@ fn host_copies_are_kept_from_a_resume_for_the_next_pause() {
                 s.expect(&format!("check {id} {}", 10 * cycle + k as u8), "check ok");
             }
         }
+        // Running again, the process keeps the last resume's host copies for the next
+        // pause, and says so.
+        let out = Command::new(cudaw_ckpt())
+            .args(["status", &s.pid.to_string(), "--json"])
+            .env("CUDAW_RUN_DIR", &dir)
+            .output()
+            .expect("running cudaw-ckpt");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        let kept = json_u64(&v, "kept_host");
+        let text = ckpt(&dir, "status", s.pid).1;
+        if reuse == "on" {
+            assert_eq!(kept, 14 * M, "{v}");
+            assert!(
+                text.contains("host memory kept for the next pause: 14.0 MiB"),
+                "{text}"
+            );
+        } else {
+            assert_eq!(kept, 0, "{v}");
+            assert!(!text.contains("host memory kept"), "{text}");
+        }
         let log = s.quit();
         let reused: Vec<u64> = log
             .lines()

@@ -416,6 +416,7 @@ pub fn status() -> Status {
         }
         .to_owned(),
         image: pause::image_path().map(|p| p.to_string_lossy().into_owned()),
+        kept_host: crate::staging::kept_host() as u64,
         devices,
     }
 }

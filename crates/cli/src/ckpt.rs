@@ -102,7 +102,7 @@ enum Command {
     /// reported as stale and skipped).
     #[command(
         after_help = "Examples:\n  cudaw-ckpt status\n  cudaw-ckpt status 4242 --json    \
-                            {\"pid\",\"state\",\"addressing\",\"image\",\"devices\":[...]}"
+                            {\"pid\",\"state\",\"addressing\",\"image\",\"kept_host\",\"devices\":[...]}"
     )]
     Status {
         /// The process ID (default: all).
@@ -523,6 +523,12 @@ fn print_status(s: &Status) {
     );
     if let Some(img) = &s.image {
         println!("  memory in the image {img} (resume loads it)");
+    }
+    if s.kept_host > 0 {
+        println!(
+            "  host memory kept for the next pause: {} (given back to the system when it needs it; CUDAW_HOST_REUSE=off frees it at resume)",
+            mib(s.kept_host)
+        );
     }
     if s.devices.is_empty() {
         println!("  no device memory managed yet");

@@ -482,6 +482,11 @@ pub struct Status {
     /// `--leave-running`); a resume loads it from there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Host memory kept from the last resume for the next pause's bytes
+    /// (`CUDAW_HOST_REUSE`), given back to the kernel lazily (it counts in the process's
+    /// RSS until the kernel takes it).
+    #[serde(default)]
+    pub kept_host: u64,
     /// Every device cudaw manages memory on.
     pub devices: Vec<DeviceStatus>,
 }
@@ -489,8 +494,9 @@ pub struct Status {
 /// How long a pause waits for the calls in flight and the device by default.
 pub const DEFAULT_PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Parses `CUDAW_PAUSE_TIMEOUT` (and `cudaw run --pause-timeout`): seconds (`60`, `2.5`, `60s`), `500ms`, `2m`; `off`, `none`
-/// or `0` wait for ever (`Some(None)`). `None`: not a time.
+/// Parses `CUDAW_PAUSE_TIMEOUT` (and `cudaw run --pause-timeout`): seconds (`60`, `2.5`,
+/// `60s`), `500ms`, `2m`; `off`, `none` or `0` wait for ever (`Some(None)`). `None`: not a
+/// time.
 pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
     let v = v.trim().to_ascii_lowercase();
     if matches!(v.as_str(), "off" | "none" | "0") {
@@ -651,6 +657,7 @@ mod tests {
                 state: State::Paused,
                 addressing: "mapped".into(),
                 image: Some("/j.img".into()),
+                kept_host: 14 << 20,
                 devices: vec![DeviceStatus {
                     ordinal: 0,
                     allocations: 5,
