@@ -193,28 +193,25 @@ impl StagingConfig {
                 }
             },
         };
-        let host_arena = match get(ARENA_ENV).map(|v| v.trim().to_ascii_lowercase()) {
-            None => d.host_arena,
-            Some(v) if v.is_empty() || v == "off" => false,
-            Some(v) if v == "pinned" => true,
-            Some(v) => {
-                warnings.push(format!(
-                    "{ARENA_ENV}={v:?} is neither `pinned` nor `off`; using off"
-                ));
-                false
+        // A switch: `on` (its own word for on), `off`; empty is the default; anything else
+        // keeps the default and warns.
+        let mut switch = |key: &str, on: &str, default: bool| {
+            let v = get(key)?.trim().to_ascii_lowercase();
+            match v.as_str() {
+                "" => None,
+                "off" => Some(false),
+                w if w == on => Some(true),
+                _ => {
+                    let word = if default { on } else { "off" };
+                    warnings.push(format!(
+                        "{key}={v:?} is neither `{on}` nor `off`; using {word}"
+                    ));
+                    None
+                }
             }
         };
-        let reuse_host = match get(REUSE_ENV).map(|v| v.trim().to_ascii_lowercase()) {
-            None => d.reuse_host,
-            Some(v) if v.is_empty() || v == "on" => true,
-            Some(v) if v == "off" => false,
-            Some(v) => {
-                warnings.push(format!(
-                    "{REUSE_ENV}={v:?} is neither `on` nor `off`; using on"
-                ));
-                true
-            }
-        };
+        let host_arena = switch(ARENA_ENV, "pinned", d.host_arena).unwrap_or(d.host_arena);
+        let reuse_host = switch(REUSE_ENV, "on", d.reuse_host).unwrap_or(d.reuse_host);
         StagingConfig {
             host_arena,
             reuse_host,
@@ -1712,6 +1709,18 @@ mod tests {
             &mut warnings,
         );
         assert!(bad.reuse_host && warnings.iter().any(|w| w.contains(REUSE_ENV)));
+        // The arena's switch, the same way.
+        let arena = |v: &'static str, w: &mut Vec<String>| {
+            StagingConfig::from_lookup(|k| (k == ARENA_ENV).then(|| v.to_owned()), w).host_arena
+        };
+        let mut w = Vec::new();
+        assert!(arena("pinned", &mut w) && !arena("off", &mut w) && !arena("", &mut w));
+        assert!(w.is_empty(), "{w:?}");
+        assert!(!arena("pinnned", &mut w));
+        assert!(
+            w[0].contains("is neither `pinned` nor `off`; using off"),
+            "{w:?}"
+        );
     }
 
     #[test]
