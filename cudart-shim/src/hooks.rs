@@ -210,16 +210,11 @@ mod memory_hooks {
     /// (`cuCtxCreate`): the VMM works in the device's primary context (and its first use
     /// initialises the runtime there), which must not stay current in the caller's place.
     fn keeping_context<R>(f: impl FnOnce() -> R) -> R {
-        use driver::Driver;
         let drv = memory::driver().ok();
-        let prev = drv.as_ref().and_then(|d| d.ctx_get_current().ok());
-        let r = f();
-        if let (Some(d), Some(p)) = (drv, prev) {
-            if p != driver::Context::NONE && d.ctx_get_current().ok() != Some(p) {
-                let _ = d.ctx_set_current(p);
-            }
-        }
-        r
+        let _kept = drv
+            .as_deref()
+            .and_then(|d| driver::KeptContext::new(d).ok());
+        f()
     }
 
     /// Allocates `size` bytes on device `ordinal` from its VMM and writes the address

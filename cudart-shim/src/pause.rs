@@ -439,18 +439,15 @@ pub(crate) fn synchronise_all(deadline: Option<Instant>) -> Result<(), Failure> 
             .map_err(|e| failed(format!("device {ordinal}: error {e}")))?;
         let backend = m.vmm.backend();
         let sync = move || {
-            backend
-                .make_current()
-                .and_then(|()| backend.driver().ctx_synchronize())
-                .map_err(|e| {
-                    // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (900-908).
-                    let capture = if (900..=908).contains(&e.code) {
-                        " (a stream is being captured into a CUDA graph: pause once no capture is under way)"
-                    } else {
-                        ""
-                    };
-                    format!("synchronising device {ordinal}: {e}{capture}")
-                })
+            backend.synchronize().map_err(|e| {
+                // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD (900-908).
+                let capture = if (900..=908).contains(&e.code) {
+                    " (a stream is being captured into a CUDA graph: pause once no capture is under way)"
+                } else {
+                    ""
+                };
+                format!("synchronising device {ordinal}: {e}{capture}")
+            })
         };
         let Some(deadline) = deadline else {
             sync().map_err(failed)?;

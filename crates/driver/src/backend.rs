@@ -83,36 +83,42 @@ impl DriverBackend {
         self.driver.ctx_synchronize()
     }
 
-    /// Makes the primary context current for one operation of the [`Backend`], and puts
-    /// back afterwards the context the thread had, when it had another: a program's own
+    /// Makes the primary context current for one operation of the [`Backend`]; the
+    /// [`KeptContext`] it returns puts back the context the thread had: a program's own
     /// context (`cuCtxCreate`, a driver-API program allocating through cudaw's driver
     /// layer), or another device's (the runtime takes the thread's device from its current
     /// context: freeing device 0's memory from a thread on device 1 must leave it there).
     /// A thread with none keeps the primary context, as the runtime would bind it.
-    fn scoped(&self) -> Result<Scoped<'_>> {
-        let prev = self.driver.ctx_get_current()?;
-        if prev == self.context {
-            return Ok(Scoped { driver: None, prev });
+    fn scoped(&self) -> Result<KeptContext<'_>> {
+        let kept = KeptContext::new(&*self.driver)?;
+        if kept.prev != self.context {
+            self.driver.ctx_set_current(self.context)?;
         }
-        self.driver.ctx_set_current(self.context)?;
-        let restore = prev != Context::NONE;
-        Ok(Scoped {
-            driver: restore.then_some(&*self.driver),
-            prev,
+        Ok(kept)
+    }
+}
+
+/// The calling thread's current context, kept: when dropped, it is put back if it was a
+/// context (not none) and something made another one current meanwhile.
+pub struct KeptContext<'a> {
+    driver: &'a dyn Driver,
+    prev: Context,
+}
+
+impl<'a> KeptContext<'a> {
+    /// Notes the calling thread's current context.
+    pub fn new(driver: &'a dyn Driver) -> Result<Self> {
+        Ok(KeptContext {
+            driver,
+            prev: driver.ctx_get_current()?,
         })
     }
 }
 
-/// Puts the thread's previous context back when dropped ([`DriverBackend::scoped`]).
-struct Scoped<'a> {
-    driver: Option<&'a dyn Driver>,
-    prev: Context,
-}
-
-impl Drop for Scoped<'_> {
+impl Drop for KeptContext<'_> {
     fn drop(&mut self) {
-        if let Some(d) = self.driver {
-            let _ = d.ctx_set_current(self.prev);
+        if self.prev != Context::NONE && self.driver.ctx_get_current().ok() != Some(self.prev) {
+            let _ = self.driver.ctx_set_current(self.prev);
         }
     }
 }

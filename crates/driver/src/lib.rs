@@ -21,7 +21,7 @@ pub mod staging;
 pub use cudarc::driver::sys;
 
 pub use api::{Context, Device, Driver, Event, PhysicalHandle, Stream};
-pub use backend::DriverBackend;
+pub use backend::{DriverBackend, KeptContext};
 pub use error::{DriverError, Result};
 pub use loader::LibCuda;
 pub use staging::{ArenaDone, ArenaStatus, PinnedStaging, Retaining, StagingConfig, ARENA_ALIGN};
