@@ -256,15 +256,23 @@ fn limits_in_every_unit_are_what_the_program_sees() {
     s.quit();
 }
 
-#[test]
-fn a_bad_limit_is_refused_with_a_reason() {
+/// `cudaw run OPTIONS -- true` refuses an option's value before running anything: exit 2,
+/// `why` in its message.
+fn refused_by_cudaw_run(options: &[&str], why: &str) {
     let out = Command::new(cudaw())
-        .args(["run", "--mem-limit", "lots", "--", "true"])
+        .arg("run")
+        .args(options)
+        .args(["--", "true"])
         .output()
         .expect("running cudaw");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("\"lots\" is not a size"), "{err}");
+    assert!(err.contains(why), "{err}");
+}
+
+#[test]
+fn a_bad_limit_is_refused_with_a_reason() {
+    refused_by_cudaw_run(&["--mem-limit", "lots"], "\"lots\" is not a size");
     // The same in the variable: a warning, and no limit.
     let Some(exe) = mem_shell() else { return };
     let dir = run_dir("bad");
@@ -534,13 +542,7 @@ fn a_pause_that_cannot_finish_by_its_deadline_is_given_up_and_the_program_runs_o
     let Some(exe) = mem_shell() else { return };
     let dir = run_dir("pause-timeout");
     // A bad value is refused before anything runs.
-    let out = Command::new(cudaw())
-        .args(["run", "--pause-timeout", "soon", "--", "true"])
-        .output()
-        .expect("running cudaw");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("\"soon\" is not a time"), "{err}");
+    refused_by_cudaw_run(&["--pause-timeout", "soon"], "\"soon\" is not a time");
     let mut s = Shell::start(
         &exe,
         &dir,

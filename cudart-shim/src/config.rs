@@ -154,7 +154,7 @@ impl Config {
             None => Some(DEFAULT_PAUSE_TIMEOUT),
             Some(v) => parse_timeout(&v).unwrap_or_else(|| {
                 warnings.push(format!(
-                    "CUDAW_PAUSE_TIMEOUT={v:?} is not a time (60, 60s, 500ms, 2m, or off); using {} s",
+                    "CUDAW_PAUSE_TIMEOUT={v:?} is not a time ({TIMEOUT_SYNTAX}); using {} s",
                     DEFAULT_PAUSE_TIMEOUT.as_secs()
                 ));
                 Some(DEFAULT_PAUSE_TIMEOUT)
@@ -188,7 +188,7 @@ impl Config {
     }
 }
 
-pub use cudaw_control::{parse_timeout, DEFAULT_PAUSE_TIMEOUT};
+pub use cudaw_control::{parse_timeout, DEFAULT_PAUSE_TIMEOUT, TIMEOUT_SYNTAX};
 
 /// The limit syntax of `CUDAW_MEM_LIMIT` (one parser, shared with `cudaw run --mem-limit`).
 pub use cudaw_ledger::MemLimits;

@@ -535,8 +535,10 @@ impl DeviceMemory {
     /// destroyed by the next [`DeviceMemory::reap`]. Returns how many were released.
     pub fn reap_synchronised(&self) -> usize {
         let ready = std::mem::take(&mut *self.deferred.lock());
-        for &(ev, ptr) in &ready {
-            self.spent_events.lock().push(ev);
+        self.spent_events
+            .lock()
+            .extend(ready.iter().map(|&(ev, _)| ev));
+        for &(_, ptr) in &ready {
             if let Err(e) = self.vmm.free(ptr) {
                 log::warn(format_args!("deferred free of {ptr:#x}: {e}"));
             }

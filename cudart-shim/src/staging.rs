@@ -159,15 +159,15 @@ impl Staging<DriverBackend> for ProcessStaging {
     }
 }
 
-/// After a whole pause: frees the kept host copies it did not reuse (the program's
-/// allocations changed since the last resume), so that they are not held beside the new
-/// ones while the process stays paused.
 /// Host memory kept from the last resume for the next pause (bytes of capacity).
 pub fn kept_host() -> usize {
     STAGING.get().map_or(0, |s| s.lock().warm_bytes())
 }
 
-/// Returns how many bytes of host memory kept from the last resume the pause wrote into.
+/// After a whole pause: frees the kept host copies it did not reuse (the program's
+/// allocations changed since the last resume), so that they are not held beside the new
+/// ones while the process stays paused. Returns how many bytes of kept host memory the
+/// pause wrote into.
 pub fn pause_done() -> usize {
     let Some(s) = STAGING.get() else { return 0 };
     let mut s = s.lock();

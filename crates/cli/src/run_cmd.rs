@@ -79,7 +79,7 @@ pub struct Args {
 fn parse_pause_timeout(s: &str) -> std::result::Result<String, String> {
     cudaw_control::parse_timeout(s)
         .map(|_| s.trim().to_owned())
-        .ok_or_else(|| format!("{s:?} is not a time (60, 2.5s, 500ms, 2m, or off)"))
+        .ok_or_else(|| format!("{s:?} is not a time ({})", cudaw_control::TIMEOUT_SYNTAX))
 }
 
 /// Checks a `--mem-limit` value with the parser the drop-in runtime uses.

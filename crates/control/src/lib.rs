@@ -491,6 +491,9 @@ pub struct Status {
     pub devices: Vec<DeviceStatus>,
 }
 
+/// The forms [`parse_timeout`] takes, for messages.
+pub const TIMEOUT_SYNTAX: &str = "60, 2.5s, 500ms, 2m, or off";
+
 /// How long a pause waits for the calls in flight and the device by default.
 pub const DEFAULT_PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 

@@ -109,6 +109,24 @@ fn capturing(stream: Handle, ptsz: bool) -> bool {
     rc == 0 && status != 0
 }
 
+/// A stream-ordered allocation from the VMM, unless `stream` is being captured into a
+/// graph ([`NOT_MINE`]: the real driver gives the graph its allocation node; the VMM would
+/// hand out memory at once, and the graph's replays would outlive its free).
+fn ordered(
+    h: &MemoryHooks,
+    out: *mut u64,
+    size: usize,
+    dev: i32,
+    stream: Handle,
+    ptsz: bool,
+) -> u32 {
+    if capturing(stream, ptsz) {
+        NOT_MINE
+    } else {
+        (h.mem_alloc)(out, size, dev)
+    }
+}
+
 /// Frees `ptr` in the runtime's VMM: `None` when the VMM does not own it.
 fn free_in_vmm(ptr: u64, f: impl FnOnce(&MemoryHooks) -> u32) -> Option<u32> {
     if ptr == 0 {
@@ -261,21 +279,15 @@ allocation!(cuMemAlloc_v2(out: *mut u64, size: usize)
 allocation!(cuMemAllocPitch_v2(out: *mut u64, pitch: *mut usize, width: usize, height: usize,
     element: u32) => vmm |h, dev| (h.mem_alloc_pitch)(out, pitch, width, height, element, dev),
     bytes width.saturating_mul(height), out out);
-// Stream-ordered allocations on a stream being captured into a graph go to the real
-// driver: the graph gets its allocation node (the VMM would hand out memory at once, and
-// the graph's replays would outlive its free).
 allocation!(cuMemAllocAsync(out: *mut u64, size: usize, stream: Handle)
-    => vmm |h, dev| if capturing(stream, false) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
-    bytes size, out out);
+    => vmm |h, dev| ordered(h, out, size, dev, stream, false), bytes size, out out);
 allocation!(cuMemAllocAsync_ptsz(out: *mut u64, size: usize, stream: Handle)
-    => vmm |h, dev| if capturing(stream, true) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
-    bytes size, out out);
+    => vmm |h, dev| ordered(h, out, size, dev, stream, true), bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync(out: *mut u64, size: usize, pool: Handle, stream: Handle)
-    => vmm |h, dev| if capturing(stream, false) { NOT_MINE } else { (h.mem_alloc)(out, size, dev) },
-    bytes size, out out);
+    => vmm |h, dev| ordered(h, out, size, dev, stream, false), bytes size, out out);
 allocation!(cuMemAllocFromPoolAsync_ptsz(out: *mut u64, size: usize, pool: Handle,
-    stream: Handle) => vmm |h, dev| if capturing(stream, true) { NOT_MINE } else {
-        (h.mem_alloc)(out, size, dev) }, bytes size, out out);
+    stream: Handle) => vmm |h, dev| ordered(h, out, size, dev, stream, true), bytes size,
+    out out);
 allocation!(forward_mem_create = cuMemCreate(out: *mut u64, size: usize, prop: *const c_void,
     flags: u64) => bytes size, out out);
 release!(cuMemFree_v2(ptr: u64) => vmm |h| (h.mem_free)(ptr), key ptr);
