@@ -24,14 +24,14 @@ Exit status 0 when every verification passed (the goals are reported, not enforc
 import argparse
 import json
 import os
-import queue
 import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import traceback
+
+from lines import Lines
 
 GIB = float(1 << 30)
 
@@ -75,32 +75,18 @@ class Target:
         self.err = open(stderr_path, "a")
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self.err, text=True, env=env)
-        self.lines = queue.Queue()
-        self.timeout = timeout
-
-        def pump():
-            for line in self.p.stdout:
-                self.lines.put(line)
-            self.lines.put("")
-
-        threading.Thread(target=pump, daemon=True).start()
-        line = self.readline()
+        self.lines = Lines(self.p.stdout, timeout)
+        line = self.lines.next()
         m = re.search(r"ready pid=(\d+) bytes=(\d+)", line)
         if not m:
             self.kill()
             raise RuntimeError(f"target did not start: {line!r} (see {stderr_path})")
         self.pid, self.bytes = int(m.group(1)), int(m.group(2))
 
-    def readline(self):
-        try:
-            return self.lines.get(timeout=self.timeout)
-        except queue.Empty:
-            return "(no answer in time)"
-
     def verify(self):
         self.p.stdin.write("verify\n")
         self.p.stdin.flush()
-        line = self.readline().strip()
+        line = self.lines.next()
         return line == "verified ok", line
 
     def quit(self):

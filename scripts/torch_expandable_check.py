@@ -12,7 +12,9 @@ each. Prints `PASS | name | detail` / `FAIL | ...` lines.
 
 Exits 0 only when every check passed. The image goes to a temporary folder and is removed.
 """
-import argparse, json, os, queue, subprocess, sys, tempfile, threading, time
+import argparse, json, os, subprocess, sys, tempfile, time
+
+from lines import Lines
 
 CHILD = r'''
 import sys, torch
@@ -45,27 +47,6 @@ def verdict(ok, name, detail):
     print(f"{'PASS' if ok else 'FAIL'} | {name} | {detail}", flush=True)
 
 
-def line_reader(stream):
-    """The child's output lines through a queue, so that no read can hang the check."""
-    q = queue.Queue()
-
-    def pump():
-        for line in stream:
-            q.put(line.strip())
-        q.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-
-    def next_line(timeout=300):
-        try:
-            line = q.get(timeout=timeout)
-        except queue.Empty:
-            return "(no answer in time)"
-        return "(the process ended)" if line is None else line
-
-    return next_line
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dist", required=True)
@@ -77,7 +58,7 @@ def main():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     ckpt = lambda *w: subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), *w, "--json"],
                                      capture_output=True, text=True, timeout=300)
-    next_line = line_reader(p.stdout)
+    next_line = Lines(p.stdout).next
     work = tempfile.mkdtemp(prefix="cudaw-expandable-")
     img = os.path.join(work, "expandable.img")
     try:
