@@ -58,6 +58,32 @@ lap() {
 }
 laps() { local n; for n in "${LAP_ORDER[@]}"; do printf '%s %ss, ' "$n" "${LAPS[$n]}"; done; }
 
+# added NAME GOAL_PERCENT LAUNCH_US BASE_NS... -- OTHER_NS...: what the other side adds to
+# the host's cost of one launch, paired as compare pairs its values; the verdict is the
+# median pair difference as a share of LAUNCH_US (the native launch's end-to-end time).
+added() {
+  local name=$1 goal=$2 launch=$3; shift 3
+  local base=() other=() side=b v i d=() med pct
+  for v in "$@"; do
+    if [ "$v" = -- ]; then side=o; continue; fi
+    if [ $side = b ]; then base+=("$v"); else other+=("$v"); fi
+  done
+  for i in "${!base[@]}"; do
+    if num "${base[$i]}" && num "${other[$i]:-}"; then
+      d+=("$(awk -v a="${other[$i]}" -v b="${base[$i]}" 'BEGIN { printf "%.1f", a - b }')")
+    fi
+  done
+  echo "$name base ${base[*]} other ${other[*]} differences ${d[*]} launch_us $launch" >>"$OUT/bench.txt"
+  if [ $((2 * ${#d[@]})) -lt "${#base[@]}" ] || [ ${#d[@]} -eq 0 ] || ! num "$launch"; then
+    row "bench: $name" FAIL "only ${#d[@]} of ${#base[@]} runs gave figures on both sides (see bench.txt)"
+    return
+  fi
+  med=$(printf '%s\n' "${d[@]}" | median)
+  pct=$(awk -v m="$med" -v l="$launch" 'BEGIN { printf "%.2f", m / (l * 1000) * 100 }')
+  if le "$pct" "$goal"; then st=PASS; else st=FAIL; fi
+  row "bench: $name" $st "+$med ns a launch = $pct% of a $launch us launch (median of ${#d[@]} pairs; host ns $(printf '%s\n' "${base[@]}" | grep . | median) vs $(printf '%s\n' "${other[@]}" | grep . | median); goal <= $goal%)"
+}
+
 # compare NAME GOAL UNIT NATIVE_VALUES... -- CUDAW_VALUES...: the i-th values of each side
 # ran back to back, so the verdict is the median of the per-pair ratios (drift of the shared
 # host cancels within a pair); best-of-N and medians are reported beside it.
@@ -85,7 +111,10 @@ compare() {
     row "bench: $name" FAIL "only ${#pairs[@]} of ${#nat[@]} runs gave figures on both sides (see bench.txt and the logs)"
     return
   fi
-  if le "$pr" "$goal"; then st=PASS; else st=FAIL; fi
+  if [ "${goal#info:}" != "$goal" ]; then
+    # Reported, not judged: a figure that the control shows this host cannot resolve.
+    goal=${goal#info:}; st=info
+  elif le "$pr" "$goal"; then st=PASS; else st=FAIL; fi
   row "bench: $name" $st "ratio $pr (median of ${#pairs[@]} pairs; best $nb vs $cb $unit = $rb; medians $nm vs $cm; goal <= $goal)"
 }
 
@@ -101,8 +130,8 @@ if want env; then
   if [ -s "$OUT/libcuda.exports" ]; then
     # Every function this driver exports should be one cudaw's driver layer exports too (a
     # missing one still works, through the real driver, but passes no gate).
-    grep -v '^#' crates/driver-shim/data/cuda-13.driver-functions | awk '{print $1}' | sort -u >"$WORK/shim.functions"
-    missing=$(grep '^cu' "$OUT/libcuda.exports" | comm -23 - "$WORK/shim.functions")
+    grep -v '^#' crates/driver-shim/data/cuda-13.driver-functions | awk '{print $1}' | sort -u >"$WORK/.shim.functions"
+    missing=$(grep '^cu' "$OUT/libcuda.exports" | comm -23 - "$WORK/.shim.functions")
     n=$(grep -c '^cu' "$OUT/libcuda.exports")
     if [ -z "$missing" ]; then
       row "driver layer covers the driver's exports" PASS "all $n cu* exports of $libcuda"
@@ -141,6 +170,8 @@ lap programs
 
 if want programs; then
   for exe in "$WORK"/*; do
+    # Only the programs compiled above (other sections keep files here too).
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
     name=$(basename "$exe")
     case $name in launch_loop | call_overhead) continue ;; esac
     timeout 120 "$exe" </dev/null >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
@@ -191,33 +222,53 @@ if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/
   ct=$(CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
   d=$(awk -v a="$ct" -v b="$cc" 'BEGIN { printf "%.2f", a - b }')
   if num "$ct" && num "$cc" && le "$d" 10; then st=PASS; else st=FAIL; fi
-  row "bench: cost of one traced call (CUDAW_TRACE=metrics)" $st "+$d ns (cudaw $cc ns, traced $ct ns per cudaPeekAtLastError; goal <= 10 ns)"
+  row "bench: cost of one traced call (CUDAW_TRACE=metrics)" $st "+$d ns (cudaw $cc ns, traced $ct ns per cudaPeekAtLastError, one call in 16 timed; goal <= 10 ns)"
+  # Every call timed: the two rdtsc's and the shadow stack on each (reported, not judged).
+  ct=$(CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=1 taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+  d=$(awk -v a="$ct" -v b="$cc" 'BEGIN { printf "%.2f", a - b }')
+  row "bench: cost of one call, every call timed (SAMPLE=1)" info "+$d ns (cudaw $cc ns, traced $ct ns per cudaPeekAtLastError)"
 fi
 lap overhead
 
 if want bench && [ -x "$WORK/launch_loop" ]; then
+  # Two figures per run of launch_loop: us_per_launch, the loop's pace to the GPU's
+  # completion (end to end), and host_ns_per_launch, what one launch costs the host's thread
+  # (the fastest of 400 rounds of 32 launches into an idle stream). End to end, two native
+  # runs here differ by several percent (the control row), more than the goals; the host's
+  # cost is steady to a few ns, so the verdicts are on what cudaw adds to it, as a share of
+  # the native launch's end-to-end time.
   nat=(); cw=(); ctl=(); tr=(); cw2=(); ts=(); cw3=()
+  nat_h=(); cw_h=(); tr_h=(); cw2_h=(); ts_h=(); cw3_h=()
+  # One pinned run each (the loop is CPU-bound, and a wandering thread is most of the noise);
+  # each prints "US HOST_NS" (or nothing).
+  fields() { sed -n 's/.*host_ns_per_launch=\([0-9.]*\) us_per_launch=\([0-9.]*\).*/\2 \1/p'; }
+  one_nat() { taskset -c 3 timeout 120 "$WORK/launch_loop" 300000 </dev/null | fields; }
+  one_cw() { taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null | fields; }
+  # CUDAW_TRACE=metrics (default sampling: every call counted, one in 16 timed), and with
+  # every call timed (CUDAW_TRACE_SAMPLE=1); their summaries go to stderr.
+  one_tr() { CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | fields; }
+  one_ts() { CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=1 taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | fields; }
+  # put US_ARRAY HOST_ARRAY "US HOST": appends both figures (two empty ones for a run that
+  # printed nothing, so that pairs stay aligned).
+  put() { local -n a=$1 h=$2; if [ -n "$3" ]; then a+=("${3% *}"); h+=("${3#* }"); else a+=(""); h+=(""); fi; }
   for i in $(seq "$REPS"); do
-    # Pinned to one core: the loop is CPU-bound, and a wandering thread is most of the noise.
     # The order alternates, so neither side always runs second.
-    one_nat() { taskset -c 3 timeout 120 "$WORK/launch_loop" 300000 </dev/null | sed -n 's/.*us_per_launch=//p'; }
-    one_cw() { taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null | sed -n 's/.*us_per_launch=//p'; }
-    # CUDAW_TRACE=metrics: every call timed and counted (the summary goes to stderr).
-    one_tr() { CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
-    if [ $((i % 2)) -eq 1 ]; then nat+=("$(one_nat)"); cw+=("$(one_cw)"); else cw+=("$(one_cw)"); nat+=("$(one_nat)"); fi
-    ctl+=("$(one_nat)")
-    if [ $((i % 2)) -eq 1 ]; then cw2+=("$(one_cw)"); tr+=("$(one_tr)"); else tr+=("$(one_tr)"); cw2+=("$(one_cw)"); fi
-    # CUDAW_TRACE_SAMPLE=16: every call counted, one in 16 of each function timed.
-    one_ts() { CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=16 taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_loop" 300000 </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*us_per_launch=//p'; }
-    if [ $((i % 2)) -eq 1 ]; then cw3+=("$(one_cw)"); ts+=("$(one_ts)"); else ts+=("$(one_ts)"); cw3+=("$(one_cw)"); fi
+    if [ $((i % 2)) -eq 1 ]; then put nat nat_h "$(one_nat)"; put cw cw_h "$(one_cw)"; else put cw cw_h "$(one_cw)"; put nat nat_h "$(one_nat)"; fi
+    ctl+=("$(one_nat | cut -d' ' -f1)")
+    if [ $((i % 2)) -eq 1 ]; then put cw2 cw2_h "$(one_cw)"; put tr tr_h "$(one_tr)"; else put tr tr_h "$(one_tr)"; put cw2 cw2_h "$(one_cw)"; fi
+    if [ $((i % 2)) -eq 1 ]; then put cw3 cw3_h "$(one_cw)"; put ts ts_h "$(one_ts)"; else put ts ts_h "$(one_ts)"; put cw3 cw3_h "$(one_cw)"; fi
   done
+  launch_us=$(printf '%s\n' "${nat[@]}" | grep . | median)
   # Control: native against native shows how far two identical runs drift apart.
-  compare "launch loop control (native vs native)" 1.02 us "${nat[@]}" -- "${ctl[@]}"
+  compare "launch loop control (native vs native)" info:1.02 us "${nat[@]}" -- "${ctl[@]}"
   # `cudaw run` preloads both layers (dist/lib/libcuda.so.1 is the driver layer).
-  compare "empty-kernel launch loop (runtime + driver layers)" 1.02 us "${nat[@]}" -- "${cw[@]}"
+  added "host cost of a launch (runtime + driver layers)" 2 "$launch_us" "${nat_h[@]}" -- "${cw_h[@]}"
+  compare "empty-kernel launch loop (runtime + driver layers)" info:1.02 us "${nat[@]}" -- "${cw[@]}"
   # Tracing's own cost: cudaw with CUDAW_TRACE=metrics against cudaw without (issue #8).
-  compare "launch loop, CUDAW_TRACE=metrics vs off" 1.01 us "${cw2[@]}" -- "${tr[@]}"
-  compare "launch loop, CUDAW_TRACE=metrics CUDAW_TRACE_SAMPLE=16 vs off" 1.01 us "${cw3[@]}" -- "${ts[@]}"
+  added "host cost of a launch, CUDAW_TRACE=metrics vs off" 1 "$launch_us" "${cw2_h[@]}" -- "${tr_h[@]}"
+  compare "launch loop, CUDAW_TRACE=metrics vs off" info:1.01 us "${cw2[@]}" -- "${tr[@]}"
+  added "host cost of a launch, metrics, every call timed (SAMPLE=1)" 1 "$launch_us" "${cw3_h[@]}" -- "${ts_h[@]}"
+  compare "launch loop, metrics, every call timed (SAMPLE=1) vs off" info:1.01 us "${cw3[@]}" -- "${ts[@]}"
 fi
 lap bench
 

@@ -13,6 +13,10 @@ pub enum Addressing {
     Translated,
 }
 
+/// `CUDAW_TRACE_SAMPLE`'s default: with `metrics`, one call in 16 of each function is timed
+/// (two `rdtsc`s, tens of ns on some hosts); every call is counted.
+pub const DEFAULT_TRACE_SAMPLE: u32 = 16;
+
 /// Everything cudaw reads from the environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -48,7 +52,8 @@ pub struct Config {
     /// `CUDAW_TRACE_EVENTS`: the timeline ring's capacity in events.
     pub trace_events: usize,
     /// `CUDAW_TRACE_SAMPLE`: with `metrics`, time one call in this many of each function
-    /// (a power of two; every call is counted; default 1, every call timed).
+    /// (a power of two; every call is counted; default [`DEFAULT_TRACE_SAMPLE`], 1 times
+    /// every call).
     pub trace_sample: u32,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
@@ -132,7 +137,7 @@ impl Config {
             },
         };
         let trace_sample = match get("CUDAW_TRACE_SAMPLE").filter(|v| !v.trim().is_empty()) {
-            None => 1,
+            None => DEFAULT_TRACE_SAMPLE,
             Some(v) => match v.trim().parse::<u32>() {
                 Ok(n) if (1..=65536).contains(&n) && n.is_power_of_two() => n,
                 Ok(n) if (1..=65536).contains(&n) => {
@@ -144,9 +149,9 @@ impl Config {
                 }
                 _ => {
                     warnings.push(format!(
-                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two from 1 to 65536; using 1"
+                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two from 1 to 65536; using {DEFAULT_TRACE_SAMPLE}"
                     ));
-                    1
+                    DEFAULT_TRACE_SAMPLE
                 }
             },
         };
@@ -339,13 +344,18 @@ mod tests {
                 Some(PathBuf::from("/tmp/t.json"))
             )
         );
-        assert_eq!(c.trace_sample, 1);
+        assert_eq!(c.trace_sample, DEFAULT_TRACE_SAMPLE);
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "1".into()));
+        assert_eq!((c.trace_sample, c.warnings.len()), (1, 0));
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "16".into()));
         assert_eq!((c.trace_sample, c.warnings.len()), (16, 0));
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "10".into()));
         assert_eq!((c.trace_sample, c.warnings.len()), (16, 1));
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_SAMPLE").then(|| "0".into()));
-        assert_eq!((c.trace_sample, c.warnings.len()), (1, 1));
+        assert_eq!(
+            (c.trace_sample, c.warnings.len()),
+            (DEFAULT_TRACE_SAMPLE, 1)
+        );
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "loud".into()));
         assert_eq!(c.trace, cudaw_trace::Mode::Off);
         assert!(

@@ -1,11 +1,19 @@
 //! What the program registered: fatbins, host stubs → kernel names, kernel handles → host
 //! stubs. Layouts are parsed from the registered fatbin lazily, on a kernel's first
 //! translated launch, and cached.
+//!
+//! A launch looks its kernel up here (translated addressing, tracing), so the lookup takes
+//! no lock and touches no shared counter: kernel records are never freed (a record outlives
+//! its fatbin's unregistration, a few hundred bytes each, so a reference handed out stays
+//! valid), and each thread keeps a cache of the records it launched, emptied when a fatbin
+//! is unregistered (the registry's generation moves on).
 
 use fatbin::{Fatbin, KernelInfo};
 use parking_lot::RwLock;
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// One registered fatbin.
@@ -49,7 +57,7 @@ pub struct FunctionRecord {
 
 impl FunctionRecord {
     /// The kernel's parameter layout on `sm` (parsed once).
-    pub fn layout(&self, sm: u32) -> Option<Arc<KernelInfo>> {
+    pub fn layout(&self, sm: u32) -> Option<&KernelInfo> {
         self.layout
             .get_or_init(|| {
                 let f = self.fatbin.fatbin()?;
@@ -68,15 +76,87 @@ impl FunctionRecord {
                     }
                 }
             })
-            .clone()
+            .as_deref()
     }
 }
 
 #[derive(Default)]
 struct Registry {
     fatbins: HashMap<usize, Arc<FatbinRecord>>,
-    functions: HashMap<usize, Arc<FunctionRecord>>,
+    functions: HashMap<usize, &'static FunctionRecord>,
     kernels: HashMap<usize, usize>,
+}
+
+/// Bumped whenever a lookup's answer may change for the worse (a fatbin unregistered, a
+/// host stub registered again): every thread's cache is stale.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// A multiplicative hash for addresses (host stubs, kernel handles): the caches' hasher.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(26);
+    }
+}
+
+type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+
+/// One thread's answers so far: host stub (or kernel handle) → record.
+#[derive(Default)]
+struct Cache {
+    generation: u64,
+    functions: AddressMap<&'static FunctionRecord>,
+    kernels: AddressMap<&'static FunctionRecord>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+/// `lookup` through the calling thread's cache (`kernels` picks its map); the registry's
+/// lock is taken on a miss only. Misses are not remembered (a stub registered later
+/// must be found then).
+fn cached(
+    key: usize,
+    kernels: bool,
+    lookup: impl Fn(&Registry) -> Option<&'static FunctionRecord>,
+) -> Option<&'static FunctionRecord> {
+    let generation = GENERATION.load(Ordering::Acquire);
+    let hit = CACHE.try_with(|c| {
+        let mut c = c.try_borrow_mut().ok()?;
+        if c.generation != generation {
+            c.functions.clear();
+            c.kernels.clear();
+            c.generation = generation;
+        }
+        let map = if kernels {
+            &mut c.kernels
+        } else {
+            &mut c.functions
+        };
+        if let Some(rec) = map.get(&key) {
+            return Some(*rec);
+        }
+        let rec = lookup(&registry().read())?;
+        map.insert(key, rec);
+        Some(rec)
+    });
+    match hit {
+        Ok(Some(rec)) => Some(rec),
+        _ => lookup(&registry().read()),
+    }
 }
 
 static REGISTRY: OnceLock<RwLock<Registry>> = OnceLock::new();
@@ -99,9 +179,11 @@ pub fn add_fatbin(handle: usize, data: Option<&'static [u8]>) {
     FATBINS_EVER.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Forgets a fatbin and its kernels.
+/// Forgets a fatbin and its kernels (their records stay allocated: a launch on another
+/// thread may hold one).
 pub fn remove_fatbin(handle: usize) {
     let mut r = registry().write();
+    GENERATION.fetch_add(1, Ordering::AcqRel);
     r.fatbins.remove(&handle);
     r.functions.retain(|_, f| f.fatbin.handle != handle);
     let functions = &r.functions;
@@ -121,33 +203,39 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
         }),
     };
     FUNCTIONS_EVER.fetch_add(1, Ordering::Relaxed);
-    r.functions.insert(
+    let rec: &'static FunctionRecord = Box::leak(Box::new(FunctionRecord {
         host_fun,
-        Arc::new(FunctionRecord {
-            host_fun,
-            name,
-            fatbin,
-            layout: OnceLock::new(),
-            trace_id: OnceLock::new(),
-        }),
-    );
+        name,
+        fatbin,
+        layout: OnceLock::new(),
+        trace_id: OnceLock::new(),
+    }));
+    if r.functions.insert(host_fun, rec).is_some() {
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// Records a `cudaKernel_t` handed out for `host_fun`.
 pub fn add_kernel_handle(kernel: usize, host_fun: usize) {
-    registry().write().kernels.insert(kernel, host_fun);
+    let mut r = registry().write();
+    if r.kernels
+        .insert(kernel, host_fun)
+        .is_some_and(|old| old != host_fun)
+    {
+        GENERATION.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 /// The kernel registered for host stub `host_fun`.
-pub fn function(host_fun: usize) -> Option<Arc<FunctionRecord>> {
-    registry().read().functions.get(&host_fun).cloned()
+pub fn function(host_fun: usize) -> Option<&'static FunctionRecord> {
+    cached(host_fun, false, |r| r.functions.get(&host_fun).copied())
 }
 
 /// The kernel behind a `cudaKernel_t` from `__cudaGetKernel`.
-pub fn function_of_kernel(kernel: usize) -> Option<Arc<FunctionRecord>> {
-    let r = registry().read();
-    let host = *r.kernels.get(&kernel)?;
-    r.functions.get(&host).cloned()
+pub fn function_of_kernel(kernel: usize) -> Option<&'static FunctionRecord> {
+    cached(kernel, true, |r| {
+        r.functions.get(r.kernels.get(&kernel)?).copied()
+    })
 }
 
 /// How many fatbins and kernels are registered now.

@@ -481,7 +481,7 @@ pub(crate) fn device_sm() -> u32 {
 /// Rewrites the arguments of a launch of `rec`: every 8-byte-aligned 8-byte word of a
 /// parameter whose value is a translated pointer. `None`: nothing to rewrite (or no layout).
 fn translate_args(
-    rec: Option<std::sync::Arc<registry::FunctionRecord>>,
+    rec: Option<&registry::FunctionRecord>,
     args: *mut *mut c_void,
 ) -> Option<ArgBuffer> {
     if !translated() {
@@ -563,7 +563,7 @@ fn translate_args(
 /// `cudaKernel_t`), its arguments rewritten for translated addressing.
 fn forward_launch(
     i: usize,
-    rec: Option<std::sync::Arc<registry::FunctionRecord>>,
+    rec: Option<&'static registry::FunctionRecord>,
     f: *const c_void,
     g: Dim3,
     b: Dim3,
@@ -571,10 +571,9 @@ fn forward_launch(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let traced = rec.clone();
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    tracing::launch(traced.as_deref(), g.into(), b.into(), shm, args, || {
+    tracing::launch(rec, g.into(), b.into(), shm, args, || {
         forward!(
             i,
             fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
@@ -632,7 +631,6 @@ fn launch_ex_impl(
     args: *mut *mut c_void,
 ) -> cudaError_t {
     let rec = registry::function(f as usize);
-    let traced = rec.clone();
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.
@@ -640,7 +638,7 @@ fn launch_ex_impl(
     let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
         (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
     });
-    tracing::launch(traced.as_deref(), g, b, shm, args, || {
+    tracing::launch(rec, g, b, shm, args, || {
         forward!(
             i,
             fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
