@@ -80,7 +80,8 @@ added() {
   fi
   med=$(printf '%s\n' "${d[@]}" | median)
   pct=$(awk -v m="$med" -v l="$launch" 'BEGIN { printf "%.2f", m / (l * 1000) * 100 }')
-  if le "$pct" "$goal"; then st=PASS; else st=FAIL; fi
+  if [ "${goal#info:}" != "$goal" ]; then goal=${goal#info:}; st=info
+  elif le "$pct" "$goal"; then st=PASS; else st=FAIL; fi
   row "bench: $name" $st "+$med ns a launch = $pct% of a $launch us launch (median of ${#d[@]} pairs; host ns $(printf '%s\n' "${base[@]}" | grep . | median) vs $(printf '%s\n' "${other[@]}" | grep . | median); goal <= $goal%)"
 }
 
@@ -158,9 +159,9 @@ if want programs || want bench; then
   : >"$OUT/programs.log"
   for src in tests/cuda/programs/*.cu tests/cuda/gpu/*.cu; do
     name=$(basename "$src" .cu)
-    if ! want programs && [ "$name" != launch_loop ]; then continue; fi
+    if ! want programs && [ "$name" != launch_loop ] && [ "$name" != launch_ab ]; then continue; fi
     [ "$name" = call_overhead ] && continue
-    extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas)
+    extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas); [ "$name" = launch_ab ] && extra=(-ldl)
     if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/$name" "$src" "${extra[@]}" >>"$OUT/programs.log" 2>&1; then
       row "program $name (compile)" FAIL "nvcc failed, see programs.log"; continue
     fi
@@ -173,7 +174,7 @@ if want programs; then
     # Only the programs compiled above (other sections keep files here too).
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     name=$(basename "$exe")
-    case $name in launch_loop | call_overhead) continue ;; esac
+    case $name in launch_loop | launch_ab | call_overhead) continue ;; esac
     timeout 120 "$exe" </dev/null >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
     for mode in mapped translated; do
       if [ $mode = translated ] && [ "$name" = cublas_gemm ]; then
@@ -215,8 +216,10 @@ if want overhead && nvcc -O2 -cudart shared -o "$WORK/call_overhead" tests/cuda/
   cc=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
   d=$(awk -v a="$cc" -v b="$cn" 'BEGIN { printf "%.2f", a - b }')
   # Both sides must have given a figure: an empty one would read as 0.
-  if num "$cn" && num "$cc" && le "$d" 2; then st=PASS; else st=FAIL; fi
-  row "bench: cost of one forwarded call" $st "+$d ns (native $cn ns, cudaw $cc ns per cudaPeekAtLastError; goal <= 2 ns)"
+  # Separate processes drift apart by more than the goal here: the verdict is the bench
+  # section's in-process A/B row; this one is reported (FAIL only without figures).
+  if num "$cn" && num "$cc"; then st=info; else st=FAIL; fi
+  row "bench: cost of one forwarded call (two processes)" $st "+$d ns (native $cn ns, cudaw $cc ns per cudaPeekAtLastError; goal <= 2 ns)"
   # What CUDAW_TRACE=metrics adds to one call (the assembly fast path; issue #8: a launch
   # makes three calls, so 10 ns a call is under 1% of a 3.5 us launch).
   ct=$(CUDAW_TRACE=metrics taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/call_overhead" </dev/null 2>>"$OUT/trace-bench.log" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
@@ -259,10 +262,33 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
     if [ $((i % 2)) -eq 1 ]; then put cw3 cw3_h "$(one_cw)"; put ts ts_h "$(one_ts)"; else put ts ts_h "$(one_ts)"; put cw3 cw3_h "$(one_cw)"; fi
   done
   launch_us=$(printf '%s\n' "${nat[@]}" | grep . | median)
+  # In one process, alternating rounds (tests/cuda/gpu/launch_ab.cu): the launch through
+  # cudaw's runtime against the real runtime's, cudaw's cuLaunchKernel against the real
+  # driver's, and one plain call; the drift between processes cancels. Three runs, medians.
+  ab_rt=(); ab_drv=(); ab_call=()
+  if [ -x "$WORK/launch_ab" ]; then
+    for i in 1 2 3; do
+      line=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 400 </dev/null 2>>"$OUT/launch_ab.log" | tee -a "$OUT/launch_ab.log")
+      ab_rt+=("$(echo "$line" | sed -n 's/.* rt_added_ns=\([-0-9.]*\).*/\1/p')")
+      ab_drv+=("$(echo "$line" | sed -n 's/.* drv_added_ns=\([-0-9.]*\).*/\1/p')")
+      ab_call+=("$(echo "$line" | sed -n 's/.* call_added_ns=\([-0-9.]*\).*/\1/p')")
+    done
+  fi
+  rt=$(printf '%s\n' "${ab_rt[@]}" | grep . | median); drv=$(printf '%s\n' "${ab_drv[@]}" | grep . | median)
+  call=$(printf '%s\n' "${ab_call[@]}" | grep . | median)
+  if num "$rt" && num "$drv" && num "$launch_us"; then
+    r=$(awk -v a="$rt" -v b="$drv" -v l="$launch_us" 'BEGIN { printf "%.4f", 1 + (a + b) / (l * 1000) }')
+    if le "$r" 1.02; then st=PASS; else st=FAIL; fi
+    row "bench: launch-loop ratio, in-process A/B (runtime + driver)" $st "ratio $r: +$rt ns runtime layer, +$drv ns driver layer on a $launch_us us native launch (runs: rt ${ab_rt[*]}; drv ${ab_drv[*]}); goal <= 1.02"
+  else
+    row "bench: launch-loop ratio, in-process A/B (runtime + driver)" FAIL "no figures (rt '$rt', drv '$drv', launch '$launch_us'); see launch_ab.log"
+  fi
+  if num "$call" && le "$call" 2; then st=PASS; else st=FAIL; fi
+  row "bench: cost of one forwarded call, in-process A/B" $st "+$call ns per cudaPeekAtLastError (runs: ${ab_call[*]}); goal <= 2 ns"
   # Control: native against native shows how far two identical runs drift apart.
   compare "launch loop control (native vs native)" info:1.02 us "${nat[@]}" -- "${ctl[@]}"
   # `cudaw run` preloads both layers (dist/lib/libcuda.so.1 is the driver layer).
-  added "host cost of a launch (runtime + driver layers)" 2 "$launch_us" "${nat_h[@]}" -- "${cw_h[@]}"
+  added "host cost of a launch (runtime + driver layers)" info:2 "$launch_us" "${nat_h[@]}" -- "${cw_h[@]}"
   compare "empty-kernel launch loop (runtime + driver layers)" info:1.02 us "${nat[@]}" -- "${cw[@]}"
   # Tracing's own cost: cudaw with CUDAW_TRACE=metrics against cudaw without (issue #8).
   added "host cost of a launch, CUDAW_TRACE=metrics vs off" 1 "$launch_us" "${cw2_h[@]}" -- "${tr_h[@]}"

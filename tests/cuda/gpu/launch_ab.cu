@@ -1,0 +1,152 @@
+// Benchmark: what each of cudaw's two layers adds to the host's cost of launching an empty
+// kernel, measured in one process. Run under `cudaw run`: the program's cudaLaunchKernel is
+// cudaw's runtime and cuLaunchKernel (global scope) cudaw's driver layer; the real runtime
+// and driver are found among the loaded objects (dl_iterate_phdr: an object other than
+// cudaw's that exports the function) and called through their own pointers. Four paths:
+// RT_CUDAW, RT_REAL (cudaLaunchKernel), DRV_CUDAW, DRV_REAL (cuLaunchKernel on the kernel's
+// CUfunction). Each of ROUNDS rounds (argv[1], default 400) times BATCH=32 launches into an
+// idle stream on every path, in an order that rotates each round; the medians over rounds
+// of the per-round differences are what the layers add. Separate processes differ by ~5%
+// on a shared GPU host; alternating rounds inside one process cancel that drift. A launch
+// through the real runtime still passes cudaw's driver layer (the real libcudart calls the
+// driver through the libcuda.so.1 cudaw preloads), so rt_added_ns is the runtime layer
+// alone, and the driver layer is measured by itself on the driver path (drv_added_ns).
+// The same for one plain forwarded call (cudaPeekAtLastError, 10000 calls a round): what
+// cudaw's trampoline adds to every call (call_added_ns).
+// Natively there is no second runtime to compare with: prints "launch_ab skipped: ..".
+#include "../programs/common.h"
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <dlfcn.h>
+#include <link.h>
+#include <vector>
+typedef int CUresult;
+typedef CUresult (*CuLaunch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, cudaStream_t, void**, void**);
+typedef cudaError_t (*RtLaunch)(const void*, dim3, dim3, void**, size_t, cudaStream_t);
+typedef cudaError_t (*RtPeek)();
+__global__ void empty() {}
+struct Find { const char* sym; void* skip_base; void* found; };
+// The first loaded object, other than the one at skip_base, whose handle yields `sym`
+// defined outside cudaw's object.
+static int find_cb(dl_phdr_info* info, size_t, void* arg) {
+  Find* f = (Find*)arg;
+  if (!info->dlpi_name || !*info->dlpi_name) return 0;
+  void* h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return 0;
+  void* p = dlsym(h, f->sym);
+  Dl_info di;
+  if (p && dladdr(p, &di) && di.dli_fbase != f->skip_base) f->found = p;
+  dlclose(h);
+  return f->found != nullptr;
+}
+static void* real_of(const char* sym, void* ours, const char** ours_path) {
+  Dl_info di;
+  if (!ours || !dladdr(ours, &di)) return nullptr;
+  *ours_path = di.dli_fname;
+  Find f = {sym, di.dli_fbase, nullptr};
+  dl_iterate_phdr(find_cb, &f);
+  return f.found;
+}
+static void skip(const char* why) { std::printf("launch_ab skipped: %s\n", why); std::exit(0); }
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+int main(int argc, char** argv) {
+  int rounds = argc > 1 ? atoi(argv[1]) : 400;
+  if (rounds < 1) { std::fprintf(stderr, "usage: launch_ab [ROUNDS >= 1]\n"); return 2; }
+  const int batch = 32;
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    std::fprintf(stderr, "launch_ab: no device: %s\n", cudaGetErrorString(e));
+    skip("no CUDA device");
+  }
+  RtLaunch rt_cudaw = (RtLaunch)dlsym(RTLD_DEFAULT, "cudaLaunchKernel");
+  CuLaunch drv_cudaw = (CuLaunch)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
+  const char *rt_path = "?", *drv_path = "?";
+  RtLaunch rt_real = (RtLaunch)real_of("cudaLaunchKernel", (void*)rt_cudaw, &rt_path);
+  CuLaunch drv_real = (CuLaunch)real_of("cuLaunchKernel", (void*)drv_cudaw, &drv_path);
+  if (!rt_real) skip("no second runtime exporting cudaLaunchKernel (not run under cudaw?)");
+  if (!drv_real) skip("no second driver exporting cuLaunchKernel (no cudaw driver layer?)");
+  RtPeek peek_cudaw = (RtPeek)dlsym(RTLD_DEFAULT, "cudaPeekAtLastError");
+  RtPeek peek_real = (RtPeek)real_of("cudaPeekAtLastError", (void*)peek_cudaw, &rt_path);
+  if (!peek_real) skip("no second runtime exporting cudaPeekAtLastError");
+  Dl_info a, b;
+  dladdr((void*)rt_real, &a);
+  dladdr((void*)drv_real, &b);
+  std::fprintf(stderr, "launch_ab: runtime %s over %s; driver %s over %s\n", rt_path,
+               a.dli_fname, drv_path, b.dli_fname);
+  cudaStream_t s; CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaFunction_t fn = nullptr;
+  e = cudaGetFuncBySymbol(&fn, (const void*)empty);
+  bool drv = e == cudaSuccess;
+  if (!drv) {
+    std::fprintf(stderr, "launch_ab: cudaGetFuncBySymbol failed (%s): no driver pair\n",
+                 cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+  void* noargs[1] = {nullptr};  // no parameters; non-null as nvcc passes it (simgpu wants it)
+  // Path p, one launch; exits on a failure.
+  auto launch = [&](int p) {
+    dim3 one(1);
+    int r;
+    switch (p) {
+      case 0: r = rt_cudaw((const void*)empty, one, one, noargs, 0, s); break;
+      case 1: r = rt_real((const void*)empty, one, one, noargs, 0, s); break;
+      case 2: r = drv_cudaw(fn, 1, 1, 1, 1, 1, 1, 0, s, noargs, nullptr); break;
+      default: r = drv_real(fn, 1, 1, 1, 1, 1, 1, 0, s, noargs, nullptr); break;
+    }
+    if (r) {
+      static const char* names[] = {"RT_CUDAW", "RT_REAL", "DRV_CUDAW", "DRV_REAL"};
+      std::fprintf(stderr, "launch_ab: %s launch failed: %d%s%s\n", names[p], r,
+                   p < 2 ? " " : "", p < 2 ? cudaGetErrorString((cudaError_t)r) : "");
+      std::exit(1);
+    }
+  };
+  int paths = drv ? 4 : 2;
+  for (int i = 0; i < 1000; i++) launch(i % paths);
+  CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t[4];
+  for (int r = 0; r < rounds; r++) {
+    for (int k = 0; k < paths; k++) {
+      int p = (r + k) % paths;
+      CHECK(cudaStreamSynchronize(s));
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < batch; i++) launch(p);
+      auto t1 = std::chrono::steady_clock::now();
+      t[p].push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / batch);
+    }
+  }
+  CHECK(cudaStreamSynchronize(s));
+  CHECK_LAUNCH();
+  std::vector<double> rt_d, drv_d;
+  for (int r = 0; r < rounds; r++) {
+    rt_d.push_back(t[0][r] - t[1][r]);
+    if (drv) drv_d.push_back(t[2][r] - t[3][r]);
+  }
+  // One forwarded call: 10000 calls a round on each side, alternating.
+  std::vector<double> call_d, call_real;
+  int acc = 0;
+  for (int r = 0; r < rounds; r++) {
+    double c[2];
+    for (int k = 0; k < 2; k++) {
+      int p = (r + k) % 2;
+      RtPeek f = p ? peek_real : peek_cudaw;
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 10000; i++) acc += (int)f();
+      auto t1 = std::chrono::steady_clock::now();
+      c[p] = std::chrono::duration<double, std::nano>(t1 - t0).count() / 10000;
+    }
+    call_d.push_back(c[0] - c[1]);
+    call_real.push_back(c[1]);
+  }
+  double x = median(rt_d), y = drv ? median(drv_d) : NAN, z = drv ? median(t[3]) : NAN;
+  std::printf("launch_ab rounds=%d rt_added_ns=%.1f drv_added_ns=%.1f both_added_ns=%.1f "
+              "drv_real_ns=%.1f rt_real_ns=%.1f call_added_ns=%.2f call_real_ns=%.2f (acc %d)\n",
+              rounds, x, y, x + y, z, median(t[1]), median(call_d), median(call_real), acc & 1);
+  return 0;
+}
