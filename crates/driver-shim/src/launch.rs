@@ -15,10 +15,9 @@ use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use crate::dispatch::idx;
 use crate::trace::Dims;
 use parking_lot::Mutex;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_uint, c_void, CStr};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{LazyLock, Once};
 
@@ -64,34 +63,31 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static MODULES_LOADED: AtomicU64 = AtomicU64::new(0);
 
-/// A multiplicative hash for handles (addresses): the per-thread cache's hasher.
-#[derive(Default)]
-struct AddressHasher(u64);
+/// Slots in each thread's cache of handles (a power of two).
+const SLOTS: usize = 256;
 
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(26);
-    }
-}
-
-#[derive(Default)]
+/// One thread's launched handles: a direct-mapped table (slot by the handle's address
+/// bits), so that a launch of a cached handle costs a few loads; a miss (or a collision)
+/// asks the registry. `generation` is the registry's when the table was last valid.
 struct Cache {
-    generation: u64,
-    map: HashMap<usize, &'static Kernel, BuildHasherDefault<AddressHasher>>,
+    generation: Cell<u64>,
+    slots: [Cell<(usize, *const Kernel)>; SLOTS],
 }
 
 thread_local! {
-    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+    // Const-initialised and without a destructor: no lazy-initialisation test on access.
+    static CACHE: Cache = const {
+        Cache {
+            generation: Cell::new(0),
+            slots: [const { Cell::new((0, std::ptr::null())) }; SLOTS],
+        }
+    };
+}
+
+/// The slot of `handle` (function handles are heap addresses: their low bits are
+/// alignment, the next ones vary).
+fn slot(handle: usize) -> usize {
+    (handle >> 4 ^ handle >> 12) & (SLOTS - 1)
 }
 
 impl Registry {
@@ -172,33 +168,28 @@ pub fn generation() -> u64 {
 /// Counts one launch of `handle`; its kernel.
 pub fn count(handle: usize) -> &'static Kernel {
     let generation = GENERATION.load(Ordering::Acquire);
-    let counted = CACHE.try_with(|c| {
-        let Ok(mut c) = c.try_borrow_mut() else {
-            return None;
-        };
-        if c.generation != generation {
-            c.map.clear();
-            c.generation = generation;
-        }
-        let k = match c.map.get(&handle) {
-            Some(k) => *k,
-            None => {
-                let k = kernel_of(handle);
-                c.map.insert(handle, k);
-                k
+    let k = CACHE
+        .try_with(|c| {
+            if c.generation.get() != generation {
+                for s in &c.slots {
+                    s.set((0, std::ptr::null()));
+                }
+                c.generation.set(generation);
             }
-        };
-        k.launches.fetch_add(1, Ordering::Relaxed);
-        Some(k)
-    });
-    match counted {
-        Ok(Some(k)) => k,
-        _ => {
-            let k = kernel_of(handle);
-            k.launches.fetch_add(1, Ordering::Relaxed);
-            k
-        }
-    }
+            let s = &c.slots[slot(handle)];
+            match s.get() {
+                // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
+                (h, k) if h == handle && !k.is_null() => unsafe { &*k },
+                _ => {
+                    let k = kernel_of(handle);
+                    s.set((handle, k as *const Kernel));
+                    k
+                }
+            }
+        })
+        .unwrap_or_else(|_| kernel_of(handle));
+    k.launches.fetch_add(1, Ordering::Relaxed);
+    k
 }
 
 /// Every kernel launched or named so far, with its launches, most launched first.
