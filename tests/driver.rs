@@ -5,7 +5,7 @@
 //! (`SIGUSR2`).
 
 use cudaw_tests::{
-    command_under_cudaw, compile, compile_fatbin, cudaw_ckpt, nvcc, workspace, Addressing,
+    command_under_cudaw, compile, compile_fatbin, cudaw_ckpt, nvcc, shims, workspace, Addressing,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -820,4 +820,35 @@ fn driver_launches_and_copies_are_traced_in_the_metrics() {
 #[test]
 fn driver_launches_and_copies_are_traced_in_the_timeline() {
     traced_driver_launches("timeline");
+}
+
+/// Both drop-in libraries can be loaded by `dlopen` after the program started: a real
+/// runtime that finds cudaw's `libcuda.so.1` on `LD_LIBRARY_PATH`, and PyTorch loading the
+/// runtime with its extension, do that. Each uses initial-exec TLS (the trampolines'
+/// per-thread words), so its whole TLS block must fit in glibc's small static-TLS surplus;
+/// a 4 KiB per-thread table once made the driver layer fail there ("cannot allocate
+/// memory in static TLS block", and the runtime then reported error 35).
+#[test]
+fn the_shims_load_with_dlopen_after_startup() {
+    for name in ["libcuda.so.1", "libcudart.so.13"] {
+        let lib = shims().join(name);
+        let out = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('loaded')",
+            ])
+            .arg(&lib)
+            .output()
+            .expect("python3 runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("loaded"),
+            "dlopen of {} failed:\n{text}",
+            lib.display()
+        );
+    }
 }

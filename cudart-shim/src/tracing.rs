@@ -24,7 +24,7 @@
 //! launch receives (from the parameter layouts), copy directions and sizes, allocations and
 //! frees with the calling library, pauses and resumes.
 
-use crate::dispatch::ALL_NAMES;
+use crate::dispatch::{idx, ALL_NAMES};
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
 use std::ffi::c_void;
@@ -199,7 +199,14 @@ fn block() -> Option<*mut Block> {
     let t = tracer()?;
     let counters = t.thread_counters();
     let base = FUNCTION_BASE.load(Ordering::Relaxed);
-    let calls = counters.flat_calls(base, ALL_NAMES.len())?.as_ptr();
+    let slots = counters.flat_calls(base, ALL_NAMES.len())?;
+    // Allocations are always timed: the shadow stack's frame gives their creation site.
+    for i in ALWAYS_TIMED {
+        if let Some(s) = slots.get(i) {
+            s.time_always();
+        }
+    }
+    let calls = slots.as_ptr();
     let mut frames = [EMPTY; DEPTH + 1];
     frames[0].slot = usize::MAX;
     let b = Box::into_raw(Box::new(Block {
@@ -376,6 +383,19 @@ fn library_of(addr: usize) -> Option<String> {
 }
 
 // ------------------------------------------------------------------ what wrappers record
+
+/// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says: those that make
+/// allocations, whose creation site is the caller's return address on the shadow stack.
+const ALWAYS_TIMED: [usize; 8] = [
+    idx::cudaMalloc,
+    idx::cudaMallocPitch,
+    idx::cudaMalloc3D,
+    idx::cudaMallocAsync,
+    idx::cudaMallocAsync_ptsz,
+    idx::cudaMallocFromPoolAsync,
+    idx::cudaMallocFromPoolAsync_ptsz,
+    idx::cudaMallocManaged,
+];
 
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {

@@ -75,13 +75,13 @@ struct Cache {
 }
 
 thread_local! {
-    // Const-initialised and without a destructor: no lazy-initialisation test on access.
-    static CACHE: Cache = const {
-        Cache {
-            generation: Cell::new(0),
-            slots: [const { Cell::new((0, std::ptr::null())) }; SLOTS],
-        }
-    };
+    // On the heap: this library's static TLS must stay small (it uses initial-exec TLS, so
+    // a `dlopen` of it, by a runtime that finds it on LD_LIBRARY_PATH, needs its whole TLS
+    // block to fit in glibc's small static-TLS surplus).
+    static CACHE: Box<Cache> = Box::new(Cache {
+        generation: Cell::new(0),
+        slots: [const { Cell::new((0, std::ptr::null())) }; SLOTS],
+    });
 }
 
 /// The slot of `handle` (function handles are heap addresses: their low bits are

@@ -399,6 +399,10 @@ pub const TRACE_CALLS: usize = 16;
 /// Offset of the sampling mask: a call is timed when its export's count so far has none
 /// of these bits (0: every call).
 pub const TRACE_MASK: usize = 24;
+/// Bit of an export's `timed` counter that makes the fast path time every call of it,
+/// whatever the sampling mask (for calls whose caller the host library must know: an
+/// allocation's creation site is the return address on the shadow stack).
+pub const TRACE_ALWAYS: u64 = 1 << 63;
 /// Size of one shadow-stack frame: `(slot, return address, index, start ticks)`, `u64`s.
 pub const TRACE_FRAME: usize = 32;
 
@@ -410,8 +414,8 @@ pub const TRACE_FRAME: usize = 32;
 ///   thread's trace block (0: none yet).
 /// - `PREFIX_trace_enter` (`%r11d` = the export's index, the caller's return address at
 ///   `(%rsp)`): when the gate word is exactly `bits` (tracing, nothing else) and the
-///   thread has a block: a call the sampling mask leaves untimed only adds 1 to its count
-///   and jumps on; else, when its shadow stack has room and holds no frame the stack has since
+///   thread has a block: a call the sampling mask leaves untimed (and whose export's
+///   `timed` counter lacks bit 63, [`TRACE_ALWAYS`]) only adds 1 to its count and jumps on; else, when its shadow stack has room and holds no frame the stack has since
 ///   unwound (a `longjmp`), it pushes `(slot, return address, index, rdtsc)`, puts
 ///   `PREFIX_trace_return` in the caller's return-address slot and jumps to
 ///   `{table}[index]` (never 0 once the gate is that value). Anything else goes to
@@ -460,8 +464,10 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     addq {TRACE_CALLS}(%rcx), %rax
     movq (%rax), %rdx
     testq {TRACE_MASK}(%rcx), %rdx
-    jnz 3f
-    movq {TRACE_TOP}(%rcx), %rdx
+    jz 5f
+    btq $63, 24(%rax)
+    jnc 3f
+5:  movq {TRACE_TOP}(%rcx), %rdx
     cmpq {TRACE_LIMIT}(%rcx), %rdx
     jae 1f
     leaq 24(%rsp), %rax

@@ -65,6 +65,18 @@ pub struct CallSlot {
     timed: AtomicU64,
 }
 
+/// Bit 63 of a slot's `timed` counter: every call of it is timed, whatever the sampling
+/// (set by the host library, read by its assembly; not a count).
+const ALWAYS: u64 = 1 << 63;
+
+impl CallSlot {
+    /// Marks this function's calls to be timed every time (a host library that samples
+    /// reads the mark: see [`ALWAYS`]).
+    pub fn time_always(&self) {
+        self.timed.fetch_or(ALWAYS, Ordering::Relaxed);
+    }
+}
+
 /// One direction's copies on one thread.
 #[derive(Default)]
 pub struct CopySlot {
@@ -190,7 +202,7 @@ pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
             }
             let e = &mut m.calls[i];
             e.0 += c;
-            let (ticks, timed) = (r(&s.ticks), r(&s.timed));
+            let (ticks, timed) = (r(&s.ticks), r(&s.timed) & !ALWAYS);
             e.1 += if timed == 0 || timed >= c {
                 ticks
             } else {
