@@ -13,13 +13,16 @@
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 #     (PAUSE_MODES="default arena": cudaw as is, and with --host-arena pinned)
 #
-# Everything at once takes longer than one 10-minute device command. In five runs (an
-# estimate; the last row, "time per section", gives each section's real seconds):
-#   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh
-#   SECTIONS="env torch torchbench" scripts/gpu-check.sh
-#   SECTIONS="env trace" scripts/gpu-check.sh
-#   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh
-#   SECTIONS="env pausebench" scripts/gpu-check.sh
+# Everything at once takes longer than one 10-minute device command. In six runs, with the
+# seconds each took on the H100 on 2026-11-24 (the last row, "time per section", gives
+# each section's own; the host's speed varied by 20% between machines that day):
+#   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh   # 240-250 s
+#   SECTIONS="env torch" scripts/gpu-check.sh                                     # ~300 s (not timed alone)
+#   SECTIONS="env overhead bench torchbench" TORCH_REPS=5 scripts/gpu-check.sh    # 430 s
+#   SECTIONS="env trace" TORCH_REPS=3 TORCH_STEPS=500 scripts/gpu-check.sh       # 350 s
+#   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh             # 310 s
+#   SECTIONS="env pausebench" scripts/gpu-check.sh                               # 120 s
+# ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
