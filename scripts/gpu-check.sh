@@ -268,13 +268,15 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   # In one process, alternating rounds (tests/cuda/gpu/launch_ab.cu): the launch through
   # cudaw's runtime against the real runtime's, cudaw's cuLaunchKernel against the real
   # driver's, and one plain call; the drift between processes cancels. Three runs, medians.
-  ab_rt=(); ab_drv=(); ab_call=()
+  ab_rt=(); ab_drv=(); ab_call=(); ab_set=(); ab_query=()
   if [ -x "$WORK/launch_ab" ]; then
     for i in 1 2 3; do
       line=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 400 </dev/null 2>>"$OUT/launch_ab.log" | tee -a "$OUT/launch_ab.log")
       ab_rt+=("$(echo "$line" | sed -n 's/.* rt_added_ns=\([-0-9.]*\).*/\1/p')")
       ab_drv+=("$(echo "$line" | sed -n 's/.* drv_added_ns=\([-0-9.]*\).*/\1/p')")
       ab_call+=("$(echo "$line" | sed -n 's/.* call_added_ns=\([-0-9.]*\).*/\1/p')")
+      ab_set+=("$(echo "$line" | sed -n 's/.* memset_added_ns=\([-0-9.a-z]*\).*/\1/p')")
+      ab_query+=("$(echo "$line" | sed -n 's/.* query_added_ns=\([-0-9.a-z]*\).*/\1/p')")
     done
   fi
   rt=$(printf '%s\n' "${ab_rt[@]}" | grep . | median); drv=$(printf '%s\n' "${ab_drv[@]}" | grep . | median)
@@ -286,6 +288,9 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   else
     row "bench: launch-loop ratio, in-process A/B (runtime + driver)" FAIL "no figures (rt '$rt', drv '$drv', launch '$launch_us'); see launch_ab.log"
   fi
+  # Where the driver layer's cost lies: a plain trampoline (cuStreamQuery), the in-flight
+  # trampoline alone (cuMemsetD8Async, an enqueue), and the launch wrapper (drv above).
+  row "bench: driver layer by path (in-process A/B)" info "plain trampoline +$(printf '%s\n' "${ab_query[@]}" | grep -E '^-?[0-9]' | median) ns, in-flight trampoline +$(printf '%s\n' "${ab_set[@]}" | grep -E '^-?[0-9]' | median) ns, launch wrapper +$drv ns (runs: query ${ab_query[*]}; memset ${ab_set[*]})"
   if num "$call" && le "$call" 2; then st=PASS; else st=FAIL; fi
   row "bench: cost of one forwarded call, in-process A/B" $st "+$call ns per cudaPeekAtLastError (runs: ${ab_call[*]}); goal <= 2 ns"
   # Control: native against native shows how far two identical runs drift apart.

@@ -12,7 +12,10 @@
 // driver through the libcuda.so.1 cudaw preloads), so rt_added_ns is the runtime layer
 // alone, and the driver layer is measured by itself on the driver path (drv_added_ns).
 // The same for one plain forwarded call (cudaPeekAtLastError, 10000 calls a round): what
-// cudaw's trampoline adds to every call (call_added_ns).
+// cudaw's trampoline adds to every call (call_added_ns). And, to tell apart what the driver
+// layer's launch wrapper costs: cuMemsetD8Async (an enqueue like a launch, through the
+// in-flight trampoline alone: memset_added_ns) and cuStreamQuery (a plain trampoline:
+// query_added_ns), cudaw's against the real driver's, in the same rounds.
 // Natively there is no second runtime to compare with: prints "launch_ab skipped: ..".
 #include "../programs/common.h"
 #include <algorithm>
@@ -26,6 +29,8 @@ typedef CUresult (*CuLaunch)(void*, unsigned, unsigned, unsigned, unsigned, unsi
                              unsigned, unsigned, cudaStream_t, void**, void**);
 typedef cudaError_t (*RtLaunch)(const void*, dim3, dim3, void**, size_t, cudaStream_t);
 typedef cudaError_t (*RtPeek)();
+typedef CUresult (*CuMemset)(unsigned long long, unsigned char, size_t, cudaStream_t);
+typedef CUresult (*CuQuery)(cudaStream_t);
 __global__ void empty() {}
 struct Find { const char* sym; void* skip_base; void* found; };
 // The first loaded object, other than the one at skip_base, whose handle yields `sym`
@@ -89,6 +94,15 @@ int main(int argc, char** argv) {
                  cudaGetErrorString(e));
     cudaGetLastError();
   }
+  // The attribution pairs (driver path only).
+  CuMemset set_cudaw = (CuMemset)dlsym(RTLD_DEFAULT, "cuMemsetD8Async");
+  CuQuery query_cudaw = (CuQuery)dlsym(RTLD_DEFAULT, "cuStreamQuery");
+  const char* ignored;
+  CuMemset set_real = (CuMemset)real_of("cuMemsetD8Async", (void*)set_cudaw, &ignored);
+  CuQuery query_real = (CuQuery)real_of("cuStreamQuery", (void*)query_cudaw, &ignored);
+  bool extra = set_real && query_real;
+  unsigned* buf = nullptr;
+  if (extra) CHECK(cudaMalloc(&buf, 4096));
   void* noargs[1] = {nullptr};  // no parameters; non-null as nvcc passes it (simgpu wants it)
   // Path p, one launch; exits on a failure.
   auto launch = [&](int p) {
@@ -98,22 +112,31 @@ int main(int argc, char** argv) {
       case 0: r = rt_cudaw((const void*)empty, one, one, noargs, 0, s); break;
       case 1: r = rt_real((const void*)empty, one, one, noargs, 0, s); break;
       case 2: r = drv_cudaw(fn, 1, 1, 1, 1, 1, 1, 0, s, noargs, nullptr); break;
-      default: r = drv_real(fn, 1, 1, 1, 1, 1, 1, 0, s, noargs, nullptr); break;
+      case 3: r = drv_real(fn, 1, 1, 1, 1, 1, 1, 0, s, noargs, nullptr); break;
+      case 4: r = set_cudaw((unsigned long long)buf, 7, 1024, s); break;
+      case 5: r = set_real((unsigned long long)buf, 7, 1024, s); break;
+      // Not ready (600) is an answer, not a failure.
+      case 6: r = query_cudaw(s); if (r == 600) r = 0; break;
+      default: r = query_real(s); if (r == 600) r = 0; break;
     }
     if (r) {
-      static const char* names[] = {"RT_CUDAW", "RT_REAL", "DRV_CUDAW", "DRV_REAL"};
+      static const char* names[] = {"RT_CUDAW", "RT_REAL", "DRV_CUDAW", "DRV_REAL",
+                                    "SET_CUDAW", "SET_REAL", "QUERY_CUDAW", "QUERY_REAL"};
       std::fprintf(stderr, "launch_ab: %s launch failed: %d%s%s\n", names[p], r,
                    p < 2 ? " " : "", p < 2 ? cudaGetErrorString((cudaError_t)r) : "");
       std::exit(1);
     }
   };
-  int paths = drv ? 4 : 2;
-  for (int i = 0; i < 1000; i++) launch(i % paths);
+  std::vector<int> active = {0, 1};
+  if (drv) active.insert(active.end(), {2, 3});
+  if (extra) active.insert(active.end(), {4, 5, 6, 7});
+  int paths = (int)active.size();
+  for (int i = 0; i < 1000; i++) launch(active[i % paths]);
   CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t[4];
+  std::vector<double> t[8];
   for (int r = 0; r < rounds; r++) {
     for (int k = 0; k < paths; k++) {
-      int p = (r + k) % paths;
+      int p = active[(r + k) % paths];
       CHECK(cudaStreamSynchronize(s));
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < batch; i++) launch(p);
@@ -123,10 +146,11 @@ int main(int argc, char** argv) {
   }
   CHECK(cudaStreamSynchronize(s));
   CHECK_LAUNCH();
-  std::vector<double> rt_d, drv_d;
+  std::vector<double> rt_d, drv_d, set_d, query_d;
   for (int r = 0; r < rounds; r++) {
     rt_d.push_back(t[0][r] - t[1][r]);
     if (drv) drv_d.push_back(t[2][r] - t[3][r]);
+    if (extra) set_d.push_back(t[4][r] - t[5][r]), query_d.push_back(t[6][r] - t[7][r]);
   }
   // One forwarded call: 10000 calls a round on each side, alternating.
   std::vector<double> call_d, call_real;
@@ -146,7 +170,9 @@ int main(int argc, char** argv) {
   }
   double x = median(rt_d), y = drv ? median(drv_d) : NAN, z = drv ? median(t[3]) : NAN;
   std::printf("launch_ab rounds=%d rt_added_ns=%.1f drv_added_ns=%.1f both_added_ns=%.1f "
-              "drv_real_ns=%.1f rt_real_ns=%.1f call_added_ns=%.2f call_real_ns=%.2f (acc %d)\n",
-              rounds, x, y, x + y, z, median(t[1]), median(call_d), median(call_real), acc & 1);
+              "drv_real_ns=%.1f rt_real_ns=%.1f call_added_ns=%.2f call_real_ns=%.2f "
+              "memset_added_ns=%.1f query_added_ns=%.1f (acc %d)\n",
+              rounds, x, y, x + y, z, median(t[1]), median(call_d), median(call_real),
+              extra ? median(set_d) : NAN, extra ? median(query_d) : NAN, acc & 1);
   return 0;
 }
