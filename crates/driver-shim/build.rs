@@ -42,7 +42,7 @@ fn main() {
             Some("cudaw_driver_trampolines"),
             Some(InFlight {
                 prefix: "cudaw_drv",
-                marked: &enqueues_device_work,
+                marked: &marked_by_trampoline,
             }),
         ),
     )
@@ -53,6 +53,22 @@ fn main() {
     global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
     link_cdylib(&out, &version_script(None, &global), "libcuda.so.1");
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The launches: they can enqueue device work, but their wrappers (`launch.rs`) mark them
+/// in flight themselves (`inflight::marked`), so their trampolines are the plain kind.
+const MARKED_BY_WRAPPER: [&str; 6] = [
+    "cuLaunchKernel",
+    "cuLaunchKernel_ptsz",
+    "cuLaunchKernelEx",
+    "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchCooperativeKernel_ptsz",
+];
+
+/// The exports whose trampolines mark them in flight.
+fn marked_by_trampoline(name: &str) -> bool {
+    enqueues_device_work(name) && !MARKED_BY_WRAPPER.contains(&name)
 }
 
 /// The gate bit the driver's trampolines test: the runtime shim's "paused" bit (its

@@ -7,7 +7,7 @@
 
 use crate::{dispatch, runtime};
 use driver::inflight::{self, Block, Gate};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{compiler_fence, Ordering};
 
 extern "C" {
     /// The calling thread's block (`shim-build`'s `in_flight_support`, prefix `cudaw_drv`).
@@ -34,6 +34,96 @@ fn unregister(b: *const Block) {
     }
 }
 
+/// Runs `f` with this library's gate, as the runtime shim's hooks (or their absence) make
+/// it.
+fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+    let hooks = runtime::hooks();
+    let paused = runtime::is_paused;
+    let may_pass = || hooks.is_none_or(|h| (h.may_pass)());
+    let wait = || {
+        if let Some(h) = hooks {
+            (h.wait_while_paused)();
+        }
+    };
+    let register = |b: &Block| match hooks {
+        Some(h) => {
+            inflight::register_until_thread_exit(b, &|p| (h.inflight_register)(p), unregister)
+        }
+        None => true,
+    };
+    f(&Gate {
+        paused: &paused,
+        may_pass: &may_pass,
+        wait: &wait,
+        register: &register,
+    })
+}
+
+/// Sets the thread's word back to idle when the marked call returns (or unwinds).
+struct Idle<'a>(&'a Block);
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.word.store(inflight::IDLE, Ordering::Release);
+    }
+}
+
+/// Whether the gate the trampolines test is closed for pause.
+#[inline(always)]
+fn gate_closed() -> bool {
+    let g = dispatch::GATE_PTR.load(Ordering::Relaxed);
+    // SAFETY: the gate pointer always points to a live static word (this library's own,
+    // or the runtime shim's, which is never unloaded).
+    unsafe { &*g }.load(Ordering::Relaxed) & driver::hooks::GATE_PAUSED != 0
+}
+
+/// Runs `f`, a driver call that can enqueue device work, marked in flight: what the
+/// in-flight trampolines do, done by the call's wrapper (cudaw's launch wrappers, which
+/// know when the call returns), so that the return goes straight back to the caller, with
+/// no return address swapped for a thunk (a return the CPU cannot predict, on every
+/// launch). The same protocol: the word is set before the gate is tested, with no fence
+/// (pause's barrier orders it), and a closed gate or the thread's first marked call take
+/// the slow path ([`inflight::admit`]).
+#[inline(always)]
+pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
+    let b = block();
+    match b.word.load(Ordering::Relaxed) {
+        // Inside a marked call of this library already: pause waits for that one.
+        inflight::IN_FLIGHT => return f(),
+        inflight::IDLE => {
+            b.word.store(inflight::IN_FLIGHT, Ordering::Relaxed);
+            // Only the compiler must keep the gate's load after the store.
+            compiler_fence(Ordering::SeqCst);
+            if !gate_closed() {
+                let _idle = Idle(b);
+                return f();
+            }
+        }
+        _ => {}
+    }
+    admitted(b, f)
+}
+
+/// [`marked`]'s slow path: the gate is closed, or the thread's block is unregistered.
+#[cold]
+#[inline(never)]
+fn admitted<R>(b: &Block, f: impl FnOnce() -> R) -> R {
+    let admitted = crate::boundary::guard("the driver's in-flight admission", false, || {
+        dispatch::ensure_initialised();
+        with_gate(|g| inflight::admit(b, g))
+    });
+    if admitted {
+        let _idle = Idle(b);
+        f()
+    } else {
+        if b.in_flight() {
+            // A panic before the gate was passed: nothing will clear the word but this.
+            b.word.store(inflight::IDLE, Ordering::SeqCst);
+        }
+        f()
+    }
+}
+
 /// The slow path of the in-flight trampolines: `index` is the function's, `slot` the
 /// address of the caller's return address.
 pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
@@ -44,32 +134,10 @@ pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
         dispatch::unsupported_address(),
         || {
             dispatch::ensure_initialised();
-            let hooks = runtime::hooks();
-            let paused = runtime::is_paused;
-            let may_pass = || hooks.is_none_or(|h| (h.may_pass)());
-            let wait = || {
-                if let Some(h) = hooks {
-                    (h.wait_while_paused)();
-                }
-            };
-            let register = |b: &Block| match hooks {
-                Some(h) => inflight::register_until_thread_exit(
-                    b,
-                    &|p| (h.inflight_register)(p),
-                    unregister,
-                ),
-                None => true,
-            };
-            let g = Gate {
-                paused: &paused,
-                may_pass: &may_pass,
-                wait: &wait,
-                register: &register,
-            };
             let thunk = cudaw_drv_inflight_return as *const () as usize;
             // SAFETY: the trampoline passes this call's return-address slot, and jumps to
             // the target next; `b` is this thread's block.
-            entered.set(unsafe { inflight::enter(b, slot, thunk, &g) });
+            entered.set(with_gate(|g| unsafe { inflight::enter(b, slot, thunk, g) }));
             dispatch::target(index)
         },
     );

@@ -322,9 +322,11 @@ macro_rules! observed {
     };
 }
 
-/// Defines a launch wrapper: counts the launch, then forwards it, traced when tracing is
-/// on (one predictable branch on a cached flag when it is off). `$dims` gives the launch's
-/// [`crate::trace::Dims`] (an `Option`), `$params` and `$extra` its arguments.
+/// Defines a launch wrapper: counts the launch, then forwards it marked in flight
+/// ([`crate::inflight::marked`]: its trampoline is the plain kind, `build.rs`), traced
+/// when tracing is on (one predictable branch on a cached flag when it is off). `$dims`
+/// gives the launch's [`crate::trace::Dims`] (an `Option`), `$params` and `$extra` its
+/// arguments.
 macro_rules! launch {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $f:ident, $dims:expr, $params:expr, $extra:expr) => {
         extern "C" fn $name($($a: $t),*) -> u32 {
@@ -332,10 +334,10 @@ macro_rules! launch {
                 let k = count($f as usize);
                 if crate::trace::on() {
                     return crate::trace::launch(k, $f as usize, $dims, $params, $extra, || {
-                        crate::forward!($name: fn($($t),*) $(, $a)*)
+                        crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
                     });
                 }
-                crate::forward!($name: fn($($t),*) $(, $a)*)
+                crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
             })
         }
     };

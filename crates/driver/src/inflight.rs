@@ -262,6 +262,23 @@ pub struct Gate<'a> {
 /// `block` is the calling thread's block; `slot` is the address of the return address of
 /// the export call in progress, which jumps to its target next.
 pub unsafe fn enter(block: &Block, slot: *mut usize, thunk: usize, gate: &Gate<'_>) -> bool {
+    if !admit(block, gate) {
+        return false;
+    }
+    // SAFETY: `slot` holds this call's return address (caller's contract).
+    let ret = unsafe { slot.read() };
+    block.ret.store(ret, Ordering::Relaxed);
+    // SAFETY: as above; the target returns into the thunk, which returns to `ret`.
+    unsafe { slot.write(thunk) };
+    true
+}
+
+/// The slow path of a call marked in flight by its wrapper rather than by a trampoline
+/// (the wrapper knows when the call returns): registers `block` if needed and waits while
+/// the gate is closed with the word [`IDLE`]; returns with the word [`IN_FLIGHT`] and the
+/// gate passed (true: the caller sets the word back to [`IDLE`] after the call), or false
+/// when the thread is ending (the word is left [`UNREGISTERED`]: the call runs unmarked).
+pub fn admit(block: &Block, gate: &Gate<'_>) -> bool {
     if block.word.load(Ordering::Relaxed) == UNREGISTERED {
         if !(gate.register)(block) {
             if (gate.paused)() && !(gate.may_pass)() {
@@ -281,11 +298,6 @@ pub unsafe fn enter(block: &Block, slot: *mut usize, thunk: usize, gate: &Gate<'
         (gate.wait)();
         block.word.store(IN_FLIGHT, Ordering::SeqCst);
     }
-    // SAFETY: `slot` holds this call's return address (caller's contract).
-    let ret = unsafe { slot.read() };
-    block.ret.store(ret, Ordering::Relaxed);
-    // SAFETY: as above; the target returns into the thunk, which returns to `ret`.
-    unsafe { slot.write(thunk) };
     true
 }
 
