@@ -77,7 +77,7 @@ fn main() {
             None,
             Some(InFlight {
                 prefix: "cudaw_rt",
-                marked: &enqueues_device_work,
+                marked: &marked_by_trampoline,
             }),
         ),
     )
@@ -93,4 +93,24 @@ fn main() {
     global.extend(OWN_EXPORTS.iter().map(|s| (*s).to_owned()));
     link_cdylib(&out, &version_script(Some(soname), &global), soname);
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// The launches: they can enqueue device work, but cudaw always wraps them (`wrappers.rs`),
+/// and the wrappers mark them in flight themselves (`inflight::marked`, or the wrapped
+/// calls' count), so their trampolines are the plain kind: the return goes straight back
+/// to the caller instead of through a thunk.
+const MARKED_BY_WRAPPER: [&str; 8] = [
+    "cudaLaunchKernel",
+    "cudaLaunchKernel_ptsz",
+    "cudaLaunchCooperativeKernel",
+    "cudaLaunchCooperativeKernel_ptsz",
+    "__cudaLaunchKernel",
+    "__cudaLaunchKernel_ptsz",
+    "cudaLaunchKernelExC",
+    "cudaLaunchKernelExC_ptsz",
+];
+
+/// The exports whose trampolines mark them in flight.
+fn marked_by_trampoline(name: &str) -> bool {
+    enqueues_device_work(name) && !MARKED_BY_WRAPPER.contains(&name)
 }

@@ -7,7 +7,7 @@
 
 use crate::{dispatch, gate, pause};
 use driver::inflight::{self, Block, Gate, Registry};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{compiler_fence, Ordering};
 
 /// Every thread's in-flight block, of both libraries.
 pub static REGISTRY: Registry = Registry::new();
@@ -40,6 +40,77 @@ pub fn register_foreign(b: *const Block) {
     REGISTRY.register(b);
 }
 
+/// Runs `f` with this library's gate.
+fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+    let paused = gate::is_paused;
+    let may_pass = || pause::in_wrapped_call() || pause::is_cudaw_thread();
+    let register =
+        |b: &Block| inflight::register_until_thread_exit(b, &|p| REGISTRY.register(p), unregister);
+    f(&Gate {
+        paused: &paused,
+        may_pass: &may_pass,
+        wait: &gate::wait_while_paused,
+        register: &register,
+    })
+}
+
+/// Sets the thread's word back to idle when the marked call returns (or unwinds).
+struct Idle<'a>(&'a Block);
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.word.store(inflight::IDLE, Ordering::Release);
+    }
+}
+
+/// Runs `f`, a call that can enqueue device work, marked in flight by its wrapper rather
+/// than by an in-flight trampoline (whose thunk makes the return one the CPU cannot
+/// predict): the same protocol (`driver::inflight`): the word is set before the gate is
+/// tested, with no fence (pause's barrier orders it); a gate that is not open (paused,
+/// tracing, not initialised) or the thread's first marked call take the slow path.
+#[inline(always)]
+pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
+    let b = block();
+    match b.word.load(Ordering::Relaxed) {
+        // Inside a marked call of this library already: pause waits for that one.
+        inflight::IN_FLIGHT => return f(),
+        inflight::IDLE => {
+            b.word.store(inflight::IN_FLIGHT, Ordering::Relaxed);
+            // Only the compiler must keep the gate's load after the store.
+            compiler_fence(Ordering::SeqCst);
+            if gate::GATE.load(Ordering::Relaxed) == 0 {
+                let _idle = Idle(b);
+                return f();
+            }
+        }
+        _ => {}
+    }
+    admitted(b, f)
+}
+
+/// [`marked`]'s slow path.
+#[cold]
+#[inline(never)]
+fn admitted<R>(b: &Block, f: impl FnOnce() -> R) -> R {
+    if b.word.load(Ordering::Relaxed) == inflight::IDLE {
+        b.word.store(inflight::IN_FLIGHT, Ordering::SeqCst);
+    }
+    let admitted = crate::boundary::guard("the in-flight admission", false, || {
+        dispatch::ensure_initialised();
+        with_gate(|g| inflight::admit(b, g))
+    });
+    if admitted {
+        let _idle = Idle(b);
+        f()
+    } else {
+        if b.in_flight() {
+            // A panic before the gate was passed: nothing will clear the word but this.
+            b.word.store(inflight::IDLE, Ordering::SeqCst);
+        }
+        f()
+    }
+}
+
 /// The slow path of the in-flight trampolines: `index` is the export's, `slot` the address
 /// of the caller's return address.
 pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
@@ -50,21 +121,10 @@ pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
         dispatch::unsupported_address(),
         || {
             dispatch::ensure_initialised();
-            let paused = gate::is_paused;
-            let may_pass = || pause::in_wrapped_call() || pause::is_cudaw_thread();
-            let register = |b: &Block| {
-                inflight::register_until_thread_exit(b, &|p| REGISTRY.register(p), unregister)
-            };
-            let g = Gate {
-                paused: &paused,
-                may_pass: &may_pass,
-                wait: &gate::wait_while_paused,
-                register: &register,
-            };
             let thunk = cudaw_rt_inflight_return as *const () as usize;
             // SAFETY: the trampoline passes this call's return-address slot, and jumps to
             // the target next; `b` is this thread's block.
-            entered.set(unsafe { inflight::enter(b, slot, thunk, &g) });
+            entered.set(with_gate(|g| unsafe { inflight::enter(b, slot, thunk, g) }));
             let target = dispatch::target(index);
             if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
                 // SAFETY: as above; the trace thunk returns into ours.

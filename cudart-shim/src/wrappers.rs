@@ -651,6 +651,35 @@ fn launch_ex_impl(
 variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
     (cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void));
 
+/// The launches as cudaw forwards them with mapped addressing and no tracing: marked in
+/// flight ([`crate::inflight::marked`]; their trampolines are the plain kind) and passed on
+/// unchanged.
+mod marked_launches {
+    #![allow(non_snake_case)]
+    use super::*;
+
+    macro_rules! marked {
+        ($($name:ident ($($a:ident : $t:ty),*);)+) => { $(
+            pub(super) extern "C" fn $name($($a: $t),*) -> cudaError_t {
+                guard(stringify!($name), ERROR_UNKNOWN, || {
+                    crate::inflight::marked(|| forward!(idx::$name, fn($($t),*), $($a),*))
+                })
+            }
+        )+ };
+    }
+
+    marked! {
+        cudaLaunchKernel(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        cudaLaunchKernel_ptsz(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        cudaLaunchCooperativeKernel(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        cudaLaunchCooperativeKernel_ptsz(f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        __cudaLaunchKernel(k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        __cudaLaunchKernel_ptsz(k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t);
+        cudaLaunchKernelExC(cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void);
+        cudaLaunchKernelExC_ptsz(cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void);
+    }
+}
+
 /// `cudaKernelNodeParams`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -1173,7 +1202,45 @@ pub fn table() -> Vec<(usize, usize)> {
         cudaIpcGetMemHandle,
     ];
     v.extend(crate::entry_points::table());
-    // Launches are wrapped to translate their arguments, or to trace them.
+    // Launches are wrapped to translate their arguments, or to trace them; else to mark
+    // them in flight (their trampolines leave it to the wrappers: build.rs).
+    if !(translated() || tracing::enabled()) {
+        use marked_launches as m;
+        v.extend([
+            (
+                idx::cudaLaunchKernel,
+                m::cudaLaunchKernel as *const () as usize,
+            ),
+            (
+                idx::cudaLaunchKernel_ptsz,
+                m::cudaLaunchKernel_ptsz as *const () as usize,
+            ),
+            (
+                idx::cudaLaunchCooperativeKernel,
+                m::cudaLaunchCooperativeKernel as *const () as usize,
+            ),
+            (
+                idx::cudaLaunchCooperativeKernel_ptsz,
+                m::cudaLaunchCooperativeKernel_ptsz as *const () as usize,
+            ),
+            (
+                idx::__cudaLaunchKernel,
+                m::__cudaLaunchKernel as *const () as usize,
+            ),
+            (
+                idx::__cudaLaunchKernel_ptsz,
+                m::__cudaLaunchKernel_ptsz as *const () as usize,
+            ),
+            (
+                idx::cudaLaunchKernelExC,
+                m::cudaLaunchKernelExC as *const () as usize,
+            ),
+            (
+                idx::cudaLaunchKernelExC_ptsz,
+                m::cudaLaunchKernelExC_ptsz as *const () as usize,
+            ),
+        ]);
+    }
     if translated() || tracing::enabled() {
         v.extend(entries![
             cudaLaunchKernel,
