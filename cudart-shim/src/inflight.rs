@@ -7,7 +7,7 @@
 
 use crate::{dispatch, gate, pause};
 use driver::inflight::{self, Block, Gate, Registry};
-use std::sync::atomic::{compiler_fence, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Every thread's in-flight block, of both libraries.
 pub static REGISTRY: Registry = Registry::new();
@@ -54,61 +54,26 @@ fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
     })
 }
 
-/// Sets the thread's word back to idle when the marked call returns (or unwinds).
-struct Idle<'a>(&'a Block);
-
-impl Drop for Idle<'_> {
-    fn drop(&mut self) {
-        self.0.word.store(inflight::IDLE, Ordering::Release);
-    }
-}
-
 /// Runs `f`, a call that can enqueue device work, marked in flight by its wrapper rather
-/// than by an in-flight trampoline (whose thunk makes the return one the CPU cannot
-/// predict): the same protocol (`driver::inflight`): the word is set before the gate is
-/// tested, with no fence (pause's barrier orders it); a gate that is not open (paused,
-/// tracing, not initialised) or the thread's first marked call take the slow path.
+/// than by an in-flight trampoline (the launches: `build.rs`): [`inflight::marked`] with
+/// this library's gate (a gate word that is not 0 — paused, tracing, not initialised —
+/// takes the slow path).
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
-    let b = block();
-    match b.word.load(Ordering::Relaxed) {
-        // Inside a marked call of this library already: pause waits for that one.
-        inflight::IN_FLIGHT => return f(),
-        inflight::IDLE => {
-            b.word.store(inflight::IN_FLIGHT, Ordering::Relaxed);
-            // Only the compiler must keep the gate's load after the store.
-            compiler_fence(Ordering::SeqCst);
-            if gate::GATE.load(Ordering::Relaxed) == 0 {
-                let _idle = Idle(b);
-                return f();
-            }
-        }
-        _ => {}
-    }
-    admitted(b, f)
+    inflight::marked(
+        block(),
+        || gate::GATE.load(Ordering::Relaxed) == 0,
+        admit,
+        f,
+    )
 }
 
 /// [`marked`]'s slow path.
-#[cold]
-#[inline(never)]
-fn admitted<R>(b: &Block, f: impl FnOnce() -> R) -> R {
-    if b.word.load(Ordering::Relaxed) == inflight::IDLE {
-        b.word.store(inflight::IN_FLIGHT, Ordering::SeqCst);
-    }
-    let admitted = crate::boundary::guard("the in-flight admission", false, || {
+fn admit(b: &Block) -> bool {
+    crate::boundary::guard("the in-flight admission", false, || {
         dispatch::ensure_initialised();
         with_gate(|g| inflight::admit(b, g))
-    });
-    if admitted {
-        let _idle = Idle(b);
-        f()
-    } else {
-        if b.in_flight() {
-            // A panic before the gate was passed: nothing will clear the word but this.
-            b.word.store(inflight::IDLE, Ordering::SeqCst);
-        }
-        f()
-    }
+    })
 }
 
 /// The slow path of the in-flight trampolines: `index` is the export's, `slot` the address

@@ -7,7 +7,7 @@
 
 use crate::{dispatch, runtime};
 use driver::inflight::{self, Block, Gate};
-use std::sync::atomic::{compiler_fence, Ordering};
+use std::sync::atomic::Ordering;
 
 extern "C" {
     /// The calling thread's block (`shim-build`'s `in_flight_support`, prefix `cudaw_drv`).
@@ -59,15 +59,6 @@ fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
     })
 }
 
-/// Sets the thread's word back to idle when the marked call returns (or unwinds).
-struct Idle<'a>(&'a Block);
-
-impl Drop for Idle<'_> {
-    fn drop(&mut self) {
-        self.0.word.store(inflight::IDLE, Ordering::Release);
-    }
-}
-
 /// Whether the gate the trampolines test is closed for pause.
 #[inline(always)]
 fn gate_closed() -> bool {
@@ -77,51 +68,20 @@ fn gate_closed() -> bool {
     unsafe { &*g }.load(Ordering::Relaxed) & driver::hooks::GATE_PAUSED != 0
 }
 
-/// Runs `f`, a driver call that can enqueue device work, marked in flight: what the
-/// in-flight trampolines do, done by the call's wrapper (cudaw's launch wrappers, which
-/// know when the call returns), so that the return goes straight back to the caller, with
-/// no return address swapped for a thunk (a return the CPU cannot predict, on every
-/// launch). The same protocol: the word is set before the gate is tested, with no fence
-/// (pause's barrier orders it), and a closed gate or the thread's first marked call take
-/// the slow path ([`inflight::admit`]).
+/// Runs `f`, a driver call that can enqueue device work, marked in flight by its wrapper
+/// (cudaw's launch wrappers, whose trampolines are the plain kind: `build.rs`), so that the
+/// return goes straight back to the caller: [`inflight::marked`] with this library's gate.
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
-    let b = block();
-    match b.word.load(Ordering::Relaxed) {
-        // Inside a marked call of this library already: pause waits for that one.
-        inflight::IN_FLIGHT => return f(),
-        inflight::IDLE => {
-            b.word.store(inflight::IN_FLIGHT, Ordering::Relaxed);
-            // Only the compiler must keep the gate's load after the store.
-            compiler_fence(Ordering::SeqCst);
-            if !gate_closed() {
-                let _idle = Idle(b);
-                return f();
-            }
-        }
-        _ => {}
-    }
-    admitted(b, f)
+    inflight::marked(block(), || !gate_closed(), admit, f)
 }
 
 /// [`marked`]'s slow path: the gate is closed, or the thread's block is unregistered.
-#[cold]
-#[inline(never)]
-fn admitted<R>(b: &Block, f: impl FnOnce() -> R) -> R {
-    let admitted = crate::boundary::guard("the driver's in-flight admission", false, || {
+fn admit(b: &Block) -> bool {
+    crate::boundary::guard("the driver's in-flight admission", false, || {
         dispatch::ensure_initialised();
         with_gate(|g| inflight::admit(b, g))
-    });
-    if admitted {
-        let _idle = Idle(b);
-        f()
-    } else {
-        if b.in_flight() {
-            // A panic before the gate was passed: nothing will clear the word but this.
-            b.word.store(inflight::IDLE, Ordering::SeqCst);
-        }
-        f()
-    }
+    })
 }
 
 /// The slow path of the in-flight trampolines: `index` is the function's, `slot` the

@@ -301,12 +301,116 @@ pub fn admit(block: &Block, gate: &Gate<'_>) -> bool {
     true
 }
 
+/// Sets a block's word back to [`IDLE`] when dropped: the end (or unwinding) of a call
+/// [`marked`] in flight.
+struct Idle<'a>(&'a Block);
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.word.store(IDLE, Ordering::Release);
+    }
+}
+
+/// Runs `f`, a call that can enqueue device work, marked in flight on the calling thread's
+/// `block` by its wrapper rather than by an in-flight trampoline (whose thunk makes the
+/// return one the CPU cannot predict). The same protocol as the trampolines: the word is
+/// set to [`IN_FLIGHT`] before `gate_open` is asked, with no fence (pause's [`barrier`]
+/// orders it); a gate that is not open, or the thread's first marked call, goes to `slow`
+/// ([`admit`] with the library's [`Gate`]; false: run unmarked). Inside another marked call
+/// of the same library, `f` just runs (pause waits for the outer one).
+#[inline(always)]
+pub fn marked<R>(
+    block: &Block,
+    gate_open: impl FnOnce() -> bool,
+    slow: impl FnOnce(&Block) -> bool,
+    f: impl FnOnce() -> R,
+) -> R {
+    match block.word.load(Ordering::Relaxed) {
+        IN_FLIGHT => return f(),
+        IDLE => {
+            block.word.store(IN_FLIGHT, Ordering::Relaxed);
+            // Only the compiler must keep the gate's load after the store.
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+            if gate_open() {
+                let _idle = Idle(block);
+                return f();
+            }
+        }
+        _ => {}
+    }
+    marked_slow(block, slow, f)
+}
+
+#[cold]
+#[inline(never)]
+fn marked_slow<R>(block: &Block, slow: impl FnOnce(&Block) -> bool, f: impl FnOnce() -> R) -> R {
+    if slow(block) {
+        let _idle = Idle(block);
+        f()
+    } else {
+        if block.in_flight() {
+            // A failure before the gate was passed: nothing else will clear the word.
+            block.word.store(IDLE, Ordering::SeqCst);
+        }
+        f()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU32};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn marked_calls_hold_the_word_while_they_run_and_take_the_slow_path_when_the_gate_is_shut() {
+        let b = Block::new();
+        // First call: unregistered, so the slow path (which registers: here, says yes).
+        let slow_calls = AtomicU32::new(0);
+        let admit = |b: &Block| {
+            slow_calls.fetch_add(1, Ordering::SeqCst);
+            b.word.store(IN_FLIGHT, Ordering::SeqCst);
+            true
+        };
+        let seen = marked(&b, || true, admit, || b.word.load(Ordering::SeqCst));
+        assert_eq!((seen, b.word.load(Ordering::SeqCst)), (IN_FLIGHT, IDLE));
+        assert_eq!(slow_calls.load(Ordering::SeqCst), 1);
+        // Registered, gate open: the fast path, in flight during the call, idle after.
+        let seen = marked(
+            &b,
+            || true,
+            |_| unreachable!(),
+            || b.word.load(Ordering::SeqCst),
+        );
+        assert_eq!((seen, b.word.load(Ordering::SeqCst)), (IN_FLIGHT, IDLE));
+        // Nested: the inner call leaves the outer's word alone.
+        let inner = marked(
+            &b,
+            || true,
+            |_| unreachable!(),
+            || {
+                marked(&b, || true, |_| unreachable!(), || ());
+                b.word.load(Ordering::SeqCst)
+            },
+        );
+        assert_eq!((inner, b.word.load(Ordering::SeqCst)), (IN_FLIGHT, IDLE));
+        // Gate shut: the word is set before the gate is asked, then the slow path decides.
+        let asked = marked(
+            &b,
+            || {
+                assert_eq!(b.word.load(Ordering::SeqCst), IN_FLIGHT);
+                false
+            },
+            admit,
+            || 7,
+        );
+        assert_eq!((asked, b.word.load(Ordering::SeqCst)), (7, IDLE));
+        assert_eq!(slow_calls.load(Ordering::SeqCst), 2);
+        // A slow path that refuses (a thread ending): the call runs, the word is cleared.
+        assert_eq!(marked(&b, || false, |_| false, || 8), 8);
+        assert_eq!(b.word.load(Ordering::SeqCst), IDLE);
+    }
 
     #[test]
     fn the_registry_counts_words_in_flight() {
