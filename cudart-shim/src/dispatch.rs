@@ -205,7 +205,18 @@ pub fn index_of(name: &str) -> Option<usize> {
 }
 
 /// The real runtime's function for `index`, if it has one (initialising first).
+#[inline]
 pub fn real(index: usize) -> Option<usize> {
+    // Filled before any wrapper is reachable: a wrapper's forward finds it on the first
+    // load, without the initialisation's `Once` (as the driver layer's `dispatch::real`).
+    match REAL.get(index)?.load(Ordering::Acquire) {
+        0 => real_initialised(index),
+        p => Some(p),
+    }
+}
+
+#[cold]
+fn real_initialised(index: usize) -> Option<usize> {
     INIT.call_once(initialise);
     match REAL.get(index)?.load(Ordering::Acquire) {
         0 => None,
