@@ -5,7 +5,7 @@
 //! SONAME's version node (`shim-build` writes all three). Nothing here is edited by hand.
 
 use shim_build::{
-    enqueues_device_work, in_flight_support_traced, link_cdylib, names_rs, read_list, slow_path,
+    in_flight_support_traced, link_cdylib, marked_by_trampoline, names_rs, read_list, slow_path,
     trace_fast_path, trampolines, version_script, GateWord, InFlight,
 };
 
@@ -77,7 +77,7 @@ fn main() {
             None,
             Some(InFlight {
                 prefix: "cudaw_rt",
-                marked: &marked_by_trampoline,
+                marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
             }),
         ),
     )
@@ -109,8 +109,3 @@ const MARKED_BY_WRAPPER: [&str; 8] = [
     "cudaLaunchKernelExC",
     "cudaLaunchKernelExC_ptsz",
 ];
-
-/// The exports whose trampolines mark them in flight.
-fn marked_by_trampoline(name: &str) -> bool {
-    enqueues_device_work(name) && !MARKED_BY_WRAPPER.contains(&name)
-}

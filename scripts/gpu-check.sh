@@ -61,16 +61,25 @@ lap() {
 }
 laps() { local n; for n in "${LAP_ORDER[@]}"; do printf '%s %ss, ' "$n" "${LAPS[$n]}"; done; }
 
+# sides LEFT RIGHT VALUES... -- VALUES...: the values before `--` into the array named
+# LEFT, those after it into RIGHT (empty values kept, so that pairs stay aligned).
+sides() {
+  local -n left=$1 right=$2; shift 2
+  local v side=left
+  for v in "$@"; do
+    if [ "$v" = -- ]; then side=right
+    elif [ $side = left ]; then left+=("$v")
+    else right+=("$v"); fi
+  done
+}
+
 # added NAME GOAL_PERCENT LAUNCH_US BASE_NS... -- OTHER_NS...: what the other side adds to
 # the host's cost of one launch, paired as compare pairs its values; the verdict is the
 # median pair difference as a share of LAUNCH_US (the native launch's end-to-end time).
 added() {
   local name=$1 goal=$2 launch=$3; shift 3
-  local base=() other=() side=b v i d=() med pct
-  for v in "$@"; do
-    if [ "$v" = -- ]; then side=o; continue; fi
-    if [ $side = b ]; then base+=("$v"); else other+=("$v"); fi
-  done
+  local base=() other=() i d=() med pct
+  sides base other "$@"
   for i in "${!base[@]}"; do
     if num "${base[$i]}" && num "${other[$i]:-}"; then
       d+=("$(awk -v a="${other[$i]}" -v b="${base[$i]}" 'BEGIN { printf "%.1f", a - b }')")
@@ -96,11 +105,8 @@ added() {
 # verdict from nothing).
 compare() {
   local name=$1 goal=$2 unit=$3; shift 3
-  local nat=() cw=() side=n
-  for v in "$@"; do
-    if [ "$v" = -- ]; then side=c; continue; fi
-    if [ $side = n ]; then nat+=("$v"); else cw+=("$v"); fi
-  done
+  local nat=() cw=()
+  sides nat cw "$@"
   local nb cb nm cm rb pr st i pairs=() ns=() cs=()
   for i in "${!nat[@]}"; do
     if num "${nat[$i]}" && num "${cw[$i]:-}"; then
@@ -269,18 +275,20 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   # cudaw's runtime against the real runtime's, cudaw's cuLaunchKernel against the real
   # driver's, and one plain call; the drift between processes cancels. Three runs, medians.
   ab_rt=(); ab_drv=(); ab_call=(); ab_set=(); ab_query=()
+  # ab_field NAME: the value of NAME= in $line (a number, or nan where a pair did not run).
+  ab_field() { echo "$line" | sed -n "s/.* $1=\([-0-9.a-z]*\).*/\1/p"; }
+  # figures: the numbers among the lines read (no empty value, no nan).
+  figures() { grep -E '^-?[0-9]'; }
   if [ -x "$WORK/launch_ab" ]; then
     for i in 1 2 3; do
       line=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 400 </dev/null 2>>"$OUT/launch_ab.log" | tee -a "$OUT/launch_ab.log")
-      ab_rt+=("$(echo "$line" | sed -n 's/.* rt_added_ns=\([-0-9.]*\).*/\1/p')")
-      ab_drv+=("$(echo "$line" | sed -n 's/.* drv_added_ns=\([-0-9.]*\).*/\1/p')")
-      ab_call+=("$(echo "$line" | sed -n 's/.* call_added_ns=\([-0-9.]*\).*/\1/p')")
-      ab_set+=("$(echo "$line" | sed -n 's/.* memset_added_ns=\([-0-9.a-z]*\).*/\1/p')")
-      ab_query+=("$(echo "$line" | sed -n 's/.* query_added_ns=\([-0-9.a-z]*\).*/\1/p')")
+      ab_rt+=("$(ab_field rt_added_ns)"); ab_drv+=("$(ab_field drv_added_ns)")
+      ab_call+=("$(ab_field call_added_ns)"); ab_set+=("$(ab_field memset_added_ns)")
+      ab_query+=("$(ab_field query_added_ns)")
     done
   fi
-  rt=$(printf '%s\n' "${ab_rt[@]}" | grep . | median); drv=$(printf '%s\n' "${ab_drv[@]}" | grep . | median)
-  call=$(printf '%s\n' "${ab_call[@]}" | grep . | median)
+  rt=$(printf '%s\n' "${ab_rt[@]}" | figures | median); drv=$(printf '%s\n' "${ab_drv[@]}" | figures | median)
+  call=$(printf '%s\n' "${ab_call[@]}" | figures | median)
   if num "$rt" && num "$drv" && num "$launch_us"; then
     r=$(awk -v a="$rt" -v b="$drv" -v l="$launch_us" 'BEGIN { printf "%.4f", 1 + (a + b) / (l * 1000) }')
     if le "$r" 1.02; then st=PASS; else st=FAIL; fi
@@ -290,7 +298,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   fi
   # Where the driver layer's cost lies: a plain trampoline (cuStreamQuery), the in-flight
   # trampoline alone (cuMemsetD8Async, an enqueue), and the launch wrapper (drv above).
-  row "bench: driver layer by path (in-process A/B)" info "plain trampoline +$(printf '%s\n' "${ab_query[@]}" | grep -E '^-?[0-9]' | median) ns, in-flight trampoline +$(printf '%s\n' "${ab_set[@]}" | grep -E '^-?[0-9]' | median) ns, launch wrapper +$drv ns (runs: query ${ab_query[*]}; memset ${ab_set[*]})"
+  row "bench: driver layer by path (in-process A/B)" info "plain trampoline +$(printf '%s\n' "${ab_query[@]}" | figures | median) ns, in-flight trampoline +$(printf '%s\n' "${ab_set[@]}" | figures | median) ns, launch wrapper +$drv ns (runs: query ${ab_query[*]}; memset ${ab_set[*]})"
   if num "$call" && le "$call" 2; then st=PASS; else st=FAIL; fi
   row "bench: cost of one forwarded call, in-process A/B" $st "+$call ns per cudaPeekAtLastError (runs: ${ab_call[*]}); goal <= 2 ns"
   # Control: native against native shows how far two identical runs drift apart.

@@ -6,7 +6,7 @@
 //! NVIDIA's driver exports its functions; SONAME `libcuda.so.1`). Nothing is edited by hand.
 
 use shim_build::{
-    enqueues_device_work, in_flight_support, link_cdylib, names_rs, read_list, slow_path,
+    in_flight_support, link_cdylib, marked_by_trampoline, names_rs, read_list, slow_path,
     trampolines, version_script, GateWord, InFlight,
 };
 use std::env;
@@ -42,7 +42,7 @@ fn main() {
             Some("cudaw_driver_trampolines"),
             Some(InFlight {
                 prefix: "cudaw_drv",
-                marked: &marked_by_trampoline,
+                marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
             }),
         ),
     )
@@ -65,11 +65,6 @@ const MARKED_BY_WRAPPER: [&str; 6] = [
     "cuLaunchCooperativeKernel",
     "cuLaunchCooperativeKernel_ptsz",
 ];
-
-/// The exports whose trampolines mark them in flight.
-fn marked_by_trampoline(name: &str) -> bool {
-    enqueues_device_work(name) && !MARKED_BY_WRAPPER.contains(&name)
-}
 
 /// The gate bit the driver's trampolines test: the runtime shim's "paused" bit (its
 /// "uninitialised" bit is the runtime's own business); `driver::hooks::GATE_PAUSED`,

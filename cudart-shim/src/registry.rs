@@ -12,7 +12,6 @@ use fatbin::{Fatbin, KernelInfo};
 use parking_lot::RwLock;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -91,27 +90,8 @@ struct Registry {
 /// host stub registered again): every thread's cache is stale.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// A multiplicative hash for addresses (host stubs, kernel handles): the caches' hasher.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(26);
-    }
-}
-
-type AddressMap<V> = HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+/// The caches' maps: host stubs and kernel handles are addresses.
+type AddressMap<V> = vmm::KeyMap<usize, V>;
 
 /// One thread's answers so far: host stub (or kernel handle) → record.
 #[derive(Default)]

@@ -1143,6 +1143,9 @@ variants!(ipc_get_mem_handle_impl => cudaIpcGetMemHandle; (handle: *mut c_void, 
 pub fn table() -> Vec<(usize, usize)> {
     macro_rules! entries {
         ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
+        ($m:ident :: { $($name:ident),* $(,)? }) => {
+            vec![$((idx::$name, $m::$name as *const () as usize)),*]
+        };
     }
     let mut v = entries![
         cudaMalloc,
@@ -1205,43 +1208,17 @@ pub fn table() -> Vec<(usize, usize)> {
     // Launches are wrapped to translate their arguments, or to trace them; else to mark
     // them in flight (their trampolines leave it to the wrappers: build.rs).
     if !(translated() || tracing::enabled()) {
-        use marked_launches as m;
-        v.extend([
-            (
-                idx::cudaLaunchKernel,
-                m::cudaLaunchKernel as *const () as usize,
-            ),
-            (
-                idx::cudaLaunchKernel_ptsz,
-                m::cudaLaunchKernel_ptsz as *const () as usize,
-            ),
-            (
-                idx::cudaLaunchCooperativeKernel,
-                m::cudaLaunchCooperativeKernel as *const () as usize,
-            ),
-            (
-                idx::cudaLaunchCooperativeKernel_ptsz,
-                m::cudaLaunchCooperativeKernel_ptsz as *const () as usize,
-            ),
-            (
-                idx::__cudaLaunchKernel,
-                m::__cudaLaunchKernel as *const () as usize,
-            ),
-            (
-                idx::__cudaLaunchKernel_ptsz,
-                m::__cudaLaunchKernel_ptsz as *const () as usize,
-            ),
-            (
-                idx::cudaLaunchKernelExC,
-                m::cudaLaunchKernelExC as *const () as usize,
-            ),
-            (
-                idx::cudaLaunchKernelExC_ptsz,
-                m::cudaLaunchKernelExC_ptsz as *const () as usize,
-            ),
-        ]);
-    }
-    if translated() || tracing::enabled() {
+        v.extend(entries![marked_launches::{
+            cudaLaunchKernel,
+            cudaLaunchKernel_ptsz,
+            cudaLaunchCooperativeKernel,
+            cudaLaunchCooperativeKernel_ptsz,
+            __cudaLaunchKernel,
+            __cudaLaunchKernel_ptsz,
+            cudaLaunchKernelExC,
+            cudaLaunchKernelExC_ptsz,
+        }]);
+    } else {
         v.extend(entries![
             cudaLaunchKernel,
             cudaLaunchKernel_ptsz,

@@ -179,10 +179,11 @@ impl<B: Backend> std::fmt::Debug for Vmm<B> {
     }
 }
 
-/// A multiplicative hasher for the VMM's own keys (addresses and ids it handed out, not
-/// input an attacker chooses): cheaper than SipHash on the allocate / free path.
+/// A multiplicative hasher for keys that are addresses and ids cudaw handed out or was
+/// handed (not input an attacker chooses): cheaper than SipHash on the allocate / free
+/// path, and on the launch path's per-thread caches (cudart-shim's registry).
 #[derive(Debug, Default, Clone, Copy)]
-struct KeyHasher(u64);
+pub struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -200,9 +201,15 @@ impl Hasher for KeyHasher {
         let h = (self.0 ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         self.0 = h ^ (h >> 29);
     }
+
+    #[inline]
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
 }
 
-type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
+/// A `HashMap` keyed by addresses or ids, with [`KeyHasher`].
+pub type KeyMap<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
 
 /// Unit of the translated range's directory and size of its shared virtual chunks.
 const TRANSLATED_UNIT: u64 = 2 << 20;

@@ -291,6 +291,13 @@ pub fn enqueues_device_work(name: &str) -> bool {
     PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// Whether export `name` gets an in-flight trampoline: it [`enqueues_device_work`] and is
+/// not one of `by_wrapper`, the exports whose wrappers mark them in flight themselves (so
+/// that their return goes straight back to the caller, not through the trampoline's thunk).
+pub fn marked_by_trampoline(name: &str, by_wrapper: &[&str]) -> bool {
+    enqueues_device_work(name) && !by_wrapper.contains(&name)
+}
+
 /// `inflight.s`, for the in-flight trampolines of [`trampolines`] with this `prefix`:
 ///
 /// - `PREFIX_inflight_tls`: the per-thread block (initial-exec TLS), the word
