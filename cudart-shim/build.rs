@@ -24,12 +24,14 @@ const MAJORS: [(&str, &str, &str); 3] = [
 
 /// cudaw's own exports beside the runtime's: the hook table the driver shim
 /// (`libcuda.so.1`) looks up to share this library's gate and state, its handle table and
-/// its memory table and its tracing table.
-const OWN_EXPORTS: [&str; 4] = [
+/// its memory table and its tracing table; and the switch a program may call to turn
+/// tracing on and off while it runs.
+const OWN_EXPORTS: [&str; 5] = [
     "cudaw_runtime_handles_v1",
     "cudaw_runtime_hooks_v1",
     "cudaw_runtime_memory_v1",
     "cudaw_runtime_trace_v1",
+    "cudaw_trace_active_v1",
 ];
 
 fn main() {

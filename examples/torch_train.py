@@ -9,6 +9,11 @@ With --bench it times steps after a warm-up and prints ms per step (the fastest 
     python3 examples/torch_train.py --steps 20 --print-losses
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 examples/torch_train.py
     python3 examples/torch_train.py --bench --steps 200
+    CUDAW_TRACE=metrics cudaw run -- python3 examples/torch_train.py --trace-ab --steps 2000
+
+With --trace-ab (under cudaw, started with CUDAW_TRACE) it times blocks of steps with
+tracing switched on and off in turn, in one process (cudaw's cudaw_trace_active_v1), and
+prints the median of the per-round ratios traced / untraced.
 """
 import argparse
 import hashlib
@@ -48,6 +53,9 @@ def main():
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (no Triton)")
     p.add_argument("--print-losses", action="store_true")
     p.add_argument("--bench", action="store_true", help="time steps after 10 warm-up steps")
+    p.add_argument("--trace-ab", action="store_true",
+                   help="under cudaw with CUDAW_TRACE: time blocks of steps traced and untraced in turn")
+    p.add_argument("--block", type=int, default=25, help="steps per timed block (--trace-ab)")
     p.add_argument("--hold-gib", type=float, default=0,
                    help="also hold a buffer of this many GiB (a known pattern, checked at the end)")
     p.add_argument("--pid-file", help="write this process's PID here once training starts")
@@ -74,6 +82,10 @@ def main():
         loss.backward()
         opt.step()
         return loss
+
+    if args.trace_ab:
+        trace_ab(args, step)
+        return
 
     if args.bench:
         for i in range(10):
@@ -122,6 +134,61 @@ def main():
     print(f"final loss {losses[-1]:.6f} weights_sha256 {h.hexdigest()[:16]}")
     print(f"allocator {torch.cuda.memory_allocated() >> 20} MiB allocated, "
           f"{torch.cuda.memory_reserved() >> 20} MiB reserved", file=sys.stderr)
+
+
+def tracing_switch():
+    """cudaw's cudaw_trace_active_v1 in the libcudart this process loaded, or None."""
+    import ctypes
+    paths = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "libcudart.so" in path and path not in paths:
+                paths.append(path)
+    for path in paths:
+        try:
+            fn = ctypes.CDLL(path).cudaw_trace_active_v1
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+def trace_ab(args, step):
+    """Blocks of steps with tracing on and off in turn (the order alternates each round)."""
+    import statistics
+    sw = tracing_switch()
+    if sw is None or sw(1) < 0:
+        print("trace_ab unavailable: not under cudaw, or started without CUDAW_TRACE")
+        sys.exit(2)
+    for i in range(10):
+        step(i)
+    torch.cuda.synchronize()
+    per = max(1, args.block)
+    rounds = max(1, args.steps // (2 * per))
+    ratios, ms = [], {0: [], 1: []}
+    n = 0
+    for r in range(rounds):
+        t = {}
+        for k in range(2):
+            on = (r + k) % 2
+            sw(on)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(per):
+                step(n)
+                n += 1
+            torch.cuda.synchronize()
+            t[on] = (time.perf_counter() - t0) * 1000 / per
+            ms[on].append(t[on])
+        ratios.append(t[1] / t[0])
+    sw(1)
+    print(f"trace_ab ratio={statistics.median(ratios):.4f} on_ms={statistics.median(ms[1]):.4f} "
+          f"off_ms={statistics.median(ms[0]):.4f} rounds={rounds} steps_per_block={per} "
+          f"ratios_p25={statistics.quantiles(ratios, n=4)[0] if rounds > 1 else ratios[0]:.4f} "
+          f"ratios_p75={statistics.quantiles(ratios, n=4)[2] if rounds > 1 else ratios[0]:.4f}")
 
 
 if __name__ == "__main__":

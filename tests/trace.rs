@@ -48,29 +48,7 @@ impl Target {
     fn start(name: &str, addressing: Addressing, env: &[(&str, &str)]) -> Option<Target> {
         let nvcc = nvcc()?;
         let exe = compile_program(&nvcc, "hotcold");
-        let dir = scratch(name);
-        let log = std::fs::File::create(dir.join("log")).expect("creating the log");
-        let mut cmd = command_under_cudaw(&exe, addressing, env);
-        cmd.arg("wait")
-            .env("CUDAW_LOG", "info")
-            .env("CUDAW_RUN_DIR", &dir)
-            .current_dir(&dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log);
-        let mut child = cmd.spawn().expect("starting hotcold under cudaw");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("reading hotcold's output");
-        let t = Target {
-            child,
-            stdin,
-            stdout,
-            dir,
-        };
+        let (t, line) = Target::spawn(name, &exe, &["wait"], addressing, env);
         assert_eq!(
             line,
             "ready\n",
@@ -78,6 +56,52 @@ impl Target {
             t.log()
         );
         Some(t)
+    }
+
+    /// `exe ARGS` under cudaw, with its first line of output.
+    fn spawn(
+        name: &str,
+        exe: &Path,
+        args: &[&str],
+        addressing: Addressing,
+        env: &[(&str, &str)],
+    ) -> (Target, String) {
+        let dir = scratch(name);
+        let log = std::fs::File::create(dir.join("log")).expect("creating the log");
+        let mut cmd = command_under_cudaw(exe, addressing, env);
+        cmd.args(args)
+            .env("CUDAW_LOG", "info")
+            .env("CUDAW_RUN_DIR", &dir)
+            .current_dir(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        let mut child = cmd.spawn().expect("starting the program under cudaw");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut t = Target {
+            child,
+            stdin,
+            stdout,
+            dir,
+        };
+        let line = t.line();
+        (t, line)
+    }
+
+    /// The program's next line of output.
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("reading the program's output");
+        line
+    }
+
+    /// Lets the program go on past a stop; its next line.
+    fn go_on(&mut self) -> String {
+        self.stdin.write_all(b"\n").expect("writing to the program");
+        self.line()
     }
 
     fn pid(&self) -> u32 {
@@ -591,4 +615,177 @@ fn tracing_off_answers_clearly() {
     );
     let (_, log) = t.finish();
     assert!(!log.contains("trace:"), "{log}");
+}
+
+/// `tests/cuda/trace/trace_switch.cu`, compiled.
+fn trace_switch() -> Option<PathBuf> {
+    let nvcc = nvcc()?;
+    let src = cudaw_tests::workspace().join("tests/cuda/trace/trace_switch.cu");
+    Some(cudaw_tests::compile(&nvcc, "trace_switch", &src))
+}
+
+/// The launches per kernel (by name, without the argument list) in `stats`.
+fn launches(stats: &Value) -> BTreeMap<String, u64> {
+    stats["kernels"]
+        .as_array()
+        .expect("kernels")
+        .iter()
+        .map(|k| {
+            let name = k["name"].as_str().unwrap();
+            (
+                name.split('(').next().unwrap().to_owned(),
+                k["launches"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Tracing switched off and on while the program runs, by the program itself
+/// (`cudaw_trace_active_v1`) and by `cudaw-ckpt tracing`: what runs while it is off is not
+/// recorded, what was recorded stays readable, recording resumes when it is back on.
+fn switching(addressing: Addressing, mode: &str) {
+    let Some(exe) = trace_switch() else { return };
+    let (mut t, line) = Target::spawn(
+        &format!("switch-{mode}-{addressing:?}"),
+        &exe,
+        &[],
+        addressing,
+        &[("CUDAW_TRACE", mode)],
+    );
+    // Each switch returns whether tracing was on before.
+    assert_eq!(line, "ready 1 off=1 on=0 again=1\n", "log:\n{}", t.log());
+    let s = t.stats();
+    let k = launches(&s);
+    assert_eq!(k.get("add_into"), Some(&10), "{k:?}");
+    assert_eq!(k.get("fill"), None, "launched while off: {k:?}");
+    assert_eq!(k.get("scale"), Some(&30), "{k:?}");
+    let c = calls(&s);
+    assert_eq!(c.get("cudaGetLastError"), Some(&40), "{c:?}");
+    assert_eq!(
+        c.get("cudaMemset"),
+        Some(&1),
+        "five memsets ran while off: {c:?}"
+    );
+
+    let pid = t.pid().to_string();
+    let v: Value =
+        serde_json::from_str(&t.ckpt_ok(&["tracing", &pid, "off", "--json"])).expect("JSON");
+    assert_eq!(
+        (v["mode"].as_str(), v["on"].as_bool(), v["was_on"].as_bool()),
+        (Some(mode), Some(false), Some(true)),
+        "{v}"
+    );
+    let text = t.ckpt_ok(&["tracing", &pid, "off"]);
+    assert_eq!(text, format!("{pid}: tracing ({mode}) was already off\n"));
+    assert_eq!(t.go_on(), "ready 2\n");
+    // Off: the 7 launches of add_into are not counted, and what was recorded is still there.
+    let s = t.stats();
+    assert_eq!(launches(&s).get("add_into"), Some(&10), "{s}");
+    assert_eq!(calls(&s).get("cudaGetLastError"), Some(&40), "{s}");
+    let text = t.ckpt_ok(&["tracing", &pid, "on"]);
+    assert_eq!(text, format!("{pid}: tracing ({mode}) switched on\n"));
+    assert_eq!(t.go_on(), "ready 3\n");
+    let s = t.stats();
+    assert_eq!(launches(&s).get("add_into"), Some(&14), "{s}");
+    assert_eq!(calls(&s).get("cudaGetLastError"), Some(&44), "{s}");
+    if mode == "timeline" {
+        let out = t.dir.join("switch.json");
+        t.ckpt_ok(&["trace", &pid, "-o", out.to_str().unwrap()]);
+        let tl = read_json(&out);
+        let kernels: BTreeMap<String, usize> = tl["traceEvents"]
+            .as_array()
+            .expect("traceEvents")
+            .iter()
+            .filter(|e| e["cat"] == "kernel")
+            .fold(BTreeMap::new(), |mut m, e| {
+                let name = e["name"].as_str().unwrap_or("");
+                *m.entry(name.split('(').next().unwrap().to_owned())
+                    .or_default() += 1;
+                m
+            });
+        assert_eq!(
+            kernels,
+            BTreeMap::from([("add_into".to_owned(), 14), ("scale".to_owned(), 30)]),
+            "the timeline's kernels"
+        );
+    }
+    let (last, log) = t.finish();
+    assert_eq!(last, "trace_switch done acc=21 f=1073741824\n", "{log}");
+    assert!(
+        log.contains("tracing switched off") && log.contains("tracing switched on"),
+        "{log}"
+    );
+}
+
+#[test]
+fn switching_tracing_off_and_on_metrics_mapped() {
+    switching(Addressing::Mapped, "metrics");
+}
+
+#[test]
+fn switching_tracing_off_and_on_metrics_translated() {
+    switching(Addressing::Translated, "metrics");
+}
+
+#[test]
+fn switching_tracing_off_and_on_timeline_mapped() {
+    switching(Addressing::Mapped, "timeline");
+}
+
+/// Without `CUDAW_TRACE` nothing can be switched: the program's switch answers -1 and
+/// `cudaw-ckpt tracing` says why.
+#[test]
+fn switching_needs_tracing_at_start() {
+    let Some(exe) = trace_switch() else { return };
+    let (mut t, line) = Target::spawn("switch-off", &exe, &[], Addressing::Mapped, &[]);
+    assert_eq!(line, "ready 1 off=-1 on=-1 again=-1\n", "log:\n{}", t.log());
+    let pid = t.pid().to_string();
+    let out = t.ckpt(&["tracing", &pid, "on"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tracing is off in this process") && err.contains("CUDAW_TRACE=metrics"),
+        "{err}"
+    );
+    assert_eq!(t.go_on(), "ready 2\n");
+    assert_eq!(t.go_on(), "ready 3\n");
+    let (last, _) = t.finish();
+    assert_eq!(last, "trace_switch done acc=21 f=1073741824\n");
+}
+
+/// `tests/cuda/gpu/launch_ab.cu` (gpu-check's in-process benchmark) under
+/// `CUDAW_TRACE=metrics` also times its launches with tracing switched on and off: its
+/// traced line is there, with figures.
+#[test]
+fn launch_ab_times_tracing_on_and_off() {
+    let Some(nvcc) = nvcc() else { return };
+    let src = cudaw_tests::workspace().join("tests/cuda/gpu/launch_ab.cu");
+    let exe = cudaw_tests::compile(&nvcc, "launch_ab", &src);
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_TRACE", "metrics")]);
+    let out = cmd
+        .arg("5")
+        .env("CUDAW_LOG", "info")
+        .output()
+        .expect("running launch_ab");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let traced = stdout
+        .lines()
+        .find(|l| l.starts_with("launch_ab traced rounds=5 "))
+        .unwrap_or_else(|| panic!("no traced line:\n{stdout}{stderr}"));
+    let figure = |name: &str| -> f64 {
+        let at = traced.find(&format!("{name}=")).expect(name) + name.len() + 1;
+        traced[at..].split(' ').next().unwrap().parse().expect(name)
+    };
+    assert!(figure("trace_rt_added_ns").is_finite(), "{traced}");
+    assert!(figure("trace_call_added_ns").is_finite(), "{traced}");
+    assert!(
+        stderr.contains("tracing switched off") && stderr.contains("tracing switched on"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("launch_ab rounds=5 ")),
+        "{stdout}"
+    );
 }

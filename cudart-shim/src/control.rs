@@ -312,6 +312,20 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
                 Err(e) => Reply::error(ErrorKind::Failed, e),
             };
         }
+        Request::Tracing { on } => {
+            return match crate::tracing::set_active(on) {
+                Ok(was_on) => Reply {
+                    ok: true,
+                    tracing: Some(cudaw_control::TracingSwitched {
+                        mode: crate::config::get().trace.as_str().to_owned(),
+                        on,
+                        was_on,
+                    }),
+                    ..Reply::default()
+                },
+                Err(e) => Reply::error(ErrorKind::Failed, e),
+            };
+        }
         Request::Trace { path } => {
             let path = match absolute(path) {
                 Ok(p) => p,

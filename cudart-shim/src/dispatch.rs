@@ -179,6 +179,15 @@ fn initialise() {
     gate::mark_initialised();
 }
 
+/// The real runtime's function `index`, or the stub for a name it lacks: where the export
+/// goes when cudaw does not wrap it.
+pub(crate) fn real_or_stub(index: usize) -> usize {
+    match REAL[index].load(Ordering::Acquire) {
+        0 => stub_for(ALL_NAMES[index]),
+        p => p,
+    }
+}
+
 /// The stub for a name the real runtime lacks: a typed one where the return type is not a
 /// `cudaError_t`, else [`unsupported`].
 fn stub_for(name: &str) -> usize {

@@ -6,6 +6,8 @@
 use crate::{gate, memory, pause};
 use driver::hooks::{RuntimeHooks, CHARGED, NOT_CHARGED, REFUSED};
 
+pub use trace_hooks::trace_mode_word;
+
 extern "C" fn wait_while_paused() {
     crate::boundary::guard("the driver shim's gate", (), gate::wait_while_paused)
 }
@@ -367,15 +369,18 @@ mod trace_hooks {
     }
 
     extern "C" fn mode() -> u32 {
-        guard(
-            "the tracing mode (driver layer)",
-            TRACE_OFF,
-            || match crate::config::get().trace {
-                Mode::Off => TRACE_OFF,
-                Mode::Metrics => TRACE_METRICS,
-                Mode::Timeline => TRACE_TIMELINE,
-            },
-        )
+        guard("the tracing mode (driver layer)", TRACE_OFF, || {
+            trace_mode_word(tracing::mode())
+        })
+    }
+
+    /// `mode` as the driver shim's word for it.
+    pub fn trace_mode_word(mode: Mode) -> u32 {
+        match mode {
+            Mode::Off => TRACE_OFF,
+            Mode::Metrics => TRACE_METRICS,
+            Mode::Timeline => TRACE_TIMELINE,
+        }
     }
 
     extern "C" fn now() -> u64 {

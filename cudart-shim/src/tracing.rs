@@ -29,7 +29,7 @@ use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// The time stamp counter: the tick source (constant rate on every x86-64 CPU that runs
 /// CUDA; calibrated against the monotonic clock).
@@ -63,11 +63,7 @@ fn init_once() {
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
-    let bits = match cfg.trace {
-        Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,
-        _ => gate::TRACING,
-    };
-    gate::GATE.fetch_or(bits, Ordering::SeqCst);
+    gate::GATE.fetch_or(gate_bits(cfg.trace), Ordering::SeqCst);
     log::info(format_args!(
         "tracing: {} ({}; ticks {:.3} per ns)",
         cfg.trace.as_str(),
@@ -84,15 +80,126 @@ fn init_once() {
     ));
 }
 
-/// The process's tracer, when tracing is on.
+/// The process's tracer, when tracing is on (and not switched off by [`set_active`]).
 #[inline]
 pub fn tracer() -> Option<&'static Tracer> {
-    cudaw_trace::get()
+    let t = cudaw_trace::get()?;
+    (!SUSPENDED.load(Ordering::Relaxed)).then_some(t)
 }
 
-/// Whether tracing is on.
+/// Whether tracing is on: configured (`CUDAW_TRACE`) and not switched off.
 pub fn enabled() -> bool {
+    configured() && !SUSPENDED.load(Ordering::Relaxed)
+}
+
+/// Whether `CUDAW_TRACE` asked for tracing when the process started.
+pub fn configured() -> bool {
     crate::config::get().trace != Mode::Off
+}
+
+/// The mode tracing runs in now: `CUDAW_TRACE`'s, or [`Mode::Off`] while switched off.
+pub fn mode() -> Mode {
+    if enabled() {
+        crate::config::get().trace
+    } else {
+        Mode::Off
+    }
+}
+
+// ------------------------------------------------------------------ switching on and off
+
+/// Tracing is switched off ([`set_active`]): the tracer and what it holds are kept, nothing
+/// new is recorded, and calls take the untraced paths.
+static SUSPENDED: AtomicBool = AtomicBool::new(false);
+
+/// Switches tracing off (`false`) or back on (`true`) in this running process, which
+/// started with `CUDAW_TRACE=metrics` or `timeline`: `cudaw-ckpt tracing PID off|on`, or a
+/// program's own call of [`cudaw_trace_active_v1`]. Off, every call takes the path it
+/// takes with `CUDAW_TRACE=off` (the gate word without the tracing bits, the launches'
+/// thin wrappers, the driver layer told to stop recording); the counters, the memory
+/// history and the timeline recorded so far stay readable, and recording resumes where it
+/// left off when switched back on (calls made meanwhile are not counted; allocations made
+/// meanwhile have no history). Returns whether tracing was on before.
+pub fn set_active(on: bool) -> Result<bool, String> {
+    if !configured() {
+        return Err(
+            "tracing is off in this process: start it with CUDAW_TRACE=metrics or timeline \
+             to switch tracing on and off while it runs"
+                .to_owned(),
+        );
+    }
+    static SWITCH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    crate::dispatch::ensure_initialised();
+    let _g = SWITCH.lock();
+    let was = !SUSPENDED.load(Ordering::SeqCst);
+    if was == on {
+        return Ok(was);
+    }
+    let bits = gate_bits(crate::config::get().trace);
+    if on {
+        SUSPENDED.store(false, Ordering::SeqCst);
+        crate::wrappers::switch_launch_entries(true);
+        driver_layer_mode(mode());
+        gate::GATE.fetch_or(bits, Ordering::SeqCst);
+    } else {
+        gate::GATE.fetch_and(!bits, Ordering::SeqCst);
+        driver_layer_mode(Mode::Off);
+        crate::wrappers::switch_launch_entries(false);
+        SUSPENDED.store(true, Ordering::SeqCst);
+    }
+    log::info(format_args!(
+        "tracing switched {}",
+        if on { "on" } else { "off" }
+    ));
+    Ok(was)
+}
+
+/// The gate bits tracing in `mode` sets.
+fn gate_bits(mode: Mode) -> u32 {
+    match mode {
+        Mode::Off => 0,
+        Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,
+        Mode::Metrics => gate::TRACING,
+    }
+}
+
+/// Tells cudaw's driver layer (`libcuda.so.1`), when it is the loaded driver, to record or
+/// not (`driver::hooks::TRACE_MODE_SYMBOL`).
+fn driver_layer_mode(mode: Mode) {
+    // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up; dlsym reads the
+    // loader's tables. The driver layer exports the name as `extern "C" fn(u32)`; no other
+    // library exports it.
+    unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return;
+        }
+        let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
+        if !f.is_null() {
+            let set: extern "C" fn(u32) = std::mem::transmute(f);
+            set(crate::hooks::trace_mode_word(mode));
+        }
+        libc::dlclose(h);
+    }
+}
+
+/// `cudaw_trace_active_v1(on)`: a program's own switch ([`set_active`]): `on` non-zero
+/// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
+/// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
+/// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
+/// untraced in one process.
+#[no_mangle]
+pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
+    crate::boundary::guard("switching tracing", -1, || match set_active(on != 0) {
+        Ok(was) => i32::from(was),
+        Err(e) => {
+            log::warn(format_args!("{e}"));
+            -1
+        }
+    })
 }
 
 /// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID, so that the processes a program
@@ -529,9 +636,10 @@ pub fn now() -> u64 {
 
 // ------------------------------------------------------------------ reading
 
-/// The metrics and the `top` hottest and coldest allocations, or why not.
+/// The metrics and the `top` hottest and coldest allocations, or why not (also while
+/// tracing is switched off: what was recorded).
 pub fn stats(top: usize) -> Result<cudaw_trace::Stats, String> {
-    match tracer() {
+    match cudaw_trace::get() {
         Some(t) => Ok(t.stats(std::process::id(), top)),
         None => Err(format!(
             "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
@@ -552,7 +660,7 @@ pub struct Written {
 
 /// Writes the timeline so far to `path` (through a temporary file renamed into place).
 pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
-    let Some(t) = tracer() else {
+    let Some(t) = cudaw_trace::get() else {
         return Err(stats(0).err().unwrap_or_default());
     };
     if !t.timeline() {
@@ -603,7 +711,7 @@ fn process_name() -> String {
 
 extern "C" fn at_exit() {
     crate::boundary::guard("the trace summary at exit", (), || {
-        let Some(t) = tracer() else { return };
+        let Some(t) = cudaw_trace::get() else { return };
         if t.timeline() {
             let path = trace_file();
             match write_timeline(&path) {

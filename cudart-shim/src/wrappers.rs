@@ -1139,14 +1139,16 @@ fn ipc_get_mem_handle_impl(i: usize, handle: *mut c_void, dev_ptr: *mut c_void) 
 }
 variants!(ipc_get_mem_handle_impl => cudaIpcGetMemHandle; (handle: *mut c_void, dev_ptr: *mut c_void));
 
+/// `(index, function)` for each name: `name` or `module::{names}`.
+macro_rules! entries {
+    ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
+    ($m:ident :: { $($name:ident),* $(,)? }) => {
+        vec![$((idx::$name, $m::$name as *const () as usize)),*]
+    };
+}
+
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
-    macro_rules! entries {
-        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-        ($m:ident :: { $($name:ident),* $(,)? }) => {
-            vec![$((idx::$name, $m::$name as *const () as usize)),*]
-        };
-    }
     let mut v = entries![
         cudaMalloc,
         cudaFree,
@@ -1205,21 +1207,17 @@ pub fn table() -> Vec<(usize, usize)> {
         cudaIpcGetMemHandle,
     ];
     v.extend(crate::entry_points::table());
-    // Launches are wrapped to translate their arguments, or to trace them; else to mark
-    // them in flight (their trampolines leave it to the wrappers: build.rs).
-    if !(translated() || tracing::enabled()) {
-        v.extend(entries![marked_launches::{
-            cudaLaunchKernel,
-            cudaLaunchKernel_ptsz,
-            cudaLaunchCooperativeKernel,
-            cudaLaunchCooperativeKernel_ptsz,
-            __cudaLaunchKernel,
-            __cudaLaunchKernel_ptsz,
-            cudaLaunchKernelExC,
-            cudaLaunchKernelExC_ptsz,
-        }]);
-    } else {
-        v.extend(entries![
+    v.extend(launch_entries(translated() || tracing::enabled()));
+    v
+}
+
+/// The names wrapped only to translate their arguments or to trace them: with neither,
+/// they go to the real runtime, except the launches, which go to their thin wrappers that
+/// mark them in flight ([`marked_launches`]; their trampolines leave it to the wrappers:
+/// build.rs).
+fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
+    if wrapped {
+        entries![
             cudaLaunchKernel,
             cudaLaunchKernel_ptsz,
             cudaLaunchCooperativeKernel,
@@ -1232,7 +1230,38 @@ pub fn table() -> Vec<(usize, usize)> {
             cudaGraphKernelNodeSetParams,
             cudaGraphExecKernelNodeSetParams,
             cudaPointerGetAttributes,
-        ]);
+        ]
+    } else {
+        let mut v = entries![marked_launches::{
+            cudaLaunchKernel,
+            cudaLaunchKernel_ptsz,
+            cudaLaunchCooperativeKernel,
+            cudaLaunchCooperativeKernel_ptsz,
+            __cudaLaunchKernel,
+            __cudaLaunchKernel_ptsz,
+            cudaLaunchKernelExC,
+            cudaLaunchKernelExC_ptsz,
+        }];
+        for i in [
+            idx::cudaGraphAddKernelNode,
+            idx::cudaGraphKernelNodeSetParams,
+            idx::cudaGraphExecKernelNodeSetParams,
+            idx::cudaPointerGetAttributes,
+        ] {
+            v.push((i, crate::dispatch::real_or_stub(i)));
+        }
+        v
     }
-    v
+}
+
+/// Points the launch entries at the wrappers tracing needs (`traced`) or at what runs
+/// untraced: [`crate::tracing::set_active`] switches tracing on and off in a running
+/// process. With translated addressing the wrappers stay (they translate).
+pub(crate) fn switch_launch_entries(traced: bool) {
+    if translated() {
+        return;
+    }
+    for (i, f) in launch_entries(traced) {
+        crate::dispatch::TABLE[i].store(f, std::sync::atomic::Ordering::Release);
+    }
 }

@@ -215,6 +215,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Switch tracing off or back on in a running process (started with CUDAW_TRACE).
+    ///
+    /// Off, the process's calls take the same paths as with CUDAW_TRACE=off, so tracing
+    /// costs nothing while it is off; the metrics, memory history and timeline recorded so
+    /// far stay readable (stats, trace), and recording resumes when switched back on.
+    /// Calls made while off are not counted. A process started without CUDAW_TRACE cannot
+    /// be switched (start it with CUDAW_TRACE=metrics, then switch it off if you like).
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt tracing 4242 off\n  \
+        cudaw-ckpt tracing 4242 on --json    {\"mode\",\"on\",\"was_on\"}")]
+    Tracing {
+        /// The process ID.
+        pid: u32,
+        /// `on` or `off`.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a checkpoint image: format, producing process, GPU, allocation table.
     ///
     /// Reading the header checks the format, version, header and metadata checksums, the
@@ -251,6 +272,7 @@ impl Command {
             | Command::Restore { json, .. }
             | Command::Stats { json, .. }
             | Command::Trace { json, .. }
+            | Command::Tracing { json, .. }
             | Command::Inspect { json, .. } => *json,
         }
     }
@@ -292,6 +314,7 @@ fn main() -> ExitCode {
             top,
         } => stats(pid, json, prometheus, top),
         Command::Trace { pid, output, json } => trace(pid, &output, json),
+        Command::Tracing { pid, state, json } => tracing(pid, state == "on", json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -324,7 +347,10 @@ fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Re
             | Request::Resume { progress }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress = true,
-            Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => {}
+            Request::Status {}
+            | Request::Stats { .. }
+            | Request::Trace { .. }
+            | Request::Tracing { .. } => {}
         }
     }
     let r = request(pid, &req, &mut |p| bars.update(p));
@@ -510,6 +536,25 @@ fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
             "{pid}: timeline of {} events written to {} ({} bytes){dropped}; open it in Perfetto",
             t.events, t.path, t.bytes
         );
+    }
+    Ok(())
+}
+
+fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
+    let reply = request(pid, &Request::Tracing { on }, &mut |_| {})?;
+    let t = reply
+        .tracing
+        .ok_or_else(|| fail(Kind::Connection, "the reply carries no tracing result"))?;
+    if json {
+        println!("{}", serde_json::to_string(&t)?);
+    } else {
+        let word = |b: bool| if b { "on" } else { "off" };
+        let change = if t.was_on == t.on {
+            format!("was already {}", word(t.on))
+        } else {
+            format!("switched {}", word(t.on))
+        };
+        println!("{pid}: tracing ({}) {change}", t.mode);
     }
     Ok(())
 }

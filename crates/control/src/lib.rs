@@ -104,6 +104,13 @@ pub enum Request {
         /// The file's absolute path.
         path: String,
     },
+    /// Switch tracing on or off in the running process (which started with
+    /// `CUDAW_TRACE=metrics` or `timeline`): off, calls take the untraced paths and nothing
+    /// new is recorded; what was recorded stays readable.
+    Tracing {
+        /// `true`: on; `false`: off.
+        on: bool,
+    },
 }
 
 /// The hottest and coldest allocations a `stats` request reports by default.
@@ -119,7 +126,7 @@ impl Request {
     pub fn parse(line: &str) -> Result<Request, String> {
         serde_json::from_str(line.trim()).map_err(|e| {
             format!(
-                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"stats\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"trace\",\"path\":\"/abs/file\"}})",
+                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"stats\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"trace\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"tracing\",\"on\":false}})",
                 truncate(line.trim(), 80)
             )
         })
@@ -142,6 +149,7 @@ impl Request {
             Request::Restore { .. } => "restore",
             Request::Stats { .. } => "stats",
             Request::Trace { .. } => "trace",
+            Request::Tracing { .. } => "tracing",
         }
     }
 
@@ -152,7 +160,10 @@ impl Request {
             | Request::Resume { progress }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress,
-            Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => false,
+            Request::Status {}
+            | Request::Stats { .. }
+            | Request::Trace { .. }
+            | Request::Tracing { .. } => false,
         }
     }
 }
@@ -360,10 +371,24 @@ pub struct Reply {
     /// A trace request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceWritten>,
+    /// A tracing switch's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSwitched>,
 }
 
 /// The metrics, as `cudaw-ckpt stats --json` prints them (defined by `cudaw-trace`).
 pub use cudaw_trace::Stats;
+
+/// What a tracing switch did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracingSwitched {
+    /// `CUDAW_TRACE`'s mode (`metrics` or `timeline`).
+    pub mode: String,
+    /// Whether tracing is on now.
+    pub on: bool,
+    /// Whether it was on before the request.
+    pub was_on: bool,
+}
 
 /// What a trace request wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -575,6 +600,8 @@ mod tests {
             Request::Trace {
                 path: "/t.json".into(),
             },
+            Request::Tracing { on: false },
+            Request::Tracing { on: true },
         ] {
             assert_eq!(Request::parse(&r.to_line()), Ok(r.clone()), "{r:?}");
         }
@@ -583,6 +610,11 @@ mod tests {
             Request::parse("{\"cmd\":\"stats\"}"),
             Ok(Request::Stats { top: None })
         );
+        assert_eq!(
+            Request::parse("{\"cmd\":\"tracing\",\"on\":false}"),
+            Ok(Request::Tracing { on: false })
+        );
+        assert!(Request::parse("{\"cmd\":\"tracing\"}").is_err());
         assert_eq!(
             Request::Dump {
                 path: "/j.img".into(),

@@ -65,6 +65,20 @@ pub fn init() {
     }
 }
 
+/// The tracing switch (`driver::hooks::TRACE_MODE_SYMBOL`): the runtime shim calls it
+/// with the mode in force when tracing is switched on or off in a running process. The
+/// copy wrappers, installed when tracing was on at start, forward untouched while it is
+/// off.
+#[no_mangle]
+pub extern "C" fn cudaw_driver_trace_mode_v1(mode: u32) {
+    let mode = if mode <= TRACE_TIMELINE {
+        mode
+    } else {
+        TRACE_OFF
+    };
+    MODE.store(mode, Ordering::Relaxed);
+}
+
 /// Whether tracing is on: the one test a launch pays with tracing off.
 #[inline(always)]
 pub fn on() -> bool {
@@ -220,7 +234,7 @@ pub fn launch(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let Some(h) = hooks() else { return f() };
-    if crate::runtime::runtime_accounts() {
+    if !on() || crate::runtime::runtime_accounts() {
         return f();
     }
     let timeline = timeline();
@@ -272,7 +286,7 @@ const DEFAULT: i32 = 4;
 /// caller is not cudaw's runtime.
 fn copy(direction: i32, bytes: usize, dst: u64, src: u64, f: impl FnOnce() -> u32) -> u32 {
     let Some(h) = hooks() else { return f() };
-    if crate::runtime::runtime_accounts() {
+    if !on() || crate::runtime::runtime_accounts() {
         return f();
     }
     let timeline = timeline();

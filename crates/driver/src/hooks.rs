@@ -155,6 +155,10 @@ unsafe impl Send for MemoryHooks {}
 /// The runtime shim's export for its tracing table: `extern "C" fn() -> *const TraceHooks`.
 /// A table of its own (beside the others), so that each grows alone.
 pub const RUNTIME_TRACE_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_trace_v1";
+/// The name the driver shim exports its tracing switch under: `extern "C" fn(mode: u32)`
+/// (one of the `TRACE_*` words), which the runtime shim calls when tracing is switched on
+/// or off in a running process (`cudaw-ckpt tracing PID on|off`).
+pub const TRACE_MODE_SYMBOL: &std::ffi::CStr = c"cudaw_driver_trace_mode_v1";
 
 /// [`TraceHooks::mode`]: tracing is off.
 pub const TRACE_OFF: u32 = 0;

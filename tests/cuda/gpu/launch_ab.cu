@@ -16,6 +16,9 @@
 // layer's launch wrapper costs: cuMemsetD8Async (an enqueue like a launch, through the
 // in-flight trampoline alone: memset_added_ns) and cuStreamQuery (a plain trampoline:
 // query_added_ns), cudaw's against the real driver's, in the same rounds.
+// Under CUDAW_TRACE (metrics or timeline) it also times cudaw's launches and calls with
+// tracing switched on and off in alternating rounds (cudaw_trace_active_v1): what tracing
+// adds, on its own line before the last ("launch_ab traced ... trace_rt_added_ns=..").
 // Natively there is no second runtime to compare with: prints "launch_ab skipped: ..".
 #include "../programs/common.h"
 #include <algorithm>
@@ -167,6 +170,47 @@ int main(int argc, char** argv) {
     }
     call_d.push_back(c[0] - c[1]);
     call_real.push_back(c[1]);
+  }
+  // Tracing's own cost, when the process started with CUDAW_TRACE: the same launches and
+  // calls through cudaw with tracing switched on and off (cudaw_trace_active_v1) in
+  // alternating rounds: trace_rt_added_ns (a runtime launch), trace_drv_added_ns (a driver
+  // launch), trace_call_added_ns (one forwarded call).
+  typedef int (*Switch)(int);
+  Switch sw = (Switch)dlsym(RTLD_DEFAULT, "cudaw_trace_active_v1");
+  bool traced = sw && sw(1) >= 0;
+  std::vector<double> tr_rt, tr_drv, tr_call;
+  for (int r = 0; traced && r < rounds; r++) {
+    double rt_t[2], drv_t[2] = {0, 0}, call_t[2];
+    for (int k = 0; k < 2; k++) {
+      int on = (r + k) % 2;
+      sw(on);
+      CHECK(cudaStreamSynchronize(s));
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < batch; i++) launch(0);
+      auto t1 = std::chrono::steady_clock::now();
+      rt_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
+      if (drv) {
+        CHECK(cudaStreamSynchronize(s));
+        t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < batch; i++) launch(2);
+        t1 = std::chrono::steady_clock::now();
+        drv_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
+      }
+      t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 1000; i++) acc += (int)peek_cudaw();
+      t1 = std::chrono::steady_clock::now();
+      call_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / 1000;
+    }
+    tr_rt.push_back(rt_t[1] - rt_t[0]);
+    if (drv) tr_drv.push_back(drv_t[1] - drv_t[0]);
+    tr_call.push_back(call_t[1] - call_t[0]);
+  }
+  if (traced) {
+    sw(1);
+    CHECK(cudaStreamSynchronize(s));
+    std::printf("launch_ab traced rounds=%d trace_rt_added_ns=%.1f trace_drv_added_ns=%.1f "
+                "trace_call_added_ns=%.2f\n",
+                rounds, median(tr_rt), drv ? median(tr_drv) : NAN, median(tr_call));
   }
   double x = median(rt_d), y = drv ? median(drv_d) : NAN, z = drv ? median(t[3]) : NAN;
   std::printf("launch_ab rounds=%d rt_added_ns=%.1f drv_added_ns=%.1f both_added_ns=%.1f "
