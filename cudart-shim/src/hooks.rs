@@ -411,16 +411,21 @@ mod trace_hooks {
             if l.kernel == u32::MAX {
                 return;
             }
-            let words: Vec<(u16, u64)> = if l.words.is_null() || l.words_len == 0 {
-                Vec::new()
+            let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
+                &[]
             } else {
                 // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
                 unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
-                    .iter()
-                    .map(|w| (w.param, w.value))
-                    .collect()
             };
-            t.record_launch(l.kernel, l.grid, l.block, l.shared, l.start, l.end, &words);
+            t.record_launch_words(
+                l.kernel,
+                l.grid,
+                l.block,
+                l.shared,
+                l.start,
+                l.end,
+                words.iter().map(|w| (w.param, w.value)),
+            );
         })
     }
 

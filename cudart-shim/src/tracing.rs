@@ -559,7 +559,7 @@ fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
 fn pointer_words(
     rec: &registry::FunctionRecord,
     args: *mut *mut c_void,
-    out: &mut Vec<(u16, u64)>,
+    out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
 ) {
     if args.is_null() {
         return;
@@ -607,7 +607,7 @@ pub fn launch(
     let end = if timeline { t.now() } else { 0 };
     let Some(rec) = rec else { return rc };
     let k = kernel_id(t, rec);
-    let mut words = Vec::new();
+    let mut words = smallvec::SmallVec::new();
     pointer_words(rec, args, &mut words);
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
@@ -617,7 +617,15 @@ pub fn launch(
             (now, now)
         }
     };
-    t.record_launch(k, grid, block, shared as u32, start, end, &words);
+    t.record_launch_words(
+        k,
+        grid,
+        block,
+        shared as u32,
+        start,
+        end,
+        words.iter().copied(),
+    );
     rc
 }
 

@@ -64,7 +64,7 @@ static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static MODULES_LOADED: AtomicU64 = AtomicU64::new(0);
 
 /// Slots in each thread's cache of handles (a power of two).
-const SLOTS: usize = 256;
+pub(crate) const SLOTS: usize = 256;
 
 /// One thread's launched handles: a direct-mapped table (slot by the handle's address
 /// bits), so that a launch of a cached handle costs a few loads; a miss (or a collision)
@@ -86,7 +86,7 @@ thread_local! {
 
 /// The slot of `handle` (function handles are heap addresses: their low bits are
 /// alignment, the next ones vary).
-fn slot(handle: usize) -> usize {
+pub(crate) fn slot(handle: usize) -> usize {
     (handle >> 4 ^ handle >> 12) & (SLOTS - 1)
 }
 

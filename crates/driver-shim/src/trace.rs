@@ -22,8 +22,7 @@ use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
 use fatbin::KernelInfo;
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -88,6 +87,9 @@ pub fn on() -> bool {
 fn timeline() -> bool {
     MODE.load(Ordering::Relaxed) == TRACE_TIMELINE
 }
+
+/// A launch's argument words that may be pointers: on the stack for up to 16.
+type Words = smallvec::SmallVec<[TraceWord; 16]>;
 
 /// The grid, block, shared memory and stream of a launch.
 #[derive(Debug, Clone, Copy)]
@@ -158,7 +160,7 @@ fn pointer_words(
     layout: &KernelInfo,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-    out: &mut Vec<TraceWord>,
+    out: &mut Words,
 ) {
     let buffer = if params.is_null() {
         extra_buffer(extra)
@@ -193,34 +195,51 @@ fn pointer_words(
     }
 }
 
-/// Handle → its kernel's layout (`None`: unknown).
-type Layouts = HashMap<usize, Option<Arc<KernelInfo>>>;
-
-thread_local! {
-    /// The layouts of the handles this thread launched, for the generation of handles
-    /// ([`crate::launch::generation`]) it was filled in.
-    static LAYOUTS: RefCell<(u64, Layouts)> =
-        RefCell::new((0, HashMap::new()));
+/// One thread's layouts of the handles it launched: a direct-mapped table (slot by the
+/// handle's address bits, as the launch counts' cache), valid for one generation of handles
+/// ([`crate::launch::generation`]). On the heap: this library's static TLS stays small.
+struct Layouts {
+    generation: Cell<u64>,
+    slots: RefCell<[LayoutSlot; crate::launch::SLOTS]>,
 }
 
-/// The parameter layout of `handle`'s kernel: from the thread's cache, else from
-/// [`crate::modules::layout`] (whose lock is taken on a thread's first launch of a handle).
-fn layout_of(handle: usize) -> Option<Arc<KernelInfo>> {
+/// A handle and its kernel's layout (`None`: unknown), or nothing cached.
+type LayoutSlot = Option<(usize, Option<Arc<KernelInfo>>)>;
+
+thread_local! {
+    static LAYOUTS: Box<Layouts> = Box::new(Layouts {
+        generation: Cell::new(0),
+        slots: RefCell::new([const { None }; crate::launch::SLOTS]),
+    });
+}
+
+/// Runs `f` with the parameter layout of `handle`'s kernel (`None`: unknown): from the
+/// thread's table, else from [`crate::modules::layout`] (whose lock is taken on a thread's
+/// first launch of a handle), without cloning it on the way.
+fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R {
     let generation = crate::launch::generation();
-    LAYOUTS
-        .try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else {
-                return crate::modules::layout(handle);
-            };
-            if c.0 != generation {
-                c.1.clear();
-                c.0 = generation;
-            }
-            c.1.entry(handle)
-                .or_insert_with(|| crate::modules::layout(handle))
-                .clone()
-        })
-        .unwrap_or_else(|_| crate::modules::layout(handle))
+    let mut f = Some(f);
+    let r = LAYOUTS.try_with(|c| {
+        let Ok(mut slots) = c.slots.try_borrow_mut() else {
+            return None;
+        };
+        if c.generation.get() != generation {
+            slots.iter_mut().for_each(|s| *s = None);
+            c.generation.set(generation);
+        }
+        let s = &mut slots[crate::launch::slot(handle)];
+        if !matches!(s, Some((h, _)) if *h == handle) {
+            *s = Some((handle, crate::modules::layout(handle)));
+        }
+        let layout = s.as_ref().and_then(|(_, l)| l.as_deref());
+        f.take().map(|f| f(layout))
+    });
+    match (r, f) {
+        (Ok(Some(v)), _) => v,
+        (_, Some(f)) => f(crate::modules::layout(handle).as_deref()),
+        // `f` ran: its result was returned above.
+        (_, None) => unreachable!("the layout closure ran without a result"),
+    }
 }
 
 /// Runs the launch `f` of kernel `k` (handle `handle`), recording it when it succeeds and
@@ -246,10 +265,12 @@ pub fn launch(
     let end = if timeline { (h.now)() } else { 0 };
     let Some(d) = dims else { return rc };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
-    let mut words = Vec::new();
-    if let Some(layout) = layout_of(handle) {
-        pointer_words(&layout, params, extra, &mut words);
-    }
+    let mut words = Words::new();
+    with_layout(handle, |layout| {
+        if let Some(layout) = layout {
+            pointer_words(layout, params, extra, &mut words);
+        }
+    });
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
         (false, true) => (0, 0),
@@ -395,7 +416,7 @@ mod tests {
             (&mut k as *mut f32).cast(),
         ];
         let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 12, 4)]);
-        let mut words = Vec::new();
+        let mut words = Words::new();
         pointer_words(
             &scale,
             params.as_mut_ptr(),

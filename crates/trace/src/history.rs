@@ -171,25 +171,53 @@ impl History {
     /// returns the buffers it received, one per allocation.
     pub fn launch(&mut self, kernel: u32, words: &[(u16, u64)], at: u64) -> Vec<Buffer> {
         let mut out: Vec<Buffer> = Vec::new();
-        for &(param, w) in words {
+        self.launch_with(kernel, words.iter().copied(), at, |param, r| {
+            out.push(Buffer {
+                param,
+                alloc: r.as_ref(),
+            })
+        });
+        out
+    }
+
+    /// [`History::launch`] without the list of buffers (nothing allocated): what metrics
+    /// keep.
+    pub fn launch_counted(
+        &mut self,
+        kernel: u32,
+        words: impl IntoIterator<Item = (u16, u64)>,
+        at: u64,
+    ) {
+        self.launch_with(kernel, words, at, |_, _| {});
+    }
+
+    /// Counts the launch on each allocation its words point into (once per allocation),
+    /// calling `each` for it.
+    fn launch_with(
+        &mut self,
+        kernel: u32,
+        words: impl IntoIterator<Item = (u16, u64)>,
+        at: u64,
+        mut each: impl FnMut(u16, &Record),
+    ) {
+        // The bases already counted: on the stack for the usual few.
+        let mut seen: smallvec::SmallVec<[u64; 16]> = smallvec::SmallVec::new();
+        for (param, w) in words {
             if w == 0 {
                 continue;
             }
             let Some(r) = self.find_mut(w) else { continue };
-            if out.iter().any(|b| b.alloc.base == r.base) {
+            if seen.contains(&r.base) {
                 continue;
             }
+            seen.push(r.base);
             r.launches += 1;
             r.last_use = Some(at);
             if r.kernels.len() < KERNELS_PER_ALLOCATION && !r.kernels.contains(&kernel) {
                 r.kernels.push(kernel);
             }
-            out.push(Buffer {
-                param,
-                alloc: r.as_ref(),
-            });
+            each(param, r);
         }
-        out
     }
 
     /// Live allocations.

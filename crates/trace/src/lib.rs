@@ -497,16 +497,50 @@ impl Tracer {
         end: u64,
         words: &[(u16, u64)],
     ) {
+        self.record_launch_words(
+            kernel,
+            grid,
+            block,
+            shared,
+            start,
+            end,
+            words.iter().copied(),
+        )
+    }
+
+    /// [`Tracer::record_launch`] with the words as an iterator (read where they are, not
+    /// copied first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_launch_words<I>(
+        &self,
+        kernel: u32,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        start: u64,
+        end: u64,
+        words: I,
+    ) where
+        I: ExactSizeIterator<Item = (u16, u64)>,
+    {
         let tid = self.local(|c| {
             c.launch(kernel as usize);
             c.tid
         });
-        let buffers: Vec<Buffer> = if words.is_empty() {
+        if words.len() == 0 && self.ring.is_none() {
+            return;
+        }
+        if self.ring.is_none() {
+            self.history.lock().launch_counted(kernel, words, end);
+            return;
+        }
+        let buffers: Vec<Buffer> = if words.len() == 0 {
             Vec::new()
         } else {
-            self.history.lock().launch(kernel, words, end)
+            let words: Vec<(u16, u64)> = words.collect();
+            self.history.lock().launch(kernel, &words, end)
         };
-        if self.ring.is_some() {
+        {
             self.push(Event::Launch(Box::new(timeline::Launch {
                 kernel,
                 tid,
