@@ -8,20 +8,19 @@
 #   scripts/gpu-check.sh                 # everything
 #   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
-#   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE) and the timeline's kernels
+#   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
 #   SECTIONS=pausebench PAUSE_SIZES="8 32" PAUSE_REPS=3 scripts/gpu-check.sh   # pause/resume vs pinned copy vs driver checkpoint
 #     (PAUSE_MODES="default arena": cudaw as is, and with --host-arena pinned)
 #
-# Everything at once takes longer than one 10-minute device command. In six runs, with the
+# Everything at once takes longer than one 10-minute device command. In five runs, with the
 # seconds each took on the H100 on 2026-11-24 (the last row, "time per section", gives
 # each section's own; the host's speed varied by 20% between machines that day):
-#   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh   # 240-250 s
-#   SECTIONS="env torch" scripts/gpu-check.sh                                     # ~300 s (not timed alone)
-#   SECTIONS="env overhead bench torchbench" TORCH_REPS=5 scripts/gpu-check.sh    # 430 s
-#   SECTIONS="env trace" TORCH_REPS=3 TORCH_STEPS=500 scripts/gpu-check.sh       # 350 s
-#   SECTIONS="env torchpause limits expandable" scripts/gpu-check.sh             # 310 s
-#   SECTIONS="env pausebench" scripts/gpu-check.sh                               # 120 s
+#   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh   # 220-260 s
+#   SECTIONS="env torch" scripts/gpu-check.sh                                     # 200 s
+#   SECTIONS="env overhead torchbench" TORCH_REPS=5 scripts/gpu-check.sh          # 320 s
+#   SECTIONS="env trace" scripts/gpu-check.sh                                     # 170-180 s (in-process A/B, TORCH_STEPS=2000)
+#   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

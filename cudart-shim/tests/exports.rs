@@ -110,9 +110,7 @@ fn every_build_exports_exactly_the_real_set_under_its_version_node() {
         let own: Vec<_> = a.iter().filter(|s| s.contains(" cudaw_")).collect();
         assert!(
             own.len() == 5
-                && own
-                    .iter()
-                    .any(|s| s.starts_with("T cudaw_trace_active_v1"))
+                && own.iter().any(|s| s.starts_with("T cudaw_trace_active_v1"))
                 && own
                     .iter()
                     .any(|s| s.starts_with("T cudaw_runtime_trace_v1"))
