@@ -19,7 +19,7 @@
 #   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh   # 220-260 s
 #   SECTIONS="env torch" scripts/gpu-check.sh                                     # 200 s
 #   SECTIONS="env overhead torchbench" TORCH_REPS=5 scripts/gpu-check.sh          # 320 s
-#   SECTIONS="env trace" scripts/gpu-check.sh                                     # 170-180 s (in-process A/B, TORCH_STEPS=2000)
+#   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~260 s (in-process A/B, TORCH_STEPS=6000)
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
@@ -530,7 +530,9 @@ if want trace; then
   # more than the goals); two processes per mode, the median of theirs reported. The
   # timeline of a few training steps names its kernels; the metrics are read live with
   # cudaw-ckpt stats.
-  TS=${TORCH_STEPS:-2000}
+  # 6000 steps a process (120 rounds of 25 on and 25 off): single 25-step blocks on this
+  # host spread by +-10%, so the median needs that many rounds to resolve 1%.
+  TS=${TORCH_STEPS:-6000}
   ab_ratio() { sed -n 's/.*trace_ab ratio=\([0-9.]*\).*/\1/p'; }
   for mode in metrics timeline; do
     rs=()

@@ -56,13 +56,13 @@ fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
 
 /// Runs `f`, a call that can enqueue device work, marked in flight by its wrapper rather
 /// than by an in-flight trampoline (the launches: `build.rs`): [`inflight::marked`] with
-/// this library's gate (a gate word that is not 0 — paused, tracing, not initialised —
-/// takes the slow path).
+/// this library's gate (a gate word paused or not initialised takes the slow path; the
+/// tracing bits do not matter here: the launches' traced wrappers are marked this way too).
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
     inflight::marked(
         block(),
-        || gate::GATE.load(Ordering::Relaxed) == 0,
+        || gate::GATE.load(Ordering::Relaxed) & (gate::PAUSED | gate::UNINITIALISED) == 0,
         admit,
         f,
     )

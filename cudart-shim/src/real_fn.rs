@@ -48,3 +48,26 @@ macro_rules! variant {
         }
     };
 }
+
+/// [`variants!`] for calls that can enqueue device work and whose trampolines leave the
+/// marking to their wrappers (the launches: `build.rs`): each body runs marked in flight on
+/// the calling thread ([`crate::inflight::marked`]: a word of the thread's own, no shared
+/// counter), as the untraced launches' thin wrappers do.
+#[macro_export]
+macro_rules! marked_variants {
+    ($imp:ident => $($name:ident),+ ; $params:tt) => {
+        $( $crate::marked_variant!($imp, $name, $params); )+
+    };
+}
+
+/// One wrapper of [`marked_variants!`].
+#[macro_export]
+macro_rules! marked_variant {
+    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+        extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
+            $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || {
+                $crate::inflight::marked(|| $imp($crate::dispatch::idx::$name, $($a),*))
+            })
+        }
+    };
+}

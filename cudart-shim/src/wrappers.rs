@@ -49,7 +49,7 @@ macro_rules! forward {
     };
 }
 
-use crate::variants;
+use crate::{marked_variants, variants};
 
 // ---------------------------------------------------------------- allocation (always)
 
@@ -598,7 +598,7 @@ fn launch_impl(
 ) -> cudaError_t {
     forward_launch(i, registry::function(f as usize), f, g, b, args, shm, s)
 }
-variants!(launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
+marked_variants!(launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
     (f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
 
 fn launch_kernel_handle_impl(
@@ -621,7 +621,7 @@ fn launch_kernel_handle_impl(
         s,
     )
 }
-variants!(launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
+marked_variants!(launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
     (k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
 
 fn launch_ex_impl(
@@ -648,7 +648,7 @@ fn launch_ex_impl(
         )
     })
 }
-variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
+marked_variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
     (cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void));
 
 /// The launches as cudaw forwards them with mapped addressing and no tracing: marked in
