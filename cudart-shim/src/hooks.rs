@@ -444,6 +444,21 @@ mod trace_hooks {
         })
     }
 
+    extern "C" fn memory_span(lo: *mut u64, hi: *mut u64) {
+        guard("the memory span (driver layer)", (), || {
+            let (l, h) = tracer().map_or((0, 0), |t| t.memory_span());
+            // SAFETY: the driver shim passes two writable words of its own.
+            unsafe {
+                if let Some(lo) = lo.as_mut() {
+                    *lo = l;
+                }
+                if let Some(hi) = hi.as_mut() {
+                    *hi = h;
+                }
+            }
+        })
+    }
+
     static TRACE: TraceHooks = TraceHooks {
         size: std::mem::size_of::<TraceHooks>(),
         mode,
@@ -451,6 +466,7 @@ mod trace_hooks {
         kernel_id,
         record_launch,
         record_copy,
+        memory_span,
     };
 
     /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).

@@ -555,12 +555,18 @@ fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
 }
 
 /// The 8-byte words of a launch's arguments that may be pointers (with the parameter
-/// each came from), read through the kernel's parameter layout.
+/// each came from), read through the kernel's parameter layout: those inside the span of
+/// the live allocations ([`Tracer::may_point`]).
 fn pointer_words(
+    t: &Tracer,
     rec: &registry::FunctionRecord,
     args: *mut *mut c_void,
     out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
 ) {
+    let (lo, hi) = t.memory_span();
+    if lo >= hi {
+        return;
+    }
     if args.is_null() {
         return;
     }
@@ -578,7 +584,9 @@ fn pointer_words(
         while w + 8 <= size {
             // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
             let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
-            out.push((p.ordinal as u16, v));
+            if v >= lo && v < hi {
+                out.push((p.ordinal as u16, v));
+            }
             w += 8;
         }
     }
@@ -608,7 +616,7 @@ pub fn launch(
     let Some(rec) = rec else { return rc };
     let k = kernel_id(t, rec);
     let mut words = smallvec::SmallVec::new();
-    pointer_words(rec, args, &mut words);
+    pointer_words(t, rec, args, &mut words);
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
         (false, true) => (0, 0),

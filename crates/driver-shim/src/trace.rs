@@ -160,8 +160,12 @@ fn pointer_words(
     layout: &KernelInfo,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    (lo, hi): (u64, u64),
     out: &mut Words,
 ) {
+    if lo >= hi {
+        return;
+    }
     let buffer = if params.is_null() {
         extra_buffer(extra)
     } else {
@@ -186,10 +190,12 @@ fn pointer_words(
         while w + 8 <= size {
             // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
             let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
-            out.push(TraceWord {
-                param: p.ordinal as u16,
-                value: v,
-            });
+            if v >= lo && v < hi {
+                out.push(TraceWord {
+                    param: p.ordinal as u16,
+                    value: v,
+                });
+            }
             w += 8;
         }
     }
@@ -266,9 +272,11 @@ pub fn launch(
     let Some(d) = dims else { return rc };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
     let mut words = Words::new();
+    let mut span = (0u64, 0u64);
+    (h.memory_span)(&mut span.0, &mut span.1);
     with_layout(handle, |layout| {
         if let Some(layout) = layout {
-            pointer_words(layout, params, extra, &mut words);
+            pointer_words(layout, params, extra, span, &mut words);
         }
     });
     let (start, end) = match (timeline, words.is_empty()) {
@@ -417,14 +425,26 @@ mod tests {
         ];
         let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 12, 4)]);
         let mut words = Words::new();
+        let all = (1, u64::MAX);
         pointer_words(
             &scale,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
+            all,
             &mut words,
         );
         let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
         assert_eq!(got, [(0, 0x7f00_1000)]);
+        // Outside the span of the live allocations: not handed over.
+        words.clear();
+        pointer_words(
+            &scale,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+            (0x7f00_2000, 0x7f00_3000),
+            &mut words,
+        );
+        assert!(words.is_empty());
 
         // extra: CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, its size, the end; a 16-byte
         // struct at offset 8 gives two words.
@@ -442,13 +462,37 @@ mod tests {
         ];
         let two = layout(&[(0, 0, 8), (1, 8, 16)]);
         words.clear();
-        pointer_words(&two, std::ptr::null_mut(), extra.as_mut_ptr(), &mut words);
+        pointer_words(
+            &two,
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+            all,
+            &mut words,
+        );
         let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
         assert_eq!(got, [(0, 0xaaaa), (1, 0xbbbb), (1, 0xcccc)]);
+        // Only the words inside the span.
+        words.clear();
+        let span = (0xbbbb, 0xcccc);
+        pointer_words(
+            &two,
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+            span,
+            &mut words,
+        );
+        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
+        assert_eq!(got, [(1, 0xbbbb)]);
 
         // Neither: nothing.
         words.clear();
-        pointer_words(&two, std::ptr::null_mut(), std::ptr::null_mut(), &mut words);
+        pointer_words(
+            &two,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            all,
+            &mut words,
+        );
         assert!(words.is_empty());
     }
 

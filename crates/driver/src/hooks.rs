@@ -227,6 +227,10 @@ pub struct TraceHooks {
     /// ticks `start` and `end`.
     pub record_copy:
         extern "C" fn(direction: i32, bytes: u64, dst: u64, src: u64, start: u64, end: u64),
+    /// Where the live allocations lie: the lowest base into `lo`, an end none passes into
+    /// `hi` (both 0 with none, or with tracing off). A launch's argument words outside are
+    /// no pointers into device memory the history knows, and are not handed over.
+    pub memory_span: extern "C" fn(lo: *mut u64, hi: *mut u64),
 }
 
 // SAFETY: a table of thread-safe functions.

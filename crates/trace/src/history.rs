@@ -66,12 +66,25 @@ impl Record {
 #[derive(Default)]
 pub struct History {
     live: BTreeMap<u64, Record>,
+    /// The lowest base of the live allocations and an end no live allocation passes (the
+    /// highest end since the map was last empty; `(0, 0)`: none): a launch's words outside
+    /// it (sizes, counts, flags) are no pointers to look up.
+    span: (u64, u64),
+    /// Whether two live allocations have overlapped since the map was last empty (one
+    /// inside another): then a word inside an allocation a launch already counted may
+    /// belong to another, and is looked up.
+    overlap: bool,
     next_order: u64,
     freed: u64,
     site_cache: Vec<Arc<str>>,
 }
 
 impl History {
+    /// The lowest base of the live allocations and an end none passes (`(0, 0)`: none).
+    pub fn span(&self) -> (u64, u64) {
+        self.span
+    }
+
     /// The live allocation containing `ptr`.
     pub fn find_mut(&mut self, ptr: u64) -> Option<&mut Record> {
         let (_, r) = self.live.range_mut(..=ptr).next_back()?;
@@ -103,6 +116,25 @@ impl History {
                 c
             }
         });
+        let end = base.saturating_add(size.max(1));
+        let before = self
+            .live
+            .range(..=base)
+            .next_back()
+            .map(|(_, r)| r.base.saturating_add(r.size.max(1)));
+        let after = self
+            .live
+            .range(base.saturating_add(1)..)
+            .next()
+            .map(|(&b, _)| b);
+        if before.is_some_and(|e| e > base) || after.is_some_and(|b| b < end) {
+            self.overlap = true;
+        }
+        self.span = if self.live.is_empty() {
+            (base, end)
+        } else {
+            (self.span.0.min(base), self.span.1.max(end))
+        };
         self.live.insert(
             base,
             Record {
@@ -128,6 +160,13 @@ impl History {
     pub fn free(&mut self, base: u64, _at: u64) -> Option<(u64, u64)> {
         let r = self.live.remove(&base)?;
         self.freed += 1;
+        match self.live.first_key_value() {
+            None => {
+                self.span = (0, 0);
+                self.overlap = false;
+            }
+            Some((&lo, _)) => self.span.0 = lo,
+        }
         Some((r.order, r.size))
     }
 
@@ -200,17 +239,22 @@ impl History {
         at: u64,
         mut each: impl FnMut(u16, &Record),
     ) {
-        // The bases already counted: on the stack for the usual few.
-        let mut seen: smallvec::SmallVec<[u64; 16]> = smallvec::SmallVec::new();
+        // The allocations already counted (base, end): on the stack for the usual few. A
+        // launch may pass hundreds of words (a multi-tensor kernel's table of pointers and
+        // sizes, mostly into a few allocations): words outside every live allocation, and
+        // words inside one already counted, are settled without a lookup.
+        let mut seen: smallvec::SmallVec<[(u64, u64); 16]> = smallvec::SmallVec::new();
+        let (lo, hi) = self.span;
+        let disjoint = !self.overlap;
         for (param, w) in words {
-            if w == 0 {
+            if w < lo || w >= hi || (disjoint && seen.iter().any(|&(b, e)| b <= w && w < e)) {
                 continue;
             }
             let Some(r) = self.find_mut(w) else { continue };
-            if seen.contains(&r.base) {
+            if seen.iter().any(|&(b, _)| b == r.base) {
                 continue;
             }
-            seen.push(r.base);
+            seen.push((r.base, r.base.saturating_add(r.size.max(1))));
             r.launches += 1;
             r.last_use = Some(at);
             if r.kernels.len() < KERNELS_PER_ALLOCATION && !r.kernels.contains(&kernel) {
@@ -267,6 +311,48 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A multi-tensor kernel's table: hundreds of words, pointers into a few allocations
+    /// and sizes between them; each allocation counted once, the sizes ignored, and an
+    /// allocation inside another still found.
+    #[test]
+    fn many_words_into_few_allocations() {
+        let mut h = History::default();
+        let a = 0x7f00_0000_0000u64;
+        let b = a + (64 << 20);
+        h.alloc(a, 32 << 20, "cudaMalloc", None, 1);
+        h.alloc(b, 32 << 20, "cudaMalloc", None, 2);
+        let mut words = Vec::new();
+        for i in 0..110u64 {
+            words.push((0u16, a + i * 4096));
+            words.push((0u16, b + i * 8192));
+            words.push((0u16, 4096 + i));
+        }
+        let bufs = h.launch(3, &words, 5);
+        assert_eq!(
+            bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
+            vec![a, b]
+        );
+        h.launch_counted(3, words.iter().copied(), 6);
+        assert_eq!(h.find(a).unwrap().launches, 2);
+        assert_eq!(h.find(b).unwrap().launches, 2);
+        // An allocation inside another (a pool's block in its reservation): found even
+        // after the outer one was counted by an earlier word.
+        let inner = a + (8 << 20);
+        h.alloc(inner, 1 << 20, "cuMemAllocFromPoolAsync", None, 7);
+        let bufs = h.launch(4, &[(0, a), (1, inner + 16)], 8);
+        assert_eq!(
+            bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
+            vec![a, inner]
+        );
+        // Below and above every allocation: no lookup, nothing found.
+        assert!(h.launch(5, &[(0, 1), (0, u64::MAX)], 9).is_empty());
+        h.free(a, 10);
+        h.free(b, 10);
+        h.free(inner, 10);
+        assert_eq!(h.span, (0, 0));
+        assert!(!h.overlap);
+    }
 
     #[test]
     fn hot_and_cold() {

@@ -255,6 +255,9 @@ pub struct Tracer {
     next_tid: AtomicU32,
     ring: Option<Mutex<Ring>>,
     history: Mutex<History>,
+    /// The history's span (lowest base, an end no live allocation passes), read without
+    /// its lock: [`Tracer::may_point`].
+    span: [AtomicU64; 2],
     pauses: Mutex<report::PauseStat>,
     events_seen: AtomicU64,
     /// Counters of calls made after a thread's own were destroyed (at exit).
@@ -311,6 +314,7 @@ impl Tracer {
             ring: (cfg.mode == Mode::Timeline)
                 .then(|| Mutex::new(Ring::new(cfg.ring_events.max(16)))),
             history: Mutex::new(History::default()),
+            span: [AtomicU64::new(0), AtomicU64::new(0)],
             pauses: Mutex::new(report::PauseStat::default()),
             events_seen: AtomicU64::new(0),
             late: OnceLock::new(),
@@ -554,6 +558,28 @@ impl Tracer {
         }
     }
 
+    /// Stores the history's span for [`Tracer::may_point`] (under the history's lock).
+    fn publish_span(&self, (lo, hi): (u64, u64)) {
+        self.span[0].store(lo, Ordering::Release);
+        self.span[1].store(hi, Ordering::Release);
+    }
+
+    /// Whether `word` lies where a live allocation may be: a launch's argument words
+    /// outside (sizes, counts, flags) need not be handed to [`Tracer::record_launch`]. Read
+    /// without a lock; an allocation is published before its `record_alloc` returns.
+    #[inline]
+    pub fn may_point(&self, word: u64) -> bool {
+        word >= self.span[0].load(Ordering::Acquire) && word < self.span[1].load(Ordering::Acquire)
+    }
+
+    /// [`Tracer::may_point`]'s span: (lowest base, end), `(0, 0)` with nothing live.
+    pub fn memory_span(&self) -> (u64, u64) {
+        (
+            self.span[0].load(Ordering::Acquire),
+            self.span[1].load(Ordering::Acquire),
+        )
+    }
+
     /// A copy of `bytes` from `src` to `dst` (addresses as the program gave them).
     pub fn record_copy(
         &self,
@@ -586,7 +612,12 @@ impl Tracer {
     /// from `site` (the calling library, when known).
     pub fn record_alloc(&self, base: u64, size: u64, api: &'static str, site: Option<&str>) {
         let at = self.now();
-        let order = self.history.lock().alloc(base, size, api, site, at);
+        let order = {
+            let mut h = self.history.lock();
+            let order = h.alloc(base, size, api, site, at);
+            self.publish_span(h.span());
+            order
+        };
         if self.ring.is_some() {
             let tid = self.thread_id();
             self.push(Event::Alloc {
@@ -603,7 +634,12 @@ impl Tracer {
     /// The allocation at `base` was freed.
     pub fn record_free(&self, base: u64) {
         let at = self.now();
-        let rec = self.history.lock().free(base, at);
+        let rec = {
+            let mut h = self.history.lock();
+            let rec = h.free(base, at);
+            self.publish_span(h.span());
+            rec
+        };
         if let (Some((order, size)), true) = (rec, self.ring.is_some()) {
             let tid = self.thread_id();
             self.push(Event::Free {
