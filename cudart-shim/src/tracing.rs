@@ -196,7 +196,9 @@ pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
     crate::boundary::guard("switching tracing", -1, || match set_active(on != 0) {
         Ok(was) => i32::from(was),
         Err(e) => {
-            log::warn(format_args!("{e}"));
+            // Once: a program may ask in a loop.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| log::warn(format_args!("{e}")));
             -1
         }
     })
