@@ -259,7 +259,6 @@ pub struct Tracer {
     /// its lock: [`Tracer::may_point`].
     span: [AtomicU64; 2],
     pauses: Mutex<report::PauseStat>,
-    events_seen: AtomicU64,
     /// Counters of calls made after a thread's own were destroyed (at exit).
     late: OnceLock<Arc<ThreadCounters>>,
     late_lock: Mutex<()>,
@@ -316,7 +315,6 @@ impl Tracer {
             history: Mutex::new(History::default()),
             span: [AtomicU64::new(0), AtomicU64::new(0)],
             pauses: Mutex::new(report::PauseStat::default()),
-            events_seen: AtomicU64::new(0),
             late: OnceLock::new(),
             late_lock: Mutex::new(()),
         }
@@ -468,7 +466,6 @@ impl Tracer {
 
     fn push(&self, e: Event) {
         if let Some(r) = &self.ring {
-            self.events_seen.fetch_add(1, Ordering::Relaxed);
             r.lock().push(e);
         }
     }
