@@ -624,16 +624,20 @@ fn trace_switch() -> Option<PathBuf> {
     Some(cudaw_tests::compile(&nvcc, "trace_switch", &src))
 }
 
-/// The launches per kernel (by name, without the argument list) in `stats`.
+/// A demangled kernel name without its argument list.
+fn short(name: &str) -> String {
+    name.split('(').next().unwrap_or(name).to_owned()
+}
+
+/// The launches per kernel (by [`short`] name) in `stats`.
 fn launches(stats: &Value) -> BTreeMap<String, u64> {
     stats["kernels"]
         .as_array()
         .expect("kernels")
         .iter()
         .map(|k| {
-            let name = k["name"].as_str().unwrap();
             (
-                name.split('(').next().unwrap().to_owned(),
+                short(k["name"].as_str().unwrap()),
                 k["launches"].as_u64().unwrap(),
             )
         })
@@ -698,8 +702,7 @@ fn switching(addressing: Addressing, mode: &str) {
             .iter()
             .filter(|e| e["cat"] == "kernel")
             .fold(BTreeMap::new(), |mut m, e| {
-                let name = e["name"].as_str().unwrap_or("");
-                *m.entry(name.split('(').next().unwrap().to_owned())
+                *m.entry(short(e["name"].as_str().unwrap_or("")))
                     .or_default() += 1;
                 m
             });

@@ -28,46 +28,39 @@ macro_rules! call_real {
 
 /// Defines exported-name wrappers that share one implementation taking the real function's
 /// dispatch index: `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`. Each body runs
-/// inside the panic boundary, counted in flight for pause ([`crate::pause::enter`]).
+/// inside the panic boundary, counted in flight for pause ([`crate::pause::enter`]); with
+/// `marked` first (`variants!(marked impl_fn => ...)`), for calls that can enqueue device
+/// work and whose trampolines leave the marking to their wrappers (the launches:
+/// `build.rs`), marked in flight on the calling thread instead
+/// ([`crate::inflight::marked`]: a word of the thread's own, no shared counter), as the
+/// untraced launches' thin wrappers are.
 #[macro_export]
 macro_rules! variants {
+    (marked $imp:ident => $($name:ident),+ ; $params:tt) => {
+        $( $crate::variant!(marked, $imp, $name, $params); )+
+    };
     ($imp:ident => $($name:ident),+ ; $params:tt) => {
-        $( $crate::variant!($imp, $name, $params); )+
+        $( $crate::variant!(counted, $imp, $name, $params); )+
     };
 }
 
 /// One wrapper of [`variants!`].
 #[macro_export]
 macro_rules! variant {
-    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
-        extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
-            $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || {
-                let _in_flight = $crate::pause::enter();
-                $imp($crate::dispatch::idx::$name, $($a),*)
-            })
-        }
+    (counted, $imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+        $crate::variant!(@wrap $name, ($($a: $t),*), {
+            let _in_flight = $crate::pause::enter();
+            $imp($crate::dispatch::idx::$name, $($a),*)
+        });
     };
-}
-
-/// [`variants!`] for calls that can enqueue device work and whose trampolines leave the
-/// marking to their wrappers (the launches: `build.rs`): each body runs marked in flight on
-/// the calling thread ([`crate::inflight::marked`]: a word of the thread's own, no shared
-/// counter), as the untraced launches' thin wrappers do.
-#[macro_export]
-macro_rules! marked_variants {
-    ($imp:ident => $($name:ident),+ ; $params:tt) => {
-        $( $crate::marked_variant!($imp, $name, $params); )+
+    (marked, $imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+        $crate::variant!(@wrap $name, ($($a: $t),*), {
+            $crate::inflight::marked(|| $imp($crate::dispatch::idx::$name, $($a),*))
+        });
     };
-}
-
-/// One wrapper of [`marked_variants!`].
-#[macro_export]
-macro_rules! marked_variant {
-    ($imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
+    (@wrap $name:ident, ($($a:ident : $t:ty),*), $body:block) => {
         extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
-            $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || {
-                $crate::inflight::marked(|| $imp($crate::dispatch::idx::$name, $($a),*))
-            })
+            $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || $body)
         }
     };
 }

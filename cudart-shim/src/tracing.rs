@@ -558,7 +558,7 @@ fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
 
 /// The 8-byte words of a launch's arguments that may be pointers (with the parameter
 /// each came from), read through the kernel's parameter layout: those inside the span of
-/// the live allocations ([`Tracer::may_point`]).
+/// the live allocations ([`Tracer::memory_span`]).
 fn pointer_words(
     t: &Tracer,
     rec: &registry::FunctionRecord,
@@ -581,15 +581,12 @@ fn pointer_words(
         if base.is_null() {
             continue;
         }
-        let (off, size) = (p.offset as usize, p.size as usize);
-        let mut w = (8 - off % 8) % 8;
-        while w + 8 <= size {
+        for w in p.aligned_words() {
             // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
             let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
             if v >= lo && v < hi {
                 out.push((p.ordinal as u16, v));
             }
-            w += 8;
         }
     }
 }

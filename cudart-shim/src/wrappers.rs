@@ -49,7 +49,7 @@ macro_rules! forward {
     };
 }
 
-use crate::{marked_variants, variants};
+use crate::variants;
 
 // ---------------------------------------------------------------- allocation (always)
 
@@ -512,10 +512,8 @@ fn translate_args(
         if base.is_null() {
             continue;
         }
-        let (off, size) = (p.offset as usize, p.size as usize);
-        let first = (8 - off % 8) % 8;
-        let mut w = first;
-        while w + 8 <= size {
+        let off = p.offset as usize;
+        for w in p.aligned_words() {
             // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
             let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
             let t = to_real(v as *const c_void) as u64;
@@ -543,7 +541,6 @@ fn translate_args(
                 // SAFETY: `off + w + 8 <= total`, and `off + w` is 8-aligned in the buffer.
                 unsafe { (bytes.add(off + w) as *mut u64).write(t) };
             }
-            w += 8;
         }
     }
     let mut storage = storage?;
@@ -598,7 +595,7 @@ fn launch_impl(
 ) -> cudaError_t {
     forward_launch(i, registry::function(f as usize), f, g, b, args, shm, s)
 }
-marked_variants!(launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
+variants!(marked launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
     (f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
 
 fn launch_kernel_handle_impl(
@@ -621,7 +618,7 @@ fn launch_kernel_handle_impl(
         s,
     )
 }
-marked_variants!(launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
+variants!(marked launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
     (k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
 
 fn launch_ex_impl(
@@ -648,7 +645,7 @@ fn launch_ex_impl(
         )
     })
 }
-marked_variants!(launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
+variants!(marked launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
     (cfg: *const cudaLaunchConfig_t, f: *const c_void, args: *mut *mut c_void));
 
 /// The launches as cudaw forwards them with mapped addressing and no tracing: marked in
@@ -1216,40 +1213,38 @@ pub fn table() -> Vec<(usize, usize)> {
 /// mark them in flight ([`marked_launches`]; their trampolines leave it to the wrappers:
 /// build.rs).
 fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
+    // The launches, from module `$m` (this one: the full wrappers).
+    macro_rules! launches {
+        ($m:ident) => {
+            entries![$m::{
+                cudaLaunchKernel,
+                cudaLaunchKernel_ptsz,
+                cudaLaunchCooperativeKernel,
+                cudaLaunchCooperativeKernel_ptsz,
+                __cudaLaunchKernel,
+                __cudaLaunchKernel_ptsz,
+                cudaLaunchKernelExC,
+                cudaLaunchKernelExC_ptsz,
+            }]
+        };
+    }
+    let others = entries![
+        cudaGraphAddKernelNode,
+        cudaGraphKernelNodeSetParams,
+        cudaGraphExecKernelNodeSetParams,
+        cudaPointerGetAttributes,
+    ];
     if wrapped {
-        entries![
-            cudaLaunchKernel,
-            cudaLaunchKernel_ptsz,
-            cudaLaunchCooperativeKernel,
-            cudaLaunchCooperativeKernel_ptsz,
-            __cudaLaunchKernel,
-            __cudaLaunchKernel_ptsz,
-            cudaLaunchKernelExC,
-            cudaLaunchKernelExC_ptsz,
-            cudaGraphAddKernelNode,
-            cudaGraphKernelNodeSetParams,
-            cudaGraphExecKernelNodeSetParams,
-            cudaPointerGetAttributes,
-        ]
+        let mut v = launches!(self);
+        v.extend(others);
+        v
     } else {
-        let mut v = entries![marked_launches::{
-            cudaLaunchKernel,
-            cudaLaunchKernel_ptsz,
-            cudaLaunchCooperativeKernel,
-            cudaLaunchCooperativeKernel_ptsz,
-            __cudaLaunchKernel,
-            __cudaLaunchKernel_ptsz,
-            cudaLaunchKernelExC,
-            cudaLaunchKernelExC_ptsz,
-        }];
-        for i in [
-            idx::cudaGraphAddKernelNode,
-            idx::cudaGraphKernelNodeSetParams,
-            idx::cudaGraphExecKernelNodeSetParams,
-            idx::cudaPointerGetAttributes,
-        ] {
-            v.push((i, crate::dispatch::real_or_stub(i)));
-        }
+        let mut v = launches!(marked_launches);
+        v.extend(
+            others
+                .into_iter()
+                .map(|(i, _)| (i, crate::dispatch::real_or_stub(i))),
+        );
         v
     }
 }

@@ -100,6 +100,15 @@ pub struct ParamInfo {
     pub size: u32,
 }
 
+impl ParamInfo {
+    /// The offsets, within this parameter, of its 8-byte words that lie 8-byte aligned in
+    /// the parameter buffer: where a pointer can be, inside a struct too.
+    pub fn aligned_words(&self) -> impl Iterator<Item = usize> {
+        let (off, size) = (self.offset as usize, self.size as usize);
+        ((8 - off % 8) % 8..size.saturating_sub(7)).step_by(8)
+    }
+}
+
 /// A kernel and its parameter layout. Field names are stable: the shim, simgpu and the driver
 /// shim use them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -170,3 +170,15 @@ fn fatbin_is_send_and_sync() {
     check::<fatbin::KernelInfo>();
     check::<fatbin::Error>();
 }
+
+/// The 8-aligned words of a parameter, as offsets within it: where pointers can be.
+#[test]
+fn aligned_words_of_a_parameter() {
+    let words = |offset, size| p(0, offset, size).aligned_words().collect::<Vec<_>>();
+    assert_eq!(words(0, 8), [0]);
+    assert_eq!(words(8, 16), [0, 8]);
+    assert_eq!(words(4, 16), [4]);
+    assert_eq!(words(12, 4), Vec::<usize>::new());
+    assert_eq!(words(0, 7), Vec::<usize>::new());
+    assert_eq!(words(16, 4096), (0..512).map(|i| i * 8).collect::<Vec<_>>());
+}

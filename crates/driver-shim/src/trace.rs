@@ -185,9 +185,7 @@ fn pointer_words(
         if base.is_null() {
             continue;
         }
-        let (off, size) = (p.offset as usize, p.size as usize);
-        let mut w = (8 - off % 8) % 8;
-        while w + 8 <= size {
+        for w in p.aligned_words() {
             // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
             let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
             if v >= lo && v < hi {
@@ -196,7 +194,6 @@ fn pointer_words(
                     value: v,
                 });
             }
-            w += 8;
         }
     }
 }
@@ -272,10 +269,10 @@ pub fn launch(
     let Some(d) = dims else { return rc };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
     let mut words = Words::new();
-    let mut span = (0u64, 0u64);
-    (h.memory_span)(&mut span.0, &mut span.1);
     with_layout(handle, |layout| {
         if let Some(layout) = layout {
+            let mut span = (0u64, 0u64);
+            (h.memory_span)(&mut span.0, &mut span.1);
             pointer_words(layout, params, extra, span, &mut words);
         }
     });
@@ -416,6 +413,17 @@ mod tests {
 
     #[test]
     fn pointer_words_come_from_params_or_the_extra_buffer() {
+        // The words read, as (parameter, value).
+        let words = |layout: &KernelInfo, params, extra, span| {
+            let mut out = Words::new();
+            pointer_words(layout, params, extra, span, &mut out);
+            out.iter()
+                .map(|w| (w.param, w.value))
+                .collect::<Vec<(u16, u64)>>()
+        };
+        let all = (1, u64::MAX);
+        let none = std::ptr::null_mut();
+
         // params: one pointer per argument.
         let (mut v, mut n, mut k) = (0x7f00_1000u64, 1024i32, 2.0f32);
         let mut params: [*mut c_void; 3] = [
@@ -424,27 +432,13 @@ mod tests {
             (&mut k as *mut f32).cast(),
         ];
         let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 12, 4)]);
-        let mut words = Words::new();
-        let all = (1, u64::MAX);
-        pointer_words(
-            &scale,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-            all,
-            &mut words,
+        assert_eq!(
+            words(&scale, params.as_mut_ptr(), none, all),
+            [(0, 0x7f00_1000)]
         );
-        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
-        assert_eq!(got, [(0, 0x7f00_1000)]);
         // Outside the span of the live allocations: not handed over.
-        words.clear();
-        pointer_words(
-            &scale,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-            (0x7f00_2000, 0x7f00_3000),
-            &mut words,
-        );
-        assert!(words.is_empty());
+        let elsewhere = (0x7f00_2000, 0x7f00_3000);
+        assert!(words(&scale, params.as_mut_ptr(), none, elsewhere).is_empty());
 
         // extra: CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, its size, the end; a 16-byte
         // struct at offset 8 gives two words.
@@ -461,39 +455,18 @@ mod tests {
             PARAM_END as *mut c_void,
         ];
         let two = layout(&[(0, 0, 8), (1, 8, 16)]);
-        words.clear();
-        pointer_words(
-            &two,
-            std::ptr::null_mut(),
-            extra.as_mut_ptr(),
-            all,
-            &mut words,
+        assert_eq!(
+            words(&two, none, extra.as_mut_ptr(), all),
+            [(0, 0xaaaa), (1, 0xbbbb), (1, 0xcccc)]
         );
-        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
-        assert_eq!(got, [(0, 0xaaaa), (1, 0xbbbb), (1, 0xcccc)]);
         // Only the words inside the span.
-        words.clear();
-        let span = (0xbbbb, 0xcccc);
-        pointer_words(
-            &two,
-            std::ptr::null_mut(),
-            extra.as_mut_ptr(),
-            span,
-            &mut words,
+        assert_eq!(
+            words(&two, none, extra.as_mut_ptr(), (0xbbbb, 0xcccc)),
+            [(1, 0xbbbb)]
         );
-        let got: Vec<(u16, u64)> = words.iter().map(|w| (w.param, w.value)).collect();
-        assert_eq!(got, [(1, 0xbbbb)]);
 
         // Neither: nothing.
-        words.clear();
-        pointer_words(
-            &two,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            all,
-            &mut words,
-        );
-        assert!(words.is_empty());
+        assert!(words(&two, none, none, all).is_empty());
     }
 
     #[test]

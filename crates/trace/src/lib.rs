@@ -256,7 +256,7 @@ pub struct Tracer {
     ring: Option<Mutex<Ring>>,
     history: Mutex<History>,
     /// The history's span (lowest base, an end no live allocation passes), read without
-    /// its lock: [`Tracer::may_point`].
+    /// its lock: [`Tracer::memory_span`].
     span: [AtomicU64; 2],
     pauses: Mutex<report::PauseStat>,
     /// Counters of calls made after a thread's own were destroyed (at exit).
@@ -555,21 +555,16 @@ impl Tracer {
         }
     }
 
-    /// Stores the history's span for [`Tracer::may_point`] (under the history's lock).
+    /// Stores the history's span for [`Tracer::memory_span`] (under the history's lock).
     fn publish_span(&self, (lo, hi): (u64, u64)) {
         self.span[0].store(lo, Ordering::Release);
         self.span[1].store(hi, Ordering::Release);
     }
 
-    /// Whether `word` lies where a live allocation may be: a launch's argument words
-    /// outside (sizes, counts, flags) need not be handed to [`Tracer::record_launch`]. Read
-    /// without a lock; an allocation is published before its `record_alloc` returns.
-    #[inline]
-    pub fn may_point(&self, word: u64) -> bool {
-        word >= self.span[0].load(Ordering::Acquire) && word < self.span[1].load(Ordering::Acquire)
-    }
-
-    /// [`Tracer::may_point`]'s span: (lowest base, end), `(0, 0)` with nothing live.
+    /// Where the live allocations lie: (lowest base, an end none passes), `(0, 0)` with
+    /// nothing live. A launch's argument words outside (sizes, counts, flags) need not be
+    /// handed to [`Tracer::record_launch`]. Read without a lock; an allocation is published
+    /// before its `record_alloc` returns.
     pub fn memory_span(&self) -> (u64, u64) {
         (
             self.span[0].load(Ordering::Acquire),
