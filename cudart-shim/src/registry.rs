@@ -84,6 +84,9 @@ struct Registry {
     fatbins: HashMap<usize, Arc<FatbinRecord>>,
     functions: HashMap<usize, &'static FunctionRecord>,
     kernels: HashMap<usize, usize>,
+    /// Per fatbin handle, the host stubs registered in it: unregistering a fatbin touches
+    /// its own kernels only (PyTorch unregisters ~450 fatbins of ~21000 kernels at exit).
+    stubs: HashMap<usize, Vec<usize>>,
 }
 
 /// Bumped whenever a lookup's answer may change for the worse (a fatbin unregistered, a
@@ -165,10 +168,18 @@ pub fn remove_fatbin(handle: usize) {
     let mut r = registry().write();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     r.fatbins.remove(&handle);
-    r.functions.retain(|_, f| f.fatbin.handle != handle);
-    let functions = &r.functions;
-    let live: std::collections::HashSet<usize> = functions.keys().copied().collect();
-    r.kernels.retain(|_, h| live.contains(h));
+    for stub in r.stubs.remove(&handle).unwrap_or_default() {
+        if r.functions
+            .get(&stub)
+            .is_some_and(|f| f.fatbin.handle == handle)
+        {
+            r.functions.remove(&stub);
+        }
+    }
+    let Registry {
+        functions, kernels, ..
+    } = &mut *r;
+    kernels.retain(|_, h| functions.contains_key(h));
 }
 
 /// Records `host_fun` → `name` in fatbin `handle`.
@@ -193,6 +204,7 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
     if r.functions.insert(host_fun, rec).is_some() {
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }
+    r.stubs.entry(handle).or_default().push(host_fun);
 }
 
 /// Records a `cudaKernel_t` handed out for `host_fun`.
@@ -230,4 +242,39 @@ pub fn counts_ever() -> (usize, usize) {
         FATBINS_EVER.load(Ordering::Relaxed),
         FUNCTIONS_EVER.load(Ordering::Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unregistering_a_fatbin_forgets_its_kernels_only() {
+        // Addresses of this test's own (the registry is the process's).
+        let (f1, f2) = (0xfee1_0000, 0xfee2_0000);
+        add_fatbin(f1, None);
+        add_fatbin(f2, None);
+        add_function(f1, f1 + 1, "a".into());
+        add_function(f1, f1 + 2, "b".into());
+        add_function(f2, f2 + 1, "c".into());
+        // A stub registered again in the second fatbin belongs to it now.
+        add_function(f2, f1 + 2, "b2".into());
+        add_kernel_handle(f1 + 0x100, f1 + 1);
+        add_kernel_handle(f2 + 0x100, f2 + 1);
+        assert_eq!(
+            function_of_kernel(f1 + 0x100).map(|r| r.name.as_str()),
+            Some("a")
+        );
+        remove_fatbin(f1);
+        assert!(function(f1 + 1).is_none());
+        assert!(function_of_kernel(f1 + 0x100).is_none());
+        assert_eq!(function(f1 + 2).map(|r| r.name.as_str()), Some("b2"));
+        assert_eq!(function(f2 + 1).map(|r| r.name.as_str()), Some("c"));
+        assert_eq!(
+            function_of_kernel(f2 + 0x100).map(|r| r.name.as_str()),
+            Some("c")
+        );
+        remove_fatbin(f2);
+        assert!(function(f1 + 2).is_none() && function(f2 + 1).is_none());
+    }
 }

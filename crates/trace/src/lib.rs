@@ -22,6 +22,7 @@
 
 pub mod counters;
 pub mod history;
+mod pending;
 pub mod report;
 pub mod timeline;
 
@@ -33,7 +34,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use timeline::{Buffer, Event, Ring};
+use timeline::{Event, Ring};
 
 pub use report::{AllocStat, CallStat, CopyStat, KernelStat, Stats};
 
@@ -412,12 +413,22 @@ impl Tracer {
     pub fn record_call_on(&self, c: &ThreadCounters, f: u32, start: u64, end: u64) {
         c.call(f as usize, end.wrapping_sub(start));
         if self.ring.is_some() {
-            self.push(Event::Call {
-                f,
-                tid: c.tid,
-                start,
-                end,
-            });
+            self.push_call(c, f, start, end);
+        }
+    }
+
+    /// A call's timeline event, into the thread's log (moved into the ring when full).
+    #[inline]
+    fn push_call(&self, c: &ThreadCounters, f: u32, start: u64, end: u64) {
+        // The ring is there: only timeline tracers call this.
+        let mut p = c.pending.lock();
+        if p.push_event(Event::Call {
+            f,
+            tid: c.tid,
+            start,
+            end,
+        }) {
+            self.count_pending(&mut p);
         }
     }
 
@@ -464,10 +475,21 @@ impl Tracer {
         self.local(|c| c.tid)
     }
 
+    /// A timeline event, into the calling thread's log (moved into the ring with the
+    /// thread's launches, in the order they happened, when the log fills or is read).
     fn push(&self, e: Event) {
-        if let Some(r) = &self.ring {
-            r.lock().push(e);
+        if self.ring.is_none() {
+            return;
         }
+        let mut e = Some(e);
+        self.local(|c| {
+            let mut p = c.pending.lock();
+            if let Some(e) = e.take() {
+                if p.push_event(e) {
+                    self.count_pending(&mut p);
+                }
+            }
+        });
     }
 
     /// One call of function `f` (see [`Tracer::register_functions`]) from tick `start` to
@@ -475,13 +497,13 @@ impl Tracer {
     #[inline]
     pub fn record_call(&self, f: u32, start: u64, end: u64) {
         let d = end.wrapping_sub(start);
-        let tid = self.local(|c| {
+        let timeline = self.ring.is_some();
+        self.local(|c| {
             c.call(f as usize, d);
-            c.tid
+            if timeline {
+                self.push_call(c, f, start, end);
+            }
         });
-        if self.ring.is_some() {
-            self.push(Event::Call { f, tid, start, end });
-        }
     }
 
     /// A kernel launch: `words` are the 8-byte words of its arguments that may be pointers
@@ -524,34 +546,92 @@ impl Tracer {
     ) where
         I: ExactSizeIterator<Item = (u16, u64)>,
     {
-        let tid = self.local(|c| {
+        let timeline = self.ring.is_some();
+        self.local(|c| {
             c.launch(kernel as usize);
-            c.tid
-        });
-        if words.len() == 0 && self.ring.is_none() {
-            return;
-        }
-        if self.ring.is_none() {
-            self.history.lock().launch_counted(kernel, words, end);
-            return;
-        }
-        let buffers: Vec<Buffer> = if words.len() == 0 {
-            Vec::new()
-        } else {
-            let words: Vec<(u16, u64)> = words.collect();
-            self.history.lock().launch(kernel, &words, end)
-        };
-        {
-            self.push(Event::Launch(Box::new(timeline::Launch {
+            if words.len() == 0 && !timeline {
+                return;
+            }
+            let l = pending::PendingLaunch {
                 kernel,
-                tid,
-                start,
-                end,
+                tid: c.tid,
+                shared,
+                words: 0,
                 grid,
                 block,
-                shared,
-                buffers,
-            })));
+                start,
+                end,
+            };
+            let mut p = c.pending.lock();
+            if p.push(l, words) {
+                self.count_pending(&mut p);
+            }
+        });
+    }
+
+    /// Counts a thread's pending launches into the history (and, with the timeline, pushes
+    /// them as events); the log is left empty.
+    fn count_pending(&self, p: &mut pending::Pending) {
+        if p.is_empty() {
+            return;
+        }
+        let mut events = std::mem::take(&mut p.events);
+        let mut launches = Vec::new();
+        if !p.launches.is_empty() {
+            let mut h = self.history.lock();
+            let mut at = 0;
+            for l in &p.launches {
+                let words = &p.words[at..at + l.words as usize];
+                at += l.words as usize;
+                if self.ring.is_none() {
+                    h.launch_counted(l.kernel, words.iter().copied(), l.end);
+                    continue;
+                }
+                let buffers = if words.is_empty() {
+                    Vec::new()
+                } else {
+                    h.launch(l.kernel, words, l.end)
+                };
+                launches.push(Event::Launch(Box::new(timeline::Launch {
+                    kernel: l.kernel,
+                    tid: l.tid,
+                    start: l.start,
+                    end: l.end,
+                    grid: l.grid,
+                    block: l.block,
+                    shared: l.shared,
+                    buffers,
+                })));
+            }
+        }
+        p.launches.clear();
+        p.words.clear();
+        if let Some(r) = &self.ring {
+            // The thread's events and its launches, each in the order they were made,
+            // merged by start (the ring drops the oldest first).
+            let mut r = r.lock();
+            let mut ls = launches.into_iter().peekable();
+            for e in events.drain(..) {
+                while ls.peek().is_some_and(|l| l.tick() <= e.tick()) {
+                    r.push(ls.next().expect("peeked"));
+                }
+                r.push(e);
+            }
+            ls.for_each(|l| r.push(l));
+        }
+        // The buffer goes back to the log, its capacity kept.
+        events.clear();
+        p.events = events;
+    }
+
+    /// Counts every thread's pending launches: before the history is read, and before an
+    /// allocation is made or freed (a word must be counted on the allocation it pointed
+    /// into when the launch was made).
+    fn count_all_pending(&self) {
+        let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
+        for t in threads {
+            let mut p = t.pending.lock();
+            self.count_pending(&mut p);
         }
     }
 
@@ -603,6 +683,7 @@ impl Tracer {
     /// A new allocation of `size` bytes at `base`, made by `api` (e.g. `cudaMalloc`), called
     /// from `site` (the calling library, when known).
     pub fn record_alloc(&self, base: u64, size: u64, api: &'static str, site: Option<&str>) {
+        self.count_all_pending();
         let at = self.now();
         let order = {
             let mut h = self.history.lock();
@@ -625,6 +706,7 @@ impl Tracer {
 
     /// The allocation at `base` was freed.
     pub fn record_free(&self, base: u64) {
+        self.count_all_pending();
         let at = self.now();
         let rec = {
             let mut h = self.history.lock();
@@ -681,6 +763,7 @@ impl Tracer {
     /// Everything counted so far, merged over threads; `top` hottest and coldest
     /// allocations.
     pub fn stats(&self, pid: u32, top: usize) -> Stats {
+        self.count_all_pending();
         let rate = self.clock.rate();
         let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
         let merged = counters::merge(&threads);
@@ -719,6 +802,7 @@ impl Tracer {
         pid: u32,
         process: &str,
     ) -> std::io::Result<u64> {
+        self.count_all_pending();
         let events: Vec<Event> = match &self.ring {
             Some(r) => r.lock().to_vec(),
             None => Vec::new(),
