@@ -107,6 +107,49 @@ impl ParamInfo {
         let (off, size) = (self.offset as usize, self.size as usize);
         ((8 - off % 8) % 8..size.saturating_sub(7)).step_by(8)
     }
+
+    /// Calls `f(offset, value)` for each of [`ParamInfo::aligned_words`] whose value (read
+    /// little-endian from `bytes`, this parameter's bytes) lies in `lo..hi`, in order. A
+    /// launch's words are mostly not pointers (sizes, strides, a multi-tensor kernel's
+    /// tables): they are tested eight at a time without a branch, so a parameter of
+    /// hundreds of words costs a few nanoseconds per eight.
+    pub fn words_in_range(&self, bytes: &[u8], lo: u64, hi: u64, mut f: impl FnMut(usize, u64)) {
+        let width = hi.wrapping_sub(lo);
+        if hi <= lo {
+            return;
+        }
+        let start = (8 - self.offset as usize % 8) % 8;
+        let Some(body) = bytes.get(start..) else {
+            return;
+        };
+        let word = |w: &[u8]| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(w);
+            u64::from_le_bytes(a)
+        };
+        let mut blocks = body.chunks_exact(64);
+        let mut at = start;
+        for block in blocks.by_ref() {
+            let any = block
+                .chunks_exact(8)
+                .fold(false, |any, w| any | (word(w).wrapping_sub(lo) < width));
+            if any {
+                for (j, w) in block.chunks_exact(8).enumerate() {
+                    let v = word(w);
+                    if v.wrapping_sub(lo) < width {
+                        f(at + j * 8, v);
+                    }
+                }
+            }
+            at += 64;
+        }
+        for (j, w) in blocks.remainder().chunks_exact(8).enumerate() {
+            let v = word(w);
+            if v.wrapping_sub(lo) < width {
+                f(at + j * 8, v);
+            }
+        }
+    }
 }
 
 /// A kernel and its parameter layout. Field names are stable: the shim, simgpu and the driver

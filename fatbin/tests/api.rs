@@ -182,3 +182,48 @@ fn aligned_words_of_a_parameter() {
     assert_eq!(words(0, 7), Vec::<usize>::new());
     assert_eq!(words(16, 4096), (0..512).map(|i| i * 8).collect::<Vec<_>>());
 }
+
+/// The words in a range are exactly the aligned words whose values lie in it, in order,
+/// for parameters of every length and alignment (the eight-at-a-time scan and its tail).
+#[test]
+fn words_in_range_matches_aligned_words() {
+    let (lo, hi) = (0x7f00_0000_0000u64, 0x7f00_1000_0000u64);
+    let mut found = 0;
+    for offset in [0u32, 4, 8, 12] {
+        for size in [0u32, 4, 7, 8, 12, 16, 63, 64, 68, 72, 128, 200, 520, 3128] {
+            let param = p(0, offset, size);
+            // Mostly small numbers, every fifth word a pointer in range, one just past it.
+            let bytes: Vec<u8> = (0..size as u64)
+                .step_by(4)
+                .flat_map(|i| {
+                    let v: u32 = match i % 20 {
+                        0 => (lo + i) as u32,
+                        4 => ((lo + i) >> 32) as u32,
+                        8 => hi as u32,
+                        12 => (hi >> 32) as u32,
+                        _ => i as u32,
+                    };
+                    v.to_le_bytes()
+                })
+                .take(size as usize)
+                .collect();
+            let want: Vec<(usize, u64)> = param
+                .aligned_words()
+                .map(|w| (w, u64::from_le_bytes(bytes[w..w + 8].try_into().unwrap())))
+                .filter(|&(_, v)| (lo..hi).contains(&v))
+                .collect();
+            let mut got = Vec::new();
+            param.words_in_range(&bytes, lo, hi, |w, v| got.push((w, v)));
+            assert_eq!(got, want, "offset {offset} size {size}");
+            found += got.len();
+            let mut none = Vec::new();
+            param.words_in_range(&bytes, hi, lo, |w, v| none.push((w, v)));
+            assert!(none.is_empty());
+        }
+    }
+    assert!(found > 100, "{found}");
+    // Shorter input than the parameter (never read past it).
+    let mut got = Vec::new();
+    p(0, 0, 64).words_in_range(&[0u8; 3], 0, u64::MAX, |w, v| got.push((w, v)));
+    assert!(got.is_empty());
+}

@@ -185,16 +185,14 @@ fn pointer_words(
         if base.is_null() {
             continue;
         }
-        for w in p.aligned_words() {
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-            let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
-            if v >= lo && v < hi {
-                out.push(TraceWord {
-                    param: p.ordinal as u16,
-                    value: v,
-                });
-            }
-        }
+        // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
+        let bytes = unsafe { std::slice::from_raw_parts(base, p.size as usize) };
+        p.words_in_range(bytes, lo, hi, |_, v| {
+            out.push(TraceWord {
+                param: p.ordinal as u16,
+                value: v,
+            })
+        });
     }
 }
 
