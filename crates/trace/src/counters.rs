@@ -96,8 +96,6 @@ pub struct ThreadCounters {
     flat: OnceLock<Flat>,
     kernels: Table<AtomicU64>,
     copies: [CopySlot; 5],
-    /// Launches not yet counted into the memory history ([`crate::pending`]).
-    pub(crate) pending: parking_lot::Mutex<crate::pending::Pending>,
 }
 
 /// Call slots for ids `base..base + slots.len()`, in one array.
@@ -116,7 +114,6 @@ impl ThreadCounters {
             flat: OnceLock::new(),
             kernels: Table::new(),
             copies: Default::default(),
-            pending: Default::default(),
         }
     }
 

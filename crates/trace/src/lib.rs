@@ -22,7 +22,6 @@
 
 pub mod counters;
 pub mod history;
-mod pending;
 pub mod report;
 pub mod timeline;
 
@@ -34,7 +33,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use timeline::{Event, Ring};
+use timeline::{Buffer, Event, Ring};
 
 pub use report::{AllocStat, CallStat, CopyStat, KernelStat, Stats};
 
@@ -413,22 +412,12 @@ impl Tracer {
     pub fn record_call_on(&self, c: &ThreadCounters, f: u32, start: u64, end: u64) {
         c.call(f as usize, end.wrapping_sub(start));
         if self.ring.is_some() {
-            self.push_call(c, f, start, end);
-        }
-    }
-
-    /// A call's timeline event, into the thread's log (moved into the ring when full).
-    #[inline]
-    fn push_call(&self, c: &ThreadCounters, f: u32, start: u64, end: u64) {
-        // The ring is there: only timeline tracers call this.
-        let mut p = c.pending.lock();
-        if p.push_event(Event::Call {
-            f,
-            tid: c.tid,
-            start,
-            end,
-        }) {
-            self.count_pending(&mut p);
+            self.push(Event::Call {
+                f,
+                tid: c.tid,
+                start,
+                end,
+            });
         }
     }
 
@@ -475,21 +464,10 @@ impl Tracer {
         self.local(|c| c.tid)
     }
 
-    /// A timeline event, into the calling thread's log (moved into the ring with the
-    /// thread's launches, in the order they happened, when the log fills or is read).
     fn push(&self, e: Event) {
-        if self.ring.is_none() {
-            return;
+        if let Some(r) = &self.ring {
+            r.lock().push(e);
         }
-        let mut e = Some(e);
-        self.local(|c| {
-            let mut p = c.pending.lock();
-            if let Some(e) = e.take() {
-                if p.push_event(e) {
-                    self.count_pending(&mut p);
-                }
-            }
-        });
     }
 
     /// One call of function `f` (see [`Tracer::register_functions`]) from tick `start` to
@@ -497,13 +475,13 @@ impl Tracer {
     #[inline]
     pub fn record_call(&self, f: u32, start: u64, end: u64) {
         let d = end.wrapping_sub(start);
-        let timeline = self.ring.is_some();
-        self.local(|c| {
+        let tid = self.local(|c| {
             c.call(f as usize, d);
-            if timeline {
-                self.push_call(c, f, start, end);
-            }
+            c.tid
         });
+        if self.ring.is_some() {
+            self.push(Event::Call { f, tid, start, end });
+        }
     }
 
     /// A kernel launch: `words` are the 8-byte words of its arguments that may be pointers
@@ -546,92 +524,34 @@ impl Tracer {
     ) where
         I: ExactSizeIterator<Item = (u16, u64)>,
     {
-        let timeline = self.ring.is_some();
-        self.local(|c| {
+        let tid = self.local(|c| {
             c.launch(kernel as usize);
-            if words.len() == 0 && !timeline {
-                return;
-            }
-            let l = pending::PendingLaunch {
-                kernel,
-                tid: c.tid,
-                shared,
-                words: 0,
-                grid,
-                block,
-                start,
-                end,
-            };
-            let mut p = c.pending.lock();
-            if p.push(l, words) {
-                self.count_pending(&mut p);
-            }
+            c.tid
         });
-    }
-
-    /// Counts a thread's pending launches into the history (and, with the timeline, pushes
-    /// them as events); the log is left empty.
-    fn count_pending(&self, p: &mut pending::Pending) {
-        if p.is_empty() {
+        if words.len() == 0 && self.ring.is_none() {
             return;
         }
-        let mut events = std::mem::take(&mut p.events);
-        let mut launches = Vec::new();
-        if !p.launches.is_empty() {
-            let mut h = self.history.lock();
-            let mut at = 0;
-            for l in &p.launches {
-                let words = &p.words[at..at + l.words as usize];
-                at += l.words as usize;
-                if self.ring.is_none() {
-                    h.launch_counted(l.kernel, words.iter().copied(), l.end);
-                    continue;
-                }
-                let buffers = if words.is_empty() {
-                    Vec::new()
-                } else {
-                    h.launch(l.kernel, words, l.end)
-                };
-                launches.push(Event::Launch(Box::new(timeline::Launch {
-                    kernel: l.kernel,
-                    tid: l.tid,
-                    start: l.start,
-                    end: l.end,
-                    grid: l.grid,
-                    block: l.block,
-                    shared: l.shared,
-                    buffers,
-                })));
-            }
+        if self.ring.is_none() {
+            self.history.lock().launch_counted(kernel, words, end);
+            return;
         }
-        p.launches.clear();
-        p.words.clear();
-        if let Some(r) = &self.ring {
-            // The thread's events and its launches, each in the order they were made,
-            // merged by start (the ring drops the oldest first).
-            let mut r = r.lock();
-            let mut ls = launches.into_iter().peekable();
-            for e in events.drain(..) {
-                while ls.peek().is_some_and(|l| l.tick() <= e.tick()) {
-                    r.push(ls.next().expect("peeked"));
-                }
-                r.push(e);
-            }
-            ls.for_each(|l| r.push(l));
-        }
-        // The buffer goes back to the log, its capacity kept.
-        events.clear();
-        p.events = events;
-    }
-
-    /// Counts every thread's pending launches: before the history is read, and before an
-    /// allocation is made or freed (a word must be counted on the allocation it pointed
-    /// into when the launch was made).
-    fn count_all_pending(&self) {
-        let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
-        for t in threads {
-            let mut p = t.pending.lock();
-            self.count_pending(&mut p);
+        let buffers: Vec<Buffer> = if words.len() == 0 {
+            Vec::new()
+        } else {
+            let words: Vec<(u16, u64)> = words.collect();
+            self.history.lock().launch(kernel, &words, end)
+        };
+        {
+            self.push(Event::Launch(Box::new(timeline::Launch {
+                kernel,
+                tid,
+                start,
+                end,
+                grid,
+                block,
+                shared,
+                buffers,
+            })));
         }
     }
 
@@ -683,7 +603,6 @@ impl Tracer {
     /// A new allocation of `size` bytes at `base`, made by `api` (e.g. `cudaMalloc`), called
     /// from `site` (the calling library, when known).
     pub fn record_alloc(&self, base: u64, size: u64, api: &'static str, site: Option<&str>) {
-        self.count_all_pending();
         let at = self.now();
         let order = {
             let mut h = self.history.lock();
@@ -706,7 +625,6 @@ impl Tracer {
 
     /// The allocation at `base` was freed.
     pub fn record_free(&self, base: u64) {
-        self.count_all_pending();
         let at = self.now();
         let rec = {
             let mut h = self.history.lock();
@@ -763,7 +681,6 @@ impl Tracer {
     /// Everything counted so far, merged over threads; `top` hottest and coldest
     /// allocations.
     pub fn stats(&self, pid: u32, top: usize) -> Stats {
-        self.count_all_pending();
         let rate = self.clock.rate();
         let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
         let merged = counters::merge(&threads);
@@ -802,7 +719,6 @@ impl Tracer {
         pid: u32,
         process: &str,
     ) -> std::io::Result<u64> {
-        self.count_all_pending();
         let events: Vec<Event> = match &self.ring {
             Some(r) => r.lock().to_vec(),
             None => Vec::new(),
@@ -841,4 +757,84 @@ pub fn demangle(name: &str) -> String {
         .ok()
         .and_then(|s| s.demangle().ok())
         .unwrap_or_else(|| name.to_owned())
+}
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Mode, Tracer};
+
+    fn launches_on(t: &Tracer, base: u64) -> u64 {
+        let s = t.stats(1, 100);
+        let b = format!("{base:#x}");
+        s.memory
+            .hottest
+            .iter()
+            .chain(&s.memory.coldest)
+            .find(|a| a.base == b)
+            .map_or(0, |a| a.launches)
+    }
+
+    #[test]
+    fn a_word_counts_on_the_allocation_it_pointed_into_when_launched() {
+        let t = Tracer::new(Config::new(Mode::Timeline));
+        let k = t.kernel_id("k");
+        t.record_alloc(0x1000, 0x100, "cudaMalloc", None);
+        for _ in 0..3 {
+            t.record_launch(k, [1; 3], [1; 3], 0, 0, 1, &[(0, 0x1010)]);
+        }
+        // Freed after three launches, then made again at the same base:
+        // the three belong to the first allocation (order 0), the next to the second.
+        t.record_free(0x1000);
+        t.record_alloc(0x1000, 0x100, "cudaMalloc", None);
+        t.record_launch(k, [1; 3], [1; 3], 0, 0, 1, &[(0, 0x1010)]);
+        assert_eq!(launches_on(&t, 0x1000), 1);
+        assert_eq!(t.stats(1, 1).kernels[0].launches, 4);
+        let mut out = Vec::new();
+        t.write_timeline(&mut out, 1, "p").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let orders: Vec<serde_json::Value> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "kernel")
+            .map(|e| e["args"]["buffers"][0]["alloc"].clone())
+            .collect();
+        assert_eq!(orders, [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn launches_from_two_threads_are_all_counted() {
+        for mode in [Mode::Metrics, Mode::Timeline] {
+            let t = Tracer::new(Config::new(mode));
+            let k = t.kernel_id("k");
+            t.record_alloc(0x10_0000, 0x1000, "cudaMalloc", None);
+            // Launches from two threads at once.
+            let n = 263;
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        for i in 0..n {
+                            t.record_launch(k, [1; 3], [1; 3], 0, i, i + 1, &[(0, 0x10_0008)]);
+                        }
+                    });
+                }
+            });
+            assert_eq!(launches_on(&t, 0x10_0000), 2 * n, "{mode:?}");
+            assert_eq!(t.stats(1, 1).kernels[0].launches, 2 * n);
+            if mode == Mode::Timeline {
+                let mut out = Vec::new();
+                t.write_timeline(&mut out, 1, "p").unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+                let kernels: Vec<&serde_json::Value> = v["traceEvents"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["cat"] == "kernel")
+                    .collect();
+                assert_eq!(kernels.len() as u64, 2 * n);
+                assert!(kernels
+                    .iter()
+                    .all(|e| e["args"]["buffers"][0]["base"] == "0x100000"));
+            }
+        }
+    }
 }

@@ -129,19 +129,6 @@ pub enum Event {
     },
 }
 
-impl Event {
-    /// When it began (ticks).
-    pub fn tick(&self) -> u64 {
-        match self {
-            Event::Call { start, .. } | Event::Copy { start, .. } | Event::Pause { start, .. } => {
-                *start
-            }
-            Event::Launch(l) => l.start,
-            Event::Alloc { at, .. } | Event::Free { at, .. } => *at,
-        }
-    }
-}
-
 /// A bounded ring of events.
 pub struct Ring {
     events: VecDeque<Event>,
