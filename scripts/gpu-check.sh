@@ -548,6 +548,15 @@ if want trace; then
     row "bench: torch step, CUDAW_TRACE=$mode on vs off (in-process A/B)" $st "ratio $r (processes: ${rs[*]}; last: $detail); goal <= $goal"
   done
 
+  # Where a traced launch's time goes inside PyTorch (CUDAW_TRACE_SELF=1: each layer's
+  # phases, means after the first 20000 launches).
+  CUDAW_TRACE=metrics CUDAW_TRACE_SELF=1 timeout 300 "$CUDAW" run -- python3 $T --bench --steps 2500 \
+    </dev/null >"$WORK/trace-self.out" 2>"$OUT/trace-self.log"
+  for layer in runtime driver; do
+    line=$(grep -o "self cost of a traced launch ($layer layer.*" "$OUT/trace-self.log" | head -1)
+    row "bench: a traced torch launch by phase, $layer layer (CUDAW_TRACE_SELF)" info "${line:-no figures (see trace-self.log)}"
+  done
+
   # The timeline of 3 training steps: valid trace-event JSON, its kernels by name.
   tfile="$WORK/torch.trace.json"
   CUDAW_TRACE=timeline CUDAW_TRACE_FILE="$tfile" timeout 300 "$CUDAW" run -- python3 $T --steps 3 \

@@ -758,13 +758,22 @@ fn switching_needs_tracing_at_start() {
 
 /// `tests/cuda/gpu/launch_ab.cu` (gpu-check's in-process benchmark) under
 /// `CUDAW_TRACE=metrics` also times its launches with tracing switched on and off: its
-/// traced line is there, with figures.
+/// traced line is there, with figures; with `CUDAW_TRACE_SELF=1` the summary at exit
+/// gives the phases of a traced launch.
 #[test]
 fn launch_ab_times_tracing_on_and_off() {
     let Some(nvcc) = nvcc() else { return };
     let src = cudaw_tests::workspace().join("tests/cuda/gpu/launch_ab.cu");
     let exe = cudaw_tests::compile(&nvcc, "launch_ab", &src);
-    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_TRACE", "metrics")]);
+    let mut cmd = command_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[
+            ("CUDAW_TRACE", "metrics"),
+            ("CUDAW_TRACE_SELF", "1"),
+            ("CUDAW_TRACE_SELF_WARMUP", "10"),
+        ],
+    );
     let out = cmd
         .arg("5")
         .env("CUDAW_LOG", "info")
@@ -791,4 +800,19 @@ fn launch_ab_times_tracing_on_and_off() {
         stdout.lines().any(|l| l.starts_with("launch_ab rounds=5 ")),
         "{stdout}"
     );
+    // CUDAW_TRACE_SELF=1: the phases of the traced launches after the warm-up, at exit.
+    let own = stderr
+        .lines()
+        .find(|l| l.contains("self cost of a traced launch (runtime layer, mean of "))
+        .unwrap_or_else(|| panic!("no self-cost line:\n{stderr}"));
+    for phase in [
+        "record lookup",
+        "kernel id",
+        "argument words",
+        "record",
+        "in all",
+    ] {
+        assert!(own.contains(&format!(" {phase} ")), "{own}");
+    }
+    assert!(own.contains("after 10)"), "{own}");
 }

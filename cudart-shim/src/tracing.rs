@@ -590,8 +590,10 @@ fn pointer_words(
 /// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
 /// its arguments point into) when it succeeds.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 pub fn launch(
     rec: Option<&registry::FunctionRecord>,
+    lookup_ticks: u64,
     grid: [u32; 3],
     block: [u32; 3],
     shared: usize,
@@ -609,9 +611,13 @@ pub fn launch(
     }
     let end = if timeline { t.now() } else { 0 };
     let Some(rec) = rec else { return rc };
+    let timed = driver::selfcost::enabled();
+    let t0 = if timed { ticks() } else { 0 };
     let k = kernel_id(t, rec);
+    let t1 = if timed { ticks() } else { 0 };
     let mut words = smallvec::SmallVec::new();
     pointer_words(t, rec, args, &mut words);
+    let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
         (false, true) => (0, 0),
@@ -629,7 +635,35 @@ pub fn launch(
         end,
         words.iter().copied(),
     );
+    if timed && SELF_COST.begin(t0) {
+        SELF_COST.add(0, lookup_ticks);
+        SELF_COST.add(1, t1 - t0);
+        SELF_COST.add(2, t2 - t1);
+        SELF_COST.add(3, ticks() - t2);
+        let bytes = rec
+            .layout(crate::wrappers::device_sm())
+            .map_or(0, |l| l.params.iter().map(|p| p.size as u64).sum());
+        SELF_COST.end(words.len() as u64, bytes);
+    }
     rc
+}
+
+/// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
+static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
+    "runtime layer",
+    ["record lookup", "kernel id", "argument words", "record", ""],
+    None,
+);
+
+/// Ticks now with `CUDAW_TRACE_SELF=1` and tracing on, else 0 (a launch wrapper times its
+/// record lookup with it).
+#[inline]
+pub fn self_ticks() -> u64 {
+    if driver::selfcost::enabled() && tracer().is_some() {
+        ticks()
+    } else {
+        0
+    }
 }
 
 /// A pause (or a resume) that took from tick `start` until now and moved `bytes` of
@@ -737,6 +771,9 @@ extern "C" fn at_exit() {
         }
         let s = t.stats(std::process::id(), 5);
         for line in s.summary(10).lines() {
+            log::warn_plain(format_args!("trace: {line}"));
+        }
+        if let Some(line) = SELF_COST.report(ticks()) {
             log::warn_plain(format_args!("trace: {line}"));
         }
         log::warn_plain(format_args!(

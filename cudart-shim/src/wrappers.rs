@@ -558,9 +558,11 @@ fn translate_args(
 
 /// Forwards a launch of `rec`'s kernel (`f` is what the caller named it by: a host stub or a
 /// `cudaKernel_t`), its arguments rewritten for translated addressing.
+#[allow(clippy::too_many_arguments)]
 fn forward_launch(
     i: usize,
     rec: Option<&'static registry::FunctionRecord>,
+    lookup_ticks: u64,
     f: *const c_void,
     g: Dim3,
     b: Dim3,
@@ -570,7 +572,7 @@ fn forward_launch(
 ) -> cudaError_t {
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    tracing::launch(rec, g.into(), b.into(), shm, args, || {
+    tracing::launch(rec, lookup_ticks, g.into(), b.into(), shm, args, || {
         forward!(
             i,
             fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
@@ -593,7 +595,10 @@ fn launch_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    forward_launch(i, registry::function(f as usize), f, g, b, args, shm, s)
+    let t0 = tracing::self_ticks();
+    let rec = registry::function(f as usize);
+    let lookup = tracing::self_ticks().wrapping_sub(t0);
+    forward_launch(i, rec, lookup, f, g, b, args, shm, s)
 }
 variants!(marked launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
     (f: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
@@ -607,16 +612,10 @@ fn launch_kernel_handle_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    forward_launch(
-        i,
-        registry::function_of_kernel(k as usize),
-        k,
-        g,
-        b,
-        args,
-        shm,
-        s,
-    )
+    let t0 = tracing::self_ticks();
+    let rec = registry::function_of_kernel(k as usize);
+    let lookup = tracing::self_ticks().wrapping_sub(t0);
+    forward_launch(i, rec, lookup, k, g, b, args, shm, s)
 }
 variants!(marked launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
     (k: *const c_void, g: Dim3, b: Dim3, args: *mut *mut c_void, shm: usize, s: cudaStream_t));
@@ -627,7 +626,9 @@ fn launch_ex_impl(
     f: *const c_void,
     args: *mut *mut c_void,
 ) -> cudaError_t {
+    let t0 = tracing::self_ticks();
     let rec = registry::function(f as usize);
+    let lookup = tracing::self_ticks().wrapping_sub(t0);
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.
@@ -635,7 +636,7 @@ fn launch_ex_impl(
     let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
         (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
     });
-    tracing::launch(rec, g, b, shm, args, || {
+    tracing::launch(rec, lookup, g, b, shm, args, || {
         forward!(
             i,
             fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),

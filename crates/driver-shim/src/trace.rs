@@ -265,15 +265,23 @@ pub fn launch(
     }
     let end = if timeline { (h.now)() } else { 0 };
     let Some(d) = dims else { return rc };
+    let timed = driver::selfcost::enabled();
+    let t0 = if timed { ticks() } else { 0 };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
+    let t1 = if timed { ticks() } else { 0 };
     let mut words = Words::new();
+    let mut bytes = 0u64;
     with_layout(handle, |layout| {
         if let Some(layout) = layout {
             let mut span = (0u64, 0u64);
             (h.memory_span)(&mut span.0, &mut span.1);
             pointer_words(layout, params, extra, span, &mut words);
+            if timed {
+                bytes = layout.params.iter().map(|p| p.size as u64).sum();
+            }
         }
     });
+    let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
         (false, true) => (0, 0),
@@ -297,7 +305,39 @@ pub fn launch(
         },
         words_len: words.len(),
     });
+    if timed && SELF_COST.begin(t0) {
+        SELF_COST.add(0, t1 - t0);
+        SELF_COST.add(1, t2 - t1);
+        SELF_COST.add(2, ticks() - t2);
+        SELF_COST.end(words.len() as u64, bytes);
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a function with no arguments that never unwinds (it catches).
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(report_self_cost);
+        });
+    }
     rc
+}
+
+/// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (reported at exit).
+static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
+    "driver layer",
+    ["kernel id", "argument words", "record", "", ""],
+    None,
+);
+
+/// The time stamp counter (the runtime's tick source too).
+fn ticks() -> u64 {
+    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+extern "C" fn report_self_cost() {
+    crate::boundary::guard("the self-cost report", (), || {
+        if let Some(line) = SELF_COST.report(ticks()) {
+            crate::log::warn(format_args!("trace: {line}"));
+        }
+    })
 }
 
 /// `cudaMemcpyKind` values.

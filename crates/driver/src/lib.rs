@@ -15,6 +15,7 @@ pub mod hooks;
 pub mod inflight;
 pub mod loader;
 pub mod locate;
+pub mod selfcost;
 pub mod staging;
 
 /// The CUDA driver ABI types (CUDA 13.0 layouts).
