@@ -19,7 +19,7 @@
 #   SECTIONS="env vmm programs overhead bench demo driver" scripts/gpu-check.sh   # 220-260 s
 #   SECTIONS="env torch" scripts/gpu-check.sh                                     # 200 s
 #   SECTIONS="env overhead torchbench" TORCH_REPS=5 scripts/gpu-check.sh          # 320 s
-#   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~260 s (in-process A/B, TORCH_STEPS=6000)
+#   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~290 s (in-process A/B, TORCH_STEPS=6000, and CUDAW_TRACE_SELF)
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
