@@ -558,23 +558,23 @@ fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
 
 /// The 8-byte words of a launch's arguments that may be pointers (with the parameter
 /// each came from), read through the kernel's parameter layout: those inside the span of
-/// the live allocations ([`Tracer::memory_span`]).
+/// the live allocations ([`Tracer::memory_span`]). With `timed`, returns the tick at which
+/// the layout was at hand (0: no words were read).
 fn pointer_words(
     t: &Tracer,
     rec: &registry::FunctionRecord,
     args: *mut *mut c_void,
     out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
-) {
+    timed: bool,
+) -> u64 {
     let (lo, hi) = t.memory_span();
-    if lo >= hi {
-        return;
-    }
-    if args.is_null() {
-        return;
+    if lo >= hi || args.is_null() {
+        return 0;
     }
     let Some(layout) = rec.layout(crate::wrappers::device_sm()) else {
-        return;
+        return 0;
     };
+    let at = if timed { ticks() } else { 0 };
     for p in &layout.params {
         // SAFETY: the launch passes one argument pointer per kernel parameter.
         let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
@@ -585,6 +585,7 @@ fn pointer_words(
         let bytes = unsafe { std::slice::from_raw_parts(base, p.size as usize) };
         p.words_in_range(bytes, lo, hi, |_, v| out.push((p.ordinal as u16, v)));
     }
+    at
 }
 
 /// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
@@ -616,7 +617,7 @@ pub fn launch(
     let k = kernel_id(t, rec);
     let t1 = if timed { ticks() } else { 0 };
     let mut words = smallvec::SmallVec::new();
-    pointer_words(t, rec, args, &mut words);
+    let tl = pointer_words(t, rec, args, &mut words, timed);
     let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
@@ -637,9 +638,12 @@ pub fn launch(
     );
     if timed && SELF_COST.begin(t0) {
         SELF_COST.add(0, lookup_ticks);
+        // Without words read, the whole span is the layout's.
+        let tl = if tl == 0 { t2 } else { tl };
         SELF_COST.add(1, t1 - t0);
-        SELF_COST.add(2, t2 - t1);
-        SELF_COST.add(3, ticks() - t2);
+        SELF_COST.add(2, tl - t1);
+        SELF_COST.add(3, t2 - tl);
+        SELF_COST.add(4, ticks() - t2);
         let bytes = rec
             .layout(crate::wrappers::device_sm())
             .map_or(0, |l| l.params.iter().map(|p| p.size as u64).sum());
@@ -651,7 +655,13 @@ pub fn launch(
 /// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
 static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
     "runtime layer",
-    ["record lookup", "kernel id", "argument words", "record", ""],
+    [
+        "record lookup",
+        "kernel id",
+        "layout",
+        "argument words",
+        "record",
+    ],
     None,
 );
 

@@ -271,10 +271,14 @@ pub fn launch(
     let t1 = if timed { ticks() } else { 0 };
     let mut words = Words::new();
     let mut bytes = 0u64;
+    let mut tl = 0;
     with_layout(handle, |layout| {
         if let Some(layout) = layout {
             let mut span = (0u64, 0u64);
             (h.memory_span)(&mut span.0, &mut span.1);
+            if timed {
+                tl = ticks();
+            }
             pointer_words(layout, params, extra, span, &mut words);
             if timed {
                 bytes = layout.params.iter().map(|p| p.size as u64).sum();
@@ -306,9 +310,12 @@ pub fn launch(
         words_len: words.len(),
     });
     if timed && SELF_COST.begin(t0) {
+        // Without a layout, the whole span is the layout lookup's.
+        let tl = if tl == 0 { t2 } else { tl };
         SELF_COST.add(0, t1 - t0);
-        SELF_COST.add(1, t2 - t1);
-        SELF_COST.add(2, ticks() - t2);
+        SELF_COST.add(1, tl - t1);
+        SELF_COST.add(2, t2 - tl);
+        SELF_COST.add(3, ticks() - t2);
         SELF_COST.end(words.len() as u64, bytes);
         static AT_EXIT: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a function with no arguments that never unwinds (it catches).
@@ -322,7 +329,7 @@ pub fn launch(
 /// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (reported at exit).
 static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
     "driver layer",
-    ["kernel id", "argument words", "record", "", ""],
+    ["kernel id", "layout", "argument words", "record", ""],
     None,
 );
 
