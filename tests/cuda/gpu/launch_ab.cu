@@ -35,6 +35,16 @@ typedef cudaError_t (*RtPeek)();
 typedef CUresult (*CuMemset)(unsigned long long, unsigned char, size_t, cudaStream_t);
 typedef CUresult (*CuQuery)(cudaStream_t);
 __global__ void empty() {}
+// LAUNCH_AB_BUSY=1: each timed batch is queued behind this kernel (1 ms on the global
+// timer), so every launch finds the stream busy: the host's cost alone, whatever the GPU's
+// pace (an idle stream makes the driver's path depend on how far the GPU has got).
+__global__ void spin(unsigned ms) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < (unsigned long long)ms * 1000000ull);
+}
 struct Find { const char* sym; void* skip_base; void* found; };
 // The first loaded object, other than the one at skip_base, whose handle yields `sym`
 // defined outside cudaw's object.
@@ -67,6 +77,8 @@ int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 400;
   if (rounds < 1) { std::fprintf(stderr, "usage: launch_ab [ROUNDS >= 1]\n"); return 2; }
   const int batch = 32;
+  const char* busy_env = getenv("LAUNCH_AB_BUSY");
+  const bool busy = busy_env && atoi(busy_env) > 0;
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
@@ -141,6 +153,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < paths; k++) {
       int p = active[(r + k) % paths];
       CHECK(cudaStreamSynchronize(s));
+      if (busy) spin<<<1, 1, 0, s>>>(1);
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < batch; i++) launch(p);
       auto t1 = std::chrono::steady_clock::now();
@@ -215,8 +228,9 @@ int main(int argc, char** argv) {
   double x = median(rt_d), y = drv ? median(drv_d) : NAN, z = drv ? median(t[3]) : NAN;
   std::printf("launch_ab rounds=%d rt_added_ns=%.1f drv_added_ns=%.1f both_added_ns=%.1f "
               "drv_real_ns=%.1f rt_real_ns=%.1f call_added_ns=%.2f call_real_ns=%.2f "
-              "memset_added_ns=%.1f query_added_ns=%.1f (acc %d)\n",
+              "memset_added_ns=%.1f query_added_ns=%.1f busy=%d (acc %d)\n",
               rounds, x, y, x + y, z, median(t[1]), median(call_d), median(call_real),
-              extra ? median(set_d) : NAN, extra ? median(query_d) : NAN, acc & 1);
+              extra ? median(set_d) : NAN, extra ? median(query_d) : NAN, busy ? 1 : 0,
+              acc & 1);
   return 0;
 }
