@@ -21,6 +21,7 @@
 // adds, on its own line before the last ("launch_ab traced ... trace_rt_added_ns=..").
 // Natively there is no second runtime to compare with: prints "launch_ab skipped: ..".
 #include "../programs/common.h"
+#include "../programs/spin.h"
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -35,16 +36,8 @@ typedef cudaError_t (*RtPeek)();
 typedef CUresult (*CuMemset)(unsigned long long, unsigned char, size_t, cudaStream_t);
 typedef CUresult (*CuQuery)(cudaStream_t);
 __global__ void empty() {}
-// LAUNCH_AB_BUSY=1: each timed batch is queued behind this kernel (1 ms on the global
-// timer), so every launch finds the stream busy: the host's cost alone, whatever the GPU's
-// pace (an idle stream makes the driver's path depend on how far the GPU has got).
-__global__ void spin(unsigned ms) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < (unsigned long long)ms * 1000000ull);
-}
+// LAUNCH_AB_BUSY=1: each timed batch is queued behind spin(1) (1 ms on the global timer),
+// so every launch finds the stream busy: the host's cost alone, whatever the GPU's pace.
 struct Find { const char* sym; void* skip_base; void* found; };
 // The first loaded object, other than the one at skip_base, whose handle yields `sym`
 // defined outside cudaw's object.

@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "../programs/spin.h"
 
 typedef CUresult (*CreateFn)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long);
 typedef CUresult (*ReleaseFn)(CUmemGenericAllocationHandle);
@@ -175,14 +176,6 @@ static int free_one(Block& b) {
 
 static size_t parse_size(const std::string& s) { return (size_t)std::stoull(s); }
 
-// Runs `ms` milliseconds of the GPU's global timer (simgpu: sleeps as long).
-__global__ void spin(unsigned ms) {
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < (unsigned long long)ms * 1000000ull);
-}
 
 int main() {
   Driver d;
