@@ -588,7 +588,7 @@ impl Tracer {
             c.tid
         });
         if self.ring.is_some() {
-            self.push(Event::Copy {
+            self.push(Event::Copy(Box::new(timeline::CopyEvent {
                 dir,
                 tid,
                 start,
@@ -596,7 +596,7 @@ impl Tracer {
                 bytes,
                 dst: dst_a,
                 src: src_a,
-            });
+            })));
         }
     }
 
@@ -612,14 +612,14 @@ impl Tracer {
         };
         if self.ring.is_some() {
             let tid = self.thread_id();
-            self.push(Event::Alloc {
+            self.push(Event::Alloc(Box::new(timeline::AllocEvent {
                 tid,
                 at,
                 base,
                 size,
                 order,
                 api,
-            });
+            })));
         }
     }
 
@@ -634,13 +634,13 @@ impl Tracer {
         };
         if let (Some((order, size)), true) = (rec, self.ring.is_some()) {
             let tid = self.thread_id();
-            self.push(Event::Free {
+            self.push(Event::Free(Box::new(timeline::FreeEvent {
                 tid,
                 at,
                 base,
                 size,
                 order,
-            });
+            })));
         }
     }
 
@@ -659,14 +659,14 @@ impl Tracer {
             }
         }
         let tid = self.thread_id();
-        self.push(Event::Pause {
+        self.push(Event::Pause(Box::new(timeline::PauseEvent {
             resume,
             tid,
             start,
             end,
             allocations,
             bytes,
-        });
+        })));
     }
 
     /// The function names, by id.

@@ -67,66 +67,82 @@ pub enum Event {
     },
     /// A kernel launch.
     Launch(Box<Launch>),
-    /// A copy.
-    Copy {
-        /// Direction.
-        dir: Direction,
-        /// Thread.
-        tid: u32,
-        /// Start tick.
-        start: u64,
-        /// End tick.
-        end: u64,
-        /// Bytes.
-        bytes: u64,
-        /// The allocation copied into.
-        dst: Option<AllocRef>,
-        /// The allocation copied from.
-        src: Option<AllocRef>,
-    },
-    /// An allocation.
-    Alloc {
-        /// Thread.
-        tid: u32,
-        /// Tick.
-        at: u64,
-        /// Address.
-        base: u64,
-        /// Size.
-        size: u64,
-        /// Creation order.
-        order: u64,
-        /// The API.
-        api: &'static str,
-    },
-    /// A free.
-    Free {
-        /// Thread.
-        tid: u32,
-        /// Tick.
-        at: u64,
-        /// Address.
-        base: u64,
-        /// Size.
-        size: u64,
-        /// Creation order.
-        order: u64,
-    },
-    /// A pause or resume.
-    Pause {
-        /// A resume rather than a pause.
-        resume: bool,
-        /// Thread.
-        tid: u32,
-        /// Start tick.
-        start: u64,
-        /// End tick.
-        end: u64,
-        /// Allocations moved.
-        allocations: u64,
-        /// Bytes moved.
-        bytes: u64,
-    },
+    /// A copy (boxed, as is all but a call: an event takes 32 bytes of the ring).
+    Copy(Box<CopyEvent>),
+    /// An allocation (boxed, as is all but a call: an event takes 32 bytes of the ring).
+    Alloc(Box<AllocEvent>),
+    /// A free (boxed, as is all but a call: an event takes 32 bytes of the ring).
+    Free(Box<FreeEvent>),
+    /// A pause or resume (boxed, as is all but a call: an event takes 32 bytes of the ring).
+    Pause(Box<PauseEvent>),
+}
+
+/// A copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyEvent {
+    /// Direction.
+    pub dir: Direction,
+    /// Thread.
+    pub tid: u32,
+    /// Start tick.
+    pub start: u64,
+    /// End tick.
+    pub end: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// The allocation copied into.
+    pub dst: Option<AllocRef>,
+    /// The allocation copied from.
+    pub src: Option<AllocRef>,
+}
+
+/// An allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocEvent {
+    /// Thread.
+    pub tid: u32,
+    /// Tick.
+    pub at: u64,
+    /// Address.
+    pub base: u64,
+    /// Size.
+    pub size: u64,
+    /// Creation order.
+    pub order: u64,
+    /// The API.
+    pub api: &'static str,
+}
+
+/// A free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreeEvent {
+    /// Thread.
+    pub tid: u32,
+    /// Tick.
+    pub at: u64,
+    /// Address.
+    pub base: u64,
+    /// Size.
+    pub size: u64,
+    /// Creation order.
+    pub order: u64,
+}
+
+/// A pause or resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PauseEvent {
+    /// A resume rather than a pause.
+    pub resume: bool,
+    /// Thread.
+    pub tid: u32,
+    /// Start tick.
+    pub start: u64,
+    /// End tick.
+    pub end: u64,
+    /// Allocations moved.
+    pub allocations: u64,
+    /// Bytes moved.
+    pub bytes: u64,
 }
 
 /// A bounded ring of events.
@@ -274,55 +290,67 @@ pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> st
                              "shared": l.shared, "buffers": buffers},
                 })
             }
-            Event::Copy {
-                dir,
-                tid,
-                start,
-                end,
-                bytes,
-                dst,
-                src,
-            } => json!({
-                "name": format!("copy {}", dir.as_str()), "cat": "copy", "ph": "X",
-                "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
-                "args": {"direction": dir.as_str(), "bytes": bytes,
-                         "dst": dst.as_ref().map(alloc_json), "src": src.as_ref().map(alloc_json)},
-            }),
-            Event::Alloc {
-                tid,
-                at,
-                base,
-                size,
-                order,
-                api,
-            } => json!({
-                "name": format!("alloc {size}"), "cat": "memory", "ph": "i", "s": "t",
-                "pid": pid, "tid": tid, "ts": us(*at),
-                "args": {"alloc": order, "base": hex(*base), "size": size, "api": api},
-            }),
-            Event::Free {
-                tid,
-                at,
-                base,
-                size,
-                order,
-            } => json!({
-                "name": format!("free {size}"), "cat": "memory", "ph": "i", "s": "t",
-                "pid": pid, "tid": tid, "ts": us(*at),
-                "args": {"alloc": order, "base": hex(*base), "size": size},
-            }),
-            Event::Pause {
-                resume,
-                tid,
-                start,
-                end,
-                allocations,
-                bytes,
-            } => json!({
-                "name": if *resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
-                "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
-                "args": {"allocations": allocations, "bytes": bytes},
-            }),
+            Event::Copy(e) => {
+                let CopyEvent {
+                    dir,
+                    tid,
+                    start,
+                    end,
+                    bytes,
+                    dst,
+                    src,
+                } = &**e;
+                json!({
+                    "name": format!("copy {}", dir.as_str()), "cat": "copy", "ph": "X",
+                    "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
+                    "args": {"direction": dir.as_str(), "bytes": bytes,
+                             "dst": dst.as_ref().map(alloc_json), "src": src.as_ref().map(alloc_json)},
+                })
+            }
+            Event::Alloc(e) => {
+                let AllocEvent {
+                    tid,
+                    at,
+                    base,
+                    size,
+                    order,
+                    api,
+                } = &**e;
+                json!({
+                    "name": format!("alloc {size}"), "cat": "memory", "ph": "i", "s": "t",
+                    "pid": pid, "tid": tid, "ts": us(*at),
+                    "args": {"alloc": order, "base": hex(*base), "size": size, "api": api},
+                })
+            }
+            Event::Free(e) => {
+                let FreeEvent {
+                    tid,
+                    at,
+                    base,
+                    size,
+                    order,
+                } = &**e;
+                json!({
+                    "name": format!("free {size}"), "cat": "memory", "ph": "i", "s": "t",
+                    "pid": pid, "tid": tid, "ts": us(*at),
+                    "args": {"alloc": order, "base": hex(*base), "size": size},
+                })
+            }
+            Event::Pause(e) => {
+                let PauseEvent {
+                    resume,
+                    tid,
+                    start,
+                    end,
+                    allocations,
+                    bytes,
+                } = &**e;
+                json!({
+                    "name": if *resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
+                    "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
+                    "args": {"allocations": allocations, "bytes": bytes},
+                })
+            }
         };
         emit(w, v)?;
         n += 1;
@@ -353,5 +381,11 @@ mod tests {
         }
         assert_eq!((r.len(), r.dropped()), (3, 2));
         assert!(matches!(r.to_vec()[0], Event::Call { f: 2, .. }));
+    }
+
+    #[test]
+    fn an_event_takes_32_bytes() {
+        // The default ring (2^20 events) is then 32 MiB.
+        assert_eq!(std::mem::size_of::<Event>(), 32);
     }
 }
