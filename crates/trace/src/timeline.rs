@@ -290,67 +290,27 @@ pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> st
                              "shared": l.shared, "buffers": buffers},
                 })
             }
-            Event::Copy(e) => {
-                let CopyEvent {
-                    dir,
-                    tid,
-                    start,
-                    end,
-                    bytes,
-                    dst,
-                    src,
-                } = &**e;
-                json!({
-                    "name": format!("copy {}", dir.as_str()), "cat": "copy", "ph": "X",
-                    "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
-                    "args": {"direction": dir.as_str(), "bytes": bytes,
-                             "dst": dst.as_ref().map(alloc_json), "src": src.as_ref().map(alloc_json)},
-                })
-            }
-            Event::Alloc(e) => {
-                let AllocEvent {
-                    tid,
-                    at,
-                    base,
-                    size,
-                    order,
-                    api,
-                } = &**e;
-                json!({
-                    "name": format!("alloc {size}"), "cat": "memory", "ph": "i", "s": "t",
-                    "pid": pid, "tid": tid, "ts": us(*at),
-                    "args": {"alloc": order, "base": hex(*base), "size": size, "api": api},
-                })
-            }
-            Event::Free(e) => {
-                let FreeEvent {
-                    tid,
-                    at,
-                    base,
-                    size,
-                    order,
-                } = &**e;
-                json!({
-                    "name": format!("free {size}"), "cat": "memory", "ph": "i", "s": "t",
-                    "pid": pid, "tid": tid, "ts": us(*at),
-                    "args": {"alloc": order, "base": hex(*base), "size": size},
-                })
-            }
-            Event::Pause(e) => {
-                let PauseEvent {
-                    resume,
-                    tid,
-                    start,
-                    end,
-                    allocations,
-                    bytes,
-                } = &**e;
-                json!({
-                    "name": if *resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
-                    "pid": pid, "tid": tid, "ts": us(*start), "dur": dur(*start, *end),
-                    "args": {"allocations": allocations, "bytes": bytes},
-                })
-            }
+            Event::Copy(e) => json!({
+                "name": format!("copy {}", e.dir.as_str()), "cat": "copy", "ph": "X",
+                "pid": pid, "tid": e.tid, "ts": us(e.start), "dur": dur(e.start, e.end),
+                "args": {"direction": e.dir.as_str(), "bytes": e.bytes,
+                         "dst": e.dst.as_ref().map(alloc_json), "src": e.src.as_ref().map(alloc_json)},
+            }),
+            Event::Alloc(e) => json!({
+                "name": format!("alloc {}", e.size), "cat": "memory", "ph": "i", "s": "t",
+                "pid": pid, "tid": e.tid, "ts": us(e.at),
+                "args": {"alloc": e.order, "base": hex(e.base), "size": e.size, "api": e.api},
+            }),
+            Event::Free(e) => json!({
+                "name": format!("free {}", e.size), "cat": "memory", "ph": "i", "s": "t",
+                "pid": pid, "tid": e.tid, "ts": us(e.at),
+                "args": {"alloc": e.order, "base": hex(e.base), "size": e.size},
+            }),
+            Event::Pause(e) => json!({
+                "name": if e.resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
+                "pid": pid, "tid": e.tid, "ts": us(e.start), "dur": dur(e.start, e.end),
+                "args": {"allocations": e.allocations, "bytes": e.bytes},
+            }),
         };
         emit(w, v)?;
         n += 1;
