@@ -640,10 +640,10 @@ pub fn launch(
         SELF_COST.add(0, lookup_ticks);
         // Without words read, the whole span is the layout's.
         let tl = if tl == 0 { t2 } else { tl };
-        SELF_COST.add(1, t1 - t0);
-        SELF_COST.add(2, tl - t1);
-        SELF_COST.add(3, t2 - tl);
-        SELF_COST.add(4, ticks() - t2);
+        SELF_COST.add(1, t1.saturating_sub(t0));
+        SELF_COST.add(2, tl.saturating_sub(t1));
+        SELF_COST.add(3, t2.saturating_sub(tl));
+        SELF_COST.add(4, ticks().saturating_sub(t2));
         let bytes = rec
             .layout(crate::wrappers::device_sm())
             .map_or(0, |l| l.params.iter().map(|p| p.size as u64).sum());

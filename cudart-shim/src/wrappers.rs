@@ -597,7 +597,7 @@ fn launch_impl(
 ) -> cudaError_t {
     let t0 = tracing::self_ticks();
     let rec = registry::function(f as usize);
-    let lookup = tracing::self_ticks().wrapping_sub(t0);
+    let lookup = tracing::self_ticks().saturating_sub(t0);
     forward_launch(i, rec, lookup, f, g, b, args, shm, s)
 }
 variants!(marked launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
@@ -614,7 +614,7 @@ fn launch_kernel_handle_impl(
 ) -> cudaError_t {
     let t0 = tracing::self_ticks();
     let rec = registry::function_of_kernel(k as usize);
-    let lookup = tracing::self_ticks().wrapping_sub(t0);
+    let lookup = tracing::self_ticks().saturating_sub(t0);
     forward_launch(i, rec, lookup, k, g, b, args, shm, s)
 }
 variants!(marked launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
@@ -628,7 +628,7 @@ fn launch_ex_impl(
 ) -> cudaError_t {
     let t0 = tracing::self_ticks();
     let rec = registry::function(f as usize);
-    let lookup = tracing::self_ticks().wrapping_sub(t0);
+    let lookup = tracing::self_ticks().saturating_sub(t0);
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.

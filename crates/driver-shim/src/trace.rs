@@ -312,10 +312,10 @@ pub fn launch(
     if timed && SELF_COST.begin(t0) {
         // Without a layout, the whole span is the layout lookup's.
         let tl = if tl == 0 { t2 } else { tl };
-        SELF_COST.add(0, t1 - t0);
-        SELF_COST.add(1, tl - t1);
-        SELF_COST.add(2, t2 - tl);
-        SELF_COST.add(3, ticks() - t2);
+        SELF_COST.add(0, t1.saturating_sub(t0));
+        SELF_COST.add(1, tl.saturating_sub(t1));
+        SELF_COST.add(2, t2.saturating_sub(tl));
+        SELF_COST.add(3, ticks().saturating_sub(t2));
         SELF_COST.end(words.len() as u64, bytes);
         static AT_EXIT: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a function with no arguments that never unwinds (it catches).

@@ -95,7 +95,7 @@ impl SelfCost {
         if n == 0 {
             return None;
         }
-        let ns = epoch().elapsed().as_nanos() as u64 - self.first[1].load(Relaxed);
+        let ns = (epoch().elapsed().as_nanos() as u64).saturating_sub(self.first[1].load(Relaxed));
         let ticks = now.wrapping_sub(self.first[0].load(Relaxed));
         let rate = if ns > 0 && ticks > 0 {
             ticks as f64 / ns as f64
