@@ -27,16 +27,12 @@
 use crate::dispatch::{idx, ALL_NAMES};
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
+// The tick source: the time stamp counter (constant rate on every x86-64 CPU that runs
+// CUDA; calibrated against the monotonic clock).
+use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-
-/// The time stamp counter: the tick source (constant rate on every x86-64 CPU that runs
-/// CUDA; calibrated against the monotonic clock).
-fn ticks() -> u64 {
-    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);

@@ -266,6 +266,7 @@ pub fn launch(
     let end = if timeline { (h.now)() } else { 0 };
     let Some(d) = dims else { return rc };
     let timed = driver::selfcost::enabled();
+    let ticks = driver::selfcost::ticks;
     let t0 = if timed { ticks() } else { 0 };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
     let t1 = if timed { ticks() } else { 0 };
@@ -333,15 +334,9 @@ static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
     None,
 );
 
-/// The time stamp counter (the runtime's tick source too).
-fn ticks() -> u64 {
-    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
 extern "C" fn report_self_cost() {
     crate::boundary::guard("the self-cost report", (), || {
-        if let Some(line) = SELF_COST.report(ticks()) {
+        if let Some(line) = SELF_COST.report(driver::selfcost::ticks()) {
             crate::log::warn(format_args!("trace: {line}"));
         }
     })

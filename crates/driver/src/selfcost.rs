@@ -125,6 +125,14 @@ impl SelfCost {
     }
 }
 
+/// The time stamp counter: both cudaw libraries' tick source (tracing's clock, and the
+/// phases here).
+#[inline]
+pub fn ticks() -> u64 {
+    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 /// `CUDAW_TRACE_SELF_WARMUP`: launches left out before the phases are counted (default
 /// 20000; read once).
 pub fn warmup() -> u64 {
