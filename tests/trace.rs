@@ -681,17 +681,22 @@ fn switching(addressing: Addressing, mode: &str) {
     );
     let text = t.ckpt_ok(&["tracing", &pid, "off"]);
     assert_eq!(text, format!("{pid}: tracing ({mode}) was already off\n"));
+    // add_into's launches and cudaGetLastError's calls counted so far.
+    let counted = |s: &Value, add_into: u64, get_last_error: u64| {
+        assert_eq!(launches(s).get("add_into"), Some(&add_into), "{s}");
+        assert_eq!(
+            calls(s).get("cudaGetLastError"),
+            Some(&get_last_error),
+            "{s}"
+        );
+    };
     assert_eq!(t.go_on(), "ready 2\n");
     // Off: the 7 launches of add_into are not counted, and what was recorded is still there.
-    let s = t.stats();
-    assert_eq!(launches(&s).get("add_into"), Some(&10), "{s}");
-    assert_eq!(calls(&s).get("cudaGetLastError"), Some(&40), "{s}");
+    counted(&t.stats(), 10, 40);
     let text = t.ckpt_ok(&["tracing", &pid, "on"]);
     assert_eq!(text, format!("{pid}: tracing ({mode}) switched on\n"));
     assert_eq!(t.go_on(), "ready 3\n");
-    let s = t.stats();
-    assert_eq!(launches(&s).get("add_into"), Some(&14), "{s}");
-    assert_eq!(calls(&s).get("cudaGetLastError"), Some(&44), "{s}");
+    counted(&t.stats(), 14, 44);
     if mode == "timeline" {
         let out = t.dir.join("switch.json");
         t.ckpt_ok(&["trace", &pid, "-o", out.to_str().unwrap()]);

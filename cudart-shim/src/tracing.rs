@@ -661,15 +661,16 @@ static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
     None,
 );
 
-/// Ticks now with `CUDAW_TRACE_SELF=1` and tracing on, else 0 (a launch wrapper times its
-/// record lookup with it).
+/// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing on, the ticks it took (else 0): a launch
+/// wrapper times its record lookup with it.
 #[inline]
-pub fn self_ticks() -> u64 {
-    if driver::selfcost::enabled() && tracer().is_some() {
-        ticks()
-    } else {
-        0
+pub fn self_timed<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    if !(driver::selfcost::enabled() && tracer().is_some()) {
+        return (f(), 0);
     }
+    let t0 = ticks();
+    let r = f();
+    (r, ticks().saturating_sub(t0))
 }
 
 /// A pause (or a resume) that took from tick `start` until now and moved `bytes` of

@@ -595,9 +595,7 @@ fn launch_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let t0 = tracing::self_ticks();
-    let rec = registry::function(f as usize);
-    let lookup = tracing::self_ticks().saturating_sub(t0);
+    let (rec, lookup) = tracing::self_timed(|| registry::function(f as usize));
     forward_launch(i, rec, lookup, f, g, b, args, shm, s)
 }
 variants!(marked launch_impl => cudaLaunchKernel, cudaLaunchKernel_ptsz, cudaLaunchCooperativeKernel, cudaLaunchCooperativeKernel_ptsz;
@@ -612,9 +610,7 @@ fn launch_kernel_handle_impl(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let t0 = tracing::self_ticks();
-    let rec = registry::function_of_kernel(k as usize);
-    let lookup = tracing::self_ticks().saturating_sub(t0);
+    let (rec, lookup) = tracing::self_timed(|| registry::function_of_kernel(k as usize));
     forward_launch(i, rec, lookup, k, g, b, args, shm, s)
 }
 variants!(marked launch_kernel_handle_impl => __cudaLaunchKernel, __cudaLaunchKernel_ptsz;
@@ -626,9 +622,7 @@ fn launch_ex_impl(
     f: *const c_void,
     args: *mut *mut c_void,
 ) -> cudaError_t {
-    let t0 = tracing::self_ticks();
-    let rec = registry::function(f as usize);
-    let lookup = tracing::self_ticks().saturating_sub(t0);
+    let (rec, lookup) = tracing::self_timed(|| registry::function(f as usize));
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.

@@ -127,6 +127,15 @@ impl ParamInfo {
             a.copy_from_slice(w);
             u64::from_le_bytes(a)
         };
+        // The words of `chunk` (at offset `at`) in range, one by one.
+        let mut each = |at: usize, chunk: &[u8]| {
+            for (j, w) in chunk.chunks_exact(8).enumerate() {
+                let v = word(w);
+                if v.wrapping_sub(lo) < width {
+                    f(at + j * 8, v);
+                }
+            }
+        };
         let mut blocks = body.chunks_exact(64);
         let mut at = start;
         for block in blocks.by_ref() {
@@ -134,21 +143,11 @@ impl ParamInfo {
                 .chunks_exact(8)
                 .fold(false, |any, w| any | (word(w).wrapping_sub(lo) < width));
             if any {
-                for (j, w) in block.chunks_exact(8).enumerate() {
-                    let v = word(w);
-                    if v.wrapping_sub(lo) < width {
-                        f(at + j * 8, v);
-                    }
-                }
+                each(at, block);
             }
             at += 64;
         }
-        for (j, w) in blocks.remainder().chunks_exact(8).enumerate() {
-            let v = word(w);
-            if v.wrapping_sub(lo) < width {
-                f(at + j * 8, v);
-            }
-        }
+        each(at, blocks.remainder());
     }
 }
 

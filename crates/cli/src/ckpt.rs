@@ -370,7 +370,7 @@ fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
     } else {
         (reply.resume, "resumed", "not paused; nothing to resume")
     };
-    let m = moved.ok_or_else(|| fail(Kind::Connection, "the reply carries no result"))?;
+    let m = carried(moved, "result")?;
     if json {
         println!("{}", serde_json::to_string(&m)?);
     } else if m.changed {
@@ -433,9 +433,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
         progress: false,
     };
     let reply = with_bars(pid, req, json)?;
-    let d = reply
-        .dump
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no dump result"))?;
+    let d = carried(reply.dump, "dump result")?;
     if json {
         println!("{}", serde_json::to_string(&d)?);
         return Ok(());
@@ -483,9 +481,7 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
         progress: false,
     };
     let reply = with_bars(pid, req, json)?;
-    let r = reply
-        .restore
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no restore result"))?;
+    let r = carried(reply.restore, "restore result")?;
     if json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());
@@ -502,11 +498,14 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// What a reply carries for the request made, or a connection failure naming it.
+fn carried<T>(field: Option<T>, what: &str) -> Result<T> {
+    field.ok_or_else(|| fail(Kind::Connection, format!("the reply carries no {what}")))
+}
+
 fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
     let reply = request(pid, &Request::Stats { top: Some(top) }, &mut |_| {})?;
-    let s = reply
-        .stats
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no stats"))?;
+    let s = carried(reply.stats, "stats")?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
     } else if prometheus {
@@ -521,9 +520,7 @@ fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
     let path = absolute(output)?;
     check_output(&path)?;
     let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
-    let t = reply
-        .trace
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no trace result"))?;
+    let t = carried(reply.trace, "trace result")?;
     if json {
         println!("{}", serde_json::to_string(&t)?);
     } else {
@@ -542,9 +539,7 @@ fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
 
 fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Tracing { on }, &mut |_| {})?;
-    let t = reply
-        .tracing
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no tracing result"))?;
+    let t = carried(reply.tracing, "tracing result")?;
     if json {
         println!("{}", serde_json::to_string(&t)?);
     } else {
@@ -610,9 +605,7 @@ fn print_status(s: &Status) {
 
 fn status_one(pid: u32, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Status {}, &mut |_| {})?;
-    let s = reply
-        .status
-        .ok_or_else(|| fail(Kind::Connection, "the reply carries no status"))?;
+    let s = carried(reply.status, "status")?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
     } else {

@@ -15,14 +15,15 @@ pub const PHASES: usize = 5;
 pub struct SelfCost {
     layer: &'static str,
     names: [&'static str; PHASES],
-    /// Launches left out first; `u64::MAX`: [`warmup`]'s.
-    warmup: u64,
+    /// Launches left out first; `None`: [`warmup`]'s.
+    warmup: Option<u64>,
     seen: AtomicU64,
     counted: AtomicU64,
     ticks: [AtomicU64; PHASES],
     words: AtomicU64,
     bytes: AtomicU64,
-    /// (ticks, nanoseconds since [`Self::start`]) at the first launch: the tick rate.
+    /// (ticks, nanoseconds since the process's first use of this module) at the first
+    /// launch: with the same at the report, the tick rate.
     first: [AtomicU64; 2],
 }
 
@@ -42,10 +43,7 @@ impl SelfCost {
         SelfCost {
             layer,
             names,
-            warmup: match warmup {
-                Some(w) => w,
-                None => u64::MAX,
-            },
+            warmup,
             seen: AtomicU64::new(0),
             counted: AtomicU64::new(0),
             ticks: [const { AtomicU64::new(0) }; PHASES],
@@ -67,11 +65,7 @@ impl SelfCost {
     }
 
     fn warmup(&self) -> u64 {
-        if self.warmup == u64::MAX {
-            warmup()
-        } else {
-            self.warmup
-        }
+        self.warmup.unwrap_or_else(warmup)
     }
 
     /// Adds `ticks` to phase `phase`.
@@ -166,7 +160,6 @@ mod tests {
                 c.end(4, 64);
             }
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
         let r = c.report(5000).unwrap();
         assert!(r.contains("mean of 3 after 2"), "{r}");
         assert!(r.contains("4.0 words handed over of 64 bytes read"), "{r}");
