@@ -417,12 +417,26 @@ const INFLIGHT_LAUNCHES: usize = 120;
 /// kernel (`SIMGPU_LAUNCH_DELAY_US`). The test pauses and resumes it continually: a pause
 /// that did not wait for a launch already past the gate would evict memory its kernel then
 /// uses (a fault, or a stale copy restored at resume). Every result must equal the CPU's
-/// and the uninterrupted run's.
+/// and the uninterrupted run's. simgpu's runtime launches through the driver layer, as the
+/// real runtime does, so the runtime's `cudaLaunchKernel` goes straight to it and only the
+/// driver layer marks the launch in flight (`launch_bypass`).
 #[test]
 fn a_pause_waits_for_launches_in_flight_in_both_layers() {
+    pause_during_launches(true);
+}
+
+/// As above with `CUDAW_DIRECT_LAUNCHES=off`: the runtime's launches are marked in flight
+/// by the runtime layer's thin wrapper too.
+#[test]
+fn a_pause_waits_for_launches_in_flight_in_both_layers_marked_by_the_runtime_too() {
+    pause_during_launches(false);
+}
+
+fn pause_during_launches(direct: bool) {
     let Some((_, module)) = program() else {
         return;
     };
+    let direct_env = ("CUDAW_DIRECT_LAUNCHES", if direct { "on" } else { "off" });
     let nvcc = nvcc().expect("nvcc");
     let exe = compile(
         &nvcc,
@@ -431,7 +445,11 @@ fn a_pause_waits_for_launches_in_flight_in_both_layers() {
     );
     let launches = INFLIGHT_LAUNCHES.to_string();
 
-    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_LOG", "info")]);
+    let mut cmd = command_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[("CUDAW_LOG", "info"), direct_env],
+    );
     let reference = cmd
         .arg(&module)
         .arg(&launches)
@@ -444,11 +462,18 @@ fn a_pause_waits_for_launches_in_flight_in_both_layers() {
         String::from_utf8_lossy(&reference.stderr)
     );
     assert!(ref_out.contains("results correct"), "{ref_out}");
+    let ref_log = String::from_utf8_lossy(&reference.stderr);
+    let straight = "cudaLaunchKernel: the real runtime's launches reach cudaw's driver layer";
+    assert_eq!(ref_log.contains(straight), direct, "{ref_log}");
 
     let mut cmd = command_under_cudaw(
         &exe,
         Addressing::Mapped,
-        &[("CUDAW_LOG", "info"), ("SIMGPU_LAUNCH_DELAY_US", "3000")],
+        &[
+            ("CUDAW_LOG", "info"),
+            ("SIMGPU_LAUNCH_DELAY_US", "3000"),
+            direct_env,
+        ],
     );
     cmd.arg(&module)
         .arg(&launches)
@@ -694,7 +719,8 @@ const SCALE: &str = "scale(float*, int, float)";
 /// `driver_launch` under `CUDAW_TRACE=mode`, stopped after its launches (argument `wait`):
 /// the tracing store of the runtime shim holds what the program sent to the driver only.
 /// `cudaw-ckpt stats --json` lists `scale` by its demangled name with its 12 launches, its
-/// buffer (made by `cuMemAlloc`, given to every launch, one copy in and one out) and the
+/// buffer (made by `cuMemAlloc`, given to every launch — 16 launches in the history under
+/// `metrics`, whose default reads one launch's buffers in 16 —, one copy in and one out) and the
 /// copies per direction; with the timeline, the file written at exit holds each launch with
 /// its grid, block and the buffer its first argument points into.
 fn traced_driver_launches(mode: &str) {
@@ -761,6 +787,9 @@ fn traced_driver_launches(mode: &str) {
         "{stats}"
     );
     let hottest = &stats["memory"]["hottest"][0];
+    // metrics read the buffers of one launch in 16 (the first), counted 16 times; the
+    // timeline reads every launch's.
+    let history_launches = if mode == "metrics" { 16 } else { LAUNCHES };
     assert_eq!(
         (
             hottest["size"].as_u64(),
@@ -768,7 +797,7 @@ fn traced_driver_launches(mode: &str) {
             hottest["copies_in"].as_u64(),
             hottest["copies_out"].as_u64()
         ),
-        (Some(4096), Some(LAUNCHES as u64), Some(1), Some(1)),
+        (Some(4096), Some(history_launches as u64), Some(1), Some(1)),
         "{stats}"
     );
     assert_eq!(hottest["kernels"], serde_json::json!([SCALE]), "{stats}");

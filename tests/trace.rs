@@ -424,7 +424,11 @@ fn metrics(addressing: Addressing) {
     let Some(t) = Target::start(
         &format!("metrics-{addressing:?}"),
         addressing,
-        &[("CUDAW_TRACE", "metrics")],
+        &[
+            ("CUDAW_TRACE", "metrics"),
+            // Every launch's buffers read: the history's launch counts are exact.
+            ("CUDAW_TRACE_BUFFER_SAMPLE", "1"),
+        ],
     ) else {
         return;
     };
@@ -497,6 +501,62 @@ fn metrics_counts_and_memory_history_mapped() {
 #[test]
 fn metrics_counts_and_memory_history_translated() {
     metrics(Addressing::Translated);
+}
+
+/// `metrics` by default reads the buffers of one launch in 16 of each kernel (per thread,
+/// the first included) and counts each such launch 16 times in the memory history: the
+/// launches per kernel and the copies stay exact, the two hot buffers are still the
+/// hottest (`add_into`'s 175 launches read as 176, 11 sampled), and of the cold buffers
+/// only those given to a sampled `fill` (the 1st and the 17th) show a launch.
+#[test]
+fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
+    let Some(t) = Target::start(
+        "metrics-sampled",
+        Addressing::Mapped,
+        &[("CUDAW_TRACE", "metrics")],
+    ) else {
+        return;
+    };
+    let stats = t.stats();
+    check_counts(&stats);
+    let m = &stats["memory"];
+    let hottest = m["hottest"].as_array().unwrap();
+    for h in hottest.iter().take(2) {
+        assert_eq!(
+            (
+                h["launches"].as_u64(),
+                h["copies_in"].as_u64(),
+                h["copies_out"].as_u64()
+            ),
+            (Some(176), Some(ROUNDS), Some(ROUNDS)),
+            "{h}"
+        );
+        assert_eq!(h["kernels"], serde_json::json!([ADD_INTO]));
+    }
+    let coldest = m["coldest"].as_array().unwrap();
+    let cold: Vec<&Value> = coldest
+        .iter()
+        .filter(|c| c["size"].as_u64() == Some(COLD_BYTES))
+        .collect();
+    assert_eq!(cold.len() as u64, COLD, "{m}");
+    let sampled: BTreeSet<u64> = cold
+        .iter()
+        .filter(|c| c["launches"].as_u64() == Some(16))
+        .map(|c| {
+            assert_eq!(c["kernels"], serde_json::json!([FILL]), "{c}");
+            c["order"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(sampled, BTreeSet::from([2, 2 + 16]), "{m}");
+    for c in cold.iter().filter(|c| c["launches"].as_u64() != Some(16)) {
+        assert_eq!(
+            (c["launches"].as_u64(), c["copies_in"].as_u64()),
+            (Some(0), Some(1)),
+            "{c}"
+        );
+    }
+    let (last, _) = t.finish();
+    assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
 fn timeline(addressing: Addressing) {

@@ -17,6 +17,39 @@ pub enum Addressing {
 /// (two `rdtsc`s, tens of ns on some hosts); every call is counted.
 pub const DEFAULT_TRACE_SAMPLE: u32 = 16;
 
+/// `CUDAW_TRACE_BUFFER_SAMPLE`'s default with `metrics`: the argument buffers of one launch
+/// in 16 of each thread's launches of a kernel are read (the first included); every launch
+/// is counted. With `timeline`, every launch's are (the timeline shows each launch's
+/// buffers).
+pub const DEFAULT_METRICS_BUFFER_SAMPLE: u32 = 16;
+
+/// A power of two from 1 to 65536 in variable `key` (`None`: unset or empty); a warning and
+/// the next power of two, or `default`, for anything else.
+fn power_of_two(
+    get: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: u32,
+    warnings: &mut Vec<String>,
+) -> Option<u32> {
+    let v = get(key).filter(|v| !v.trim().is_empty())?;
+    Some(match v.trim().parse::<u32>() {
+        Ok(n) if (1..=65536).contains(&n) && n.is_power_of_two() => n,
+        Ok(n) if (1..=65536).contains(&n) => {
+            warnings.push(format!(
+                "{key}={v:?} is not a power of two; using {}",
+                n.next_power_of_two()
+            ));
+            n.next_power_of_two()
+        }
+        _ => {
+            warnings.push(format!(
+                "{key}={v:?} is not a power of two from 1 to 65536; using {default}"
+            ));
+            default
+        }
+    })
+}
+
 /// Everything cudaw reads from the environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -55,6 +88,15 @@ pub struct Config {
     /// (a power of two; every call is counted; default [`DEFAULT_TRACE_SAMPLE`], 1 times
     /// every call).
     pub trace_sample: u32,
+    /// `CUDAW_TRACE_BUFFER_SAMPLE`: of each thread's launches of a kernel, those whose
+    /// argument buffers are read (which allocations the launch received): one in this many
+    /// (a power of two, the first launch included; default
+    /// [`DEFAULT_METRICS_BUFFER_SAMPLE`] with `metrics`, 1 with `timeline`).
+    pub trace_buffer_sample: u32,
+    /// `CUDAW_DIRECT_LAUNCHES` (default on; `off` keeps the runtime layer's thin wrapper on
+    /// the launch exports even where the driver layer marks the launches:
+    /// [`crate::launch_bypass`]).
+    pub direct_launches: bool,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -136,25 +178,24 @@ impl Config {
                 }
             },
         };
-        let trace_sample = match get("CUDAW_TRACE_SAMPLE").filter(|v| !v.trim().is_empty()) {
-            None => DEFAULT_TRACE_SAMPLE,
-            Some(v) => match v.trim().parse::<u32>() {
-                Ok(n) if (1..=65536).contains(&n) && n.is_power_of_two() => n,
-                Ok(n) if (1..=65536).contains(&n) => {
-                    warnings.push(format!(
-                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two; using {}",
-                        n.next_power_of_two()
-                    ));
-                    n.next_power_of_two()
-                }
-                _ => {
-                    warnings.push(format!(
-                        "CUDAW_TRACE_SAMPLE={v:?} is not a power of two from 1 to 65536; using {DEFAULT_TRACE_SAMPLE}"
-                    ));
-                    DEFAULT_TRACE_SAMPLE
-                }
-            },
+        let trace_sample = power_of_two(
+            &get,
+            "CUDAW_TRACE_SAMPLE",
+            DEFAULT_TRACE_SAMPLE,
+            &mut warnings,
+        )
+        .unwrap_or(DEFAULT_TRACE_SAMPLE);
+        let default_buffers = match trace {
+            cudaw_trace::Mode::Metrics => DEFAULT_METRICS_BUFFER_SAMPLE,
+            _ => 1,
         };
+        let trace_buffer_sample = power_of_two(
+            &get,
+            "CUDAW_TRACE_BUFFER_SAMPLE",
+            default_buffers,
+            &mut warnings,
+        )
+        .unwrap_or(default_buffers);
         let pause_timeout = match get("CUDAW_PAUSE_TIMEOUT").filter(|v| !v.trim().is_empty()) {
             None => Some(DEFAULT_PAUSE_TIMEOUT),
             Some(v) => parse_timeout(&v).unwrap_or_else(|| {
@@ -188,6 +229,11 @@ impl Config {
             trace_file: path("CUDAW_TRACE_FILE"),
             trace_events,
             trace_sample,
+            trace_buffer_sample,
+            direct_launches: !matches!(
+                get("CUDAW_DIRECT_LAUNCHES").as_deref().map(str::trim),
+                Some("off" | "none" | "0")
+            ),
             warnings,
         }
     }
@@ -355,6 +401,27 @@ mod tests {
         assert_eq!(
             (c.trace_sample, c.warnings.len()),
             (DEFAULT_TRACE_SAMPLE, 1)
+        );
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "metrics".into()));
+        assert_eq!(c.trace_buffer_sample, DEFAULT_METRICS_BUFFER_SAMPLE);
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "timeline".into()));
+        assert_eq!(c.trace_buffer_sample, 1);
+        let c = Config::from_lookup(|k| match k {
+            "CUDAW_TRACE" => Some("metrics".into()),
+            "CUDAW_TRACE_BUFFER_SAMPLE" => Some("1".into()),
+            _ => None,
+        });
+        assert_eq!((c.trace_buffer_sample, c.warnings.len()), (1, 0));
+        let c = Config::from_lookup(|k| match k {
+            "CUDAW_TRACE" => Some("timeline".into()),
+            "CUDAW_TRACE_BUFFER_SAMPLE" => Some("many".into()),
+            _ => None,
+        });
+        assert_eq!((c.trace_buffer_sample, c.warnings.len()), (1, 1));
+        assert!(
+            c.warnings[0].contains("CUDAW_TRACE_BUFFER_SAMPLE"),
+            "{:?}",
+            c.warnings
         );
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "loud".into()));
         assert_eq!(c.trace, cudaw_trace::Mode::Off);

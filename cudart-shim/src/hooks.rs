@@ -403,30 +403,53 @@ mod trace_hooks {
 
     extern "C" fn record_launch(l: *const TraceLaunch) {
         guard("tracing a launch (driver layer)", (), || {
-            let Some(t) = tracer() else { return };
-            // SAFETY: the driver shim passes a launch record valid for this call.
-            let Some(l) = (unsafe { l.as_ref() }) else {
-                return;
-            };
-            if l.kernel == u32::MAX {
-                return;
-            }
-            let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
-                &[]
-            } else {
-                // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
-                unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
-            };
-            t.record_launch_words(
-                l.kernel,
-                l.grid,
-                l.block,
-                l.shared,
-                l.start,
-                l.end,
-                words.iter().map(|w| (w.param, w.value)),
-            );
+            record(l, |t, kernel| t.count_launch(kernel))
         })
+    }
+
+    extern "C" fn count_launch(kernel: u32) -> u32 {
+        guard("counting a launch (driver layer)", 0, || match tracer() {
+            Some(t) if kernel != u32::MAX => t.count_launch(kernel),
+            _ => 0,
+        })
+    }
+
+    extern "C" fn record_counted_launch(l: *const TraceLaunch, weight: u32) {
+        guard("tracing a launch (driver layer)", (), || {
+            record(l, |_, _| weight)
+        })
+    }
+
+    /// Records launch `l`, counted (or counted now) by `count`, which gives its weight.
+    fn record(l: *const TraceLaunch, count: impl FnOnce(&Tracer, u32) -> u32) {
+        let Some(t) = tracer() else { return };
+        // SAFETY: the driver shim passes a launch record valid for this call.
+        let Some(l) = (unsafe { l.as_ref() }) else {
+            return;
+        };
+        if l.kernel == u32::MAX {
+            return;
+        }
+        let weight = count(t, l.kernel);
+        let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
+            &[]
+        } else {
+            // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
+            unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
+        };
+        let shape = cudaw_trace::LaunchShape {
+            grid: l.grid,
+            block: l.block,
+            shared: l.shared,
+        };
+        t.record_counted_launch(
+            l.kernel,
+            shape,
+            l.start,
+            l.end,
+            words.iter().map(|w| (w.param, w.value)),
+            weight,
+        );
     }
 
     extern "C" fn record_copy(
@@ -467,6 +490,8 @@ mod trace_hooks {
         record_launch,
         record_copy,
         memory_span,
+        count_launch,
+        record_counted_launch,
     };
 
     /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).

@@ -25,6 +25,7 @@ pub mod handles;
 pub mod hooks;
 pub mod image;
 pub mod inflight;
+pub mod launch_bypass;
 pub mod log;
 pub mod memory;
 pub mod pause;

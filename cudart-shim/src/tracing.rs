@@ -54,6 +54,7 @@ fn init_once() {
         mode: cfg.trace,
         ring_events: cfg.trace_events,
         clock: Some(ticks),
+        buffer_sample: cfg.trace_buffer_sample,
     });
     FUNCTION_BASE.store(t.register_functions(&ALL_NAMES), Ordering::Relaxed);
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
@@ -108,6 +109,20 @@ pub fn mode() -> Mode {
 /// new is recorded, and calls take the untraced paths.
 static SUSPENDED: AtomicBool = AtomicBool::new(false);
 
+/// Held while tracing is switched, and while a launch export is pointed elsewhere
+/// ([`when_untraced`]), so that the launch entries always match the tracing state.
+static SWITCH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Runs `f`, which points launch entries at what runs untraced, if they are untraced now
+/// (mapped addressing, tracing off or switched off), with the switch held: a later switch
+/// off installs what [`crate::wrappers`] picks then.
+pub(crate) fn when_untraced(f: impl FnOnce()) {
+    let _g = SWITCH.lock();
+    if !enabled() && !crate::memory::translated() {
+        f();
+    }
+}
+
 /// Switches tracing off (`false`) or back on (`true`) in this running process, which
 /// started with `CUDAW_TRACE=metrics` or `timeline`: `cudaw-ckpt tracing PID off|on`, or a
 /// program's own call of [`cudaw_trace_active_v1`]. Off, every call takes the path it
@@ -124,7 +139,6 @@ pub fn set_active(on: bool) -> Result<bool, String> {
                 .to_owned(),
         );
     }
-    static SWITCH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
     crate::dispatch::ensure_initialised();
     let _g = SWITCH.lock();
     let was = !SUSPENDED.load(Ordering::SeqCst);
@@ -611,9 +625,15 @@ pub fn launch(
     let timed = driver::selfcost::enabled();
     let t0 = if timed { ticks() } else { 0 };
     let k = kernel_id(t, rec);
+    let weight = t.count_launch(k);
     let t1 = if timed { ticks() } else { 0 };
     let mut words = smallvec::SmallVec::new();
-    let tl = pointer_words(t, rec, args, &mut words, timed);
+    // The buffers of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel are read.
+    let tl = if weight != 0 {
+        pointer_words(t, rec, args, &mut words, timed)
+    } else {
+        0
+    };
     let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
@@ -623,15 +643,12 @@ pub fn launch(
             (now, now)
         }
     };
-    t.record_launch_words(
-        k,
+    let shape = cudaw_trace::LaunchShape {
         grid,
         block,
-        shared as u32,
-        start,
-        end,
-        words.iter().copied(),
-    );
+        shared: shared as u32,
+    };
+    t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
     if timed && SELF_COST.begin(t0) {
         SELF_COST.add(0, lookup_ticks);
         // Without words read, the whole span is the layout's.

@@ -645,7 +645,8 @@ variants!(marked launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz
 
 /// The launches as cudaw forwards them with mapped addressing and no tracing: marked in
 /// flight ([`crate::inflight::marked`]; their trampolines are the plain kind) and passed on
-/// unchanged.
+/// unchanged, until [`crate::launch_bypass`] has seen that the driver layer marks them
+/// (then the export goes to the real runtime).
 mod marked_launches {
     #![allow(non_snake_case)]
     use super::*;
@@ -654,7 +655,13 @@ mod marked_launches {
         ($($name:ident ($($a:ident : $t:ty),*);)+) => { $(
             pub(super) extern "C" fn $name($($a: $t),*) -> cudaError_t {
                 guard(stringify!($name), ERROR_UNKNOWN, || {
-                    crate::inflight::marked(|| forward!(idx::$name, fn($($t),*), $($a),*))
+                    let launch = || {
+                        crate::inflight::marked(|| forward!(idx::$name, fn($($t),*), $($a),*))
+                    };
+                    if crate::launch_bypass::untested(idx::$name) {
+                        return crate::launch_bypass::observe(idx::$name, stringify!($name), launch);
+                    }
+                    launch()
                 })
             }
         )+ };
@@ -1206,7 +1213,8 @@ pub fn table() -> Vec<(usize, usize)> {
 /// The names wrapped only to translate their arguments or to trace them: with neither,
 /// they go to the real runtime, except the launches, which go to their thin wrappers that
 /// mark them in flight ([`marked_launches`]; their trampolines leave it to the wrappers:
-/// build.rs).
+/// build.rs) — or to the real runtime too once the driver layer is seen to mark them
+/// ([`crate::launch_bypass`]).
 fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
     // The launches, from module `$m` (this one: the full wrappers).
     macro_rules! launches {
@@ -1235,6 +1243,11 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
         v
     } else {
         let mut v = launches!(marked_launches);
+        for (i, f) in &mut v {
+            if crate::launch_bypass::reaches_driver_layer(*i) {
+                *f = crate::dispatch::real_or_stub(*i);
+            }
+        }
         v.extend(
             others
                 .into_iter()

@@ -4,10 +4,13 @@
 //! A kernel's name is recorded when its handle is made (`cuModuleGetFunction`,
 //! `cuLibraryGetKernel`, `cuKernelGetFunction`), else asked of the real driver
 //! (`cuFuncGetName`, then `cuKernelGetName`) on the handle's first launch. The hot path
-//! takes no lock: a per-thread cache maps a handle to its counter (an atomic shared by
-//! every handle of that name); the registry's lock is taken on a thread's first launch of
-//! a handle only. Unloading a module or library forgets its handles (the driver may reuse
-//! them) and empties every thread's cache.
+//! takes no lock and makes no locked (read-modify-write) instruction: a per-thread cache
+//! maps a handle to its kernel and holds the thread's launches of it, which go to the
+//! kernel's counter (an atomic shared by every handle of that name) when the slot is taken
+//! by another handle or the thread ends; a reader adds what the live threads hold. The
+//! registry's lock is taken on a thread's first launch of a handle only. Unloading a module
+//! or library forgets its handles (the driver may reuse them) and empties every thread's
+//! cache.
 
 #![allow(non_snake_case)]
 
@@ -18,7 +21,7 @@ use parking_lot::Mutex;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_uint, c_void, CStr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Once};
 
 type Handle = *mut c_void;
@@ -66,22 +69,86 @@ static MODULES_LOADED: AtomicU64 = AtomicU64::new(0);
 /// Slots in each thread's cache of handles (a power of two).
 pub(crate) const SLOTS: usize = 256;
 
+/// One slot of a thread's cache: a handle, its kernel, and the launches of that handle on
+/// this thread not yet added to the kernel's shared counter. Atomics so that a reader on
+/// another thread ([`counts`]) may add the pending launches in; the owning thread updates
+/// them with plain loads and stores (no locked instruction on the launch path).
+struct Slot {
+    handle: AtomicUsize,
+    kernel: AtomicPtr<Kernel>,
+    pending: AtomicU64,
+}
+
+impl Slot {
+    const fn empty() -> Slot {
+        Slot {
+            handle: AtomicUsize::new(0),
+            kernel: AtomicPtr::new(std::ptr::null_mut()),
+            pending: AtomicU64::new(0),
+        }
+    }
+
+    /// Moves the pending launches into the kernel's shared counter. Pending first goes to
+    /// 0, then the counter grows: a reader in between sees a count short by the launches
+    /// moving, never one counted twice.
+    fn flush(&self) {
+        let n = self.pending.load(Ordering::Relaxed);
+        if n == 0 {
+            return;
+        }
+        self.pending.store(0, Ordering::Relaxed);
+        let k = self.kernel.load(Ordering::Relaxed);
+        if !k.is_null() {
+            // SAFETY: kernels are leaked by `Registry::named`, never freed.
+            unsafe { &*k }.launches.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One thread's launched handles: a direct-mapped table (slot by the handle's address
-/// bits), so that a launch of a cached handle costs a few loads; a miss (or a collision)
-/// asks the registry. `generation` is the registry's when the table was last valid.
+/// bits), so that a launch of a cached handle costs a few loads and a plain add to the
+/// slot's pending count; a miss (or a collision) asks the registry. `generation` is the
+/// registry's when the table was last valid; `launches` counts every launch through this
+/// layer's launch wrappers on the thread ([`cudaw_driver_thread_launches_v1`]).
 struct Cache {
     generation: Cell<u64>,
-    slots: [Cell<(usize, *const Kernel)>; SLOTS],
+    launches: Cell<u64>,
+    slots: [Slot; SLOTS],
+}
+
+/// Every live thread's cache (its address), for [`counts`] to add their pending launches.
+static CACHES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+impl Cache {
+    fn new() -> Box<Cache> {
+        let c = Box::new(Cache {
+            generation: Cell::new(GENERATION.load(Ordering::Acquire)),
+            launches: Cell::new(0),
+            slots: [const { Slot::empty() }; SLOTS],
+        });
+        CACHES.lock().push(&*c as *const Cache as usize);
+        c
+    }
+}
+
+impl Drop for Cache {
+    // The thread ends: its pending launches go to the shared counters, and readers forget
+    // it before its memory is freed.
+    fn drop(&mut self) {
+        let mut caches = CACHES.lock();
+        for s in &self.slots {
+            s.flush();
+        }
+        let me = self as *const Cache as usize;
+        caches.retain(|&c| c != me);
+    }
 }
 
 thread_local! {
     // On the heap: this library's static TLS must stay small (it uses initial-exec TLS, so
     // a `dlopen` of it, by a runtime that finds it on LD_LIBRARY_PATH, needs its whole TLS
     // block to fit in glibc's small static-TLS surplus).
-    static CACHE: Box<Cache> = Box::new(Cache {
-        generation: Cell::new(0),
-        slots: [const { Cell::new((0, std::ptr::null())) }; SLOTS],
-    });
+    static CACHE: Box<Cache> = Cache::new();
 }
 
 /// The slot of `handle` (function handles are heap addresses: their low bits are
@@ -168,37 +235,96 @@ pub fn generation() -> u64 {
 /// Counts one launch of `handle`; its kernel.
 pub fn count(handle: usize) -> &'static Kernel {
     let generation = GENERATION.load(Ordering::Acquire);
-    let k = CACHE
+    CACHE
         .try_with(|c| {
             if c.generation.get() != generation {
                 for s in &c.slots {
-                    s.set((0, std::ptr::null()));
+                    s.flush();
+                    s.handle.store(0, Ordering::Relaxed);
                 }
                 c.generation.set(generation);
             }
+            c.launches.set(c.launches.get() + 1);
             let s = &c.slots[slot(handle)];
-            match s.get() {
+            let k = s.kernel.load(Ordering::Relaxed);
+            let k: &'static Kernel = if s.handle.load(Ordering::Relaxed) == handle && !k.is_null() {
                 // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
-                (h, k) if h == handle && !k.is_null() => unsafe { &*k },
-                _ => {
-                    let k = kernel_of(handle);
-                    s.set((handle, k as *const Kernel));
-                    k
-                }
-            }
+                unsafe { &*k }
+            } else {
+                let k = kernel_of(handle);
+                s.flush();
+                s.kernel
+                    .store(k as *const Kernel as *mut Kernel, Ordering::Relaxed);
+                s.handle.store(handle, Ordering::Relaxed);
+                k
+            };
+            // A plain add: only this thread writes its slots' counts.
+            s.pending
+                .store(s.pending.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            k
         })
-        .unwrap_or_else(|_| kernel_of(handle));
-    k.launches.fetch_add(1, Ordering::Relaxed);
-    k
+        .unwrap_or_else(|_| {
+            // The thread's cache is gone (the thread is ending): count on the kernel.
+            let k = kernel_of(handle);
+            k.launches.fetch_add(1, Ordering::Relaxed);
+            k
+        })
+}
+
+/// Launches through this layer's launch wrappers on the calling thread so far (0 on a
+/// thread that is ending).
+pub fn thread_launches() -> u64 {
+    CACHE.try_with(|c| c.launches.get()).unwrap_or(0)
+}
+
+/// [`thread_launches`], for cudaw's runtime: it tells whether the real runtime's launches
+/// reach this layer's launch wrappers, which mark them in flight through the runtime's
+/// gate, so that the runtime's own launch exports need not (`cudart-shim`'s
+/// `launch_bypass`). Always 0 while this layer is not connected to a runtime of cudaw's
+/// (its gate is then its own, which no pause closes).
+#[no_mangle]
+pub extern "C" fn cudaw_driver_thread_launches_v1() -> u64 {
+    guard("cudaw_driver_thread_launches_v1", 0, || {
+        if crate::runtime::hooks().is_none() {
+            return 0;
+        }
+        thread_launches()
+    })
+}
+
+/// The launches every live thread holds pending (not yet in the shared counters), by
+/// kernel (its address).
+fn launches_of_all() -> HashMap<usize, u64> {
+    let mut pending: HashMap<usize, u64> = HashMap::new();
+    let caches = CACHES.lock();
+    for &c in caches.iter() {
+        // SAFETY: a cache is removed from the list (under this lock) before it is freed.
+        let c = unsafe { &*(c as *const Cache) };
+        for s in &c.slots {
+            let n = s.pending.load(Ordering::Relaxed);
+            let k = s.kernel.load(Ordering::Relaxed);
+            if n != 0 && !k.is_null() {
+                *pending.entry(k as usize).or_default() += n;
+            }
+        }
+    }
+    pending
 }
 
 /// Every kernel launched or named so far, with its launches, most launched first.
 pub fn counts() -> Vec<(String, u64)> {
+    let pending = launches_of_all();
     let r = REGISTRY.lock();
     let mut v: Vec<(String, u64)> = r
         .by_name
         .values()
-        .map(|k| (k.name.to_string(), k.launches.load(Ordering::Relaxed)))
+        .map(|&k| {
+            let held = pending.get(&(k as *const Kernel as usize)).copied();
+            (
+                k.name.to_string(),
+                k.launches.load(Ordering::Relaxed) + held.unwrap_or(0),
+            )
+        })
         .collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v
@@ -513,5 +639,48 @@ mod tests {
         assert_eq!(n("_Z5otherv"), Some(1));
         assert_eq!(n("_Z4testv"), Some(3));
         assert!(counts_json().contains("\"_Z4testv\":3"));
+    }
+
+    #[test]
+    fn launches_held_by_threads_are_counted_live_and_when_the_threads_end() {
+        record(0x7000, "_Z7threadsv", 0);
+        let n = || {
+            counts()
+                .into_iter()
+                .find(|(k, _)| k == "_Z7threadsv")
+                .map(|(_, n)| n)
+        };
+        let before = thread_launches();
+        for _ in 0..5 {
+            count(0x7000);
+        }
+        assert_eq!(thread_launches(), before + 5);
+        // Held in this thread's slot, not yet in the shared counter, yet read.
+        assert_eq!(n(), Some(5));
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (done, counted) = std::sync::mpsc::channel::<()>();
+        let live = std::thread::spawn(move || {
+            for _ in 0..7 {
+                count(0x7000);
+            }
+            done.send(()).unwrap();
+            wait.recv().unwrap();
+        });
+        counted.recv().unwrap();
+        assert_eq!(n(), Some(12), "a live thread's launches");
+        go.send(()).unwrap();
+        live.join().unwrap();
+        assert_eq!(n(), Some(12), "an ended thread's launches");
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..1000).for_each(|_| {
+                        count(0x7000);
+                    })
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(n(), Some(4012));
     }
 }

@@ -58,7 +58,9 @@
 //!   `cuGraphLaunch` per graph launch. Names are recorded at `cuModuleGetFunction`,
 //!   `cuLibraryGetKernel` and `cuKernelGetFunction`, else asked of the real driver
 //!   (`cuFuncGetName`, `cuKernelGetName`) on a handle's first launch. The hot path takes no
-//!   lock: a per-thread cache maps the handle to its counter, an atomic. Counts are logged
+//!   lock and no locked instruction: a per-thread cache maps the handle to its kernel and
+//!   holds the thread's launches of it, added to the kernel's shared counter when the slot
+//!   is reused or the thread ends, and by readers on the way. Counts are logged
 //!   at exit (`CUDAW_LOG=info`), written to `CUDAW_KERNEL_COUNTS=FILE` at exit, and read by
 //!   the runtime shim's status through `cudaw_driver_launch_counts_v1`.
 //! - **Allocations** ([`memory`]): `cuMemAlloc*`, `cuMemAllocPitch`, `cuMemAllocAsync` and

@@ -269,23 +269,27 @@ pub fn launch(
     let ticks = driver::selfcost::ticks;
     let t0 = if timed { ticks() } else { 0 };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
+    let weight = (h.count_launch)(kernel);
     let t1 = if timed { ticks() } else { 0 };
     let mut words = Words::new();
     let mut bytes = 0u64;
     let mut tl = 0;
-    with_layout(handle, |layout| {
-        if let Some(layout) = layout {
-            let mut span = (0u64, 0u64);
-            (h.memory_span)(&mut span.0, &mut span.1);
-            if timed {
-                tl = ticks();
+    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel are read.
+    if weight != 0 {
+        with_layout(handle, |layout| {
+            if let Some(layout) = layout {
+                let mut span = (0u64, 0u64);
+                (h.memory_span)(&mut span.0, &mut span.1);
+                if timed {
+                    tl = ticks();
+                }
+                pointer_words(layout, params, extra, span, &mut words);
+                if timed {
+                    bytes = layout.params.iter().map(|p| p.size as u64).sum();
+                }
             }
-            pointer_words(layout, params, extra, span, &mut words);
-            if timed {
-                bytes = layout.params.iter().map(|p| p.size as u64).sum();
-            }
-        }
-    });
+        });
+    }
     let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
         (true, _) => (start, end),
@@ -295,7 +299,7 @@ pub fn launch(
             (now, now)
         }
     };
-    (h.record_launch)(&TraceLaunch {
+    let launch = TraceLaunch {
         kernel,
         grid: d.grid,
         block: d.block,
@@ -309,7 +313,8 @@ pub fn launch(
             words.as_ptr()
         },
         words_len: words.len(),
-    });
+    };
+    (h.record_counted_launch)(&launch, weight);
     if timed && SELF_COST.begin(t0) {
         // Without a layout, the whole span is the layout lookup's.
         let tl = if tl == 0 { t2 } else { tl };

@@ -231,6 +231,13 @@ pub struct TraceHooks {
     /// `hi` (both 0 with none, or with tracing off). A launch's argument words outside are
     /// no pointers into device memory the history knows, and are not handed over.
     pub memory_span: extern "C" fn(lo: *mut u64, hi: *mut u64),
+    /// Counts a launch of kernel `kernel` (an id from `kernel_id`) on the calling thread and
+    /// says whether to read its argument words: the weight to pass to
+    /// `record_counted_launch`, 0 when they are not to be read (`CUDAW_TRACE_BUFFER_SAMPLE`).
+    pub count_launch: extern "C" fn(kernel: u32) -> u32,
+    /// Records a launch that succeeded and was counted with `count_launch`, which returned
+    /// `weight` (its words are attributed only when it is not 0).
+    pub record_counted_launch: extern "C" fn(launch: *const TraceLaunch, weight: u32),
 }
 
 // SAFETY: a table of thread-safe functions.

@@ -127,6 +127,19 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     })
 }
 
+/// The function handle simgpu's runtime launches kernel `name` by when it goes through the
+/// driver ([`crate::runtime_api`]'s launches, as the real runtime's do): one per name,
+/// belonging to no module.
+pub(crate) fn runtime_function_handle(name: &'static str) -> u64 {
+    static HANDLES: LazyLock<Mutex<HashMap<&'static str, u64>>> = LazyLock::new(Default::default);
+    let mut handles = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
+    *handles.entry(name).or_insert_with(|| {
+        let h = new_handle();
+        modules().functions.insert(h, name);
+        h
+    })
+}
+
 /// Every kernel's name, NUL-terminated, for `cuFuncGetName`.
 static C_NAMES: LazyLock<HashMap<&'static str, std::ffi::CString>> = LazyLock::new(|| {
     kernels::KERNELS

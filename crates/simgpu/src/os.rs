@@ -193,6 +193,12 @@ pub fn own_symbol(name: &str) -> Option<usize> {
     (!p.is_null() && object_base(p) == Some(base)).then_some(p as usize)
 }
 
+/// Whether `addr` lies in simgpu's own loaded object.
+pub fn is_own(addr: usize) -> bool {
+    let own = object_base(is_own as *const libc::c_void);
+    own.is_some() && object_base(addr as *const libc::c_void) == own
+}
+
 /// The base address of the loaded object containing `addr`.
 fn object_base(addr: *const libc::c_void) -> Option<usize> {
     // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.

@@ -557,6 +557,96 @@ pub(crate) unsafe fn launch(
     Ok(())
 }
 
+/// `cuLaunchKernel`'s signature.
+type CuLaunchKernel = unsafe extern "C" fn(
+    Handle,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Handle,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+
+/// `cuLaunchKernel` of the `libcuda.so.1` already loaded in the process when it is not
+/// simgpu itself — cudaw's driver layer, preloaded ahead of simgpu: simgpu's runtime then
+/// launches through it, as the real runtime launches through whatever `libcuda.so.1` the
+/// process has (fetched with `cuGetProcAddress`), so that the driver layer sees the
+/// runtime's launches as it does on a GPU.
+fn driver_launch() -> Option<CuLaunchKernel> {
+    static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let f = *F.get_or_init(|| {
+        // SAFETY: RTLD_NOLOAD only looks among the objects already loaded.
+        let h =
+            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: dlsym on a live handle; the name is NUL-terminated.
+        let gpa = unsafe { libc::dlsym(h, c"cuGetProcAddress_v2".as_ptr()) };
+        if gpa.is_null() || crate::os::is_own(gpa as usize) {
+            return None;
+        }
+        type Gpa = unsafe extern "C" fn(*const c_char, *mut usize, c_int, u64, *mut c_int) -> c_int;
+        // SAFETY: `cuGetProcAddress_v2`'s signature (cuda.h).
+        let gpa: Gpa = unsafe { std::mem::transmute(gpa) };
+        let mut pfn = 0usize;
+        // SAFETY: a NUL-terminated name and out-pointers to locals.
+        let rc = unsafe {
+            gpa(
+                c"cuLaunchKernel".as_ptr(),
+                &mut pfn,
+                12000,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        (rc == 0 && pfn != 0).then_some(pfn)
+    });
+    // SAFETY: the driver returned `cuLaunchKernel`, whose signature `CuLaunchKernel` is.
+    f.map(|f| unsafe { std::mem::transmute::<usize, CuLaunchKernel>(f) })
+}
+
+/// Launches `function` through the process's other `libcuda.so.1` ([`driver_launch`]) when
+/// there is one and simgpu can run the kernel; `None` when it did not (the caller launches
+/// itself, which also gives a failed launch its runtime error).
+///
+/// # Safety
+/// The launch's contract.
+unsafe fn launch_through_driver(
+    function: &runtime::Function,
+    grid: Dim3,
+    block: Dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: Handle,
+) -> Option<cudaError_t> {
+    let launch = driver_launch()?;
+    let kernel = kernels::find(&function.name)?;
+    let f = crate::driver_modules::runtime_function_handle(kernel.name);
+    // SAFETY: the caller's launch, with simgpu's handle for the kernel.
+    let rc = unsafe {
+        launch(
+            f as Handle,
+            grid.x,
+            grid.y,
+            grid.z,
+            block.x,
+            block.y,
+            block.z,
+            shared_mem as c_uint,
+            stream,
+            args,
+            std::ptr::null_mut(),
+        )
+    };
+    (rc == 0).then_some(0)
+}
+
 /// `cudaLaunchKernel`: launches the kernel registered for host stub `func`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaLaunchKernel(
@@ -570,6 +660,10 @@ pub unsafe extern "C" fn cudaLaunchKernel(
     rt!({
         runtime::context()?;
         let f = runtime::function(func as usize)?;
+        // SAFETY: the launch's contract.
+        if unsafe { launch_through_driver(&f, grid, block, args, shared_mem, stream) }.is_some() {
+            return Ok(());
+        }
         // SAFETY: the launch's contract.
         unsafe { launch(f, grid, block, args, shared_mem, stream) }
     })
@@ -602,6 +696,10 @@ pub unsafe extern "C" fn __cudaLaunchKernel(
     rt!({
         runtime::context()?;
         let f = runtime::function_of_kernel(kernel as usize)?;
+        // SAFETY: the launch's contract.
+        if unsafe { launch_through_driver(&f, grid, block, args, shared_mem, stream) }.is_some() {
+            return Ok(());
+        }
         // SAFETY: the launch's contract.
         unsafe { launch(f, grid, block, args, shared_mem, stream) }
     })

@@ -153,11 +153,17 @@ impl ThreadCounters {
         }
     }
 
-    /// One launch of kernel `k`.
+    /// One launch of kernel `k`; the thread's launches of it before this one (0 for a
+    /// kernel beyond the table, which is not counted).
     #[inline]
-    pub fn launch(&self, k: usize) {
-        if let Some(s) = self.kernels.slot(k) {
-            bump(s, 1);
+    pub fn launch(&self, k: usize) -> u64 {
+        match self.kernels.slot(k) {
+            Some(s) => {
+                let n = s.load(Ordering::Relaxed);
+                s.store(n.wrapping_add(1), Ordering::Relaxed);
+                n
+            }
+            None => 0,
         }
     }
 

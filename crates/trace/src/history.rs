@@ -206,11 +206,17 @@ impl History {
         (dir, d, s)
     }
 
-    /// Records a launch of `kernel` whose argument words are `words` (parameter, value);
-    /// returns the buffers it received, one per allocation.
-    pub fn launch(&mut self, kernel: u32, words: &[(u16, u64)], at: u64) -> Vec<Buffer> {
+    /// Records a launch of `kernel` whose argument words are `words` (parameter, value),
+    /// counted `weight` times; returns the buffers it received, one per allocation.
+    pub fn launch(
+        &mut self,
+        kernel: u32,
+        words: &[(u16, u64)],
+        at: u64,
+        weight: u64,
+    ) -> Vec<Buffer> {
         let mut out: Vec<Buffer> = Vec::new();
-        self.launch_with(kernel, words.iter().copied(), at, |param, r| {
+        self.launch_with(kernel, words.iter().copied(), at, weight, |param, r| {
             out.push(Buffer {
                 param,
                 alloc: r.as_ref(),
@@ -226,17 +232,20 @@ impl History {
         kernel: u32,
         words: impl IntoIterator<Item = (u16, u64)>,
         at: u64,
+        weight: u64,
     ) {
-        self.launch_with(kernel, words, at, |_, _| {});
+        self.launch_with(kernel, words, at, weight, |_, _| {});
     }
 
-    /// Counts the launch on each allocation its words point into (once per allocation),
-    /// calling `each` for it.
+    /// Counts the launch `weight` times (1, or the sample rate of launches whose buffers
+    /// are read) on each allocation its words point into (once per allocation), calling
+    /// `each` for it.
     fn launch_with(
         &mut self,
         kernel: u32,
         words: impl IntoIterator<Item = (u16, u64)>,
         at: u64,
+        weight: u64,
         mut each: impl FnMut(u16, &Record),
     ) {
         // The allocations already counted (base, end): on the stack for the usual few. A
@@ -255,7 +264,7 @@ impl History {
                 continue;
             }
             seen.push((r.base, r.base.saturating_add(r.size.max(1))));
-            r.launches += 1;
+            r.launches += weight;
             r.last_use = Some(at);
             if r.kernels.len() < KERNELS_PER_ALLOCATION && !r.kernels.contains(&kernel) {
                 r.kernels.push(kernel);
@@ -328,25 +337,25 @@ mod tests {
             words.push((0u16, b + i * 8192));
             words.push((0u16, 4096 + i));
         }
-        let bufs = h.launch(3, &words, 5);
+        let bufs = h.launch(3, &words, 5, 1);
         assert_eq!(
             bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
             vec![a, b]
         );
-        h.launch_counted(3, words.iter().copied(), 6);
+        h.launch_counted(3, words.iter().copied(), 6, 1);
         assert_eq!(h.find(a).unwrap().launches, 2);
         assert_eq!(h.find(b).unwrap().launches, 2);
         // An allocation inside another (a pool's block in its reservation): found even
         // after the outer one was counted by an earlier word.
         let inner = a + (8 << 20);
         h.alloc(inner, 1 << 20, "cuMemAllocFromPoolAsync", None, 7);
-        let bufs = h.launch(4, &[(0, a), (1, inner + 16)], 8);
+        let bufs = h.launch(4, &[(0, a), (1, inner + 16)], 8, 1);
         assert_eq!(
             bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
             vec![a, inner]
         );
         // Below and above every allocation: no lookup, nothing found.
-        assert!(h.launch(5, &[(0, 1), (0, u64::MAX)], 9).is_empty());
+        assert!(h.launch(5, &[(0, 1), (0, u64::MAX)], 9, 1).is_empty());
         h.free(a, 10);
         h.free(b, 10);
         h.free(inner, 10);
@@ -387,7 +396,7 @@ mod tests {
                 h.copy(Direction::Default, 0x100, 0x7fff_0000, b, now);
             }
             let now = tick();
-            let bufs = h.launch(7, &[(0, hot[0]), (1, hot[1] + 8), (2, 5)], now);
+            let bufs = h.launch(7, &[(0, hot[0]), (1, hot[1] + 8), (2, 5)], now, 1);
             assert_eq!(bufs.len(), 2);
         }
         let hottest = h.hottest(2);

@@ -84,15 +84,22 @@ pub struct Config {
     /// The tick source: monotonic, at a constant rate (calibrated against [`Instant`]);
     /// `None`: [`instant_ticks`] (nanoseconds).
     pub clock: Option<fn() -> u64>,
+    /// Of each thread's launches of a kernel, those whose argument buffers are read: one in
+    /// this many (a power of two; the first launch always; 1: every launch). The others
+    /// are counted as launches and are in the timeline, without their buffers; a launch
+    /// whose buffers are read counts this many times in the memory history (an estimate
+    /// of the launches each allocation received): [`Tracer::count_launch`].
+    pub buffer_sample: u32,
 }
 
 impl Config {
-    /// `mode` with the default ring and the [`Instant`] clock.
+    /// `mode` with the default ring, the [`Instant`] clock and every launch's buffers read.
     pub fn new(mode: Mode) -> Config {
         Config {
             mode,
             ring_events: DEFAULT_RING_EVENTS,
             clock: None,
+            buffer_sample: 1,
         }
     }
 }
@@ -244,6 +251,17 @@ struct Functions {
     names: Vec<&'static str>,
 }
 
+/// A launch's shape: grid and block dimensions, dynamic shared memory in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared: u32,
+}
+
 /// The process's tracer.
 pub struct Tracer {
     id: usize,
@@ -259,6 +277,8 @@ pub struct Tracer {
     /// its lock: [`Tracer::memory_span`].
     span: [AtomicU64; 2],
     pauses: Mutex<report::PauseStat>,
+    /// [`Config::buffer_sample`] (a power of two).
+    buffer_sample: u32,
     /// Counters of calls made after a thread's own were destroyed (at exit).
     late: OnceLock<Arc<ThreadCounters>>,
     late_lock: Mutex<()>,
@@ -315,6 +335,7 @@ impl Tracer {
             history: Mutex::new(History::default()),
             span: [AtomicU64::new(0), AtomicU64::new(0)],
             pauses: Mutex::new(report::PauseStat::default()),
+            buffer_sample: cfg.buffer_sample.max(1).next_power_of_two(),
             late: OnceLock::new(),
             late_lock: Mutex::new(()),
         }
@@ -524,35 +545,73 @@ impl Tracer {
     ) where
         I: ExactSizeIterator<Item = (u16, u64)>,
     {
-        let tid = self.local(|c| {
-            c.launch(kernel as usize);
-            c.tid
-        });
-        if words.len() == 0 && self.ring.is_none() {
-            return;
-        }
-        if self.ring.is_none() {
-            self.history.lock().launch_counted(kernel, words, end);
-            return;
-        }
-        let buffers: Vec<Buffer> = if words.len() == 0 {
-            Vec::new()
-        } else {
-            let words: Vec<(u16, u64)> = words.collect();
-            self.history.lock().launch(kernel, &words, end)
+        let weight = self.count_launch(kernel);
+        let shape = LaunchShape {
+            grid,
+            block,
+            shared,
         };
-        {
-            self.push(Event::Launch(Box::new(timeline::Launch {
-                kernel,
-                tid,
-                start,
-                end,
-                grid,
-                block,
-                shared,
-                buffers,
-            })));
+        self.record_counted_launch(kernel, shape, start, end, words, weight);
+    }
+
+    /// Counts one launch of `kernel` on the calling thread, and says whether its argument
+    /// buffers are to be read ([`Config::buffer_sample`]): the weight they count with in the
+    /// memory history, or 0 when they are not read (only one launch in the sample rate of
+    /// each thread's launches of a kernel, the first included). A launch layer calls this
+    /// first, reads the buffers only when it says so, then [`Tracer::record_counted_launch`].
+    #[inline]
+    pub fn count_launch(&self, kernel: u32) -> u32 {
+        let before = self.local(|c| c.launch(kernel as usize));
+        if before & u64::from(self.buffer_sample - 1) == 0 {
+            self.buffer_sample
+        } else {
+            0
         }
+    }
+
+    /// Records a launch [`Tracer::count_launch`] counted, with the `weight` it returned: the
+    /// allocations its argument words point into (read only when `weight` is not 0) each
+    /// count it `weight` times, with `end` as their last use; in the timeline, the launch
+    /// with those allocations as its buffers.
+    pub fn record_counted_launch<I>(
+        &self,
+        kernel: u32,
+        shape: LaunchShape,
+        start: u64,
+        end: u64,
+        words: I,
+        weight: u32,
+    ) where
+        I: ExactSizeIterator<Item = (u16, u64)>,
+    {
+        let attributed = weight != 0 && words.len() != 0;
+        if self.ring.is_none() {
+            if attributed {
+                self.history
+                    .lock()
+                    .launch_counted(kernel, words, end, u64::from(weight));
+            }
+            return;
+        }
+        let buffers: Vec<Buffer> = if attributed {
+            let words: Vec<(u16, u64)> = words.collect();
+            self.history
+                .lock()
+                .launch(kernel, &words, end, u64::from(weight))
+        } else {
+            Vec::new()
+        };
+        let tid = self.local(|c| c.tid);
+        self.push(Event::Launch(Box::new(timeline::Launch {
+            kernel,
+            tid,
+            start,
+            end,
+            grid: shape.grid,
+            block: shape.block,
+            shared: shape.shared,
+            buffers,
+        })));
     }
 
     /// Stores the history's span for [`Tracer::memory_span`] (under the history's lock).
@@ -771,6 +830,31 @@ mod tests {
             .chain(&s.memory.coldest)
             .find(|a| a.base == b)
             .map_or(0, |a| a.launches)
+    }
+
+    #[test]
+    fn one_launch_in_the_sample_rate_has_its_buffers_read_and_counts_that_many_times() {
+        let t = Tracer::new(Config {
+            buffer_sample: 4,
+            ..Config::new(Mode::Metrics)
+        });
+        let (a, b) = (t.kernel_id("a"), t.kernel_id("b"));
+        // Per kernel and thread: the first launch, then every 4th.
+        let weights: Vec<u32> = (0..9).map(|_| t.count_launch(a)).collect();
+        assert_eq!(weights, [4, 0, 0, 0, 4, 0, 0, 0, 4]);
+        assert_eq!(t.count_launch(b), 4, "another kernel's first launch");
+        let other = std::thread::scope(|s| s.spawn(|| t.count_launch(a)).join().unwrap());
+        assert_eq!(other, 4, "another thread's first launch of the kernel");
+        // record_launch counts and samples the same way: 10 launches, 3 read, 12 counted.
+        t.record_alloc(0x1000, 0x100, "cudaMalloc", None);
+        let k = t.kernel_id("k");
+        for _ in 0..10 {
+            t.record_launch(k, [1; 3], [1; 3], 0, 0, 1, &[(0, 0x1010)]);
+        }
+        assert_eq!(launches_on(&t, 0x1000), 12);
+        let s = t.stats(1, 10);
+        let n = |name: &str| s.kernels.iter().find(|x| x.name == name).unwrap().launches;
+        assert_eq!((n("a"), n("b"), n("k")), (10, 1, 10), "launches stay exact");
     }
 
     #[test]
