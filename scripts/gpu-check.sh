@@ -294,6 +294,14 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   row "bench: driver layer by path (in-process A/B)" info "plain trampoline +$(printf '%s\n' "${ab_query[@]}" | figures | median) ns, in-flight trampoline +$(printf '%s\n' "${ab_set[@]}" | figures | median) ns, launch wrapper +$drv ns (runs: query ${ab_query[*]}; memset ${ab_set[*]})"
   if num "$call" && le "$call" 2; then st=PASS; else st=FAIL; fi
   row "bench: cost of one forwarded call, in-process A/B" $st "+$call ns per cudaPeekAtLastError (runs: ${ab_call[*]}); goal <= 2 ns"
+  # The runtime's launch exports go straight to the real runtime once the driver layer is
+  # seen to mark their launches (cudart-shim/src/launch_bypass.rs): its log line says so.
+  if [ -x "$WORK/launch_ab" ]; then
+    CUDAW_LOG=info taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 5 </dev/null >/dev/null 2>"$OUT/launch_bypass.log"
+    straight=$(grep -o "cudaLaunchKernel: the real runtime's launches reach cudaw's driver layer" "$OUT/launch_bypass.log" | head -1)
+    if [ -n "$straight" ]; then st=PASS; else st=FAIL; fi
+    row "bench: runtime launches go straight to the real runtime" $st "${straight:-no such line in launch_bypass.log}"
+  fi
   # Control: native against native shows how far two identical runs drift apart.
   compare "launch loop control (native vs native)" info:1.02 us "${nat[@]}" -- "${ctl[@]}"
   # `cudaw run` preloads both layers (dist/lib/libcuda.so.1 is the driver layer).
