@@ -269,7 +269,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   # In one process, alternating rounds (tests/cuda/gpu/launch_ab.cu): the launch through
   # cudaw's runtime against the real runtime's, cudaw's cuLaunchKernel against the real
   # driver's, and one plain call; the drift between processes cancels. Three runs, medians.
-  ab_rt=(); ab_drv=(); ab_call=(); ab_set=(); ab_query=()
+  ab_rt=(); ab_drv=(); ab_call=(); ab_set=(); ab_query=(); ab_null=()
   # ab_field NAME: the value of NAME= in $line (a number, or nan where a pair did not run).
   ab_field() { echo "$line" | sed -n "s/.* $1=\([-0-9.a-z]*\).*/\1/p"; }
   if [ -x "$WORK/launch_ab" ]; then
@@ -277,7 +277,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
       line=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 400 </dev/null 2>>"$OUT/launch_ab.log" | tee -a "$OUT/launch_ab.log")
       ab_rt+=("$(ab_field rt_added_ns)"); ab_drv+=("$(ab_field drv_added_ns)")
       ab_call+=("$(ab_field call_added_ns)"); ab_set+=("$(ab_field memset_added_ns)")
-      ab_query+=("$(ab_field query_added_ns)")
+      ab_query+=("$(ab_field query_added_ns)"); ab_null+=("$(ab_field null_added_ns)")
     done
   fi
   rt=$(printf '%s\n' "${ab_rt[@]}" | figures | median); drv=$(printf '%s\n' "${ab_drv[@]}" | figures | median)
@@ -285,7 +285,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   if num "$rt" && num "$drv" && num "$launch_us"; then
     r=$(awk -v a="$rt" -v b="$drv" -v l="$launch_us" 'BEGIN { printf "%.4f", 1 + (a + b) / (l * 1000) }')
     if le "$r" 1.02; then st=PASS; else st=FAIL; fi
-    row "bench: launch-loop ratio, in-process A/B (runtime + driver)" $st "ratio $r: +$rt ns runtime layer, +$drv ns driver layer on a $launch_us us native launch (runs: rt ${ab_rt[*]}; drv ${ab_drv[*]}); goal <= 1.02"
+    row "bench: launch-loop ratio, in-process A/B (runtime + driver)" $st "ratio $r: +$rt ns runtime layer, +$drv ns driver layer on a $launch_us us native launch (runs: rt ${ab_rt[*]}; drv ${ab_drv[*]}; A/A control ${ab_null[*]}); goal <= 1.02"
   else
     row "bench: launch-loop ratio, in-process A/B (runtime + driver)" FAIL "no figures (rt '$rt', drv '$drv', launch '$launch_us'); see launch_ab.log"
   fi

@@ -234,6 +234,12 @@ fn check_counts(stats: &Value) {
 /// The hottest are the two hot buffers, the coldest the 25 cold ones; returns the hot
 /// buffers' and the cold buffers' addresses.
 fn check_history(stats: &Value) -> (Vec<String>, Vec<String>) {
+    check_history_sited(stats, serde_json::json!("hotcold"))
+}
+
+/// [`check_history`], with `site` as the cold buffers' creation site (null where calls are
+/// not traced: the site is read from the allocating call's frame).
+fn check_history_sited(stats: &Value, site: Value) -> (Vec<String>, Vec<String>) {
     let m = &stats["memory"];
     assert_eq!(m["live"], 2 + COLD, "{m}");
     assert_eq!(m["live_bytes"], 2 * HOT_BYTES + COLD * COLD_BYTES, "{m}");
@@ -283,7 +289,7 @@ fn check_history(stats: &Value) -> (Vec<String>, Vec<String>) {
         );
         assert_eq!(c["kernels"], serde_json::json!([FILL]));
         assert_eq!(c["api"], "cudaMalloc");
-        assert_eq!(c["site"], "hotcold", "made by the program itself: {c}");
+        assert_eq!(c["site"], site, "made by the program itself: {c}");
     }
     let addr = |v: &[&Value]| -> Vec<String> {
         v.iter()
@@ -501,6 +507,36 @@ fn metrics_counts_and_memory_history_mapped() {
 #[test]
 fn metrics_counts_and_memory_history_translated() {
     metrics(Addressing::Translated);
+}
+
+/// `CUDAW_TRACE_CALLS=off`: no call is counted, while launches per kernel, copies and the
+/// memory history are recorded as with calls on (but for the creation site, read from the
+/// allocating call's frame).
+#[test]
+fn metrics_without_calls_keep_launches_copies_and_the_history() {
+    let Some(t) = Target::start(
+        "metrics-no-calls",
+        Addressing::Mapped,
+        &[
+            ("CUDAW_TRACE", "metrics"),
+            ("CUDAW_TRACE_CALLS", "off"),
+            ("CUDAW_TRACE_BUFFER_SAMPLE", "1"),
+        ],
+    ) else {
+        return;
+    };
+    let stats = t.stats();
+    assert_eq!(calls(&stats), BTreeMap::new(), "{stats}");
+    let kernels: BTreeMap<&str, u64> = stats["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(kernels, BTreeMap::from([(ADD_INTO, ROUNDS), (FILL, COLD)]));
+    check_history_sited(&stats, Value::Null);
+    let (last, _) = t.finish();
+    assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
 /// `metrics` by default reads the buffers of one launch in 16 of each kernel (per thread,

@@ -93,6 +93,10 @@ pub struct Config {
     /// (a power of two, the first launch included; default
     /// [`DEFAULT_METRICS_BUFFER_SAMPLE`] with `metrics`, 1 with `timeline`).
     pub trace_buffer_sample: u32,
+    /// `CUDAW_TRACE_CALLS` (default on; `off`: with tracing on, calls are not counted,
+    /// timed nor put in the timeline — launches, copies, allocations and the memory history
+    /// still are — and every export keeps its untraced trampoline path).
+    pub trace_calls: bool,
     /// `CUDAW_DIRECT_LAUNCHES` (default on; `off` keeps the runtime layer's thin wrapper on
     /// the launch exports even where the driver layer marks the launches:
     /// [`crate::launch_bypass`]).
@@ -207,22 +211,19 @@ impl Config {
             }),
         };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        // An on/off variable, on unless `off`, `none` or `0`.
+        let switch =
+            |k: &str| !matches!(get(k).as_deref().map(str::trim), Some("off" | "none" | "0"));
         Config {
             log_level,
             real_cudart: path("CUDAW_REAL_CUDART"),
             libcuda: path("CUDAW_LIBCUDA"),
             addressing,
             mem_limits,
-            ledger: !matches!(
-                get("CUDAW_LEDGER").as_deref().map(str::trim),
-                Some("off" | "none" | "0")
-            ),
+            ledger: switch("CUDAW_LEDGER"),
             pause_signal,
             resume_signal,
-            control_socket: !matches!(
-                get("CUDAW_CONTROL_SOCKET").as_deref().map(str::trim),
-                Some("off" | "none" | "0")
-            ),
+            control_socket: switch("CUDAW_CONTROL_SOCKET"),
             pause_timeout,
             staging,
             trace,
@@ -230,10 +231,8 @@ impl Config {
             trace_events,
             trace_sample,
             trace_buffer_sample,
-            direct_launches: !matches!(
-                get("CUDAW_DIRECT_LAUNCHES").as_deref().map(str::trim),
-                Some("off" | "none" | "0")
-            ),
+            trace_calls: switch("CUDAW_TRACE_CALLS"),
+            direct_launches: switch("CUDAW_DIRECT_LAUNCHES"),
             warnings,
         }
     }

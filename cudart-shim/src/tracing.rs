@@ -61,6 +61,11 @@ fn init_once() {
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
     gate::GATE.fetch_or(gate_bits(cfg.trace), Ordering::SeqCst);
+    if !cfg.trace_calls {
+        log::info(format_args!(
+            "tracing: calls are not counted or timed (CUDAW_TRACE_CALLS=off)"
+        ));
+    }
     log::info(format_args!(
         "tracing: {} ({}; ticks {:.3} per ns)",
         cfg.trace.as_str(),
@@ -166,6 +171,9 @@ pub fn set_active(on: bool) -> Result<bool, String> {
 
 /// The gate bits tracing in `mode` sets.
 fn gate_bits(mode: Mode) -> u32 {
+    if !crate::config::get().trace_calls {
+        return 0;
+    }
     match mode {
         Mode::Off => 0,
         Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,

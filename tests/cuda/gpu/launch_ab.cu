@@ -5,8 +5,13 @@
 // cudaw's that exports the function) and called through their own pointers. Four paths:
 // RT_CUDAW, RT_REAL (cudaLaunchKernel), DRV_CUDAW, DRV_REAL (cuLaunchKernel on the kernel's
 // CUfunction). Each of ROUNDS rounds (argv[1], default 400) times BATCH=32 launches into an
-// idle stream on every path, in an order that rotates each round; the medians over rounds
-// of the per-round differences are what the layers add. Separate processes differ by ~5%
+// idle stream on every path, in an order that rotates each round, each batch after
+// LAUNCH_AB_WARM (default 8) untimed launches of its own path; the medians over rounds
+// of the per-round differences are what the layers add. An A/A control, RT_REAL_AGAIN (the
+// real runtime's launch from a second call site, right after RT_REAL in the rotation),
+// gives null_added_ns: what the method reads where nothing differs. (In the rotation each
+// path always follows the same other one; without the warm-up launches, the runtime
+// layer, by then one gate test and one jump, read +40 to +160 ns on the H100 host.) Separate processes differ by ~5%
 // on a shared GPU host; alternating rounds inside one process cancel that drift. A launch
 // through the real runtime still passes cudaw's driver layer (the real libcudart calls the
 // driver through the libcuda.so.1 cudaw preloads), so rt_added_ns is the runtime layer
@@ -70,6 +75,9 @@ int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 400;
   if (rounds < 1) { std::fprintf(stderr, "usage: launch_ab [ROUNDS >= 1]\n"); return 2; }
   const int batch = 32;
+  // LAUNCH_AB_WARM: untimed launches before each timed batch (default 8; 0 as before).
+  const char* warm_env = getenv("LAUNCH_AB_WARM");
+  const int warm = warm_env ? atoi(warm_env) : 8;
   const char* busy_env = getenv("LAUNCH_AB_BUSY");
   const bool busy = busy_env && atoi(busy_env) > 0;
   int ndev = 0;
@@ -82,6 +90,9 @@ int main(int argc, char** argv) {
   CuLaunch drv_cudaw = (CuLaunch)dlsym(RTLD_DEFAULT, "cuLaunchKernel");
   const char *rt_path = "?", *drv_path = "?";
   RtLaunch rt_real = (RtLaunch)real_of("cudaLaunchKernel", (void*)rt_cudaw, &rt_path);
+  // The same function through a pointer of its own (the A/A control's call site).
+  volatile RtLaunch rt_real_again_v = rt_real;
+  RtLaunch rt_real_again = rt_real_again_v;
   CuLaunch drv_real = (CuLaunch)real_of("cuLaunchKernel", (void*)drv_cudaw, &drv_path);
   if (!rt_real) skip("no second runtime exporting cudaLaunchKernel (not run under cudaw?)");
   if (!drv_real) skip("no second driver exporting cuLaunchKernel (no cudaw driver layer?)");
@@ -125,26 +136,35 @@ int main(int argc, char** argv) {
       case 5: r = set_real((unsigned long long)buf, 7, 1024, s); break;
       // Not ready (600) is an answer, not a failure.
       case 6: r = query_cudaw(s); if (r == 600) r = 0; break;
-      default: r = query_real(s); if (r == 600) r = 0; break;
+      case 7: r = query_real(s); if (r == 600) r = 0; break;
+      // The A/A control: the real runtime's launch again, from another call site.
+      default: r = rt_real_again((const void*)empty, one, one, noargs, 0, s); break;
     }
     if (r) {
-      static const char* names[] = {"RT_CUDAW", "RT_REAL", "DRV_CUDAW", "DRV_REAL",
-                                    "SET_CUDAW", "SET_REAL", "QUERY_CUDAW", "QUERY_REAL"};
+      static const char* names[] = {"RT_CUDAW", "RT_REAL",    "DRV_CUDAW",  "DRV_REAL",
+                                    "SET_CUDAW", "SET_REAL",   "QUERY_CUDAW", "QUERY_REAL",
+                                    "RT_REAL_AGAIN"};
       std::fprintf(stderr, "launch_ab: %s launch failed: %d%s%s\n", names[p], r,
                    p < 2 ? " " : "", p < 2 ? cudaGetErrorString((cudaError_t)r) : "");
       std::exit(1);
     }
   };
-  std::vector<int> active = {0, 1};
+  // RT_REAL_AGAIN right after RT_REAL: what the method reads between two identical paths.
+  std::vector<int> active = {0, 1, 8};
   if (drv) active.insert(active.end(), {2, 3});
   if (extra) active.insert(active.end(), {4, 5, 6, 7});
   int paths = (int)active.size();
   for (int i = 0; i < 1000; i++) launch(active[i % paths]);
   CHECK(cudaStreamSynchronize(s));
-  std::vector<double> t[8];
+  std::vector<double> t[9];
   for (int r = 0; r < rounds; r++) {
     for (int k = 0; k < paths; k++) {
       int p = active[(r + k) % paths];
+      // Untimed launches of the same path first: in the rotation each path always follows
+      // the same other one (cudaw's launch after the real cuStreamQuery, the real launch
+      // after cudaw's), so without them the first launches of a batch pay for warming
+      // the caches and predictors to this path, and always on the same side of a pair.
+      for (int i = 0; i < warm; i++) launch(p);
       CHECK(cudaStreamSynchronize(s));
       if (busy) spin<<<1, 1, 0, s>>>(1);
       auto t0 = std::chrono::steady_clock::now();
@@ -155,9 +175,10 @@ int main(int argc, char** argv) {
   }
   CHECK(cudaStreamSynchronize(s));
   CHECK_LAUNCH();
-  std::vector<double> rt_d, drv_d, set_d, query_d;
+  std::vector<double> rt_d, drv_d, set_d, query_d, null_d;
   for (int r = 0; r < rounds; r++) {
     rt_d.push_back(t[0][r] - t[1][r]);
+    null_d.push_back(t[8][r] - t[1][r]);
     if (drv) drv_d.push_back(t[2][r] - t[3][r]);
     if (extra) set_d.push_back(t[4][r] - t[5][r]), query_d.push_back(t[6][r] - t[7][r]);
   }
@@ -221,9 +242,10 @@ int main(int argc, char** argv) {
   double x = median(rt_d), y = drv ? median(drv_d) : NAN, z = drv ? median(t[3]) : NAN;
   std::printf("launch_ab rounds=%d rt_added_ns=%.1f drv_added_ns=%.1f both_added_ns=%.1f "
               "drv_real_ns=%.1f rt_real_ns=%.1f call_added_ns=%.2f call_real_ns=%.2f "
-              "memset_added_ns=%.1f query_added_ns=%.1f busy=%d (acc %d)\n",
+              "memset_added_ns=%.1f query_added_ns=%.1f null_added_ns=%.1f warm=%d busy=%d "
+              "(acc %d)\n",
               rounds, x, y, x + y, z, median(t[1]), median(call_d), median(call_real),
-              extra ? median(set_d) : NAN, extra ? median(query_d) : NAN, busy ? 1 : 0,
-              acc & 1);
+              extra ? median(set_d) : NAN, extra ? median(query_d) : NAN, median(null_d), warm,
+              busy ? 1 : 0, acc & 1);
   return 0;
 }
