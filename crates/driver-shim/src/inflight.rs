@@ -17,7 +17,8 @@ extern "C" {
 }
 
 /// The calling thread's block.
-fn block() -> &'static Block {
+#[inline(always)]
+pub(crate) fn block() -> &'static Block {
     // SAFETY: the accessor returns the address of the calling thread's static TLS block,
     // which lives as long as the thread; the reference is used on this thread only.
     unsafe { &*cudaw_drv_inflight_block() }

@@ -88,6 +88,19 @@ impl Slot {
         }
     }
 
+    /// Gives the slot to `handle` (its launches so far go to the kernel they were of);
+    /// `handle`'s kernel.
+    #[cold]
+    #[inline(never)]
+    fn take(&self, handle: usize) -> &'static Kernel {
+        let k = kernel_of(handle);
+        self.flush();
+        self.kernel
+            .store(k as *const Kernel as *mut Kernel, Ordering::Relaxed);
+        self.handle.store(handle, Ordering::Relaxed);
+        k
+    }
+
     /// Moves the pending launches into the kernel's shared counter. Pending first goes to
     /// 0, then the counter grows: a reader in between sees a count short by the launches
     /// moving, never one counted twice.
@@ -120,6 +133,16 @@ struct Cache {
 static CACHES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 impl Cache {
+    /// Empties every slot (handles were forgotten: the registry is at `generation`).
+    #[cold]
+    fn renew(&self, generation: u64) {
+        for s in &self.slots {
+            s.flush();
+            s.handle.store(0, Ordering::Relaxed);
+        }
+        self.generation.set(generation);
+    }
+
     fn new() -> Box<Cache> {
         let c = Box::new(Cache {
             generation: Cell::new(GENERATION.load(Ordering::Acquire)),
@@ -135,6 +158,7 @@ impl Drop for Cache {
     // The thread ends: its pending launches go to the shared counters, and readers forget
     // it before its memory is freed.
     fn drop(&mut self) {
+        crate::inflight::block().local.store(0, Ordering::Relaxed);
         let mut caches = CACHES.lock();
         for s in &self.slots {
             s.flush();
@@ -232,49 +256,70 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
+/// Runs `f` with the calling thread's cache (`None` once the thread's is gone: it is
+/// ending). The cache's address is kept in the thread's in-flight block (initial-exec TLS),
+/// so the launch path makes no `__tls_get_addr` call; the `thread_local!` owns it and frees
+/// it when the thread ends.
+#[inline(always)]
+fn with_cache<R>(f: impl FnOnce(Option<&Cache>) -> R) -> R {
+    let b = crate::inflight::block();
+    let p = b.local.load(Ordering::Relaxed) as *const Cache;
+    if !p.is_null() {
+        // SAFETY: set below from this thread's cache, cleared by its destructor before the
+        // cache is freed; only this thread reads it.
+        return f(Some(unsafe { &*p }));
+    }
+    with_cache_slow(b, f)
+}
+
+#[cold]
+#[inline(never)]
+fn with_cache_slow<R>(b: &driver::inflight::Block, f: impl FnOnce(Option<&Cache>) -> R) -> R {
+    match CACHE.try_with(|c| {
+        b.local
+            .store(&**c as *const Cache as usize, Ordering::Relaxed);
+        &**c as *const Cache
+    }) {
+        // SAFETY: the thread's cache, alive until its destructor (which clears `local`).
+        Ok(p) => f(Some(unsafe { &*p })),
+        Err(_) => f(None),
+    }
+}
+
 /// Counts one launch of `handle`; its kernel.
+#[inline]
 pub fn count(handle: usize) -> &'static Kernel {
     let generation = GENERATION.load(Ordering::Acquire);
-    CACHE
-        .try_with(|c| {
-            if c.generation.get() != generation {
-                for s in &c.slots {
-                    s.flush();
-                    s.handle.store(0, Ordering::Relaxed);
-                }
-                c.generation.set(generation);
-            }
-            c.launches.set(c.launches.get() + 1);
-            let s = &c.slots[slot(handle)];
-            let k = s.kernel.load(Ordering::Relaxed);
-            let k: &'static Kernel = if s.handle.load(Ordering::Relaxed) == handle && !k.is_null() {
-                // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
-                unsafe { &*k }
-            } else {
-                let k = kernel_of(handle);
-                s.flush();
-                s.kernel
-                    .store(k as *const Kernel as *mut Kernel, Ordering::Relaxed);
-                s.handle.store(handle, Ordering::Relaxed);
-                k
-            };
-            // A plain add: only this thread writes its slots' counts.
-            s.pending
-                .store(s.pending.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            k
-        })
-        .unwrap_or_else(|_| {
+    with_cache(|c| {
+        let Some(c) = c else {
             // The thread's cache is gone (the thread is ending): count on the kernel.
             let k = kernel_of(handle);
             k.launches.fetch_add(1, Ordering::Relaxed);
-            k
-        })
+            return k;
+        };
+        if c.generation.get() != generation {
+            c.renew(generation);
+        }
+        c.launches.set(c.launches.get() + 1);
+        let s = &c.slots[slot(handle)];
+        let k = s.kernel.load(Ordering::Relaxed);
+        let k: &'static Kernel = if s.handle.load(Ordering::Relaxed) == handle && !k.is_null() {
+            // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
+            unsafe { &*k }
+        } else {
+            s.take(handle)
+        };
+        // A plain add: only this thread writes its slots' counts.
+        s.pending
+            .store(s.pending.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        k
+    })
 }
 
 /// Launches through this layer's launch wrappers on the calling thread so far (0 on a
 /// thread that is ending).
 pub fn thread_launches() -> u64 {
-    CACHE.try_with(|c| c.launches.get()).unwrap_or(0)
+    with_cache(|c| c.map_or(0, |c| c.launches.get()))
 }
 
 /// [`thread_launches`], for cudaw's runtime: it tells whether the real runtime's launches

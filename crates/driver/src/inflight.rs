@@ -36,6 +36,11 @@ pub struct Block {
     pub word: AtomicU64,
     /// The caller's return address while a marked call runs.
     pub ret: AtomicUsize,
+    /// The address of the library's own per-thread state, 0 until it sets it: reached
+    /// through this block's initial-exec TLS, where a `thread_local!` of a shared library
+    /// costs a call of `__tls_get_addr` on every access (the driver shim's launch counts).
+    pub local: AtomicUsize,
+    _spare: AtomicUsize,
 }
 
 impl Block {
@@ -44,6 +49,8 @@ impl Block {
         Block {
             word: AtomicU64::new(UNREGISTERED),
             ret: AtomicUsize::new(0),
+            local: AtomicUsize::new(0),
+            _spare: AtomicUsize::new(0),
         }
     }
 

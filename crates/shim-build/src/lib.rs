@@ -300,8 +300,9 @@ pub fn marked_by_trampoline(name: &str, by_wrapper: &[&str]) -> bool {
 
 /// `inflight.s`, for the in-flight trampolines of [`trampolines`] with this `prefix`:
 ///
-/// - `PREFIX_inflight_tls`: the per-thread block (initial-exec TLS), the word
-///   (initially [`UNREGISTERED`]) and the saved return address;
+/// - `PREFIX_inflight_tls`: the per-thread block (initial-exec TLS, 32 bytes), the word
+///   (initially [`UNREGISTERED`]), the saved return address, and a word the library keeps
+///   its per-thread state's address in (initially 0; the fourth is spare);
 /// - `PREFIX_inflight_return`: the return thunk; it keeps the return registers, sets the
 ///   word to [`IDLE`] and jumps to the saved return address;
 /// - `PREFIX_inflight_slow`: the slow path ([`slow_path`]'s body) calling
@@ -328,9 +329,11 @@ pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> Str
 .globl {p}_inflight_tls
 .hidden {p}_inflight_tls
 .type {p}_inflight_tls,@object
-.size {p}_inflight_tls,16
+.size {p}_inflight_tls,32
 {p}_inflight_tls:
     .quad {UNREGISTERED}
+    .quad 0
+    .quad 0
     .quad 0
 .popsection
 .pushsection .text.cudaw_inflight,\"ax\",@progbits
