@@ -268,12 +268,15 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   launch_us=$(printf '%s\n' "${nat[@]}" | grep . | median)
   # In one process, alternating rounds (tests/cuda/gpu/launch_ab.cu): the launch through
   # cudaw's runtime against the real runtime's, cudaw's cuLaunchKernel against the real
-  # driver's, and one plain call; the drift between processes cancels. Three runs, medians.
+  # driver's, and one plain call; the drift between processes cancels. Five processes,
+  # medians: the figure still moves by tens of ns from one process to the next (the A/A
+  # control, two identical paths, read -52 to +13 ns on the H100 host), so one process is
+  # no verdict.
   ab_rt=(); ab_drv=(); ab_call=(); ab_set=(); ab_query=(); ab_null=()
   # ab_field NAME: the value of NAME= in $line (a number, or nan where a pair did not run).
   ab_field() { echo "$line" | sed -n "s/.* $1=\([-0-9.a-z]*\).*/\1/p"; }
   if [ -x "$WORK/launch_ab" ]; then
-    for i in 1 2 3; do
+    for i in 1 2 3 4 5; do
       line=$(taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 400 </dev/null 2>>"$OUT/launch_ab.log" | tee -a "$OUT/launch_ab.log")
       ab_rt+=("$(ab_field rt_added_ns)"); ab_drv+=("$(ab_field drv_added_ns)")
       ab_call+=("$(ab_field call_added_ns)"); ab_set+=("$(ab_field memset_added_ns)")
