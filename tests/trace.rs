@@ -167,6 +167,16 @@ fn calls(stats: &Value) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The launches per kernel (demangled name) in `stats`.
+fn kernel_launches(stats: &Value) -> BTreeMap<&str, u64> {
+    stats["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
+        .collect()
+}
+
 fn check_counts(stats: &Value) {
     let c = calls(stats);
     let launches = ROUNDS + COLD;
@@ -194,12 +204,7 @@ fn check_counts(stats: &Value) {
             "{call}"
         );
     }
-    let kernels: BTreeMap<&str, u64> = stats["kernels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
-        .collect();
+    let kernels = kernel_launches(stats);
     assert_eq!(
         kernels,
         BTreeMap::from([(ADD_INTO, ROUNDS), (FILL, COLD)]),
@@ -527,12 +532,7 @@ fn metrics_without_calls_keep_launches_copies_and_the_history() {
     };
     let stats = t.stats();
     assert_eq!(calls(&stats), BTreeMap::new(), "{stats}");
-    let kernels: BTreeMap<&str, u64> = stats["kernels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
-        .collect();
+    let kernels = kernel_launches(&stats);
     assert_eq!(kernels, BTreeMap::from([(ADD_INTO, ROUNDS), (FILL, COLD)]));
     check_history_sited(&stats, Value::Null);
     let (last, _) = t.finish();
