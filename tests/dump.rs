@@ -12,8 +12,8 @@
 //! - inspect and inspect --verify on good and bad images;
 //! - many dumps and restores in one run;
 //! - clear failures for paths, PIDs and usage; progress lines on the socket;
-//! - all of it with the host arena (`CUDAW_HOST_ARENA=pinned`): pauses after the first
-//!   leave the bytes in the arena, dumps write them from there, resumes and restores
+//! - all of it with the host arena (`CUDAW_HOST_ARENA=pinned`), made while the program
+//!   runs: every pause leaves the bytes in the arena, dumps write them from there, resumes and restores
 //!   load them back.
 
 mod ckpt_common;
@@ -134,10 +134,10 @@ fn dump_then_resume_from_the_image_translated() {
     dump_and_resume(Addressing::Translated, "rt");
 }
 
-/// Pause, resume, dump and restore with the host arena on: the first pause copies into
-/// host memory and the first resume starts making the arena; later pauses leave the bytes
-/// in it; dumps (leaving the process running or paused) read them from it; the program's
-/// output equals the uninterrupted run's.
+/// Pause, resume, dump and restore with the host arena on: the arena is made while the
+/// program runs (its memory holding still), so every pause, the first included, leaves the
+/// bytes in it; dumps (leaving the process running or paused) read them from it; the
+/// program's output equals the uninterrupted run's.
 fn with_the_host_arena(addressing: Addressing, tag: &str) {
     let Some(mut t) = Target::start_with(addressing, tag, &[("CUDAW_HOST_ARENA", "pinned")]) else {
         return;
@@ -154,14 +154,26 @@ fn with_the_host_arena(addressing: Addressing, tag: &str) {
         assert_eq!(count(t), n, "{}", t.log());
     };
     // 7 runs of 30 of the program's 240 iterations.
-    // The first pause: no arena yet.
+    // The arena is made while the program runs, once its memory has held still, before any
+    // pause: even the first pause leaves the bytes in it.
     t.send_run(30);
-    t.ok(&["pause", &t.pid]);
-    assert_eq!(count(&t), 0, "{}", t.log());
-    t.ok(&["resume", &t.pid]);
     t.wait_ran();
     t.wait_log("page-locked, ready in");
-    // Later pauses: into the arena, and back.
+    let log = t.log();
+    assert!(
+        log.contains("making") && !log.contains("paused: "),
+        "made before any pause: {log}"
+    );
+    // status shows the page-locked memory held (at least the allocations' bytes).
+    let st = t.json(&["status", &t.pid]);
+    assert!(
+        st["arena"].as_u64().is_some_and(|a| a >= BYTES) && st["arena_building"] == 0,
+        "{st}"
+    );
+    assert!(t
+        .ok(&["status", &t.pid])
+        .contains("page-locked host arena for pauses"));
+    // Pauses: into the arena, and back.
     for round in 1..=2 {
         t.send_run(30);
         let out = t.ok(&["pause", &t.pid]);

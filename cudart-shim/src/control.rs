@@ -366,6 +366,7 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
 
 /// The process's state and memory now.
 pub fn status() -> Status {
+    let (arena, arena_building) = crate::staging::arena_bytes();
     // Devices with cudaw's allocations or a budget (memory taken through the driver alone,
     // as PyTorch's expandable segments do, has a budget and no VMM).
     let mut ordinals: Vec<i32> = memory::managed_devices()
@@ -431,6 +432,8 @@ pub fn status() -> Status {
         .to_owned(),
         image: pause::image_path().map(|p| p.to_string_lossy().into_owned()),
         kept_host: crate::staging::kept_host() as u64,
+        arena,
+        arena_building,
         devices,
     }
 }

@@ -286,7 +286,20 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
     use std::os::fd::AsRawFd;
     let mut fd = fd;
     let mut buf = [0u8; 64];
+    // With the host arena, the thread also wakes to make it once the memory holds still.
+    let mut arena = crate::config::get()
+        .staging
+        .host_arena
+        .then(ArenaWatch::default);
+    let timeout = if arena.is_some() {
+        ARENA_WATCH.as_millis() as i32
+    } else {
+        -1
+    };
     loop {
+        if let Some(w) = &mut arena {
+            crate::boundary::guard("the host arena's watch", (), || w.tick());
+        }
         let mut polls = [
             libc::pollfd {
                 fd,
@@ -303,7 +316,7 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
             return;
         }
         // SAFETY: `polls` is a live array of the length given; poll ignores negative fds.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -343,6 +356,46 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
         if let Some(l) = &listener {
             if polls[1].revents != 0 {
                 crate::boundary::guard("the control socket", (), || crate::control::serve_one(l));
+            }
+        }
+    }
+}
+
+/// With `CUDAW_HOST_ARENA=pinned`: how often the control thread looks at what each device's
+/// allocations would need of a host arena.
+const ARENA_WATCH: Duration = Duration::from_millis(500);
+
+/// The control thread's watch over the host arena's size: once a device's allocations have
+/// needed the same bytes at two looks in a row (half a second apart) while the program runs,
+/// and the device has no arena that large, one is made in the background
+/// ([`crate::staging::prepare_arena`]): the first pause then copies straight into it, as
+/// later ones do. A job whose memory grows gets a larger arena once it holds still again.
+#[derive(Default)]
+struct ArenaWatch {
+    at: Option<Instant>,
+    demand: Vec<(i32, u64)>,
+}
+
+impl ArenaWatch {
+    fn tick(&mut self) {
+        if self.at.is_some_and(|t| t.elapsed() < ARENA_WATCH) {
+            return;
+        }
+        self.at = Some(Instant::now());
+        let Some(ctl) = CTL.try_lock() else { return };
+        if ctl.paused {
+            return;
+        }
+        for (ordinal, m) in memory::managed_devices() {
+            let demand = arena_demand(m);
+            match self.demand.iter_mut().find(|(o, _)| *o == ordinal) {
+                Some((_, before)) => {
+                    if demand > 0 && *before == demand {
+                        crate::staging::prepare_arena(m.vmm.backend(), demand);
+                    }
+                    *before = demand;
+                }
+                None => self.demand.push((ordinal, demand)),
             }
         }
     }

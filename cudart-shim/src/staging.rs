@@ -3,9 +3,10 @@
 //! by `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`). Its pinned
 //! pool is made on the first pause, per device, and kept for the next ones.
 //!
-//! With `CUDAW_HOST_ARENA=pinned`, the first successful resume of a device starts making a
-//! page-locked host arena as large as its allocations on a background thread; later
-//! whole-process pauses ([`save_for_pause`]) leave the bytes there
+//! With `CUDAW_HOST_ARENA=pinned`, the control thread starts making a page-locked host arena
+//! as large as a device's allocations on a background thread once they have held still for
+//! a while ([`prepare_arena`]; a resume does too, [`restored`]); whole-process pauses
+//! ([`save_for_pause`]) leave the bytes there
 //! ([`vmm::HostCopy::Retained`]) and resumes load them from there. Dumps read them with
 //! [`with_retained`]; when the bytes move to an image the arena forgets them ([`forget`]).
 
@@ -67,6 +68,17 @@ pub fn restored(backend: &DriverBackend, demand: u64) {
     let Some(m) = STAGING.get() else { return };
     let mut s = m.lock();
     s.forget_all(backend);
+    start_arena(&mut s, backend, demand);
+}
+
+/// With `CUDAW_HOST_ARENA=pinned`, while the program runs: starts making a host arena of
+/// `demand` bytes (what the device's allocations need now) in the background if there is
+/// none that large, so that even the first pause copies straight into page-locked memory.
+pub fn prepare_arena(backend: &DriverBackend, demand: u64) {
+    start_arena(&mut staging_mutex().lock(), backend, demand);
+}
+
+fn start_arena(s: &mut PinnedStaging, backend: &DriverBackend, demand: u64) {
     let device = backend.device();
     let started = s.start_arena(
         backend,
@@ -157,6 +169,16 @@ impl Staging<DriverBackend> for ProcessStaging {
     fn recycle(&mut self, copies: Vec<Vec<u8>>) {
         staging_mutex().lock().recycle(copies);
     }
+}
+
+/// Bytes of page-locked host arena made (`CUDAW_HOST_ARENA=pinned`), and being made.
+pub fn arena_bytes() -> (u64, u64) {
+    STAGING.get().map_or((0, 0), |s| {
+        let mut s = s.lock();
+        s.install_finished_arenas();
+        let (made, building) = s.arena_bytes();
+        (made as u64, building as u64)
+    })
 }
 
 /// Host memory kept from the last resume for the next pause (bytes of capacity).

@@ -102,7 +102,7 @@ enum Command {
     /// reported as stale and skipped).
     #[command(
         after_help = "Examples:\n  cudaw-ckpt status\n  cudaw-ckpt status 4242 --json    \
-                            {\"pid\",\"state\",\"addressing\",\"image\",\"kept_host\",\"devices\":[...]}"
+                            {\"pid\",\"state\",\"addressing\",\"image\",\"kept_host\",\"arena\",\"arena_building\",\"devices\":[...]}"
     )]
     Status {
         /// The process ID (default: all).
@@ -568,6 +568,17 @@ fn print_status(s: &Status) {
         println!(
             "  host memory kept for the next pause: {} (given back to the system when it needs it; CUDAW_HOST_REUSE=off frees it at resume)",
             mib(s.kept_host)
+        );
+    }
+    if s.arena > 0 || s.arena_building > 0 {
+        let building = if s.arena_building > 0 {
+            format!(", {} being made", mib(s.arena_building))
+        } else {
+            String::new()
+        };
+        println!(
+            "  page-locked host arena for pauses: {}{building} (CUDAW_HOST_ARENA=pinned; held while the program runs)",
+            mib(s.arena)
         );
     }
     if s.devices.is_empty() {

@@ -32,9 +32,9 @@ pub struct Args {
     #[arg(long, value_parser = ["mapped", "translated"])]
     pub addressing: Option<String>,
     /// Keep the evicted bytes in a page-locked host arena as large as the program's device
-    /// memory, made after the first pause: later pauses and resumes copy straight between
-    /// it and the device at the pinned-copy speed; that much host RAM stays page-locked
-    /// while the program runs. Sets CUDAW_HOST_ARENA.
+    /// memory, made while it runs once its memory holds still: pauses and resumes, the
+    /// first included, copy straight between it and the device at the pinned-copy speed;
+    /// that much host RAM stays page-locked while the program runs. Sets CUDAW_HOST_ARENA.
     #[arg(long, value_name = "MODE", value_parser = ["pinned", "off"])]
     pub host_arena: Option<String>,
     /// How long a pause waits for the calls in flight and the device's work before it is

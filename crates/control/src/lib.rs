@@ -512,6 +512,13 @@ pub struct Status {
     /// RSS until the kernel takes it).
     #[serde(default)]
     pub kept_host: u64,
+    /// Page-locked host arena made for pauses (`CUDAW_HOST_ARENA=pinned`), in bytes: host
+    /// RAM the process holds locked, paused or not.
+    #[serde(default)]
+    pub arena: u64,
+    /// Page-locked host arena being made, in bytes.
+    #[serde(default)]
+    pub arena_building: u64,
     /// Every device cudaw manages memory on.
     pub devices: Vec<DeviceStatus>,
 }
@@ -693,6 +700,8 @@ mod tests {
                 addressing: "mapped".into(),
                 image: Some("/j.img".into()),
                 kept_host: 14 << 20,
+                arena: 8 << 30,
+                arena_building: 0,
                 devices: vec![DeviceStatus {
                     ordinal: 0,
                     allocations: 5,

@@ -120,8 +120,10 @@ pub struct StagingConfig {
     /// place with `cuMemHostRegister`, rather than with `cuMemHostAlloc`: several times
     /// faster to make. Falls back to `cuMemHostAlloc` if registering fails.
     pub pin_in_place: bool,
-    /// Keep a page-locked host arena as large as the device memory after the first pause
-    /// (`CUDAW_HOST_ARENA=pinned`): whole-process pauses then copy straight into it
+    /// Keep a page-locked host arena as large as the device memory
+    /// (`CUDAW_HOST_ARENA=pinned`; made by [`PinnedStaging::start_arena`], which the
+    /// runtime shim calls while the program runs, once its memory holds still, and after
+    /// a resume): whole-process pauses then copy straight into it
     /// ([`PinnedStaging::save_retaining`]) and resumes straight out of it.
     pub host_arena: bool,
     /// Keep the host copies a resume has loaded (their memory given back lazily,
@@ -584,6 +586,7 @@ impl PinnedStaging {
         if !self.config.host_arena || bytes == 0 || self.arena_refused.contains(&key) {
             return false;
         }
+        self.install_finished_arenas();
         let Some(len) = usize::try_from(bytes)
             .ok()
             .and_then(|b| b.checked_next_multiple_of(HUGE_PAGE))
@@ -643,6 +646,27 @@ impl PinnedStaging {
                 false
             }
         }
+    }
+
+    /// Installs the arenas whose making has finished, without waiting for one in progress.
+    pub fn install_finished_arenas(&mut self) {
+        let done: Vec<usize> = self
+            .building
+            .iter()
+            .filter(|(_, b)| b.handle.is_finished())
+            .map(|(&k, _)| k)
+            .collect();
+        for k in done {
+            self.finish_build(k);
+        }
+    }
+
+    /// Bytes of the host arenas made, and of those being made.
+    pub fn arena_bytes(&self) -> (usize, usize) {
+        (
+            self.arenas.values().map(|a| a.len).sum(),
+            self.building.values().map(|b| b.len).sum(),
+        )
     }
 
     /// Waits for the arena being made for `backend`'s context, if any, and installs it.
