@@ -285,6 +285,9 @@ pub(crate) struct Block {
     counters: &'static cudaw_trace::counters::ThreadCounters,
     /// `frames[0]` is a sentinel (slot `usize::MAX`: never stale, never matched).
     frames: [Frame; DEPTH + 1],
+    /// Calls this thread timed on the Rust path ([`rust_enters`]): written by this thread
+    /// alone, with a plain add.
+    rust_enters: std::sync::atomic::AtomicU64,
 }
 
 const _: () = {
@@ -343,7 +346,9 @@ fn block() -> Option<*mut Block> {
         mask: crate::config::get().trace_sample.max(1) as u64 - 1,
         counters,
         frames,
+        rust_enters: std::sync::atomic::AtomicU64::new(0),
     }));
+    BLOCKS.lock().push(b as usize);
     // SAFETY: `b` is a fresh allocation, leaked for the life of the process; the frames
     // array has DEPTH + 1 elements, so both pointers are in bounds (or one past the end).
     unsafe {
@@ -362,10 +367,25 @@ fn existing_block() -> Option<*mut Block> {
     (!b.is_null()).then_some(b)
 }
 
-/// Calls that took the Rust path rather than the assembly fast path (the timeline, a
-/// pause, a thread's first call, a full shadow stack): the summary at exit reports them,
-/// and the tests check the fast path took the rest.
-static RUST_ENTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Every thread's block (addresses; blocks are never freed).
+static BLOCKS: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
+
+/// Calls timed on the Rust path rather than the assembly fast path (the timeline, a pause,
+/// a thread's first call, a full shadow stack), summed over the threads: the summary at exit
+/// reports them, and the tests check the fast path took the rest. Each thread counts its
+/// own in its block (under the timeline every call comes this way: a shared counter was a
+/// locked add on one cache line from every thread).
+fn rust_enters() -> u64 {
+    BLOCKS
+        .lock()
+        .iter()
+        .map(|&b| {
+            // SAFETY: blocks are leaked when made, never freed.
+            let b = unsafe { &*(b as *const Block) };
+            b.rust_enters.load(Ordering::Relaxed)
+        })
+        .sum()
+}
 
 /// Starts timing the call of export `index` whose return address is at `slot`: called by
 /// the slow path just before it jumps to the export.
@@ -374,8 +394,10 @@ static RUST_ENTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// `slot` is the address of the return address of the export call in progress on this
 /// thread (the word the `call` instruction pushed).
 pub unsafe fn enter(index: u32, slot: *mut usize) {
-    RUST_ENTERS.fetch_add(1, Ordering::Relaxed);
     let Some(b) = block() else { return };
+    // SAFETY: this thread's block; only this thread writes its count.
+    let n = unsafe { &(*b).rust_enters };
+    n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     let at = slot as usize;
     // SAFETY: `b` is this thread's block; only this thread (here, the assembly fast path
     // and the thunks, never at the same time) touches it. `top` stays within
@@ -810,7 +832,7 @@ extern "C" fn at_exit() {
         }
         log::warn_plain(format_args!(
             "trace: {} calls timed on the Rust path (the rest on the fast path)",
-            RUST_ENTERS.load(Ordering::Relaxed)
+            rust_enters()
         ));
     })
 }
@@ -1031,7 +1053,7 @@ mod tests {
         // past the shadow stack's depth; the fast path every other.
         // With sampling, the recursion's calls are timed only when cudaGetDevice's count
         // allows, so the calls past the stack's depth reach Rust less often.
-        let slow = super::RUST_ENTERS.load(Ordering::Relaxed);
+        let slow = super::rust_enters();
         let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
         if crate::config::get().trace_sample == 1 {
             assert_eq!(slow, 2 * THREADS + deep, "calls timed in Rust");
