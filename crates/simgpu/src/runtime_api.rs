@@ -611,40 +611,46 @@ fn driver_launch() -> Option<CuLaunchKernel> {
     f.map(|f| unsafe { std::mem::transmute::<usize, CuLaunchKernel>(f) })
 }
 
-/// Launches `function` through the process's other `libcuda.so.1` ([`driver_launch`]) when
-/// there is one and simgpu can run the kernel; `None` when it did not (the caller launches
-/// itself, which also gives a failed launch its runtime error).
+/// A launch of simgpu's runtime: through the process's other `libcuda.so.1`
+/// ([`driver_launch`]) when there is one and simgpu can run the kernel, else (or when that
+/// launch failed, which enqueued nothing) simgpu's own [`launch`], which also gives a failed
+/// launch its runtime error.
 ///
 /// # Safety
 /// The launch's contract.
-unsafe fn launch_through_driver(
-    function: &runtime::Function,
+unsafe fn runtime_launch(
+    function: runtime::Function,
     grid: Dim3,
     block: Dim3,
     args: *mut *mut c_void,
     shared_mem: usize,
     stream: Handle,
-) -> Option<cudaError_t> {
-    let launch = driver_launch()?;
-    let kernel = kernels::find(&function.name)?;
-    let f = crate::driver_modules::runtime_function_handle(kernel.name);
-    // SAFETY: the caller's launch, with simgpu's handle for the kernel.
-    let rc = unsafe {
-        launch(
-            f as Handle,
-            grid.x,
-            grid.y,
-            grid.z,
-            block.x,
-            block.y,
-            block.z,
-            shared_mem as c_uint,
-            stream,
-            args,
-            std::ptr::null_mut(),
-        )
-    };
-    (rc == 0).then_some(0)
+) -> RtResult<()> {
+    let through_driver = driver_launch().zip(kernels::find(&function.name));
+    if let Some((driver, kernel)) = through_driver {
+        let f = crate::driver_modules::runtime_function_handle(kernel.name);
+        // SAFETY: the caller's launch, with simgpu's handle for the kernel.
+        let rc = unsafe {
+            driver(
+                f as Handle,
+                grid.x,
+                grid.y,
+                grid.z,
+                block.x,
+                block.y,
+                block.z,
+                shared_mem as c_uint,
+                stream,
+                args,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+    }
+    // SAFETY: the caller's launch.
+    unsafe { launch(function, grid, block, args, shared_mem, stream) }
 }
 
 /// `cudaLaunchKernel`: launches the kernel registered for host stub `func`.
@@ -661,11 +667,7 @@ pub unsafe extern "C" fn cudaLaunchKernel(
         runtime::context()?;
         let f = runtime::function(func as usize)?;
         // SAFETY: the launch's contract.
-        if unsafe { launch_through_driver(&f, grid, block, args, shared_mem, stream) }.is_some() {
-            return Ok(());
-        }
-        // SAFETY: the launch's contract.
-        unsafe { launch(f, grid, block, args, shared_mem, stream) }
+        unsafe { runtime_launch(f, grid, block, args, shared_mem, stream) }
     })
 }
 
@@ -697,11 +699,7 @@ pub unsafe extern "C" fn __cudaLaunchKernel(
         runtime::context()?;
         let f = runtime::function_of_kernel(kernel as usize)?;
         // SAFETY: the launch's contract.
-        if unsafe { launch_through_driver(&f, grid, block, args, shared_mem, stream) }.is_some() {
-            return Ok(());
-        }
-        // SAFETY: the launch's contract.
-        unsafe { launch(f, grid, block, args, shared_mem, stream) }
+        unsafe { runtime_launch(f, grid, block, args, shared_mem, stream) }
     })
 }
 
