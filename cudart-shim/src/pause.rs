@@ -615,6 +615,9 @@ pub(crate) struct Load<'a> {
     pub report: Report<'a>,
     /// The image's own failure, when reading it failed (a damaged file).
     pub image_error: Option<ImageError>,
+    /// Time spent inside the staging's loads (the copies from host memory), for the
+    /// phases a resume logs at debug level.
+    pub in_staging: std::time::Duration,
     buf: Vec<u8>,
 }
 
@@ -632,6 +635,7 @@ impl<'a> Load<'a> {
             total,
             report,
             image_error: None,
+            in_staging: std::time::Duration::ZERO,
             buf: Vec::new(),
         }
     }
@@ -719,12 +723,27 @@ impl Staging<DriverBackend> for Load<'_> {
                 !self.image_only && matches!(r.source, Source::Memory(_) | Source::Retained)
             };
             if from_memory(&ranges[i]) {
+                // Ranges in the host arena go in one call (straight copies, no host-side
+                // work to pace: a wait between batches would only idle the copy engines);
+                // those in pageable memory a batch at a time, for the progress reports.
+                let retained = matches!(ranges[i].source, Source::Retained);
                 let mut j = i;
-                while j < ranges.len() && from_memory(&ranges[j]) {
+                while j < ranges.len()
+                    && from_memory(&ranges[j])
+                    && matches!(ranges[j].source, Source::Retained) == retained
+                {
                     j += 1;
                 }
-                for batch in batches(&ranges[i..j], |r| r.len) {
+                let run = &ranges[i..j];
+                let parts: Box<dyn Iterator<Item = &[LoadRange<'_>]>> = if retained {
+                    Box::new(std::iter::once(run))
+                } else {
+                    Box::new(batches(run, |r| r.len))
+                };
+                for batch in parts {
+                    let t = Instant::now();
                     staging().load(backend, batch)?;
+                    self.in_staging += t.elapsed();
                     self.advance_by(batch.iter().map(|r| r.len).sum());
                 }
                 i = j;
@@ -929,6 +948,7 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     });
     let (mut allocations, mut bytes) = (0usize, 0u64);
     let mut restored = Vec::new();
+    let before_memory = Instant::now();
     for (ordinal, m) in memory::managed_devices() {
         match m.vmm.restore_all(&mut load) {
             Ok(moved) => {
@@ -960,6 +980,9 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
             }
         }
     }
+    let memory_ms = before_memory.elapsed().as_secs_f64() * 1e3;
+    let staging_ms = load.in_staging.as_secs_f64() * 1e3;
+    let before_handles = Instant::now();
     // Driver-level handles: from host memory, or from the image a dump left them in.
     match crate::handles::restore(&mut load) {
         Ok(h) => {
@@ -989,6 +1012,8 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
         }
     }
     drop(load);
+    let handles_ms = before_handles.elapsed().as_secs_f64() * 1e3;
+    let before_sync = Instant::now();
     // A copy from pageable host memory returns once the bytes are staged, before they
     // reach the device; kernels on the program's non-blocking streams must not run
     // ahead of them.
@@ -1005,6 +1030,10 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
         "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms{from}"
+    ));
+    log::debug(format_args!(
+        "resume phases: device memory {memory_ms:.1} ms (copies from host memory {staging_ms:.1} ms), driver handles {handles_ms:.1} ms, synchronising {:.1} ms",
+        before_sync.elapsed().as_secs_f64() * 1e3
     ));
     ctl.paused = false;
     gate::open();

@@ -1428,7 +1428,8 @@ impl<B: Backend> Vmm<B> {
     /// Creates and maps `create`'s chunks (in order) on a helper thread while `staging`
     /// loads `ranges` in batches of about [`LOAD_BATCH`] bytes, each batch once the chunks
     /// it needs (`needs[i]`: how many of `create` range `i` waits for) are mapped: the
-    /// driver's create/map work overlaps the copies. Returns the physical memory made (to
+    /// driver's create/map work overlaps the copies. A batch takes in every later range
+    /// whose chunks are mapped by then (creating is fast on a GPU, so usually the rest). Returns the physical memory made (to
     /// undo on failure) and the outcome; on failure the helper stops early.
     fn create_and_load<S: Staging<B> + ?Sized>(
         &self,
@@ -1489,7 +1490,7 @@ impl<B: Backend> Vmm<B> {
                     need = need.max(needs[end]);
                     end += 1;
                 }
-                {
+                let ready = {
                     let mut pr = progress.lock();
                     while pr.mapped < need && pr.failed.is_none() {
                         moved.wait(&mut pr);
@@ -1498,6 +1499,12 @@ impl<B: Backend> Vmm<B> {
                         let e = pr.failed.clone().expect("failed");
                         return Err(e.into());
                     }
+                    pr.mapped
+                };
+                // Whatever is mapped already goes in the same call: every call ends by
+                // waiting for its copies, and each wait leaves the copy engines idle.
+                while end < ranges.len() && needs[end] <= ready {
+                    end += 1;
                 }
                 staging.load(&self.backend, &ranges[start..end])?;
                 start = end;
