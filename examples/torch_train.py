@@ -56,6 +56,10 @@ def main():
     p.add_argument("--trace-ab", action="store_true",
                    help="under cudaw with CUDAW_TRACE: time blocks of steps traced and untraced in turn")
     p.add_argument("--block", type=int, default=25, help="steps per timed block (--trace-ab)")
+    p.add_argument("--keep-gc", action="store_true",
+                   help="--trace-ab: leave Python's garbage collector on while timing (by default it is "
+                        "off then: a collection landing in one block of the pair moves its ratio by "
+                        "several percent)")
     p.add_argument("--hold-gib", type=float, default=0,
                    help="also hold a buffer of this many GiB (a known pattern, checked at the end)")
     p.add_argument("--pid-file", help="write this process's PID here once training starts")
@@ -166,6 +170,10 @@ def trace_ab(args, step):
     for i in range(10):
         step(i)
     torch.cuda.synchronize()
+    if not args.keep_gc:
+        import gc
+        gc.collect()
+        gc.disable()
     per = max(1, args.block)
     rounds = max(1, args.steps // (2 * per))
     ratios, ms = [], {0: [], 1: []}
@@ -185,8 +193,9 @@ def trace_ab(args, step):
             ms[on].append(t[on])
         ratios.append(t[1] / t[0])
     sw(1)
+    total = sum(ms[1]) / sum(ms[0])
     print(f"trace_ab ratio={statistics.median(ratios):.4f} on_ms={statistics.median(ms[1]):.4f} "
-          f"off_ms={statistics.median(ms[0]):.4f} rounds={rounds} steps_per_block={per} "
+          f"off_ms={statistics.median(ms[0]):.4f} total_ratio={total:.4f} rounds={rounds} steps_per_block={per} "
           f"ratios_p25={statistics.quantiles(ratios, n=4)[0] if rounds > 1 else ratios[0]:.4f} "
           f"ratios_p75={statistics.quantiles(ratios, n=4)[2] if rounds > 1 else ratios[0]:.4f}")
 
