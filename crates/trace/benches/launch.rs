@@ -34,6 +34,53 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
+    // A launch as PyTorch makes them, with the caches cold: 300 live allocations, 5
+    // pointers into different ones, and 32 MiB of other memory touched between launches
+    // (the program's own work): what reading one launch's buffers costs in a real job,
+    // where the history is not in cache. The eviction's own time is measured apart and
+    // taken off.
+    for mode in [Mode::Metrics, Mode::Timeline] {
+        let t = Tracer::new(Config::new(mode));
+        for i in 0..300u64 {
+            t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
+        }
+        let k = t.kernel_id("_Z6kernelPfS_S_i");
+        let five: Vec<(u16, u64)> = (0..5u64)
+            .map(|i| (i as u16, base + (17 + i * 53) * (4 << 20) + 4096))
+            .collect();
+        let mut other = vec![0u64; 4 << 20];
+        let mut evict = |n: u64| {
+            for (i, w) in other.iter_mut().enumerate().step_by(8) {
+                *w = w.wrapping_add(n ^ i as u64);
+            }
+            black_box(&other);
+        };
+        let mut g = c.benchmark_group(format!(
+            "record_launch, cold caches ({mode:?}, 300 allocations)"
+        ));
+        g.bench_function(
+            "5 pointers, after 32 MiB of other work (eviction time taken off)",
+            |b| {
+                b.iter_custom(|iters| {
+                    let (mut launch, mut alone) =
+                        (std::time::Duration::ZERO, std::time::Duration::ZERO);
+                    for n in 0..iters {
+                        evict(n);
+                        let s = std::time::Instant::now();
+                        t.record_launch(k, [1, 1, 1], [128, 1, 1], 0, 0, 1, black_box(&five));
+                        launch += s.elapsed();
+                        evict(n);
+                        let s = std::time::Instant::now();
+                        black_box(&five);
+                        alone += s.elapsed();
+                    }
+                    launch.saturating_sub(alone)
+                })
+            },
+        );
+        g.finish();
+    }
+
     // The timeline: one call recorded, from one thread and from two at once.
     let t = Tracer::new(Config::new(Mode::Timeline));
     let f = t.register_functions(&["cudaGetDevice"]);

@@ -5,7 +5,6 @@
 
 use crate::timeline::{AllocRef, Buffer};
 use crate::Direction;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Distinct kernels remembered per allocation (launch counts go on beyond).
@@ -36,8 +35,9 @@ pub struct Record {
     pub bytes_out: u64,
     /// Launches that received a pointer into it.
     pub launches: u64,
-    /// The kernels (ids) that received it, first [`KERNELS_PER_ALLOCATION`] distinct ones.
-    pub kernels: Vec<u32>,
+    /// The kernels (ids) that received it, first [`KERNELS_PER_ALLOCATION`] distinct ones
+    /// (the first few inline: a launch's look at them touches no other memory).
+    pub kernels: smallvec::SmallVec<[u32; 6]>,
     /// Its last use (copy or launch), in ticks; `None` if never used.
     pub last_use: Option<u64>,
 }
@@ -63,9 +63,20 @@ impl Record {
 }
 
 /// Every live allocation's history.
+///
+/// Kept for a launch's lookups to touch little memory (a job's launches find their
+/// allocations between its own work, with the caches cold): the live allocations' ranges in
+/// one sorted array (`index`: base, end and slot, 24 bytes each, binary-searched) and
+/// their records in a slab beside it, instead of a tree whose nodes hold the records (a
+/// lookup there walked several nodes of records: ~3 µs for a launch of 5 pointers among
+/// 300 allocations, cold; `benches/launch.rs`).
 #[derive(Default)]
 pub struct History {
-    live: BTreeMap<u64, Record>,
+    /// (base, end, slot) of every live allocation, by base.
+    index: Vec<(u64, u64, u32)>,
+    /// The records, by slot (`None`: a free slot, listed in `free_slots`).
+    slots: Vec<Option<Record>>,
+    free_slots: Vec<u32>,
     /// The lowest base of the live allocations and an end no live allocation passes (the
     /// highest end since the map was last empty; `(0, 0)`: none): a launch's words outside
     /// it (sizes, counts, flags) are no pointers to look up.
@@ -85,16 +96,30 @@ impl History {
         self.span
     }
 
+    /// The position in `index` of the live allocation with the highest base at or below
+    /// `ptr` (the one that may contain it).
+    fn at_or_below(&self, ptr: u64) -> Option<usize> {
+        self.index
+            .partition_point(|&(b, _, _)| b <= ptr)
+            .checked_sub(1)
+    }
+
     /// The live allocation containing `ptr`.
     pub fn find_mut(&mut self, ptr: u64) -> Option<&mut Record> {
-        let (_, r) = self.live.range_mut(..=ptr).next_back()?;
-        (ptr < r.base.saturating_add(r.size.max(1))).then_some(r)
+        let (_, end, slot) = self.index[self.at_or_below(ptr)?];
+        if ptr >= end {
+            return None;
+        }
+        self.slots[slot as usize].as_mut()
     }
 
     /// The live allocation containing `ptr`.
     pub fn find(&self, ptr: u64) -> Option<&Record> {
-        let (_, r) = self.live.range(..=ptr).next_back()?;
-        (ptr < r.base.saturating_add(r.size.max(1))).then_some(r)
+        let (_, end, slot) = self.index[self.at_or_below(ptr)?];
+        if ptr >= end {
+            return None;
+        }
+        self.slots[slot as usize].as_ref()
     }
 
     /// Records a new allocation; returns its creation order.
@@ -117,55 +142,73 @@ impl History {
             }
         });
         let end = base.saturating_add(size.max(1));
-        let before = self
-            .live
-            .range(..=base)
-            .next_back()
-            .map(|(_, r)| r.base.saturating_add(r.size.max(1)));
-        let after = self
-            .live
-            .range(base.saturating_add(1)..)
-            .next()
-            .map(|(&b, _)| b);
+        let pos = self.index.partition_point(|&(b, _, _)| b <= base);
+        // An allocation at a base already live replaces it (the driver reused the address
+        // without the free being seen).
+        let replaces = pos > 0 && self.index[pos - 1].0 == base;
+        let before = pos
+            .checked_sub(if replaces { 2 } else { 1 })
+            .map(|i| self.index[i].1);
+        let after = self.index.get(pos).map(|&(b, _, _)| b);
         if before.is_some_and(|e| e > base) || after.is_some_and(|b| b < end) {
             self.overlap = true;
         }
-        self.span = if self.live.is_empty() {
+        self.span = if self.index.is_empty() {
             (base, end)
         } else {
             (self.span.0.min(base), self.span.1.max(end))
         };
-        self.live.insert(
+        let record = Record {
+            order,
             base,
-            Record {
-                order,
-                base,
-                size,
-                api,
-                site,
-                created: at,
-                copies_in: 0,
-                bytes_in: 0,
-                copies_out: 0,
-                bytes_out: 0,
-                launches: 0,
-                kernels: Vec::new(),
-                last_use: None,
-            },
-        );
+            size,
+            api,
+            site,
+            created: at,
+            copies_in: 0,
+            bytes_in: 0,
+            copies_out: 0,
+            bytes_out: 0,
+            launches: 0,
+            kernels: smallvec::SmallVec::new(),
+            last_use: None,
+        };
+        if replaces {
+            let slot = self.index[pos - 1].2;
+            self.index[pos - 1].1 = end;
+            self.slots[slot as usize] = Some(record);
+            return order;
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(record);
+                s
+            }
+            None => {
+                self.slots.push(Some(record));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(pos, (base, end, slot));
         order
     }
 
     /// Forgets the allocation at `base`; its (order, size) if it was known.
     pub fn free(&mut self, base: u64, _at: u64) -> Option<(u64, u64)> {
-        let r = self.live.remove(&base)?;
+        let i = self
+            .index
+            .binary_search_by_key(&base, |&(b, _, _)| b)
+            .ok()?;
+        let (_, _, slot) = self.index.remove(i);
+        let r = self.slots[slot as usize].take()?;
+        self.free_slots.push(slot);
         self.freed += 1;
-        match self.live.first_key_value() {
+        match self.index.first() {
             None => {
                 self.span = (0, 0);
                 self.overlap = false;
             }
-            Some((&lo, _)) => self.span.0 = lo,
+            Some(&(lo, _, _)) => self.span.0 = lo,
         }
         Some((r.order, r.size))
     }
@@ -275,7 +318,9 @@ impl History {
 
     /// Live allocations.
     pub fn live(&self) -> impl Iterator<Item = &Record> {
-        self.live.values()
+        self.index
+            .iter()
+            .filter_map(|&(_, _, slot)| self.slots[slot as usize].as_ref())
     }
 
     /// Allocations made over the run.
@@ -290,7 +335,7 @@ impl History {
 
     /// The `n` hottest live allocations: most uses first, then most bytes moved.
     pub fn hottest(&self, n: usize) -> Vec<&Record> {
-        let mut v: Vec<&Record> = self.live.values().filter(|r| r.uses() > 0).collect();
+        let mut v: Vec<&Record> = self.live().filter(|r| r.uses() > 0).collect();
         v.sort_by(|a, b| {
             b.uses()
                 .cmp(&a.uses())
@@ -304,7 +349,7 @@ impl History {
     /// The `n` coldest live allocations: untouched longest first (last use, or creation
     /// if never used), then fewest uses, then largest.
     pub fn coldest(&self, n: usize) -> Vec<&Record> {
-        let mut v: Vec<&Record> = self.live.values().collect();
+        let mut v: Vec<&Record> = self.live().collect();
         v.sort_by(|a, b| {
             a.last_touched()
                 .cmp(&b.last_touched())
@@ -412,7 +457,7 @@ mod tests {
             ),
             (175, 175, 175)
         );
-        assert_eq!(hottest[0].kernels, vec![7]);
+        assert_eq!(hottest[0].kernels.as_slice(), [7]);
         let coldest = h.coldest(25);
         assert_eq!(coldest.iter().map(|r| r.base).collect::<Vec<_>>(), cold);
         assert!(coldest
