@@ -17,10 +17,6 @@ pub const PAUSED: u32 = 2;
 /// assembly fast path of tracing (`shim-build`'s `trace_fast_path`).
 pub const TRACING: u32 = 4;
 
-/// With [`TRACING`]: every traced call goes through Rust ([`crate::tracing::enter`]), as
-/// the timeline needs (`CUDAW_TRACE=timeline`).
-pub const TRACE_IN_RUST: u32 = 8;
-
 /// The gate word the trampolines load. Read by assembly: keep it a plain `u32`-sized atomic.
 pub static GATE: AtomicU32 = AtomicU32::new(UNINITIALISED);
 

@@ -10,9 +10,13 @@
 //! address with its thunk and jumps to the target; the thunk reads the TSC, pops the frame,
 //! adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps back.
 //! With `CUDAW_TRACE_SAMPLE=N`, the fast path times one call in N of each export and only
-//! counts the others (the merge scales the timed calls' ticks up to the count).
-//! Anything else (the timeline, a pause, a thread's first call, a full stack, a frame a
-//! `longjmp` left behind) takes the Rust path: [`enter`] pushes the same frame with
+//! counts the others (the merge scales the timed calls' ticks up to the count). Under the
+//! timeline every call is timed and the thunk also writes `(start, ticks, index)` into the
+//! thread's call buffer ([`Block::events`]); when that is full the call takes the Rust
+//! path, which moves the buffer's calls into the ring in one batch ([`flush_calls`]), and
+//! readers of the timeline add what the buffers hold ([`pending_calls`]).
+//! Anything else (a pause, a thread's first call, a full stack, a frame a `longjmp` left
+//! behind, a full call buffer) takes the Rust path: [`enter`] pushes the same frame with
 //! [`cudaw_trace_return`] as the thunk, which saves the return registers, calls [`exit`]
 //! (time, counters, timeline) and jumps to the saved address. Nested calls (a callback
 //! calling CUDA) stack up; frames a `longjmp` skipped are dropped when a shallower frame
@@ -32,7 +36,7 @@ use cudaw_trace::{Config, Direction, Mode, Tracer};
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
@@ -176,8 +180,9 @@ fn gate_bits(mode: Mode) -> u32 {
     }
     match mode {
         Mode::Off => 0,
-        Mode::Timeline => gate::TRACING | gate::TRACE_IN_RUST,
-        Mode::Metrics => gate::TRACING,
+        // The timeline's calls take the assembly fast path too: its thunk writes each
+        // call's event into the thread's buffer ([`Block::events`]).
+        Mode::Timeline | Mode::Metrics => gate::TRACING,
     }
 }
 
@@ -281,6 +286,15 @@ pub(crate) struct Block {
     /// `CUDAW_TRACE_SAMPLE` - 1: the fast path times a call when its export's count so far
     /// has none of these bits.
     mask: u64,
+    /// The timeline's call buffer: where the fast thunk writes the next call's event (null
+    /// with `metrics`). Only this thread writes it (plain stores from the assembly); a
+    /// reader of the timeline loads it under the ring's lock ([`pending_calls`]).
+    events: AtomicPtr<CallEvent>,
+    /// The buffer's soft end ([`EVENTS`] events in; `usize::MAX` without a buffer): a
+    /// timed call that finds `events` there takes the Rust path, which empties it.
+    events_end: *mut CallEvent,
+    /// The buffer's first event (null with `metrics`).
+    events_base: *mut CallEvent,
     /// The thread's counters.
     counters: &'static cudaw_trace::counters::ThreadCounters,
     /// `frames[0]` is a sentinel (slot `usize::MAX`: never stale, never matched).
@@ -295,9 +309,29 @@ const _: () = {
     assert!(std::mem::offset_of!(Block, limit) == 8);
     assert!(std::mem::offset_of!(Block, calls) == 16);
     assert!(std::mem::offset_of!(Block, mask) == 24);
+    assert!(std::mem::offset_of!(Block, events) == 32);
+    assert!(std::mem::offset_of!(Block, events_end) == 40);
+    assert!(std::mem::size_of::<CallEvent>() == 24);
     assert!(std::mem::size_of::<Frame>() == 32);
     assert!(std::mem::size_of::<cudaw_trace::counters::CallSlot>() == 32);
 };
+
+/// One call the fast thunk wrote into a thread's timeline buffer (`shim-build`'s
+/// `TRACE_EVENT` layout).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct CallEvent {
+    start: u64,
+    ticks: u64,
+    /// The export's index in `ALL_NAMES`.
+    index: u64,
+}
+
+/// Calls a thread's timeline buffer holds before they go to the ring (under its lock, all
+/// at once), and the room past that for the calls on the shadow stack, whose thunks write
+/// without looking.
+const EVENTS: usize = 1024;
+const EVENTS_ROOM: usize = EVENTS + DEPTH + 1;
 
 const EMPTY: Frame = Frame {
     slot: 0,
@@ -339,11 +373,38 @@ fn block() -> Option<*mut Block> {
     let calls = slots.as_ptr();
     let mut frames = [EMPTY; DEPTH + 1];
     frames[0].slot = usize::MAX;
+    // The timeline: every call timed, its event written by the fast thunk into the
+    // thread's buffer (leaked with the block).
+    let (mask, events_base, events_end) = if t.timeline() {
+        let buf: &'static mut [CallEvent] = Box::leak(
+            vec![
+                CallEvent {
+                    start: 0,
+                    ticks: 0,
+                    index: 0
+                };
+                EVENTS_ROOM
+            ]
+            .into_boxed_slice(),
+        );
+        let base = buf.as_mut_ptr();
+        // SAFETY: EVENTS < EVENTS_ROOM: inside the buffer.
+        (0, base, unsafe { base.add(EVENTS) })
+    } else {
+        (
+            crate::config::get().trace_sample.max(1) as u64 - 1,
+            std::ptr::null_mut(),
+            usize::MAX as *mut CallEvent,
+        )
+    };
     let b = Box::into_raw(Box::new(Block {
         top: std::ptr::null_mut(),
         limit: std::ptr::null_mut(),
         calls,
-        mask: crate::config::get().trace_sample.max(1) as u64 - 1,
+        mask,
+        events: AtomicPtr::new(events_base),
+        events_end,
+        events_base,
         counters,
         frames,
         rust_enters: std::sync::atomic::AtomicU64::new(0),
@@ -360,6 +421,67 @@ fn block() -> Option<*mut Block> {
     Some(b)
 }
 
+/// Moves the calls the fast thunk wrote into the thread's timeline buffer (`b`, the calling
+/// thread's block) to the ring, under its lock, and empties the buffer.
+fn flush_calls(b: &Block) {
+    let base = b.events_base;
+    if base.is_null() {
+        return;
+    }
+    let Some(t) = tracer() else { return };
+    if b.events.load(Ordering::Relaxed) == base {
+        return;
+    }
+    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
+    let tid = b.counters.tid;
+    t.push_batch(|push| {
+        let end = b.events.load(Ordering::Relaxed);
+        // SAFETY: the thunks wrote `[base, end)` (this thread's, and only it writes more).
+        let n = unsafe { end.offset_from(base) }.max(0) as usize;
+        // SAFETY: `n` events written, inside the buffer.
+        for e in unsafe { std::slice::from_raw_parts(base, n) } {
+            push(cudaw_trace::timeline::Event::Call {
+                f: fbase + e.index as u32,
+                tid,
+                start: e.start,
+                end: e.start.wrapping_add(e.ticks),
+            });
+        }
+        b.events.store(base, Ordering::Relaxed);
+    });
+}
+
+/// The calls every thread's timeline buffer holds, not yet in the ring: run under the
+/// ring's lock ([`cudaw_trace::Tracer::write_timeline_with`]), so no thread empties its
+/// buffer meanwhile (emptying takes that lock); the events up to each cursor read are
+/// complete (x86 stores are seen in order).
+fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
+    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
+    let mut out = Vec::new();
+    for &b in BLOCKS.lock().iter() {
+        // SAFETY: blocks are leaked when made, never freed.
+        let b = unsafe { &*(b as *const Block) };
+        let base = b.events_base;
+        if base.is_null() {
+            continue;
+        }
+        let end = b.events.load(Ordering::Acquire);
+        // SAFETY: `[base, end)` was written by the block's thread before it stored `end`.
+        let n = unsafe { end.offset_from(base) }.max(0) as usize;
+        // SAFETY: `n` events written, inside the buffer; the owner writes only past `end`
+        // until it empties the buffer, which waits for the ring's lock we hold.
+        for e in unsafe { std::slice::from_raw_parts(base, n) } {
+            out.push(cudaw_trace::timeline::Event::Call {
+                f: fbase + e.index as u32,
+                tid: b.counters.tid,
+                start: e.start,
+                end: e.start.wrapping_add(e.ticks),
+            });
+        }
+    }
+    out
+}
+
 /// The calling thread's block, if it has one.
 fn existing_block() -> Option<*mut Block> {
     // SAFETY: the thread's own TLS word.
@@ -370,11 +492,10 @@ fn existing_block() -> Option<*mut Block> {
 /// Every thread's block (addresses; blocks are never freed).
 static BLOCKS: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
 
-/// Calls timed on the Rust path rather than the assembly fast path (the timeline, a pause,
-/// a thread's first call, a full shadow stack), summed over the threads: the summary at exit
-/// reports them, and the tests check the fast path took the rest. Each thread counts its
-/// own in its block (under the timeline every call comes this way: a shared counter was a
-/// locked add on one cache line from every thread).
+/// Calls timed on the Rust path rather than the assembly fast path (a pause, a thread's
+/// first call, a full shadow stack or call buffer), summed over the threads: the summary
+/// at exit reports them, and the tests check the fast path took the rest. Each thread
+/// counts its own in its block with a plain add.
 fn rust_enters() -> u64 {
     BLOCKS
         .lock()
@@ -395,6 +516,8 @@ fn rust_enters() -> u64 {
 /// thread (the word the `call` instruction pushed).
 pub unsafe fn enter(index: u32, slot: *mut usize) {
     let Some(b) = block() else { return };
+    // SAFETY: this thread's block (leaked, never freed).
+    unsafe { flush_calls(&*b) };
     // SAFETY: this thread's block; only this thread writes its count.
     let n = unsafe { &(*b).rust_enters };
     n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -779,7 +902,8 @@ pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
     let result = (|| -> std::io::Result<u64> {
         let f = std::fs::File::create(&tmp)?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        let n = t.write_timeline(&mut w, std::process::id(), &process_name())?;
+        let n =
+            t.write_timeline_with(&mut w, std::process::id(), &process_name(), pending_calls)?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -941,8 +1065,21 @@ mod tests {
         run_child("16");
     }
 
+    /// Under the timeline the fast path writes every call into its thread's buffer: the
+    /// timeline written at the end holds exactly the calls counted, batches moved into the
+    /// ring and those still in the buffers alike.
+    #[test]
+    fn timeline_fast_path_records_every_call() {
+        run_child_in("timeline", "1");
+    }
+
     /// Runs [`child`] with `CUDAW_TRACE_SAMPLE=sample`.
     fn run_child(sample: &str) {
+        run_child_in("metrics", sample);
+    }
+
+    /// Runs [`child`] with `CUDAW_TRACE=mode` and `CUDAW_TRACE_SAMPLE=sample`.
+    fn run_child_in(mode: &str, sample: &str) {
         if std::env::var_os(CHILD).is_some() {
             return;
         }
@@ -954,7 +1091,7 @@ mod tests {
                 "--nocapture",
             ])
             .env(CHILD, "1")
-            .env("CUDAW_TRACE", "metrics")
+            .env("CUDAW_TRACE", mode)
             .env("CUDAW_TRACE_SAMPLE", sample)
             .env("CUDAW_LOG", "error")
             .output()
@@ -1057,11 +1194,50 @@ mod tests {
         // allows, so the calls past the stack's depth reach Rust less often.
         let slow = super::rust_enters();
         let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
-        if crate::config::get().trace_sample == 1 {
+        if super::mode() == cudaw_trace::Mode::Timeline {
+            // Every call timed, none sampled out; a full call buffer sends one call of
+            // each 1025 to Rust, which empties it.
+            let timed: u64 = stats.calls.iter().map(|c| c.count).sum();
+            let most = 2 * THREADS + deep + timed / super::EVENTS as u64 + THREADS;
+            assert!(
+                (2 * THREADS + deep..=most).contains(&slow),
+                "calls timed in Rust: {slow}, expected at most {most}"
+            );
+            check_timeline(&stats);
+        } else if crate::config::get().trace_sample == 1 {
             assert_eq!(slow, 2 * THREADS + deep, "calls timed in Rust");
         } else {
             assert!(slow <= 2 * THREADS + deep, "calls timed in Rust: {slow}");
         }
         println!("child checked: {outer:?} {inner:?} ({slow} calls timed in Rust)");
+    }
+
+    /// The timeline written now holds one call event per call counted, with sane times.
+    fn check_timeline(stats: &cudaw_trace::Stats) {
+        let path =
+            std::env::temp_dir().join(format!("cudaw-tracing-test-{}.json", std::process::id()));
+        let written = super::write_timeline(&path).expect("writing the timeline");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut by_name = std::collections::HashMap::<String, u64>::new();
+        for e in json["traceEvents"].as_array().unwrap() {
+            if e["cat"] == "call" {
+                assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}");
+                *by_name
+                    .entry(e["name"].as_str().unwrap().to_owned())
+                    .or_default() += 1;
+            }
+        }
+        for c in &stats.calls {
+            assert_eq!(
+                by_name.get(&c.name).copied().unwrap_or(0),
+                c.count,
+                "{}: call events in the timeline ({} events, {} dropped)",
+                c.name,
+                written.events,
+                written.dropped
+            );
+        }
     }
 }

@@ -409,6 +409,17 @@ pub const TRACE_CALLS: usize = 16;
 /// Offset of the sampling mask: a call is timed when its export's count so far has none
 /// of these bits (0: every call).
 pub const TRACE_MASK: usize = 24;
+/// Offset of the thread's timeline call buffer cursor: where the next call event goes (0:
+/// none, with `metrics`). Each timed call that returns through the fast thunk writes one
+/// [`TRACE_EVENT`]-byte event there, `(start ticks, duration ticks, export index)`, and
+/// advances it.
+pub const TRACE_EVENTS: usize = 32;
+/// Offset of the buffer's soft end: a call that finds the cursor at or past it takes the
+/// slow path (whose Rust side empties the buffer). The buffer has room past it for the
+/// calls already on the shadow stack (at most its depth), whose thunks write unchecked.
+pub const TRACE_EVENTS_END: usize = 40;
+/// Size of one timeline call event.
+pub const TRACE_EVENT: usize = 24;
 /// Bit of an export's `timed` counter that makes the fast path time every call of it,
 /// whatever the sampling mask (for calls whose caller the host library must know: an
 /// allocation's creation site is the return address on the shadow stack).
@@ -434,12 +445,15 @@ pub const TRACE_FRAME: usize = 32;
 /// - `PREFIX_trace_return`, the thunk a fast-timed call returns into: `rdtsc`, pops the
 ///   top frame (when it is this call's, else `{slow_return}`, the library's own thunk, with
 ///   the return registers untouched), adds 1, the ticks, and the max into the thread's
-///   counters (plain adds: only the thread writes them) and jumps to the saved return
-///   address, `%rax`/`%rdx` (and every vector register) as the call left them.
+///   counters (plain adds: only the thread writes them), with a timeline call buffer
+///   ([`TRACE_EVENTS`]) appends the call's event to it, and jumps to the saved return
+///   address, `%rax`/`%rdx` (and every vector register) as the call left them. A timed
+///   call that finds the buffer at its soft end ([`TRACE_EVENTS_END`]) goes to `{full}`.
 /// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's word.
 ///
-/// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`], [`TRACE_MASK`]; the
-/// frame below
+/// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`], [`TRACE_MASK`],
+/// [`TRACE_EVENTS`], [`TRACE_EVENTS_END`] (without a buffer: 0 and `u64::MAX`); the frame
+/// below
 /// the first has the slot `u64::MAX`, so that an empty stack needs no test.
 pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     let p = prefix;
@@ -477,7 +491,10 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     jz 5f
     btq $63, 24(%rax)
     jnc 3f
-5:  movq {TRACE_TOP}(%rcx), %rdx
+5:  movq {TRACE_EVENTS}(%rcx), %rax
+    cmpq {TRACE_EVENTS_END}(%rcx), %rax
+    jae 1f
+    movq {TRACE_TOP}(%rcx), %rdx
     cmpq {TRACE_LIMIT}(%rcx), %rdx
     jae 1f
     leaq 24(%rsp), %rax
@@ -531,8 +548,10 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     leaq -8(%rsp), %rsi
     cmpq %rsi, -{f}(%rdx)
     jne 1f
-    subq -8(%rdx), %rax
+    movq -8(%rdx), %r11
+    subq %r11, %rax
     movq -16(%rdx), %rsi
+    movq %rsi, %r10
     movq -24(%rdx), %rdi
     leaq -{f}(%rdx), %rdx
     movq %rdx, {TRACE_TOP}(%rcx)
@@ -544,7 +563,15 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     cmpq %rax, 16(%rsi)
     jae 2f
     movq %rax, 16(%rsi)
-2:  movq %r8, %rax
+2:  movq {TRACE_EVENTS}(%rcx), %rdx
+    testq %rdx, %rdx
+    jz 4f
+    movq %r11, (%rdx)
+    movq %rax, 8(%rdx)
+    movq %r10, 16(%rdx)
+    addq ${TRACE_EVENT}, %rdx
+    movq %rdx, {TRACE_EVENTS}(%rcx)
+4:  movq %r8, %rax
     movq %r9, %rdx
     jmp *%rdi
 1:  movq %r8, %rax

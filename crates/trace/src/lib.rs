@@ -491,6 +491,15 @@ impl Tracer {
         }
     }
 
+    /// Runs `f` under the timeline ring's lock with a function that adds an event to it
+    /// (nothing without a timeline): a thread's buffered calls go in at once.
+    pub fn push_batch(&self, f: impl FnOnce(&mut dyn FnMut(Event))) {
+        if let Some(r) = &self.ring {
+            let mut g = r.lock();
+            f(&mut |e| g.push(e));
+        }
+    }
+
     /// One call of function `f` (see [`Tracer::register_functions`]) from tick `start` to
     /// tick `end`.
     #[inline]
@@ -778,11 +787,34 @@ impl Tracer {
         pid: u32,
         process: &str,
     ) -> std::io::Result<u64> {
-        let events: Vec<Event> = match &self.ring {
-            Some(r) => r.lock().to_vec(),
-            None => Vec::new(),
+        self.write_timeline_with(w, pid, process, Vec::new)
+    }
+
+    /// [`Tracer::write_timeline`], with the events `pending` returns (called under the
+    /// ring's lock) after the ring's: those a host library keeps elsewhere until it adds
+    /// them in a batch ([`Tracer::push_batch`], which waits for that lock).
+    pub fn write_timeline_with(
+        &self,
+        w: &mut dyn std::io::Write,
+        pid: u32,
+        process: &str,
+        pending: impl FnOnce() -> Vec<Event>,
+    ) -> std::io::Result<u64> {
+        let (mut events, pending, capacity, mut dropped) = match &self.ring {
+            Some(r) => {
+                let g = r.lock();
+                (g.to_vec(), pending(), g.capacity(), g.dropped())
+            }
+            None => (Vec::new(), Vec::new(), 0, 0),
         };
-        let dropped = self.ring.as_ref().map_or(0, |r| r.lock().dropped());
+        if !pending.is_empty() {
+            // In time order, and no more than the ring holds: the oldest go first.
+            events.extend(pending);
+            events.sort_by_key(Event::start);
+            let over = events.len().saturating_sub(capacity);
+            events.drain(..over);
+            dropped += over as u64;
+        }
         let threads: Vec<(u32, Option<String>)> = self
             .threads
             .lock()

@@ -77,6 +77,20 @@ pub enum Event {
     Pause(Box<PauseEvent>),
 }
 
+impl Event {
+    /// The tick it started at (an allocation's, a free's: when it happened).
+    pub fn start(&self) -> u64 {
+        match self {
+            Event::Call { start, .. } => *start,
+            Event::Launch(l) => l.start,
+            Event::Copy(c) => c.start,
+            Event::Alloc(a) => a.at,
+            Event::Free(f) => f.at,
+            Event::Pause(p) => p.start,
+        }
+    }
+}
+
 /// A copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopyEvent {
