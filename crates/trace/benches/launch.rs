@@ -104,5 +104,25 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Writing the timeline (at exit, or `cudaw-ckpt trace`): 100000 calls, the bulk of a
+/// real job's events.
+fn write(c: &mut Criterion) {
+    let t = Tracer::new(Config::new(Mode::Timeline));
+    let f = t.register_functions(&["cudaGetDevice", "cudaStreamIsCapturing"]);
+    for i in 0..100_000u64 {
+        t.record_call(f + (i % 2) as u32, i * 100, i * 100 + 40);
+    }
+    let mut g = c.benchmark_group("write_timeline");
+    g.sample_size(10);
+    g.bench_function("100000 calls", |b| {
+        let mut out = Vec::with_capacity(16 << 20);
+        b.iter(|| {
+            out.clear();
+            t.write_timeline(&mut out, 1, "bench").unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, write);
 criterion_main!(benches);

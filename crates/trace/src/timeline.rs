@@ -231,6 +231,16 @@ pub struct Context<'a> {
     pub dropped: u64,
 }
 
+/// A number as JSON: the shortest form that reads back the same, `null` when not finite
+/// (as `serde_json` writes it).
+fn write_f64(w: &mut dyn Write, v: f64) -> std::io::Result<()> {
+    if v.is_finite() {
+        write!(w, "{v}")
+    } else {
+        w.write_all(b"null")
+    }
+}
+
 fn hex(v: u64) -> String {
     format!("{v:#x}")
 }
@@ -276,13 +286,29 @@ pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> st
             json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}),
         )?;
     }
+    // Calls are most of a timeline: written straight, their names escaped once.
+    let names: Vec<String> = cx
+        .functions
+        .iter()
+        .map(|n| serde_json::to_string(n).unwrap_or_else(|_| "\"?\"".into()))
+        .collect();
     for e in events {
         let v = match e {
-            Event::Call { f, tid, start, end } => json!({
-                "name": cx.functions.get(*f as usize).copied().unwrap_or("?"),
-                "cat": "call", "ph": "X", "pid": pid, "tid": tid,
-                "ts": us(*start), "dur": dur(*start, *end),
-            }),
+            Event::Call { f, tid, start, end } => {
+                // After the process's metadata event: never the first.
+                w.write_all(b",\n")?;
+                let name = names.get(*f as usize).map_or("\"?\"", String::as_str);
+                write!(
+                    w,
+                    "{{\"name\":{name},\"cat\":\"call\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":"
+                )?;
+                write_f64(w, us(*start))?;
+                w.write_all(b",\"dur\":")?;
+                write_f64(w, dur(*start, *end))?;
+                w.write_all(b"}")?;
+                n += 1;
+                continue;
+            }
             Event::Launch(l) => {
                 let mangled = cx
                     .kernels
@@ -341,6 +367,66 @@ pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Calls, written without `serde_json`'s tree, read back as the same JSON values: the
+    /// name escaped, the times as numbers.
+    #[test]
+    fn calls_are_written_as_json() {
+        let clock = crate::Clock::new(None);
+        let start = clock.start();
+        let cx = Context {
+            pid: 42,
+            process: "p",
+            clock: &clock,
+            rate: 1.0,
+            functions: &["cudaGetDevice", "odd \"name\"\n"],
+            kernels: &[],
+            threads: &[(3, Some("main".into()))],
+            dropped: 0,
+        };
+        let events = [
+            Event::Call {
+                f: 0,
+                tid: 3,
+                start: start + 1500,
+                end: start + 4250,
+            },
+            Event::Call {
+                f: 1,
+                tid: 3,
+                start,
+                end: start,
+            },
+            Event::Call {
+                f: 9,
+                tid: 4,
+                start: start + 7,
+                end: start + 8,
+            },
+        ];
+        let mut out = Vec::new();
+        assert_eq!(write_chrome(&mut out, &cx, &events).unwrap(), 3);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let calls: Vec<&Value> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "call")
+            .collect();
+        assert_eq!(
+            *calls[0],
+            json!({"name": "cudaGetDevice", "cat": "call", "ph": "X", "pid": 42, "tid": 3,
+                   "ts": 1.5, "dur": 2.75})
+        );
+        assert_eq!(calls[1]["name"], "odd \"name\"\n");
+        assert_eq!(
+            (calls[1]["ts"].as_f64(), calls[1]["dur"].as_f64()),
+            (Some(0.0), Some(0.0))
+        );
+        assert_eq!(calls[2]["name"], "?");
+        assert_eq!(calls[2]["dur"].as_f64(), Some(0.001));
+        assert_eq!(v["otherData"]["events"], 3);
+    }
 
     #[test]
     fn the_ring_drops_its_oldest() {
