@@ -432,23 +432,39 @@ fn flush_calls(b: &Block) {
     if b.events.load(Ordering::Relaxed) == base {
         return;
     }
-    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
-    let tid = b.counters.tid;
     t.push_batch(|push| {
-        let end = b.events.load(Ordering::Relaxed);
-        // SAFETY: the thunks wrote `[base, end)` (this thread's, and only it writes more).
-        let n = unsafe { end.offset_from(base) }.max(0) as usize;
-        // SAFETY: `n` events written, inside the buffer.
-        for e in unsafe { std::slice::from_raw_parts(base, n) } {
-            push(cudaw_trace::timeline::Event::Call {
-                f: fbase + e.index as u32,
-                tid,
-                start: e.start,
-                end: e.start.wrapping_add(e.ticks),
-            });
-        }
+        // SAFETY: the calling thread's own buffer: nothing else writes it meanwhile.
+        unsafe { buffered_calls(b, push) };
         b.events.store(base, Ordering::Relaxed);
     });
+}
+
+/// Hands `each` the calls block `b`'s timeline buffer holds, as timeline events.
+///
+/// # Safety
+/// Nobody empties the buffer meanwhile: the caller is its thread, or holds the ring's lock
+/// (which emptying takes). Its thread may go on writing past the cursor read here.
+unsafe fn buffered_calls(b: &Block, each: &mut dyn FnMut(cudaw_trace::timeline::Event)) {
+    let base = b.events_base;
+    if base.is_null() {
+        return;
+    }
+    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
+    // The thread wrote every event below the cursor before it stored the cursor (x86
+    // stores are seen in order).
+    let end = b.events.load(Ordering::Acquire);
+    // SAFETY: the cursor stays within the buffer, at or past its base.
+    let n = unsafe { end.offset_from(base) }.max(0) as usize;
+    // SAFETY: `n` events written, inside the buffer, not rewritten meanwhile (caller's
+    // contract).
+    for e in unsafe { std::slice::from_raw_parts(base, n) } {
+        each(cudaw_trace::timeline::Event::Call {
+            f: fbase + e.index as u32,
+            tid: b.counters.tid,
+            start: e.start,
+            end: e.start.wrapping_add(e.ticks),
+        });
+    }
 }
 
 /// The calls every thread's timeline buffer holds, not yet in the ring: run under the
@@ -456,28 +472,11 @@ fn flush_calls(b: &Block) {
 /// buffer meanwhile (emptying takes that lock); the events up to each cursor read are
 /// complete (x86 stores are seen in order).
 fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
-    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
     let mut out = Vec::new();
     for &b in BLOCKS.lock().iter() {
-        // SAFETY: blocks are leaked when made, never freed.
-        let b = unsafe { &*(b as *const Block) };
-        let base = b.events_base;
-        if base.is_null() {
-            continue;
-        }
-        let end = b.events.load(Ordering::Acquire);
-        // SAFETY: `[base, end)` was written by the block's thread before it stored `end`.
-        let n = unsafe { end.offset_from(base) }.max(0) as usize;
-        // SAFETY: `n` events written, inside the buffer; the owner writes only past `end`
-        // until it empties the buffer, which waits for the ring's lock we hold.
-        for e in unsafe { std::slice::from_raw_parts(base, n) } {
-            out.push(cudaw_trace::timeline::Event::Call {
-                f: fbase + e.index as u32,
-                tid: b.counters.tid,
-                start: e.start,
-                end: e.start.wrapping_add(e.ticks),
-            });
-        }
+        // SAFETY: blocks are leaked when made, never freed; we run under the ring's lock,
+        // which a thread takes to empty its buffer.
+        unsafe { buffered_calls(&*(b as *const Block), &mut |e| out.push(e)) };
     }
     out
 }

@@ -1429,8 +1429,9 @@ impl<B: Backend> Vmm<B> {
     /// loads `ranges` in batches of about [`LOAD_BATCH`] bytes, each batch once the chunks
     /// it needs (`needs[i]`: how many of `create` range `i` waits for) are mapped: the
     /// driver's create/map work overlaps the copies. A batch takes in every later range
-    /// whose chunks are mapped by then (creating is fast on a GPU, so usually the rest). Returns the physical memory made (to
-    /// undo on failure) and the outcome; on failure the helper stops early.
+    /// whose chunks are mapped by then (creating is fast on a GPU, so usually the rest).
+    /// Returns the physical memory made (to undo on failure) and the outcome; on failure
+    /// the helper stops early.
     fn create_and_load<S: Staging<B> + ?Sized>(
         &self,
         create: &[(usize, u64, u64)],

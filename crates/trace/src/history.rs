@@ -96,30 +96,26 @@ impl History {
         self.span
     }
 
-    /// The position in `index` of the live allocation with the highest base at or below
-    /// `ptr` (the one that may contain it).
-    fn at_or_below(&self, ptr: u64) -> Option<usize> {
-        self.index
+    /// The slot of the live allocation containing `ptr`: the one with the highest base at
+    /// or below it, if `ptr` is before its end.
+    fn slot_of(&self, ptr: u64) -> Option<usize> {
+        let at = self
+            .index
             .partition_point(|&(b, _, _)| b <= ptr)
-            .checked_sub(1)
+            .checked_sub(1)?;
+        let (_, end, slot) = self.index[at];
+        (ptr < end).then_some(slot as usize)
     }
 
     /// The live allocation containing `ptr`.
     pub fn find_mut(&mut self, ptr: u64) -> Option<&mut Record> {
-        let (_, end, slot) = self.index[self.at_or_below(ptr)?];
-        if ptr >= end {
-            return None;
-        }
-        self.slots[slot as usize].as_mut()
+        let slot = self.slot_of(ptr)?;
+        self.slots[slot].as_mut()
     }
 
     /// The live allocation containing `ptr`.
     pub fn find(&self, ptr: u64) -> Option<&Record> {
-        let (_, end, slot) = self.index[self.at_or_below(ptr)?];
-        if ptr >= end {
-            return None;
-        }
-        self.slots[slot as usize].as_ref()
+        self.slots[self.slot_of(ptr)?].as_ref()
     }
 
     /// Records a new allocation; returns its creation order.
