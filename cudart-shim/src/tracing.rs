@@ -1082,6 +1082,10 @@ mod tests {
         if std::env::var_os(CHILD).is_some() {
             return;
         }
+        let at_exit = std::env::temp_dir().join(format!(
+            "cudaw-tracing-test-{}-{mode}-{sample}.trace.json",
+            std::process::id()
+        ));
         let out = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
@@ -1091,6 +1095,8 @@ mod tests {
             ])
             .env(CHILD, "1")
             .env("CUDAW_TRACE", mode)
+            // The timeline written at exit goes to a temporary file, not the crate's folder.
+            .env("CUDAW_TRACE_FILE", &at_exit)
             .env("CUDAW_TRACE_SAMPLE", sample)
             .env("CUDAW_LOG", "error")
             .output()
@@ -1100,6 +1106,7 @@ mod tests {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        let _ = std::fs::remove_file(&at_exit);
         assert!(out.status.success(), "the child failed:\n{text}");
         assert!(
             text.contains("child checked"),
