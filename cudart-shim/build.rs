@@ -57,8 +57,22 @@ fn main() {
     let all: Vec<String> = all.into_iter().collect();
     let exported = read_list(&exports_dir.join(sel_file));
 
+    // The exports whose arguments all travel in registers (scripts/gen-register-args.py):
+    // the tracing fast path calls them from its own frame (shim-build's TRACE_DIRECT).
+    let register_args: BTreeSet<String> = read_list(&exports_dir.join("register-args.txt"))
+        .into_iter()
+        .collect();
+    let direct: Vec<String> = all
+        .iter()
+        .filter(|n| register_args.contains(*n))
+        .map(|n| format!("idx::{n}"))
+        .collect();
     let extra = format!(
-        "/// The SONAME (and version node) of this build.\npub const SONAME: &str = {soname:?};\n"
+        "/// The SONAME (and version node) of this build.\npub const SONAME: &str = {soname:?};\n\
+         /// The exports whose arguments all travel in registers (`exports/register-args.txt`).\n\
+         pub const REGISTER_ARGS: [usize; {}] = [{}];\n",
+        direct.len(),
+        direct.join(", ")
     );
     fs::write(
         out.join("names.rs"),

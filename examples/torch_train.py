@@ -60,6 +60,9 @@ def main():
                    help="--trace-ab: leave Python's garbage collector on while timing (by default it is "
                         "off then: a collection landing in one block of the pair moves its ratio by "
                         "several percent)")
+    p.add_argument("--ab-raw", help="--trace-ab: also write every block's figures here, one JSON "
+                   "object a line (round, on, wall and process CPU ms a step, CLOCK_MONOTONIC at "
+                   "its start and end: perf record -k CLOCK_MONOTONIC samples split by block)")
     p.add_argument("--hold-gib", type=float, default=0,
                    help="also hold a buffer of this many GiB (a known pattern, checked at the end)")
     p.add_argument("--pid-file", help="write this process's PID here once training starts")
@@ -176,7 +179,8 @@ def trace_ab(args, step):
         gc.disable()
     per = max(1, args.block)
     rounds = max(1, args.steps // (2 * per))
-    ratios, ms = [], {0: [], 1: []}
+    ratios, ms, cpu = [], {0: [], 1: []}, {0: [], 1: []}
+    raw = open(args.ab_raw, "w") if args.ab_raw else None
     n = 0
     for r in range(rounds):
         t = {}
@@ -184,18 +188,26 @@ def trace_ab(args, step):
             on = (r + k) % 2
             sw(on)
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            m0, c0, t0 = time.monotonic(), time.process_time(), time.perf_counter()
             for i in range(per):
                 step(n)
                 n += 1
             torch.cuda.synchronize()
             t[on] = (time.perf_counter() - t0) * 1000 / per
+            c = (time.process_time() - c0) * 1000 / per
             ms[on].append(t[on])
+            cpu[on].append(c)
+            if raw:
+                raw.write(f'{{"round": {r}, "on": {on}, "wall_ms": {t[on]:.5f}, "cpu_ms": {c:.5f}, '
+                          f'"monotonic": [{m0:.6f}, {time.monotonic():.6f}]}}\n')
         ratios.append(t[1] / t[0])
     sw(1)
+    if raw:
+        raw.close()
     total = sum(ms[1]) / sum(ms[0])
+    cpu_ratio = statistics.median(a / b for a, b in zip(cpu[1], cpu[0]))
     print(f"trace_ab ratio={statistics.median(ratios):.4f} on_ms={statistics.median(ms[1]):.4f} "
-          f"off_ms={statistics.median(ms[0]):.4f} total_ratio={total:.4f} rounds={rounds} steps_per_block={per} "
+          f"off_ms={statistics.median(ms[0]):.4f} total_ratio={total:.4f} cpu_ratio={cpu_ratio:.4f} rounds={rounds} steps_per_block={per} "
           f"ratios_p25={statistics.quantiles(ratios, n=4)[0] if rounds > 1 else ratios[0]:.4f} "
           f"ratios_p75={statistics.quantiles(ratios, n=4)[2] if rounds > 1 else ratios[0]:.4f}")
 

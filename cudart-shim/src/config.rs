@@ -97,6 +97,10 @@ pub struct Config {
     /// timed nor put in the timeline — launches, copies, allocations and the memory history
     /// still are — and every export keeps its untraced trampoline path).
     pub trace_calls: bool,
+    /// `CUDAW_TRACE_DIRECT` (default on; `off`: a timed call always has its return address
+    /// swapped for the fast path's thunk, even where its arguments all travel in registers
+    /// and the fast path could call it from its own frame).
+    pub trace_direct: bool,
     /// `CUDAW_DIRECT_LAUNCHES` (default on; `off` keeps the runtime layer's thin wrapper on
     /// the launch exports even where the driver layer marks the launches:
     /// [`crate::launch_bypass`]).
@@ -232,6 +236,7 @@ impl Config {
             trace_sample,
             trace_buffer_sample,
             trace_calls: switch("CUDAW_TRACE_CALLS"),
+            trace_direct: switch("CUDAW_TRACE_DIRECT"),
             direct_launches: switch("CUDAW_DIRECT_LAUNCHES"),
             warnings,
         }

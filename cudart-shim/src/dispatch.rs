@@ -44,6 +44,7 @@ std::arch::global_asm!(
     table = sym TABLE,
     full = sym cudaw_slow_entry,
     slow_return = sym crate::tracing::cudaw_trace_return,
+    direct_full = sym crate::tracing::direct_full,
     options(att_syntax)
 );
 

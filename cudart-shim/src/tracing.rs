@@ -370,6 +370,15 @@ fn block() -> Option<*mut Block> {
             s.time_always();
         }
     }
+    // Exports whose arguments all travel in registers are called from the fast path's
+    // own frame (their returns stay predicted), allocations excepted.
+    if crate::config::get().trace_direct {
+        for i in crate::dispatch::REGISTER_ARGS {
+            if let (Some(s), false) = (slots.get(i), ALWAYS_TIMED.contains(&i)) {
+                s.call_direct();
+            }
+        }
+    }
     let calls = slots.as_ptr();
     let mut frames = [EMPTY; DEPTH + 1];
     frames[0].slot = usize::MAX;
@@ -438,6 +447,34 @@ fn flush_calls(b: &Block) {
         b.events.store(base, Ordering::Relaxed);
     });
 }
+
+/// A call the fast path made from its own frame (`shim-build`'s `TRACE_DIRECT`) that
+/// returned to a full timeline buffer (calls nested in it filled it): the buffer goes to
+/// the ring, then this call's event. Its counters are already updated.
+pub(crate) extern "C" fn direct_full(index: u64, start: u64, ticks: u64) {
+    DIRECT_FULL.fetch_add(1, Ordering::Relaxed);
+    crate::boundary::guard("tracing a call", (), || {
+        let Some(b) = existing_block() else { return };
+        // SAFETY: blocks are leaked when made, never freed; this is the calling thread's.
+        let b = unsafe { &*b };
+        flush_calls(b);
+        if let Some(t) = tracer() {
+            let f = FUNCTION_BASE.load(Ordering::Relaxed) + index as u32;
+            let tid = b.counters.tid;
+            t.push_batch(|push| {
+                push(cudaw_trace::timeline::Event::Call {
+                    f,
+                    tid,
+                    start,
+                    end: start.wrapping_add(ticks),
+                })
+            });
+        }
+    })
+}
+
+/// Calls [`direct_full`] recorded (tests read it).
+static DIRECT_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Hands `each` the calls block `b`'s timeline buffer holds, as timeline events.
 ///
@@ -1011,10 +1048,13 @@ mod tests {
     extern "C" {
         fn cudaPeekAtLastError() -> u32;
         fn cudaGetLastError() -> u32;
-        fn cudaGetDevice(depth: *mut i32) -> u32;
+        /// Not in `REGISTER_ARGS` (it returns a string): timed through the shadow stack.
+        fn cudaGetErrorString(depth: *mut i32) -> u32;
         fn cudaMemsetAsync(p: usize, v: i32, n: usize, s: usize) -> u32;
         fn cudaEventElapsedTime(a: u64, b: u64) -> Pair;
         fn cudaEventQuery(x: f64, y: f64, k: i32) -> f64;
+        fn cudaEventSynchronize() -> u32;
+        fn cudaStreamQuery() -> u32;
     }
 
     /// Spins for SPIN, then makes two nested calls.
@@ -1035,7 +1075,7 @@ mod tests {
         unsafe {
             *depth -= 1;
             if *depth > 0 {
-                cudaGetDevice(depth)
+                cudaGetErrorString(depth)
             } else {
                 0
             }
@@ -1047,6 +1087,21 @@ mod tests {
         // SAFETY: as above.
         unsafe { cudaGetLastError() + 10 }
     }
+    /// Makes exactly as many nested calls as the thread's timeline buffer has room for,
+    /// so that this call (made from the fast path's frame) returns to a full buffer.
+    extern "C" fn fill() -> u32 {
+        let b = super::existing_block().expect("a traced thread has a block");
+        // SAFETY: the calling thread's own block; the cursor stays inside its buffer.
+        let room = unsafe {
+            (*b).events_end
+                .offset_from((*b).events.load(Ordering::Relaxed))
+        };
+        for _ in 0..room {
+            // SAFETY: the trampoline goes to `inner`.
+            unsafe { cudaStreamQuery() };
+        }
+        u32::try_from(room).unwrap()
+    }
     extern "C" fn pair(a: u64, b: u64) -> Pair {
         Pair { a: a + 1, b: b * 2 }
     }
@@ -1057,6 +1112,14 @@ mod tests {
     #[test]
     fn fast_path_counts_and_times_threads_and_nested_calls() {
         run_child("1");
+    }
+
+    /// The exports whose arguments travel in registers are called from the fast path's
+    /// frame by default; with `CUDAW_TRACE_DIRECT=off` every timed call swaps its return
+    /// address, and the counts, times and returned values are the same.
+    #[test]
+    fn fast_path_without_direct_calls() {
+        run_child_with("metrics", "1", "off");
     }
 
     #[test]
@@ -1079,6 +1142,12 @@ mod tests {
 
     /// Runs [`child`] with `CUDAW_TRACE=mode` and `CUDAW_TRACE_SAMPLE=sample`.
     fn run_child_in(mode: &str, sample: &str) {
+        run_child_with(mode, sample, "on");
+    }
+
+    /// Runs [`child`] with `CUDAW_TRACE=mode`, `CUDAW_TRACE_SAMPLE=sample` and
+    /// `CUDAW_TRACE_DIRECT=direct`.
+    fn run_child_with(mode: &str, sample: &str, direct: &str) {
         if std::env::var_os(CHILD).is_some() {
             return;
         }
@@ -1098,6 +1167,7 @@ mod tests {
             // The timeline written at exit goes to a temporary file, not the crate's folder.
             .env("CUDAW_TRACE_FILE", &at_exit)
             .env("CUDAW_TRACE_SAMPLE", sample)
+            .env("CUDAW_TRACE_DIRECT", direct)
             .env("CUDAW_LOG", "error")
             .output()
             .unwrap();
@@ -1130,7 +1200,7 @@ mod tests {
         for (i, f) in [
             (idx::cudaPeekAtLastError, outer as *const () as usize),
             (idx::cudaGetLastError, inner as *const () as usize),
-            (idx::cudaGetDevice, deep as *const () as usize),
+            (idx::cudaGetErrorString, deep as *const () as usize),
             (idx::cudaMemsetAsync, memset as *const () as usize),
             (idx::cudaEventElapsedTime, pair as *const () as usize),
             (idx::cudaEventQuery, float as *const () as usize),
@@ -1149,7 +1219,7 @@ mod tests {
                             assert_eq!(cudaEventQuery(1.5, r as f64, 2), 1.5 * r as f64 + 2.0);
                             if r % 100 == 0 {
                                 let mut d = DEEP;
-                                assert_eq!(cudaGetDevice(&mut d), 0);
+                                assert_eq!(cudaGetErrorString(&mut d), 0);
                                 assert_eq!(d, 0);
                             }
                         }
@@ -1159,6 +1229,19 @@ mod tests {
             .collect();
         for t in threads {
             t.join().unwrap();
+        }
+        if super::mode() == cudaw_trace::Mode::Timeline {
+            // A call from the fast path's frame that returns to a full buffer hands its
+            // event to Rust (check_timeline below finds it with the others).
+            TABLE[idx::cudaEventSynchronize].store(fill as *const () as usize, Ordering::Release);
+            TABLE[idx::cudaStreamQuery].store(inner as *const () as usize, Ordering::Release);
+            // This thread's first traced call makes its block (on the Rust path).
+            // SAFETY: the trampoline goes to `inner`.
+            unsafe { cudaStreamQuery() };
+            let before = super::DIRECT_FULL.load(Ordering::Relaxed);
+            // SAFETY: the trampoline goes to `fill`.
+            assert!(unsafe { cudaEventSynchronize() } >= 1);
+            assert_eq!(super::DIRECT_FULL.load(Ordering::Relaxed), before + 1);
         }
         let stats = super::stats(0).unwrap();
         let get = |name: &str| {
@@ -1181,7 +1264,7 @@ mod tests {
         assert_eq!(get("cudaMemsetAsync").count, n);
         assert_eq!(get("cudaEventElapsedTime").count, n);
         assert_eq!(get("cudaEventQuery").count, n);
-        assert_eq!(get("cudaGetDevice").count, THREADS * ROUNDS / 100 * 32);
+        assert_eq!(get("cudaGetErrorString").count, THREADS * ROUNDS / 100 * 32);
         let spin = SPIN.as_nanos() as f64;
         for c in &stats.calls {
             assert!(c.max_ns >= c.mean_ns && c.mean_ns > 0.0, "{c:?}");
@@ -1196,7 +1279,7 @@ mod tests {
         assert!(inner.mean_ns > 0.0, "{inner:?}");
         // The Rust path: each thread's first call and first call in flight, and the calls
         // past the shadow stack's depth; the fast path every other.
-        // With sampling, the recursion's calls are timed only when cudaGetDevice's count
+        // With sampling, the recursion's calls are timed only when cudaGetErrorString's count
         // allows, so the calls past the stack's depth reach Rust less often.
         let slow = super::rust_enters();
         let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
@@ -1215,7 +1298,11 @@ mod tests {
         } else {
             assert!(slow <= 2 * THREADS + deep, "calls timed in Rust: {slow}");
         }
-        println!("child checked: {outer:?} {inner:?} ({slow} calls timed in Rust)");
+        println!(
+            "child checked: {outer:?} {inner:?} ({slow} calls timed in Rust, {} direct calls \
+             returned to a full buffer)",
+            super::DIRECT_FULL.load(Ordering::Relaxed)
+        );
     }
 
     /// The timeline written now holds one call event per call counted, with sane times.

@@ -220,3 +220,47 @@ int main(int argc, char** argv) {
     assert!(st.success());
     exe
 }
+
+/// `exports/register-args.txt` (the exports the tracing fast path calls from its own
+/// frame) is what `scripts/gen-register-args.py` finds in the CUDA 13 and 11.8 headers
+/// today: the compiler's reading of every prototype, not a list kept by hand.
+#[test]
+fn register_args_list_matches_the_headers() {
+    let root = workspace();
+    if !root.join("target/cuda/include/cuda_runtime_api.h").exists() {
+        assert!(!required(), "no CUDA headers (run scripts/setup-cuda.sh)");
+        eprintln!("skipped: no CUDA headers (run scripts/setup-cuda.sh)");
+        return;
+    }
+    let out = Command::new("python3")
+        .arg(root.join("scripts/gen-register-args.py"))
+        .arg("--check")
+        .output()
+        .expect("run scripts/gen-register-args.py");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The exports a PyTorch step calls most are among them; the launches (grid and block
+    // by value, two arguments on the stack) and the 2D copies (eight arguments) are not.
+    let list = std::fs::read_to_string(root.join("cudart-shim/exports/register-args.txt")).unwrap();
+    let has = |n: &str| list.lines().any(|l| l == n);
+    for n in [
+        "cudaGetDevice",
+        "cudaGetLastError",
+        "cudaMemcpyAsync",
+        "cudaStreamIsCapturing",
+    ] {
+        assert!(has(n), "{n} missing");
+    }
+    for n in [
+        "cudaLaunchKernel",
+        "__cudaLaunchKernel",
+        "cudaMemcpy2DAsync",
+        "cudaMalloc3D",
+    ] {
+        assert!(!has(n), "{n} listed");
+    }
+}

@@ -424,6 +424,15 @@ pub const TRACE_EVENT: usize = 24;
 /// whatever the sampling mask (for calls whose caller the host library must know: an
 /// allocation's creation site is the return address on the shadow stack).
 pub const TRACE_ALWAYS: u64 = 1 << 63;
+/// Bit of an export's `timed` counter that makes the fast path *call* it when timed,
+/// instead of swapping the caller's return address for its thunk's: for exports whose
+/// arguments all travel in registers (`cudart-shim/exports/register-args.txt`), which
+/// therefore read nothing of their caller's frame. The call and its return pair up, so
+/// the processor predicts both returns (a swapped return address costs two mispredicted
+/// jumps a call); the export's event is written when it returns, or, when its buffer has
+/// filled meanwhile (calls nested in it), handed to `{direct_full}(index, start, ticks)`.
+/// Never set with [`TRACE_ALWAYS`] (those calls need their frame on the shadow stack).
+pub const TRACE_DIRECT: u64 = 1 << 62;
 /// Size of one shadow-stack frame: `(slot, return address, index, start ticks)`, `u64`s.
 pub const TRACE_FRAME: usize = 32;
 
@@ -439,9 +448,13 @@ pub const TRACE_FRAME: usize = 32;
 ///   `timed` counter lacks bit 63, [`TRACE_ALWAYS`]) only adds 1 to its count and jumps on; else, when its shadow stack has room and holds no frame the stack has since
 ///   unwound (a `longjmp`), it pushes `(slot, return address, index, rdtsc)`, puts
 ///   `PREFIX_trace_return` in the caller's return-address slot and jumps to
-///   `{table}[index]` (never 0 once the gate is that value). Anything else goes to
-///   `{full}`, the ordinary slow path. Only `%r11` changes (the arguments and `%rax`
-///   are kept).
+///   `{table}[index]` (never 0 once the gate is that value). A timed call of an export
+///   whose `timed` counter has [`TRACE_DIRECT`] is instead called from the thunk's own
+///   frame (two callee-saved registers hold its start and index), counted and written
+///   to the buffer when it returns, and the thunk returns to the caller itself, with
+///   `%rax`/`%rdx` and every vector register as the call left them. Anything
+///   else goes to `{full}`, the ordinary slow path. Only `%r11` changes (the arguments
+///   and `%rax` are kept).
 /// - `PREFIX_trace_return`, the thunk a fast-timed call returns into: `rdtsc`, pops the
 ///   top frame (when it is this call's, else `{slow_return}`, the library's own thunk, with
 ///   the return registers untouched), adds 1, the ticks, and the max into the thread's
@@ -491,7 +504,9 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     jz 5f
     btq $63, 24(%rax)
     jnc 3f
-5:  movq {TRACE_EVENTS}(%rcx), %rax
+5:  btq $62, 24(%rax)
+    movq {TRACE_EVENTS}(%rcx), %rax
+    jc 7f
     cmpq {TRACE_EVENTS_END}(%rcx), %rax
     jae 1f
     movq {TRACE_TOP}(%rcx), %rdx
@@ -531,6 +546,65 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     pop %rdx
     pop %rax
     jmp *%r11
+7:  cmpq {TRACE_EVENTS_END}(%rcx), %rax
+    jae 1b
+    push %rbx
+    push %r12
+    movq %r11, %r12
+    leaq {{table}}(%rip), %rax
+    movq (%rax,%r11,8), %r11
+    rdtsc
+    shlq $32, %rdx
+    orq %rdx, %rax
+    movq %rax, %rbx
+    movq 16(%rsp), %rcx
+    movq 24(%rsp), %rdx
+    movq 32(%rsp), %rax
+    call *%r11
+    movq %rax, 32(%rsp)
+    movq %rdx, 24(%rsp)
+    rdtsc
+    shlq $32, %rdx
+    orq %rdx, %rax
+    subq %rbx, %rax
+    movq {p}_trace_tls@gottpoff(%rip), %rcx
+    movq %fs:(%rcx), %rcx
+    movq %r12, %rsi
+    shlq $5, %rsi
+    addq {TRACE_CALLS}(%rcx), %rsi
+    addq $1, (%rsi)
+    addq %rax, 8(%rsi)
+    addq $1, 24(%rsi)
+    cmpq %rax, 16(%rsi)
+    jae 8f
+    movq %rax, 16(%rsi)
+8:  movq {TRACE_EVENTS}(%rcx), %rdx
+    testq %rdx, %rdx
+    jz 9f
+    cmpq {TRACE_EVENTS_END}(%rcx), %rdx
+    jae 6f
+    movq %rbx, (%rdx)
+    movq %rax, 8(%rdx)
+    movq %r12, 16(%rdx)
+    addq ${TRACE_EVENT}, %rdx
+    movq %rdx, {TRACE_EVENTS}(%rcx)
+9:  pop %r12
+    pop %rbx
+    addq $8, %rsp
+    pop %rdx
+    pop %rax
+    ret
+6:  movq %r12, %rdi
+    movq %rbx, %rsi
+    movq %rax, %rdx
+    subq $32, %rsp
+    movdqu %xmm0, 0(%rsp)
+    movdqu %xmm1, 16(%rsp)
+    call {{direct_full}}
+    movdqu 0(%rsp), %xmm0
+    movdqu 16(%rsp), %xmm1
+    addq $32, %rsp
+    jmp 9b
 .size {p}_trace_enter, .-{p}_trace_enter
 .p2align 4
 .globl {p}_trace_return

@@ -68,12 +68,21 @@ pub struct CallSlot {
 /// Bit 63 of a slot's `timed` counter: every call of it is timed, whatever the sampling
 /// (set by the host library, read by its assembly; not a count).
 const ALWAYS: u64 = 1 << 63;
+/// The mark a host library sets on a function its fast path calls from its own frame
+/// (`shim-build`'s `TRACE_DIRECT`): like [`ALWAYS`], not part of the count.
+const DIRECT: u64 = 1 << 62;
 
 impl CallSlot {
     /// Marks this function's calls to be timed every time (a host library that samples
     /// reads the mark: see [`ALWAYS`]).
     pub fn time_always(&self) {
         self.timed.fetch_or(ALWAYS, Ordering::Relaxed);
+    }
+
+    /// Marks this function as one a host library's fast path calls from its own frame
+    /// (its arguments all in registers): see [`DIRECT`].
+    pub fn call_direct(&self) {
+        self.timed.fetch_or(DIRECT, Ordering::Relaxed);
     }
 }
 
@@ -208,7 +217,7 @@ pub fn merge(threads: &[std::sync::Arc<ThreadCounters>]) -> Merged {
             }
             let e = &mut m.calls[i];
             e.0 += c;
-            let (ticks, timed) = (r(&s.ticks), r(&s.timed) & !ALWAYS);
+            let (ticks, timed) = (r(&s.ticks), r(&s.timed) & !(ALWAYS | DIRECT));
             e.1 += if timed == 0 || timed >= c {
                 ticks
             } else {

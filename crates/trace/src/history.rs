@@ -247,15 +247,27 @@ impl History {
 
     /// Records a launch of `kernel` whose argument words are `words` (parameter, value),
     /// counted `weight` times; returns the buffers it received, one per allocation.
-    pub fn launch(
+    pub fn launch<'a>(
         &mut self,
         kernel: u32,
-        words: &[(u16, u64)],
+        words: impl IntoIterator<Item = &'a (u16, u64)>,
+        at: u64,
+        weight: u64,
+    ) -> Vec<Buffer> {
+        self.launch_words(kernel, words.into_iter().copied(), at, weight)
+    }
+
+    /// [`History::launch`] with the words by value (read where they are, not copied
+    /// first).
+    pub fn launch_words(
+        &mut self,
+        kernel: u32,
+        words: impl IntoIterator<Item = (u16, u64)>,
         at: u64,
         weight: u64,
     ) -> Vec<Buffer> {
         let mut out: Vec<Buffer> = Vec::new();
-        self.launch_with(kernel, words.iter().copied(), at, weight, |param, r| {
+        self.launch_with(kernel, words, at, weight, |param, r| {
             out.push(Buffer {
                 param,
                 alloc: r.as_ref(),

@@ -603,10 +603,9 @@ impl Tracer {
             return;
         }
         let buffers: Vec<Buffer> = if attributed {
-            let words: Vec<(u16, u64)> = words.collect();
             self.history
                 .lock()
-                .launch(kernel, &words, end, u64::from(weight))
+                .launch_words(kernel, words, end, u64::from(weight))
         } else {
             Vec::new()
         };

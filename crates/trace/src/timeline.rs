@@ -167,10 +167,20 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// An empty ring of `capacity` events.
+    /// An empty ring of `capacity` events, its memory allocated and written once now
+    /// (32 bytes an event): recording never grows it, nor takes a page fault on it.
     pub fn new(capacity: usize) -> Ring {
+        let mut events = VecDeque::with_capacity(capacity);
+        let blank = Event::Call {
+            f: 0,
+            tid: 0,
+            start: 0,
+            end: 0,
+        };
+        events.resize(capacity, blank);
+        events.clear();
         Ring {
-            events: VecDeque::with_capacity(capacity.min(1 << 16)),
+            events,
             capacity,
             dropped: 0,
         }
