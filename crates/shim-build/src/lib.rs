@@ -471,6 +471,9 @@ pub const TRACE_FRAME: usize = 32;
 pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     let p = prefix;
     let f = TRACE_FRAME;
+    // A direct call's event may find the buffer full (calls nested in it filled it).
+    let record_direct = record_timed_call("%rbx", "%r12", ('8', '9'), Some('6'));
+    let record_return = record_timed_call("%r11", "%r10", ('2', '4'), None);
     format!(
         ".pushsection .tbss.{p}_trace,\"awT\",@nobits
 .p2align 3
@@ -570,25 +573,7 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     movq {p}_trace_tls@gottpoff(%rip), %rcx
     movq %fs:(%rcx), %rcx
     movq %r12, %rsi
-    shlq $5, %rsi
-    addq {TRACE_CALLS}(%rcx), %rsi
-    addq $1, (%rsi)
-    addq %rax, 8(%rsi)
-    addq $1, 24(%rsi)
-    cmpq %rax, 16(%rsi)
-    jae 8f
-    movq %rax, 16(%rsi)
-8:  movq {TRACE_EVENTS}(%rcx), %rdx
-    testq %rdx, %rdx
-    jz 9f
-    cmpq {TRACE_EVENTS_END}(%rcx), %rdx
-    jae 6f
-    movq %rbx, (%rdx)
-    movq %rax, 8(%rdx)
-    movq %r12, 16(%rdx)
-    addq ${TRACE_EVENT}, %rdx
-    movq %rdx, {TRACE_EVENTS}(%rcx)
-9:  pop %r12
+{record_direct}9:  pop %r12
     pop %rbx
     addq $8, %rsp
     pop %rdx
@@ -629,23 +614,7 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     movq -24(%rdx), %rdi
     leaq -{f}(%rdx), %rdx
     movq %rdx, {TRACE_TOP}(%rcx)
-    shlq $5, %rsi
-    addq {TRACE_CALLS}(%rcx), %rsi
-    addq $1, (%rsi)
-    addq %rax, 8(%rsi)
-    addq $1, 24(%rsi)
-    cmpq %rax, 16(%rsi)
-    jae 2f
-    movq %rax, 16(%rsi)
-2:  movq {TRACE_EVENTS}(%rcx), %rdx
-    testq %rdx, %rdx
-    jz 4f
-    movq %r11, (%rdx)
-    movq %rax, 8(%rdx)
-    movq %r10, 16(%rdx)
-    addq ${TRACE_EVENT}, %rdx
-    movq %rdx, {TRACE_EVENTS}(%rcx)
-4:  movq %r8, %rax
+{record_return}4:  movq %r8, %rax
     movq %r9, %rdx
     jmp *%rdi
 1:  movq %r8, %rax
@@ -662,6 +631,42 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     ret
 .size {p}_trace_block, .-{p}_trace_block
 .popsection
+"
+    )
+}
+
+/// The end of a timed call in [`trace_fast_path`]'s thunks, with `%rcx` = the thread's
+/// block, `%rax` = the call's ticks, `%rsi` = its export's index (scaled here; `index`
+/// holds it too) and `start` its start: adds 1, the ticks and the max to the thread's
+/// counters, and with a timeline call buffer appends the event to it (when `full` is given,
+/// jumping there instead if the buffer is at its soft end). Local labels `max` and `done`
+/// (`done` is the caller's, after this).
+fn record_timed_call(
+    start: &str,
+    index: &str,
+    (max, done): (char, char),
+    full: Option<char>,
+) -> String {
+    let full = full.map_or(String::new(), |l| {
+        format!("    cmpq {TRACE_EVENTS_END}(%rcx), %rdx\n    jae {l}f\n")
+    });
+    format!(
+        "    shlq $5, %rsi
+    addq {TRACE_CALLS}(%rcx), %rsi
+    addq $1, (%rsi)
+    addq %rax, 8(%rsi)
+    addq $1, 24(%rsi)
+    cmpq %rax, 16(%rsi)
+    jae {max}f
+    movq %rax, 16(%rsi)
+{max}:  movq {TRACE_EVENTS}(%rcx), %rdx
+    testq %rdx, %rdx
+    jz {done}f
+{full}    movq {start}, (%rdx)
+    movq %rax, 8(%rdx)
+    movq {index}, 16(%rdx)
+    addq ${TRACE_EVENT}, %rdx
+    movq %rdx, {TRACE_EVENTS}(%rcx)
 "
     )
 }
