@@ -169,9 +169,10 @@ if want programs || want bench; then
   : >"$OUT/programs.log"
   for src in tests/cuda/programs/*.cu tests/cuda/gpu/*.cu; do
     name=$(basename "$src" .cu)
-    if ! want programs && [ "$name" != launch_loop ] && [ "$name" != launch_ab ]; then continue; fi
+    case $name in launch_loop | launch_ab | trace_victim) ;; *) want programs || continue ;; esac
     [ "$name" = call_overhead ] && continue
-    extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas); [ "$name" = launch_ab ] && extra=(-ldl)
+    extra=(); [ "$name" = cublas_gemm ] && extra=(-lcublas)
+    case $name in launch_ab | trace_victim) extra=(-ldl) ;; esac
     if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/$name" "$src" "${extra[@]}" >>"$OUT/programs.log" 2>&1; then
       row "program $name (compile)" FAIL "nvcc failed, see programs.log"; continue
     fi
@@ -184,7 +185,7 @@ if want programs; then
     # Only the programs compiled above (other sections keep files here too).
     [ -f "$exe" ] && [ -x "$exe" ] || continue
     name=$(basename "$exe")
-    case $name in launch_loop | launch_ab | call_overhead) continue ;; esac
+    case $name in launch_loop | launch_ab | call_overhead | trace_victim) continue ;; esac
     timeout 120 "$exe" </dev/null >"$WORK/$name.native" 2>>"$OUT/programs.log"; rn=$?
     for mode in mapped translated; do
       if [ $mode = translated ] && [ "$name" = cublas_gemm ]; then
@@ -336,6 +337,15 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
     else
       row "bench: $name" FAIL "no figures (rt '$a', launch '$launch_us'); see launch_ab.log and trace-bench.log"
     fi
+  done
+  # What tracing costs the program's own work around its calls (the cache lines a traced
+  # launch touches may evict the program's), beside what it costs the calls themselves:
+  # tests/cuda/gpu/trace_victim.cu, in one process, tracing switched on and off by block.
+  for mode in metrics timeline; do
+    [ -x "$WORK/trace_victim" ] || break
+    line=$(CUDAW_TRACE=$mode CUDAW_TRACE_FILE="$WORK/victim.trace.json" taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/trace_victim" 400 \
+      </dev/null 2>>"$OUT/trace-bench.log" | grep '^trace_victim')
+    row "bench: what CUDAW_TRACE=$mode costs the program's own work (trace_victim)" info "${line:-no figures; see trace-bench.log}"
   done
 fi
 lap bench

@@ -917,3 +917,42 @@ fn launch_ab_times_tracing_on_and_off() {
     }
     assert!(own.contains("after 10)"), "{own}");
 }
+
+/// `tests/cuda/gpu/trace_victim.cu` (gpu-check's benchmark of what tracing costs the
+/// program's own work) runs under each mode and prints its figures; natively (no tracing
+/// switch) it says it skipped.
+#[test]
+fn trace_victim_prints_its_figures() {
+    let Some(nvcc) = nvcc() else { return };
+    let src = cudaw_tests::workspace().join("tests/cuda/gpu/trace_victim.cu");
+    let exe = cudaw_tests::compile(&nvcc, "trace_victim", &src);
+    for mode in ["metrics", "timeline"] {
+        let file = std::env::temp_dir().join(format!("cudaw-victim-{}.json", std::process::id()));
+        let mut cmd = command_under_cudaw(
+            &exe,
+            Addressing::Mapped,
+            &[
+                ("CUDAW_TRACE", mode),
+                ("CUDAW_TRACE_FILE", file.to_str().unwrap()),
+                ("VICTIM_BLOCK", "2"),
+            ],
+        );
+        let out = cmd.arg("6").output().expect("running trace_victim");
+        let _ = std::fs::remove_file(&file);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("trace_victim work_added_ns="))
+            .unwrap_or_else(|| panic!("{mode}: no figures:\n{stdout}"));
+        assert!(line.contains(" rounds=6 "), "{line}");
+    }
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    let out = cmd.arg("2").output().expect("running trace_victim");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("trace_victim skipped"), "{stdout}");
+}
