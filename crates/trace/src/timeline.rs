@@ -167,17 +167,18 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// An empty ring of `capacity` events, its memory allocated and written once now
-    /// (32 bytes an event): recording never grows it, nor takes a page fault on it.
+    /// An empty ring of `capacity` events, its memory (32 bytes an event) allocated and
+    /// written once now up to [`Ring::PREPARED`] events, so that recording neither grows
+    /// it nor takes page faults on it; a larger ring grows as it fills beyond that.
     pub fn new(capacity: usize) -> Ring {
-        let mut events = VecDeque::with_capacity(capacity);
+        let mut events = VecDeque::with_capacity(capacity.min(Self::PREPARED));
         let blank = Event::Call {
             f: 0,
             tid: 0,
             start: 0,
             end: 0,
         };
-        events.resize(capacity, blank);
+        events.resize(capacity.min(Self::PREPARED), blank);
         events.clear();
         Ring {
             events,
@@ -185,6 +186,10 @@ impl Ring {
             dropped: 0,
         }
     }
+
+    /// The events whose memory a new ring takes at once (64 MiB): the default ring
+    /// (1048576 events) whole, not a mistyped `CUDAW_TRACE_EVENTS` of billions.
+    pub const PREPARED: usize = 1 << 21;
 
     /// Adds `e`, dropping the oldest event when full.
     pub fn push(&mut self, e: Event) {
@@ -451,6 +456,28 @@ mod tests {
         }
         assert_eq!((r.len(), r.dropped()), (3, 2));
         assert!(matches!(r.to_vec()[0], Event::Call { f: 2, .. }));
+    }
+
+    /// The default ring's memory is taken whole at start; a huge one only up to
+    /// `Ring::PREPARED` events, and it still holds its capacity as it fills.
+    #[test]
+    fn a_ring_prepares_its_memory_up_to_a_bound() {
+        let r = Ring::new(crate::DEFAULT_RING_EVENTS);
+        assert!(r.events.capacity() >= crate::DEFAULT_RING_EVENTS);
+        assert!(r.is_empty());
+        let cap = Ring::PREPARED + 10;
+        let mut r = Ring::new(cap);
+        let reserved = r.events.capacity();
+        assert!((Ring::PREPARED..cap).contains(&reserved), "{reserved}");
+        for i in 0..cap as u32 + 5 {
+            r.push(Event::Call {
+                f: i,
+                tid: 1,
+                start: 0,
+                end: 1,
+            });
+        }
+        assert_eq!((r.len(), r.dropped()), (cap, 5));
     }
 
     #[test]
