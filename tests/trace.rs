@@ -940,11 +940,16 @@ fn trace_victim_prints_its_figures() {
         let out = cmd.arg("6").output().expect("running trace_victim");
         let _ = std::fs::remove_file(&file);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        // Its launches succeed (a kernel simgpu runs) and are recorded, traced or not.
+        let launches = stderr
+            .lines()
+            .find_map(|l| l.split("trace: kernels: ").nth(1))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{mode}: no kernel summary:\n{stderr}"));
+        assert!(launches > 0, "{mode}: no launch recorded:\n{stderr}");
         let line = stdout
             .lines()
             .find(|l| l.starts_with("trace_victim work_added_ns="))

@@ -4,8 +4,9 @@
 // launch_ab time cudaw's own instructions only. Each iteration here does some work of its
 // own (a dependent walk of VICTIM_TOUCHES steps through a working set of VICTIM_WS_KIB KiB,
 // like an interpreter's pointer-chasing), then VICTIM_LAUNCHES launches of a kernel with
-// five pointer arguments into five of 300 allocations (so that the memory history is
-// consulted), then VICTIM_CALLS calls of cudaGetDevice (PyTorch makes about ten a launch).
+// three pointer arguments into three of 300 allocations (so that the memory history is
+// consulted), one cudaGetLastError, then VICTIM_CALLS calls of cudaGetDevice (PyTorch makes
+// about ten a launch).
 // Under `cudaw run` with CUDAW_TRACE set, blocks of VICTIM_BLOCK iterations alternate with
 // tracing on and off (cudaw_trace_active_v1), the order turning each round; the medians over
 // the rounds of the per-round differences (on - off) are printed per iteration:
@@ -21,8 +22,10 @@
 #include <dlfcn.h>
 #include <vector>
 
-__global__ void five(float* a, float* b, float* c, float* d, float* e, int n) {
-  if (n < 0) a[0] = b[0] + c[0] + d[0] + e[0];
+// The name and body simgpu runs on the host too (crates/simgpu/src/kernels.rs).
+__global__ void vector_add(const float* a, const float* b, float* c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
 }
 
 static long env_or(const char* name, long dflt) {
@@ -68,9 +71,9 @@ int main(int argc, char** argv) {
     auto t1 = std::chrono::steady_clock::now();
     for (int l = 0; l < launches; l++) {
       long k = it * launches + l;
-      five<<<1, 32>>>(bufs[k % NBUF], bufs[(k * 7 + 1) % NBUF], bufs[(k * 13 + 2) % NBUF],
-                      bufs[(k * 31 + 3) % NBUF], bufs[(k * 61 + 4) % NBUF], (int)k);
+      vector_add<<<1, 32>>>(bufs[k % NBUF], bufs[(k * 7 + 1) % NBUF], bufs[(k * 13 + 2) % NBUF], 32);
     }
+    CHECK(cudaGetLastError());
     for (int c = 0; c < calls; c++) CHECK(cudaGetDevice(&dev));
     auto t2 = std::chrono::steady_clock::now();
     work_ns += std::chrono::duration<double, std::nano>(t1 - t0).count();
