@@ -247,19 +247,8 @@ impl History {
 
     /// Records a launch of `kernel` whose argument words are `words` (parameter, value),
     /// counted `weight` times; returns the buffers it received, one per allocation.
-    pub fn launch<'a>(
-        &mut self,
-        kernel: u32,
-        words: impl IntoIterator<Item = &'a (u16, u64)>,
-        at: u64,
-        weight: u64,
-    ) -> Vec<Buffer> {
-        self.launch_words(kernel, words.into_iter().copied(), at, weight)
-    }
-
-    /// [`History::launch`] with the words by value (read where they are, not copied
-    /// first).
-    pub fn launch_words(
+    /// The words are taken by value, read where they are (not copied first).
+    pub fn launch(
         &mut self,
         kernel: u32,
         words: impl IntoIterator<Item = (u16, u64)>,
@@ -390,7 +379,7 @@ mod tests {
             words.push((0u16, b + i * 8192));
             words.push((0u16, 4096 + i));
         }
-        let bufs = h.launch(3, &words, 5, 1);
+        let bufs = h.launch(3, words.iter().copied(), 5, 1);
         assert_eq!(
             bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
             vec![a, b]
@@ -402,13 +391,13 @@ mod tests {
         // after the outer one was counted by an earlier word.
         let inner = a + (8 << 20);
         h.alloc(inner, 1 << 20, "cuMemAllocFromPoolAsync", None, 7);
-        let bufs = h.launch(4, &[(0, a), (1, inner + 16)], 8, 1);
+        let bufs = h.launch(4, [(0, a), (1, inner + 16)], 8, 1);
         assert_eq!(
             bufs.iter().map(|b| b.alloc.base).collect::<Vec<_>>(),
             vec![a, inner]
         );
         // Below and above every allocation: no lookup, nothing found.
-        assert!(h.launch(5, &[(0, 1), (0, u64::MAX)], 9, 1).is_empty());
+        assert!(h.launch(5, [(0, 1), (0, u64::MAX)], 9, 1).is_empty());
         h.free(a, 10);
         h.free(b, 10);
         h.free(inner, 10);
@@ -449,7 +438,7 @@ mod tests {
                 h.copy(Direction::Default, 0x100, 0x7fff_0000, b, now);
             }
             let now = tick();
-            let bufs = h.launch(7, &[(0, hot[0]), (1, hot[1] + 8), (2, 5)], now, 1);
+            let bufs = h.launch(7, [(0, hot[0]), (1, hot[1] + 8), (2, 5)], now, 1);
             assert_eq!(bufs.len(), 2);
         }
         let hottest = h.hottest(2);

@@ -605,7 +605,7 @@ impl Tracer {
         let buffers: Vec<Buffer> = if attributed {
             self.history
                 .lock()
-                .launch_words(kernel, words, end, u64::from(weight))
+                .launch(kernel, words, end, u64::from(weight))
         } else {
             Vec::new()
         };

@@ -171,14 +171,15 @@ impl Ring {
     /// written once now up to [`Ring::PREPARED`] events, so that recording neither grows
     /// it nor takes page faults on it; a larger ring grows as it fills beyond that.
     pub fn new(capacity: usize) -> Ring {
-        let mut events = VecDeque::with_capacity(capacity.min(Self::PREPARED));
+        let prepared = capacity.min(Self::PREPARED);
+        let mut events = VecDeque::with_capacity(prepared);
         let blank = Event::Call {
             f: 0,
             tid: 0,
             start: 0,
             end: 0,
         };
-        events.resize(capacity.min(Self::PREPARED), blank);
+        events.resize(prepared, blank);
         events.clear();
         Ring {
             events,
