@@ -55,7 +55,9 @@ def main():
     p.add_argument("--bench", action="store_true", help="time steps after 10 warm-up steps")
     p.add_argument("--trace-ab", action="store_true",
                    help="under cudaw with CUDAW_TRACE: time blocks of steps traced and untraced in turn")
-    p.add_argument("--block", type=int, default=25, help="steps per timed block (--trace-ab)")
+    p.add_argument("--block", type=int, default=5,
+                   help="steps per timed block (--trace-ab; short blocks pair the two states closely: "
+                        "the host's speed drifts over a few 25-step blocks)")
     p.add_argument("--keep-gc", action="store_true",
                    help="--trace-ab: leave Python's garbage collector on while timing (by default it is "
                         "off then: a collection landing in one block of the pair moves its ratio by "

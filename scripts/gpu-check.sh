@@ -551,14 +551,16 @@ if want trace; then
   # more than the goals); two processes per mode, the median of theirs reported. The
   # timeline of a few training steps names its kernels; the metrics are read live with
   # cudaw-ckpt stats.
-  # 6000 steps a process (120 rounds of 25 on and 25 off): single 25-step blocks on this
-  # host spread by +-10%, so the median needs that many rounds to resolve 1%.
-  TS=${TORCH_STEPS:-6000}
+  # Blocks of 5 steps, 4000 steps a process (400 rounds of 5 on and 5 off): this host's
+  # speed drifts by 10-20% over a few blocks, so short blocks pair the two states closely;
+  # the median of 400 rounds is then good to about +-0.4% (bootstrap, 90%), where 80 rounds
+  # of 25-step blocks were good to +-1.2%.
+  TS=${TORCH_STEPS:-4000}
   ab_ratio() { sed -n 's/.*trace_ab ratio=\([0-9.]*\).*/\1/p'; }
   for mode in metrics timeline; do
     rs=()
     for i in 1 2; do
-      CUDAW_TRACE=$mode CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- python3 $T --trace-ab --steps "$TS" \
+      CUDAW_TRACE=$mode CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- python3 $T --trace-ab --block 5 --steps "$TS" \
         </dev/null 2>>"$OUT/trace-torch.log" | tee -a "$OUT/trace-ab.txt" >"$WORK/trace-ab.out"
       rs+=("$(ab_ratio <"$WORK/trace-ab.out")")
     done
