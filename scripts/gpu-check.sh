@@ -570,6 +570,12 @@ if want trace; then
     if num "$r" && le "$r" "$goal"; then st=PASS; elif num "$r"; then st=FAIL; else st=FAIL; r="none (see trace-torch.log)"; fi
     row "bench: torch step, CUDAW_TRACE=$mode on vs off (in-process A/B)" $st "ratio $r (processes: ${rs[*]}; last: $detail); goal <= $goal"
   done
+  # The driver layer's share of timeline's cost (one process, same method): with
+  # CUDAW_TRACE_DRIVER=off the cuBLAS, cuDNN and Triton launches are not recorded.
+  CUDAW_TRACE=timeline CUDAW_TRACE_DRIVER=off CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- \
+    python3 $T --trace-ab --block 5 --steps "$TS" </dev/null 2>>"$OUT/trace-torch.log" | tee -a "$OUT/trace-ab.txt" >"$WORK/trace-ab.out"
+  r=$(ab_ratio <"$WORK/trace-ab.out")
+  row "bench: torch step, CUDAW_TRACE=timeline, CUDAW_TRACE_DRIVER=off (in-process A/B)" info "ratio ${r:-none (see trace-torch.log)} (one process; cuBLAS, cuDNN and Triton launches not recorded)"
 
   # Where a traced launch's time goes inside PyTorch (CUDAW_TRACE_SELF=1: each layer's
   # phases, means after the first 20000 launches).

@@ -851,6 +851,68 @@ fn driver_launches_and_copies_are_traced_in_the_timeline() {
     traced_driver_launches("timeline");
 }
 
+/// `CUDAW_TRACE_DRIVER=off`: the driver layer records nothing, so a program that reaches
+/// the GPU through the driver API only (as cuBLAS, cuDNN and Triton do) has no launch, copy
+/// or memory history in the store, and its timeline no kernel; it runs as before.
+#[test]
+fn driver_launches_are_left_out_with_trace_driver_off() {
+    let Some((exe, module)) = program() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("cudaw-driver-untraced-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("timeline.json");
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    cmd.arg(&module)
+        .args(["0", "wait"])
+        .env("CUDAW_TRACE", "timeline")
+        .env("CUDAW_TRACE_DRIVER", "off")
+        .env("CUDAW_TRACE_FILE", &file)
+        .env("CUDAW_RUN_DIR", &dir)
+        .env("CUDAW_LOG", "info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting driver_launch");
+    let mut stdin = child.stdin.take().unwrap();
+    let rx = lines_of(child.stdout.take().unwrap());
+    let err = lines_of(child.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    wait_for(&rx, "driver_launch: waiting", &mut seen);
+    let out = std::process::Command::new(cudaw_ckpt())
+        .args(["stats", &child.id().to_string(), "--json"])
+        .env("CUDAW_RUN_DIR", &dir)
+        .output()
+        .expect("running cudaw-ckpt");
+    assert!(
+        out.status.success(),
+        "cudaw-ckpt stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stats --json is JSON");
+    assert_eq!(stats["mode"], "timeline", "{stats}");
+    assert_eq!(stats["kernels"], serde_json::json!([]), "{stats}");
+    assert_eq!(stats["copies"], serde_json::json!([]), "{stats}");
+    stdin.write_all(b"\n").unwrap();
+    drop(stdin);
+    let status = child.wait().expect("waiting for driver_launch");
+    let log = err.iter().collect::<Vec<String>>().join("\n");
+    assert!(status.success(), "driver_launch failed:\n{log}");
+    assert!(log.contains("CUDAW_TRACE_DRIVER=off"), "{log}");
+    let text = std::fs::read_to_string(&file).expect("the timeline written at exit");
+    let tl: serde_json::Value = serde_json::from_str(&text).expect("the timeline is JSON");
+    let kernels = tl["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter(|e| e["cat"] == "kernel" || e["cat"] == "copy")
+        .count();
+    assert_eq!(kernels, 0, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Both drop-in libraries can be loaded by `dlopen` after the program started: a real
 /// runtime that finds cudaw's `libcuda.so.1` on `LD_LIBRARY_PATH`, and PyTorch loading the
 /// runtime with its extension, do that. Each uses initial-exec TLS (the trampolines'

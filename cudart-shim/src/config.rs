@@ -97,6 +97,11 @@ pub struct Config {
     /// timed nor put in the timeline — launches, copies, allocations and the memory history
     /// still are — and every export keeps its untraced trampoline path).
     pub trace_calls: bool,
+    /// `CUDAW_TRACE_DRIVER` (default on; `off`: with tracing on, cudaw's driver layer
+    /// records nothing, so the launches and copies that libraries make through the driver
+    /// API (cuBLAS, cuDNN, Triton) are missing from the metrics, the memory history and the
+    /// timeline; what goes through the runtime is recorded as before).
+    pub trace_driver: bool,
     /// `CUDAW_TRACE_DIRECT` (default on; `off`: a timed call always has its return address
     /// swapped for the fast path's thunk, even where its arguments all travel in registers
     /// and the fast path could call it from its own frame).
@@ -236,6 +241,7 @@ impl Config {
             trace_sample,
             trace_buffer_sample,
             trace_calls: switch("CUDAW_TRACE_CALLS"),
+            trace_driver: switch("CUDAW_TRACE_DRIVER"),
             trace_direct: switch("CUDAW_TRACE_DIRECT"),
             direct_launches: switch("CUDAW_DIRECT_LAUNCHES"),
             warnings,
@@ -427,6 +433,9 @@ mod tests {
             "{:?}",
             c.warnings
         );
+        assert!(c.trace_driver);
+        let c = Config::from_lookup(|k| (k == "CUDAW_TRACE_DRIVER").then(|| "off".into()));
+        assert!(!c.trace_driver);
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "loud".into()));
         assert_eq!(c.trace, cudaw_trace::Mode::Off);
         assert!(

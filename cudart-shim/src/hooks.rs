@@ -370,7 +370,7 @@ mod trace_hooks {
 
     extern "C" fn mode() -> u32 {
         guard("the tracing mode (driver layer)", TRACE_OFF, || {
-            trace_mode_word(tracing::mode())
+            trace_mode_word(tracing::driver_mode(tracing::mode()))
         })
     }
 

@@ -70,6 +70,11 @@ fn init_once() {
             "tracing: calls are not counted or timed (CUDAW_TRACE_CALLS=off)"
         ));
     }
+    if !cfg.trace_driver {
+        log::info(format_args!(
+            "tracing: the driver layer records nothing: launches and copies made through the driver API (cuBLAS, cuDNN, Triton) are left out (CUDAW_TRACE_DRIVER=off)"
+        ));
+    }
     log::info(format_args!(
         "tracing: {} ({}; ticks {:.3} per ns)",
         cfg.trace.as_str(),
@@ -186,9 +191,20 @@ fn gate_bits(mode: Mode) -> u32 {
     }
 }
 
+/// The mode cudaw's driver layer records in while tracing runs in `mode`: none with
+/// `CUDAW_TRACE_DRIVER=off`.
+pub(crate) fn driver_mode(mode: Mode) -> Mode {
+    if crate::config::get().trace_driver {
+        mode
+    } else {
+        Mode::Off
+    }
+}
+
 /// Tells cudaw's driver layer (`libcuda.so.1`), when it is the loaded driver, to record or
-/// not (`driver::hooks::TRACE_MODE_SYMBOL`).
+/// not (`driver::hooks::TRACE_MODE_SYMBOL`) while tracing runs in `mode`.
 fn driver_layer_mode(mode: Mode) {
+    let mode = driver_mode(mode);
     // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up; dlsym reads the
     // loader's tables. The driver layer exports the name as `extern "C" fn(u32)`; no other
     // library exports it.
