@@ -716,6 +716,87 @@ fn driver_allocations_are_forwarded_in_translated_addressing() {
 /// The demangled name of `driver_launch`'s kernel (`_Z5scalePfif`).
 const SCALE: &str = "scale(float*, int, float)";
 
+/// `driver_launch` run under `CUDAW_TRACE` (and `env`), waiting after its launches
+/// (argument `wait`) so that its tracing store can be read live.
+struct TracedRun {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    err: Receiver<String>,
+    dir: PathBuf,
+    /// Where the timeline goes at exit.
+    file: PathBuf,
+}
+
+impl TracedRun {
+    /// Starts it (`None` without the CUDA tools) and waits until its launches are done.
+    fn start(label: &str, env: &[(&str, &str)]) -> Option<TracedRun> {
+        let (exe, module) = program()?;
+        let dir = std::env::temp_dir().join(format!("cudaw-driver-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("timeline.json");
+        let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+        cmd.arg(&module)
+            .args(["0", "wait"])
+            .envs(env.iter().copied())
+            .env("CUDAW_TRACE_FILE", &file)
+            .env("CUDAW_RUN_DIR", &dir)
+            .env("CUDAW_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("starting driver_launch");
+        let stdin = child.stdin.take().unwrap();
+        let rx = lines_of(child.stdout.take().unwrap());
+        let err = lines_of(child.stderr.take().unwrap());
+        wait_for(&rx, "driver_launch: waiting", &mut Vec::new());
+        Some(TracedRun {
+            child,
+            stdin,
+            err,
+            dir,
+            file,
+        })
+    }
+
+    /// `cudaw-ckpt stats PID --json --top 5`.
+    fn stats(&self) -> serde_json::Value {
+        let out = std::process::Command::new(cudaw_ckpt())
+            .args([
+                "stats",
+                &self.child.id().to_string(),
+                "--json",
+                "--top",
+                "5",
+            ])
+            .env("CUDAW_RUN_DIR", &self.dir)
+            .output()
+            .expect("running cudaw-ckpt");
+        assert!(
+            out.status.success(),
+            "cudaw-ckpt stats failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("stats --json is JSON")
+    }
+
+    /// Lets it finish; asserts it succeeded; its log.
+    fn finish(mut self) -> String {
+        self.stdin.write_all(b"\n").unwrap();
+        let Self {
+            mut child,
+            stdin,
+            err,
+            ..
+        } = self;
+        drop(stdin);
+        let status = child.wait().expect("waiting for driver_launch");
+        let log = err.iter().collect::<Vec<String>>().join("\n");
+        assert!(status.success(), "driver_launch failed:\n{log}");
+        log
+    }
+}
+
 /// `driver_launch` under `CUDAW_TRACE=mode`, stopped after its launches (argument `wait`):
 /// the tracing store of the runtime shim holds what the program sent to the driver only.
 /// `cudaw-ckpt stats --json` lists `scale` by its demangled name with its 12 launches, its
@@ -724,44 +805,10 @@ const SCALE: &str = "scale(float*, int, float)";
 /// copies per direction; with the timeline, the file written at exit holds each launch with
 /// its grid, block and the buffer its first argument points into.
 fn traced_driver_launches(mode: &str) {
-    let Some((exe, module)) = program() else {
+    let Some(run) = TracedRun::start(&format!("trace-{mode}"), &[("CUDAW_TRACE", mode)]) else {
         return;
     };
-    let dir =
-        std::env::temp_dir().join(format!("cudaw-driver-trace-{}-{mode}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("timeline.json");
-    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
-    cmd.arg(&module)
-        .args(["0", "wait"])
-        .env("CUDAW_TRACE", mode)
-        .env("CUDAW_TRACE_FILE", &file)
-        .env("CUDAW_RUN_DIR", &dir)
-        .env("CUDAW_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting driver_launch");
-    let mut stdin = child.stdin.take().unwrap();
-    let rx = lines_of(child.stdout.take().unwrap());
-    let err = lines_of(child.stderr.take().unwrap());
-    let mut seen = Vec::new();
-    wait_for(&rx, "driver_launch: waiting", &mut seen);
-
-    let pid = child.id().to_string();
-    let out = std::process::Command::new(cudaw_ckpt())
-        .args(["stats", &pid, "--json", "--top", "5"])
-        .env("CUDAW_RUN_DIR", &dir)
-        .output()
-        .expect("running cudaw-ckpt");
-    assert!(
-        out.status.success(),
-        "cudaw-ckpt stats failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stats --json is JSON");
+    let stats = run.stats();
     assert_eq!(stats["mode"], mode);
     let kernels = stats["kernels"].as_array().expect("kernels");
     assert_eq!(
@@ -803,16 +850,8 @@ fn traced_driver_launches(mode: &str) {
     assert_eq!(hottest["kernels"], serde_json::json!([SCALE]), "{stats}");
     let base = hottest["base"].as_str().unwrap().to_owned();
 
-    stdin.write_all(b"\n").unwrap();
-    drop(stdin);
-    let status = child.wait().expect("waiting for driver_launch");
-    let log: Vec<String> = err.iter().collect();
-    assert!(
-        status.success(),
-        "driver_launch failed:\n{}",
-        log.join("\n")
-    );
-    let log = log.join("\n");
+    let (dir, file) = (run.dir.clone(), run.file.clone());
+    let log = run.finish();
     assert!(log.contains("trace: "), "no summary at exit:\n{log}");
     if mode != "timeline" {
         assert!(!file.exists());
@@ -856,60 +895,26 @@ fn driver_launches_and_copies_are_traced_in_the_timeline() {
 /// or memory history in the store, and its timeline no kernel; it runs as before.
 #[test]
 fn driver_launches_are_left_out_with_trace_driver_off() {
-    let Some((exe, module)) = program() else {
+    let env = [("CUDAW_TRACE", "timeline"), ("CUDAW_TRACE_DRIVER", "off")];
+    let Some(run) = TracedRun::start("untraced", &env) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("cudaw-driver-untraced-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("timeline.json");
-    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
-    cmd.arg(&module)
-        .args(["0", "wait"])
-        .env("CUDAW_TRACE", "timeline")
-        .env("CUDAW_TRACE_DRIVER", "off")
-        .env("CUDAW_TRACE_FILE", &file)
-        .env("CUDAW_RUN_DIR", &dir)
-        .env("CUDAW_LOG", "info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting driver_launch");
-    let mut stdin = child.stdin.take().unwrap();
-    let rx = lines_of(child.stdout.take().unwrap());
-    let err = lines_of(child.stderr.take().unwrap());
-    let mut seen = Vec::new();
-    wait_for(&rx, "driver_launch: waiting", &mut seen);
-    let out = std::process::Command::new(cudaw_ckpt())
-        .args(["stats", &child.id().to_string(), "--json"])
-        .env("CUDAW_RUN_DIR", &dir)
-        .output()
-        .expect("running cudaw-ckpt");
-    assert!(
-        out.status.success(),
-        "cudaw-ckpt stats failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("stats --json is JSON");
+    let stats = run.stats();
     assert_eq!(stats["mode"], "timeline", "{stats}");
     assert_eq!(stats["kernels"], serde_json::json!([]), "{stats}");
     assert_eq!(stats["copies"], serde_json::json!([]), "{stats}");
-    stdin.write_all(b"\n").unwrap();
-    drop(stdin);
-    let status = child.wait().expect("waiting for driver_launch");
-    let log = err.iter().collect::<Vec<String>>().join("\n");
-    assert!(status.success(), "driver_launch failed:\n{log}");
+    let (dir, file) = (run.dir.clone(), run.file.clone());
+    let log = run.finish();
     assert!(log.contains("CUDAW_TRACE_DRIVER=off"), "{log}");
     let text = std::fs::read_to_string(&file).expect("the timeline written at exit");
     let tl: serde_json::Value = serde_json::from_str(&text).expect("the timeline is JSON");
-    let kernels = tl["traceEvents"]
+    let recorded = tl["traceEvents"]
         .as_array()
         .expect("traceEvents")
         .iter()
         .filter(|e| e["cat"] == "kernel" || e["cat"] == "copy")
         .count();
-    assert_eq!(kernels, 0, "{text}");
+    assert_eq!(recorded, 0, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
