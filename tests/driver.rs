@@ -890,6 +890,33 @@ fn driver_launches_and_copies_are_traced_in_the_timeline() {
     traced_driver_launches("timeline");
 }
 
+/// `CUDAW_TRACE_SELF=1`: at exit the driver layer reports the phases of its traced
+/// launches, and how often its per-thread caches were found stale: one module, one kernel,
+/// one thread — no handle renamed, and one layout lookup past the thread's cache (its
+/// first launch).
+#[test]
+fn the_driver_layers_self_cost_is_reported_at_exit() {
+    let env = [
+        ("CUDAW_TRACE", "timeline"),
+        ("CUDAW_TRACE_SELF", "1"),
+        ("CUDAW_TRACE_SELF_WARMUP", "2"),
+    ];
+    let Some(run) = TracedRun::start("self", &env) else {
+        return;
+    };
+    let dir = run.dir.clone();
+    let log = run.finish();
+    let line = log
+        .lines()
+        .find(|l| l.contains("self cost of a traced launch (driver layer, mean of 10 after 2)"))
+        .unwrap_or_else(|| panic!("no driver layer self cost:\n{log}"));
+    assert!(
+        line.ends_with("; handle generation 0, 1 layout lookups past the threads' caches"),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `CUDAW_TRACE_DRIVER=off`: the driver layer records nothing, so a program that reaches
 /// the GPU through the driver API only (as cuBLAS, cuDNN and Triton do) has no launch, copy
 /// or memory history in the store, and its timeline no kernel; it runs as before.

@@ -57,6 +57,14 @@ struct State {
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Default::default);
 static LAYOUTS: AtomicU64 = AtomicU64::new(0);
+/// Calls of [`layout`]: the launches whose thread's cache of layouts did not hold theirs.
+static LOOKUPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a launch looked its layout up here, past its thread's cache (a
+/// diagnostic of tracing's cost: each is a lock and a name's hash).
+pub fn layout_lookups() -> u64 {
+    LOOKUPS.load(Ordering::Relaxed)
+}
 
 /// Kernel layouts recorded so far (from every module parsed).
 pub fn layouts_recorded() -> u64 {
@@ -224,6 +232,7 @@ enum Source {
 /// The parameter layout of the kernel `handle` (a `CUfunction` or `CUkernel` handed out
 /// through this layer) runs, parsing its module on first need.
 pub fn layout(handle: usize) -> Option<Arc<KernelInfo>> {
+    LOOKUPS.fetch_add(1, Ordering::Relaxed);
     let (module, name, source) = {
         let mut s = STATE.lock();
         let (module, name) = s.handles.get(&handle).cloned()?;

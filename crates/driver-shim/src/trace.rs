@@ -342,7 +342,14 @@ static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
 extern "C" fn report_self_cost() {
     crate::boundary::guard("the self-cost report", (), || {
         if let Some(line) = SELF_COST.report(driver::selfcost::ticks()) {
-            crate::log::warn(format_args!("trace: {line}"));
+            // How often the per-thread caches keyed by handle were found stale (handles
+            // renamed or forgotten) and layouts looked up past them: each costs launches
+            // a lock and a hash.
+            crate::log::warn(format_args!(
+                "trace: {line}; handle generation {}, {} layout lookups past the threads' caches",
+                crate::launch::generation(),
+                crate::modules::layout_lookups()
+            ));
         }
     })
 }
