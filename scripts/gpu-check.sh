@@ -556,13 +556,17 @@ if want trace; then
   # the median of 400 rounds is then good to about +-0.4% (bootstrap, 90%), where 80 rounds
   # of 25-step blocks were good to +-1.2%.
   TS=${TORCH_STEPS:-4000}
-  ab_ratio() { sed -n 's/.*trace_ab ratio=\([0-9.]*\).*/\1/p'; }
+  # One A/B process under the environment given (VAR=value ...): its ratio; its whole line
+  # in $WORK/trace-ab.out.
+  torch_ab() {
+    env "$@" CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- python3 $T --trace-ab --block 5 --steps "$TS" \
+      </dev/null 2>>"$OUT/trace-torch.log" | tee -a "$OUT/trace-ab.txt" >"$WORK/trace-ab.out"
+    sed -n 's/.*trace_ab ratio=\([0-9.]*\).*/\1/p' "$WORK/trace-ab.out"
+  }
   for mode in metrics timeline; do
     rs=()
     for i in 1 2; do
-      CUDAW_TRACE=$mode CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- python3 $T --trace-ab --block 5 --steps "$TS" \
-        </dev/null 2>>"$OUT/trace-torch.log" | tee -a "$OUT/trace-ab.txt" >"$WORK/trace-ab.out"
-      rs+=("$(ab_ratio <"$WORK/trace-ab.out")")
+      rs+=("$(torch_ab CUDAW_TRACE=$mode)")
     done
     goal=1.01; [ $mode = timeline ] && goal=1.05
     r=$(printf '%s\n' "${rs[@]}" | figures | median)
@@ -572,9 +576,7 @@ if want trace; then
   done
   # The driver layer's share of timeline's cost (one process, same method): with
   # CUDAW_TRACE_DRIVER=off the cuBLAS, cuDNN and Triton launches are not recorded.
-  CUDAW_TRACE=timeline CUDAW_TRACE_DRIVER=off CUDAW_TRACE_FILE="$WORK/bench.trace.json" timeout 300 "$CUDAW" run -- \
-    python3 $T --trace-ab --block 5 --steps "$TS" </dev/null 2>>"$OUT/trace-torch.log" | tee -a "$OUT/trace-ab.txt" >"$WORK/trace-ab.out"
-  r=$(ab_ratio <"$WORK/trace-ab.out")
+  r=$(torch_ab CUDAW_TRACE=timeline CUDAW_TRACE_DRIVER=off)
   row "bench: torch step, CUDAW_TRACE=timeline, CUDAW_TRACE_DRIVER=off (in-process A/B)" info "ratio ${r:-none (see trace-torch.log)} (one process; cuBLAS, cuDNN and Triton launches not recorded)"
 
   # Where a traced launch's time goes inside PyTorch (CUDAW_TRACE_SELF=1: each layer's

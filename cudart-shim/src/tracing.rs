@@ -1127,7 +1127,7 @@ mod tests {
 
     #[test]
     fn fast_path_counts_and_times_threads_and_nested_calls() {
-        run_child("1");
+        run_child("metrics", "1", "on");
     }
 
     /// The exports whose arguments travel in registers are called from the fast path's
@@ -1135,12 +1135,12 @@ mod tests {
     /// address, and the counts, times and returned values are the same.
     #[test]
     fn fast_path_without_direct_calls() {
-        run_child_with("metrics", "1", "off");
+        run_child("metrics", "1", "off");
     }
 
     #[test]
     fn sampled_fast_path_counts_every_call() {
-        run_child("16");
+        run_child("metrics", "16", "on");
     }
 
     /// Under the timeline the fast path writes every call into its thread's buffer: the
@@ -1148,22 +1148,12 @@ mod tests {
     /// ring and those still in the buffers alike.
     #[test]
     fn timeline_fast_path_records_every_call() {
-        run_child_in("timeline", "1");
-    }
-
-    /// Runs [`child`] with `CUDAW_TRACE_SAMPLE=sample`.
-    fn run_child(sample: &str) {
-        run_child_in("metrics", sample);
-    }
-
-    /// Runs [`child`] with `CUDAW_TRACE=mode` and `CUDAW_TRACE_SAMPLE=sample`.
-    fn run_child_in(mode: &str, sample: &str) {
-        run_child_with(mode, sample, "on");
+        run_child("timeline", "1", "on");
     }
 
     /// Runs [`child`] with `CUDAW_TRACE=mode`, `CUDAW_TRACE_SAMPLE=sample` and
     /// `CUDAW_TRACE_DIRECT=direct`.
-    fn run_child_with(mode: &str, sample: &str, direct: &str) {
+    fn run_child(mode: &str, sample: &str, direct: &str) {
         if std::env::var_os(CHILD).is_some() {
             return;
         }
