@@ -62,9 +62,14 @@ def main():
                    help="--trace-ab: leave Python's garbage collector on while timing (by default it is "
                         "off then: a collection landing in one block of the pair moves its ratio by "
                         "several percent)")
+    p.add_argument("--ab-null", action="store_true",
+                   help="--trace-ab control: the 'on' blocks switch tracing on and straight off again, so "
+                        "both halves run untraced and the ratio shows what the switching alone costs "
+                        "(1.0 when it costs nothing)")
     p.add_argument("--ab-raw", help="--trace-ab: also write every block's figures here, one JSON "
-                   "object a line (round, on, wall and process CPU ms a step, CLOCK_MONOTONIC at "
-                   "its start and end: perf record -k CLOCK_MONOTONIC samples split by block)")
+                   "object a line (round, on, wall, process CPU and system ms a step, the block's "
+                   "minor page faults and context switches, CLOCK_MONOTONIC at its start and end: "
+                   "perf record -k CLOCK_MONOTONIC samples split by block)")
     p.add_argument("--hold-gib", type=float, default=0,
                    help="also hold a buffer of this many GiB (a known pattern, checked at the end)")
     p.add_argument("--pid-file", help="write this process's PID here once training starts")
@@ -167,6 +172,7 @@ def tracing_switch():
 
 def trace_ab(args, step):
     """Blocks of steps with tracing on and off in turn (the order alternates each round)."""
+    import resource
     import statistics
     sw = tracing_switch()
     if sw is None or sw(1) < 0:
@@ -189,7 +195,10 @@ def trace_ab(args, step):
         for k in range(2):
             on = (r + k) % 2
             sw(on)
+            if args.ab_null and on:
+                sw(0)
             torch.cuda.synchronize()
+            u0 = resource.getrusage(resource.RUSAGE_SELF) if raw else None
             m0, c0, t0 = time.monotonic(), time.process_time(), time.perf_counter()
             for i in range(per):
                 step(n)
@@ -200,7 +209,11 @@ def trace_ab(args, step):
             ms[on].append(t[on])
             cpu[on].append(c)
             if raw:
+                u = resource.getrusage(resource.RUSAGE_SELF)
                 raw.write(f'{{"round": {r}, "on": {on}, "wall_ms": {t[on]:.5f}, "cpu_ms": {c:.5f}, '
+                          f'"sys_ms": {(u.ru_stime - u0.ru_stime) * 1000 / per:.5f}, '
+                          f'"minflt": {u.ru_minflt - u0.ru_minflt}, "nvcsw": {u.ru_nvcsw - u0.ru_nvcsw}, '
+                          f'"nivcsw": {u.ru_nivcsw - u0.ru_nivcsw}, '
                           f'"monotonic": [{m0:.6f}, {time.monotonic():.6f}]}}\n')
         ratios.append(t[1] / t[0])
     sw(1)

@@ -539,42 +539,39 @@ fn metrics_without_calls_keep_launches_copies_and_the_history() {
     assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
-/// `metrics` by default reads the buffers of one launch in 16 of each kernel (per thread,
-/// the first included) and counts each such launch 16 times in the memory history: the
-/// launches per kernel and the copies stay exact, the two hot buffers are still the
-/// hottest (`add_into`'s 175 launches read as 176, 11 sampled), and of the cold buffers
-/// only those given to a sampled `fill` (the 1st and the 17th) show a launch.
-#[test]
-fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
-    let Some(t) = Target::start(
-        "metrics-sampled",
-        Addressing::Mapped,
-        &[("CUDAW_TRACE", "metrics")],
-    ) else {
-        return;
-    };
-    let stats = t.stats();
-    check_counts(&stats);
+/// The memory history as the default buffer sampling leaves it (one launch in 16 of each
+/// kernel, per thread, the first included, looked up and counted 16 times): the two hot
+/// buffers are still the hottest (`add_into`'s 175 launches read as 176, 11 sampled), and
+/// of the cold buffers only those given to a sampled `fill` (the 1st and the 17th) show a
+/// launch. Returns the hot buffers' and the cold buffers' addresses (the cold ones in
+/// creation order).
+fn check_history_sampled(stats: &Value) -> (Vec<String>, Vec<String>) {
     let m = &stats["memory"];
     let hottest = m["hottest"].as_array().unwrap();
-    for h in hottest.iter().take(2) {
-        assert_eq!(
-            (
-                h["launches"].as_u64(),
-                h["copies_in"].as_u64(),
-                h["copies_out"].as_u64()
-            ),
-            (Some(176), Some(ROUNDS), Some(ROUNDS)),
-            "{h}"
-        );
-        assert_eq!(h["kernels"], serde_json::json!([ADD_INTO]));
-    }
+    let hot: Vec<String> = hottest
+        .iter()
+        .take(2)
+        .map(|h| {
+            assert_eq!(
+                (
+                    h["launches"].as_u64(),
+                    h["copies_in"].as_u64(),
+                    h["copies_out"].as_u64()
+                ),
+                (Some(176), Some(ROUNDS), Some(ROUNDS)),
+                "{h}"
+            );
+            assert_eq!(h["kernels"], serde_json::json!([ADD_INTO]));
+            h["base"].as_str().unwrap().to_owned()
+        })
+        .collect();
     let coldest = m["coldest"].as_array().unwrap();
-    let cold: Vec<&Value> = coldest
+    let mut cold: Vec<&Value> = coldest
         .iter()
         .filter(|c| c["size"].as_u64() == Some(COLD_BYTES))
         .collect();
     assert_eq!(cold.len() as u64, COLD, "{m}");
+    cold.sort_by_key(|c| c["order"].as_u64());
     let sampled: BTreeSet<u64> = cold
         .iter()
         .filter(|c| c["launches"].as_u64() == Some(16))
@@ -591,11 +588,37 @@ fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
             "{c}"
         );
     }
+    let cold = cold
+        .iter()
+        .map(|c| c["base"].as_str().unwrap().to_owned())
+        .collect();
+    (hot, cold)
+}
+
+/// `metrics` by default reads the buffers of one launch in 16 of each kernel: the
+/// launches per kernel and the copies stay exact, the history is sampled
+/// ([`check_history_sampled`]).
+#[test]
+fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
+    let Some(t) = Target::start(
+        "metrics-sampled",
+        Addressing::Mapped,
+        &[("CUDAW_TRACE", "metrics")],
+    ) else {
+        return;
+    };
+    let stats = t.stats();
+    check_counts(&stats);
+    check_history_sampled(&stats);
     let (last, _) = t.finish();
     assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
-fn timeline(addressing: Addressing) {
+/// `timeline`: the counts, the history (exact with `exact`, else sampled as by default),
+/// a live `cudaw-ckpt trace` and the file written at exit, every launch in both with the
+/// allocations it received (the timeline keeps every launch's words, whatever the
+/// history's sampling).
+fn timeline(addressing: Addressing, exact: bool) {
     let name = format!("timeline-{addressing:?}");
     let at_exit = std::env::temp_dir().join(format!(
         "cudaw-trace-{}-{name}-exit.json",
@@ -608,6 +631,7 @@ fn timeline(addressing: Addressing) {
         &[
             ("CUDAW_TRACE", "timeline"),
             ("CUDAW_TRACE_FILE", at_exit.to_str().unwrap()),
+            ("CUDAW_TRACE_BUFFER_SAMPLE", if exact { "1" } else { "16" }),
         ],
     ) else {
         return;
@@ -616,7 +640,11 @@ fn timeline(addressing: Addressing) {
     let stats = t.stats();
     assert_eq!(stats["mode"], "timeline");
     check_counts(&stats);
-    let (hot, cold) = check_history(&stats);
+    let (hot, cold) = if exact {
+        check_history(&stats)
+    } else {
+        check_history_sampled(&stats)
+    };
     // A pause and a resume show in the timeline and the stats.
     t.ckpt_ok(&["pause", &pid]);
     t.ckpt_ok(&["resume", &pid]);
@@ -659,12 +687,12 @@ fn timeline(addressing: Addressing) {
 
 #[test]
 fn timeline_mapped() {
-    timeline(Addressing::Mapped);
+    timeline(Addressing::Mapped, false);
 }
 
 #[test]
 fn timeline_translated() {
-    timeline(Addressing::Translated);
+    timeline(Addressing::Translated, true);
 }
 
 #[test]

@@ -17,11 +17,11 @@ pub enum Addressing {
 /// (two `rdtsc`s, tens of ns on some hosts); every call is counted.
 pub const DEFAULT_TRACE_SAMPLE: u32 = 16;
 
-/// `CUDAW_TRACE_BUFFER_SAMPLE`'s default with `metrics`: the argument buffers of one launch
-/// in 16 of each thread's launches of a kernel are read (the first included); every launch
-/// is counted. With `timeline`, every launch's are (the timeline shows each launch's
-/// buffers).
-pub const DEFAULT_METRICS_BUFFER_SAMPLE: u32 = 16;
+/// `CUDAW_TRACE_BUFFER_SAMPLE`'s default: the memory history looks up the argument buffers
+/// of one launch in 16 of each thread's launches of a kernel (the first included) and counts
+/// it 16 times; every launch is counted per kernel. The timeline still shows every launch's
+/// buffers: it keeps each launch's words and resolves them when it is read.
+pub const DEFAULT_BUFFER_SAMPLE: u32 = 16;
 
 /// A power of two from 1 to 65536 in variable `key` (`None`: unset or empty); a warning and
 /// the next power of two, or `default`, for anything else.
@@ -89,9 +89,9 @@ pub struct Config {
     /// every call).
     pub trace_sample: u32,
     /// `CUDAW_TRACE_BUFFER_SAMPLE`: of each thread's launches of a kernel, those whose
-    /// argument buffers are read (which allocations the launch received): one in this many
-    /// (a power of two, the first launch included; default
-    /// [`DEFAULT_METRICS_BUFFER_SAMPLE`] with `metrics`, 1 with `timeline`).
+    /// argument buffers the memory history looks up (which allocations the launch
+    /// received): one in this many (a power of two, the first launch included; default
+    /// [`DEFAULT_BUFFER_SAMPLE`]; 1: exact counts).
     pub trace_buffer_sample: u32,
     /// `CUDAW_TRACE_CALLS` (default on; `off`: with tracing on, calls are not counted,
     /// timed nor put in the timeline — launches, copies, allocations and the memory history
@@ -198,17 +198,13 @@ impl Config {
             &mut warnings,
         )
         .unwrap_or(DEFAULT_TRACE_SAMPLE);
-        let default_buffers = match trace {
-            cudaw_trace::Mode::Metrics => DEFAULT_METRICS_BUFFER_SAMPLE,
-            _ => 1,
-        };
         let trace_buffer_sample = power_of_two(
             &get,
             "CUDAW_TRACE_BUFFER_SAMPLE",
-            default_buffers,
+            DEFAULT_BUFFER_SAMPLE,
             &mut warnings,
         )
-        .unwrap_or(default_buffers);
+        .unwrap_or(DEFAULT_BUFFER_SAMPLE);
         let pause_timeout = match get("CUDAW_PAUSE_TIMEOUT").filter(|v| !v.trim().is_empty()) {
             None => Some(DEFAULT_PAUSE_TIMEOUT),
             Some(v) => parse_timeout(&v).unwrap_or_else(|| {
@@ -413,9 +409,9 @@ mod tests {
             (DEFAULT_TRACE_SAMPLE, 1)
         );
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "metrics".into()));
-        assert_eq!(c.trace_buffer_sample, DEFAULT_METRICS_BUFFER_SAMPLE);
+        assert_eq!(c.trace_buffer_sample, DEFAULT_BUFFER_SAMPLE);
         let c = Config::from_lookup(|k| (k == "CUDAW_TRACE").then(|| "timeline".into()));
-        assert_eq!(c.trace_buffer_sample, 1);
+        assert_eq!(c.trace_buffer_sample, DEFAULT_BUFFER_SAMPLE);
         let c = Config::from_lookup(|k| match k {
             "CUDAW_TRACE" => Some("metrics".into()),
             "CUDAW_TRACE_BUFFER_SAMPLE" => Some("1".into()),
@@ -427,7 +423,10 @@ mod tests {
             "CUDAW_TRACE_BUFFER_SAMPLE" => Some("many".into()),
             _ => None,
         });
-        assert_eq!((c.trace_buffer_sample, c.warnings.len()), (1, 1));
+        assert_eq!(
+            (c.trace_buffer_sample, c.warnings.len()),
+            (DEFAULT_BUFFER_SAMPLE, 1)
+        );
         assert!(
             c.warnings[0].contains("CUDAW_TRACE_BUFFER_SAMPLE"),
             "{:?}",

@@ -52,6 +52,8 @@ pub struct FunctionRecord {
     layout: OnceLock<Option<Arc<KernelInfo>>>,
     /// Its number in the tracer ([`crate::tracing`]), given on its first traced launch.
     pub trace_id: OnceLock<u32>,
+    /// Where its traced launches were seen to pass pointers ([`crate::tracing`]).
+    pub sites: parking_lot::Mutex<fatbin::sites::PointerSites>,
 }
 
 impl FunctionRecord {
@@ -200,6 +202,7 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
         fatbin,
         layout: OnceLock::new(),
         trace_id: OnceLock::new(),
+        sites: parking_lot::Mutex::new(fatbin::sites::PointerSites::new()),
     }));
     if r.functions.insert(host_fun, rec).is_some() {
         GENERATION.fetch_add(1, Ordering::AcqRel);

@@ -36,7 +36,7 @@ use cudaw_trace::{Config, Direction, Mode, Tracer};
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
@@ -772,35 +772,69 @@ fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
 }
 
 /// The 8-byte words of a launch's arguments that may be pointers (with the parameter
-/// each came from), read through the kernel's parameter layout: those inside the span of
-/// the live allocations ([`Tracer::memory_span`]). With `timed`, returns the tick at which
-/// the layout was at hand (0: no words were read).
+/// each came from): those inside the span of the live allocations
+/// ([`Tracer::memory_span`]). A `sampled` launch (and one whose kernel's sites are not
+/// known) is scanned whole through the kernel's parameter layout, and the words it found
+/// teach the kernel's [`fatbin::sites::PointerSites`]; any other reads only the words at
+/// those sites (a few loads where a scan reads the whole parameter block, hundreds of bytes
+/// for most of PyTorch's kernels). Returns the bytes read, with `timed` the tick at which
+/// the layout (or the sites) was at hand (0: no words were read), and whether the sites
+/// were read.
 fn pointer_words(
     t: &Tracer,
     rec: &registry::FunctionRecord,
     args: *mut *mut c_void,
     out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
     timed: bool,
-) -> u64 {
+    sampled: bool,
+) -> (u64, u64, bool) {
     let (lo, hi) = t.memory_span();
     if lo >= hi || args.is_null() {
-        return 0;
+        return (0, 0, false);
+    }
+    if !sampled {
+        if let Some(sites) = rec.sites.try_lock().filter(|s| s.ready()) {
+            let at = if timed { ticks() } else { 0 };
+            for s in sites.sites() {
+                // SAFETY: the launch passes one argument pointer per kernel parameter.
+                let base = unsafe { *args.add(s.param as usize) } as *const u8;
+                if base.is_null() {
+                    continue;
+                }
+                // SAFETY: a scan of this kernel found a whole word at `at` in this
+                // parameter's bytes, which the launch's argument points at.
+                let v = unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() };
+                if v.wrapping_sub(lo) < hi - lo {
+                    out.push((s.param as u16, v));
+                }
+            }
+            return (8 * sites.sites().len() as u64, at, true);
+        }
     }
     let Some(layout) = rec.layout(crate::wrappers::device_sm()) else {
-        return 0;
+        return (0, 0, false);
     };
     let at = if timed { ticks() } else { 0 };
-    for p in &layout.params {
-        // SAFETY: the launch passes one argument pointer per kernel parameter.
-        let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
-        if base.is_null() {
-            continue;
-        }
-        // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-        let bytes = unsafe { std::slice::from_raw_parts(base, p.size as usize) };
-        p.words_in_range(bytes, lo, hi, |_, v| out.push((p.ordinal as u16, v)));
-    }
-    at
+    let mut hits = Vec::new();
+    fatbin::sites::scan(
+        layout,
+        |p| {
+            // SAFETY: the launch passes one argument pointer per kernel parameter.
+            let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
+            // SAFETY: `base` points at this parameter's `size` bytes (the launch's
+            // contract).
+            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
+        },
+        (lo, hi),
+        &mut hits,
+        |param, v| out.push((param as u16, v)),
+    );
+    rec.sites.lock().learn(&hits);
+    (
+        layout.params.iter().map(|p| u64::from(p.size)).sum(),
+        at,
+        false,
+    )
 }
 
 /// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
@@ -833,11 +867,12 @@ pub fn launch(
     let weight = t.count_launch(k);
     let t1 = if timed { ticks() } else { 0 };
     let mut words = smallvec::SmallVec::new();
-    // The buffers of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel are read.
-    let tl = if weight != 0 {
-        pointer_words(t, rec, args, &mut words, timed)
+    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
+    // history; the timeline keeps every launch's (resolved when it is read).
+    let (bytes, tl, short) = if weight != 0 || timeline {
+        pointer_words(t, rec, args, &mut words, timed, weight != 0)
     } else {
-        0
+        (0, 0, false)
     };
     let t2 = if timed { ticks() } else { 0 };
     let (start, end) = match (timeline, words.is_empty()) {
@@ -862,13 +897,15 @@ pub fn launch(
         SELF_COST.add(2, tl.saturating_sub(t1));
         SELF_COST.add(3, t2.saturating_sub(tl));
         SELF_COST.add(4, ticks().saturating_sub(t2));
-        let bytes = rec
-            .layout(crate::wrappers::device_sm())
-            .map_or(0, |l| l.params.iter().map(|p| p.size as u64).sum());
         SELF_COST.end(words.len() as u64, bytes);
+        SITE_READS.fetch_add(u64::from(short), Ordering::Relaxed);
     }
     rc
 }
+
+/// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their
+/// kernels' learned pointer sites (the rest were scanned whole, or had none read).
+static SITE_READS: AtomicU64 = AtomicU64::new(0);
 
 /// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
 static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
@@ -1004,7 +1041,10 @@ extern "C" fn at_exit() {
             log::warn_plain(format_args!("trace: {line}"));
         }
         if let Some(line) = SELF_COST.report(ticks()) {
-            log::warn_plain(format_args!("trace: {line}"));
+            log::warn_plain(format_args!(
+                "trace: {line}; {} read at their kernels' learned pointer sites",
+                SITE_READS.load(Ordering::Relaxed)
+            ));
         }
         log::warn_plain(format_args!(
             "trace: {} calls timed on the Rust path (the rest on the fast path)",

@@ -55,6 +55,7 @@ mod index;
 pub mod ptx;
 pub mod raw;
 mod select;
+pub mod sites;
 
 pub use container::{
     Compression, Container, Entry, EntryKind, FLAG_64BIT, FLAG_ARCH_SPECIFIC, FLAG_DEBUG,

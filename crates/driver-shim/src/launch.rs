@@ -35,6 +35,8 @@ pub struct Kernel {
     pub launches: AtomicU64,
     /// The tracer's id for the name ([`crate::trace`]), `u32::MAX` until asked.
     trace_id: AtomicU32,
+    /// Where its traced launches were seen to pass pointers ([`crate::trace`]).
+    pub sites: Mutex<fatbin::sites::PointerSites>,
 }
 
 impl Kernel {
@@ -190,6 +192,7 @@ impl Registry {
             name: name.into(),
             launches: AtomicU64::new(0),
             trace_id: AtomicU32::new(u32::MAX),
+            sites: Mutex::new(fatbin::sites::PointerSites::new()),
         }));
         self.by_name.insert(name.into(), k);
         k

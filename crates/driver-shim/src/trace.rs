@@ -21,10 +21,11 @@ use crate::launch::Kernel;
 use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
+use fatbin::sites::PointerSites;
 use fatbin::KernelInfo;
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// `CUDAW_TRACE` as the runtime shim reads it ([`driver::hooks::TRACE_OFF`] without one).
@@ -153,14 +154,31 @@ fn extra_buffer(extra: *mut *mut c_void) -> *const u8 {
     std::ptr::null()
 }
 
+/// Where parameter `p`'s bytes are: `params[p.ordinal]` (one pointer per parameter) or,
+/// without `params`, `buffer + p.offset` (the buffer `extra` names); null when neither.
+fn param_base(params: *mut *mut c_void, buffer: *const u8, ordinal: u32, offset: u32) -> *const u8 {
+    if params.is_null() {
+        if buffer.is_null() {
+            return std::ptr::null();
+        }
+        // SAFETY: the buffer holds the whole parameter block (the launch's contract).
+        unsafe { buffer.add(offset as usize) }
+    } else {
+        // SAFETY: the launch passes one argument pointer per kernel parameter.
+        (unsafe { *params.add(ordinal as usize) }) as *const u8
+    }
+}
+
 /// The 8-byte words of a launch's arguments that may be pointers (with the parameter each
 /// came from), read through the kernel's layout from `params` (one pointer per parameter)
-/// or, without them, from the buffer `extra` names.
+/// or, without them, from the buffer `extra` names; the sites of the words found teach
+/// `sites`.
 fn pointer_words(
     layout: &KernelInfo,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     (lo, hi): (u64, u64),
+    sites: Option<&parking_lot::Mutex<PointerSites>>,
     out: &mut Words,
 ) {
     if lo >= hi {
@@ -174,26 +192,66 @@ fn pointer_words(
     if params.is_null() && buffer.is_null() {
         return;
     }
-    for p in &layout.params {
-        let base = if params.is_null() {
-            // SAFETY: the buffer holds the whole parameter block (the launch's contract).
-            unsafe { buffer.add(p.offset as usize) }
-        } else {
-            // SAFETY: the launch passes one argument pointer per kernel parameter.
-            (unsafe { *params.add(p.ordinal as usize) }) as *const u8
-        };
+    let mut hits = Vec::new();
+    fatbin::sites::scan(
+        layout,
+        |p| {
+            let base = param_base(params, buffer, p.ordinal, p.offset);
+            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
+            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
+        },
+        (lo, hi),
+        &mut hits,
+        |param, v| {
+            out.push(TraceWord {
+                param: param as u16,
+                value: v,
+            })
+        },
+    );
+    if let Some(s) = sites {
+        s.lock().learn(&hits);
+    }
+}
+
+/// [`pointer_words`] from the words at the learned `sites` only (a few loads, no layout);
+/// `false` when the sites are not ready (nothing learned, too many, or busy): scan instead.
+fn site_words(
+    sites: &parking_lot::Mutex<PointerSites>,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    (lo, hi): (u64, u64),
+    out: &mut Words,
+    bytes: &mut u64,
+) -> bool {
+    let Some(sites) = sites.try_lock().filter(|s| s.ready()) else {
+        return false;
+    };
+    *bytes = 8 * sites.sites().len() as u64;
+    if lo >= hi {
+        return true;
+    }
+    let buffer = if params.is_null() {
+        extra_buffer(extra)
+    } else {
+        std::ptr::null()
+    };
+    for s in sites.sites() {
+        let base = param_base(params, buffer, s.param, s.offset);
         if base.is_null() {
             continue;
         }
-        // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-        let bytes = unsafe { std::slice::from_raw_parts(base, p.size as usize) };
-        p.words_in_range(bytes, lo, hi, |_, v| {
+        // SAFETY: a scan of this kernel found a whole word at `at` in this parameter's
+        // bytes, which `base` points at (the launch's contract).
+        let v = unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() };
+        if v.wrapping_sub(lo) < hi - lo {
             out.push(TraceWord {
-                param: p.ordinal as u16,
+                param: s.param as u16,
                 value: v,
-            })
-        });
+            });
+        }
     }
+    true
 }
 
 /// One thread's layouts of the handles it launched: a direct-mapped table (slot by the
@@ -274,16 +332,27 @@ pub fn launch(
     let mut words = Words::new();
     let mut bytes = 0u64;
     let mut tl = 0;
-    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel are read.
-    if weight != 0 {
+    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
+    // history; the timeline keeps every launch's (resolved when it is read).
+    // A sampled launch is scanned whole (teaching the kernel's pointer sites); the
+    // timeline's others read the learned sites.
+    let mut span = (0u64, 0u64);
+    if weight != 0 || timeline {
+        (h.memory_span)(&mut span.0, &mut span.1);
+    }
+    let short = weight == 0 && timeline && {
+        if timed {
+            tl = ticks();
+        }
+        site_words(&k.sites, params, extra, span, &mut words, &mut bytes)
+    };
+    if !short && (weight != 0 || timeline) {
         with_layout(handle, |layout| {
             if let Some(layout) = layout {
-                let mut span = (0u64, 0u64);
-                (h.memory_span)(&mut span.0, &mut span.1);
                 if timed {
                     tl = ticks();
                 }
-                pointer_words(layout, params, extra, span, &mut words);
+                pointer_words(layout, params, extra, span, Some(&k.sites), &mut words);
                 if timed {
                     bytes = layout.params.iter().map(|p| p.size as u64).sum();
                 }
@@ -323,6 +392,7 @@ pub fn launch(
         SELF_COST.add(2, t2.saturating_sub(tl));
         SELF_COST.add(3, ticks().saturating_sub(t2));
         SELF_COST.end(words.len() as u64, bytes);
+        SITE_READS.fetch_add(u64::from(short), Ordering::Relaxed);
         static AT_EXIT: std::sync::Once = std::sync::Once::new();
         // SAFETY: registers a function with no arguments that never unwinds (it catches).
         AT_EXIT.call_once(|| unsafe {
@@ -331,6 +401,10 @@ pub fn launch(
     }
     rc
 }
+
+/// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their
+/// kernels' learned pointer sites.
+static SITE_READS: AtomicU64 = AtomicU64::new(0);
 
 /// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (reported at exit).
 static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
@@ -346,9 +420,10 @@ extern "C" fn report_self_cost() {
             // renamed or forgotten) and layouts looked up past them: each costs launches
             // a lock and a hash.
             crate::log::warn(format_args!(
-                "trace: {line}; handle generation {}, {} layout lookups past the threads' caches",
+                "trace: {line}; handle generation {}, {} layout lookups past the threads' caches; {} read at their kernels' learned pointer sites",
                 crate::launch::generation(),
-                crate::modules::layout_lookups()
+                crate::modules::layout_lookups(),
+                SITE_READS.load(Ordering::Relaxed)
             ));
         }
     })
@@ -468,7 +543,7 @@ mod tests {
         // The words read, as (parameter, value).
         let words = |layout: &KernelInfo, params, extra, span| {
             let mut out = Words::new();
-            pointer_words(layout, params, extra, span, &mut out);
+            pointer_words(layout, params, extra, span, None, &mut out);
             out.iter()
                 .map(|w| (w.param, w.value))
                 .collect::<Vec<(u16, u64)>>()
@@ -519,6 +594,78 @@ mod tests {
 
         // Neither: nothing.
         assert!(words(&two, none, none, all).is_empty());
+    }
+
+    /// A scanned launch teaches the kernel's sites; a later launch's words are then read
+    /// at those sites only (from `params` or the `extra` buffer alike), in the span.
+    #[test]
+    fn launches_read_the_sites_their_kernels_scans_learned() {
+        let sites = parking_lot::Mutex::new(PointerSites::new());
+        let none = std::ptr::null_mut();
+        let all = (1, u64::MAX);
+        let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 16, 16)]);
+        let (mut v, mut n, mut s) = (0x7f00_1000u64, 1024i32, [0x7f00_2000u64, 9]);
+        let mut params: [*mut c_void; 3] = [
+            (&mut v as *mut u64).cast(),
+            (&mut n as *mut i32).cast(),
+            s.as_mut_ptr().cast(),
+        ];
+        let mut out = Words::new();
+        assert!(
+            !site_words(&sites, params.as_mut_ptr(), none, all, &mut out, &mut 0),
+            "nothing learned: scan"
+        );
+        let span = (0x7f00_0000, 0x7f01_0000);
+        pointer_words(
+            &scale,
+            params.as_mut_ptr(),
+            none,
+            span,
+            Some(&sites),
+            &mut out,
+        );
+        let pairs = |w: &Words| w.iter().map(|w| (w.param, w.value)).collect::<Vec<_>>();
+        assert_eq!(pairs(&out), [(0, 0x7f00_1000), (2, 0x7f00_2000)]);
+        // The next launch: other values, read at the same sites only (a pointer now in
+        // the struct's second word, never seen there by a scan, is not read; a sampled
+        // launch's scan would learn it); a word outside the span is left.
+        // SAFETY: `params` point at `v` and `s`, alive and of these types.
+        unsafe {
+            params[0].cast::<u64>().write(0x7f00_3000);
+            params[2].cast::<[u64; 2]>().write([0x10, 0x7f00_4000]);
+        }
+        let mut out = Words::new();
+        let mut bytes = 0;
+        assert!(site_words(
+            &sites,
+            params.as_mut_ptr(),
+            none,
+            span,
+            &mut out,
+            &mut bytes
+        ));
+        assert_eq!(bytes, 16, "two sites read");
+        assert_eq!(pairs(&out), [(0, 0x7f00_3000)]);
+        // The same layout through an extra buffer: the parameters at their offsets.
+        let mut buffer = [0x7f00_5000u64, 0, 0x7f00_6000, 0];
+        let mut size = std::mem::size_of_val(&buffer);
+        let mut extra: [*mut c_void; 5] = [
+            PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (&mut size as *mut usize).cast(),
+            PARAM_END as *mut c_void,
+        ];
+        let mut out = Words::new();
+        assert!(site_words(
+            &sites,
+            none,
+            extra.as_mut_ptr(),
+            all,
+            &mut out,
+            &mut 0
+        ));
+        assert_eq!(pairs(&out), [(0, 0x7f00_5000), (2, 0x7f00_6000)]);
     }
 
     #[test]

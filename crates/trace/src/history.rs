@@ -53,7 +53,8 @@ impl Record {
         self.last_use.unwrap_or(self.created)
     }
 
-    fn as_ref(&self) -> AllocRef {
+    /// How the timeline names it.
+    pub fn alloc_ref(&self) -> AllocRef {
         AllocRef {
             order: self.order,
             base: self.base,
@@ -127,6 +128,19 @@ impl History {
         site: Option<&str>,
         at: u64,
     ) -> u64 {
+        self.alloc_replacing(base, size, api, site, at).0
+    }
+
+    /// [`History::alloc`], also returning the live allocation at the same base it replaced
+    /// (the driver reused the address without the free being seen), if any.
+    pub fn alloc_replacing(
+        &mut self,
+        base: u64,
+        size: u64,
+        api: &'static str,
+        site: Option<&str>,
+        at: u64,
+    ) -> (u64, Option<AllocRef>) {
         let order = self.next_order;
         self.next_order += 1;
         let site = site.map(|s| match self.site_cache.iter().find(|c| &***c == s) {
@@ -172,8 +186,8 @@ impl History {
         if replaces {
             let slot = self.index[pos - 1].2;
             self.index[pos - 1].1 = end;
-            self.slots[slot as usize] = Some(record);
-            return order;
+            let old = self.slots[slot as usize].replace(record);
+            return (order, old.map(|r| r.alloc_ref()));
         }
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -186,7 +200,7 @@ impl History {
             }
         };
         self.index.insert(pos, (base, end, slot));
-        order
+        (order, None)
     }
 
     /// Forgets the allocation at `base`; its (order, size) if it was known.
@@ -225,13 +239,13 @@ impl History {
             r.copies_in += 1;
             r.bytes_in += bytes;
             r.last_use = Some(at);
-            d = Some(r.as_ref());
+            d = Some(r.alloc_ref());
         }
         if let Some(r) = self.find_mut(src) {
             r.copies_out += 1;
             r.bytes_out += bytes;
             r.last_use = Some(at);
-            s = Some(r.as_ref());
+            s = Some(r.alloc_ref());
         }
         let dir = match dir {
             Direction::Default => match (s.is_some(), d.is_some()) {
@@ -259,7 +273,7 @@ impl History {
         self.launch_with(kernel, words, at, weight, |param, r| {
             out.push(Buffer {
                 param,
-                alloc: r.as_ref(),
+                alloc: r.alloc_ref(),
             })
         });
         out

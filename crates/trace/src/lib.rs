@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use timeline::{Buffer, Event, Ring};
+use timeline::{Event, Ring};
 
 pub use report::{AllocStat, CallStat, CopyStat, KernelStat, Stats};
 
@@ -552,7 +552,7 @@ impl Tracer {
         end: u64,
         words: I,
     ) where
-        I: ExactSizeIterator<Item = (u16, u64)>,
+        I: ExactSizeIterator<Item = (u16, u64)> + Clone,
     {
         let weight = self.count_launch(kernel);
         let shape = LaunchShape {
@@ -579,9 +579,11 @@ impl Tracer {
     }
 
     /// Records a launch [`Tracer::count_launch`] counted, with the `weight` it returned: the
-    /// allocations its argument words point into (read only when `weight` is not 0) each
-    /// count it `weight` times, with `end` as their last use; in the timeline, the launch
-    /// with those allocations as its buffers.
+    /// allocations its argument words point into (looked up only when `weight` is not 0)
+    /// each count it `weight` times, with `end` as their last use. In the timeline, the
+    /// launch with its words as they are (pass them for every launch there): which
+    /// allocations they point into is worked out when the timeline is read
+    /// ([`timeline::resolve_buffers`]), so a launch costs no lookup.
     pub fn record_counted_launch<I>(
         &self,
         kernel: u32,
@@ -591,35 +593,29 @@ impl Tracer {
         words: I,
         weight: u32,
     ) where
-        I: ExactSizeIterator<Item = (u16, u64)>,
+        I: ExactSizeIterator<Item = (u16, u64)> + Clone,
     {
-        let attributed = weight != 0 && words.len() != 0;
-        if self.ring.is_none() {
-            if attributed {
-                self.history
-                    .lock()
-                    .launch_counted(kernel, words, end, u64::from(weight));
-            }
-            return;
-        }
-        let buffers: Vec<Buffer> = if attributed {
+        if weight != 0 && words.len() != 0 {
             self.history
                 .lock()
-                .launch(kernel, words, end, u64::from(weight))
-        } else {
-            Vec::new()
-        };
+                .launch_counted(kernel, words.clone(), end, u64::from(weight));
+        }
+        if self.ring.is_none() {
+            return;
+        }
         let tid = self.local(|c| c.tid);
-        self.push(Event::Launch(Box::new(timeline::Launch {
-            kernel,
-            tid,
-            start,
-            end,
-            grid: shape.grid,
-            block: shape.block,
-            shared: shape.shared,
-            buffers,
-        })));
+        if let Some(r) = &self.ring {
+            r.lock().push_launch(
+                kernel,
+                tid,
+                start,
+                end,
+                shape.grid,
+                shape.block,
+                shape.shared,
+                words,
+            );
+        }
     }
 
     /// Stores the history's span for [`Tracer::memory_span`] (under the history's lock).
@@ -671,14 +667,13 @@ impl Tracer {
     /// from `site` (the calling library, when known).
     pub fn record_alloc(&self, base: u64, size: u64, api: &'static str, site: Option<&str>) {
         let at = self.now();
-        let order = {
-            let mut h = self.history.lock();
-            let order = h.alloc(base, size, api, site, at);
-            self.publish_span(h.span());
-            order
-        };
+        let tid = self.thread_id();
+        let mut h = self.history.lock();
+        let (order, replaced) = h.alloc_replacing(base, size, api, site, at);
+        self.publish_span(h.span());
+        // Under the history's lock: the ring holds allocations and frees in the history's
+        // order, which reading the timeline replays (`timeline::resolve_buffers`).
         if self.ring.is_some() {
-            let tid = self.thread_id();
             self.push(Event::Alloc(Box::new(timeline::AllocEvent {
                 tid,
                 at,
@@ -686,6 +681,7 @@ impl Tracer {
                 size,
                 order,
                 api,
+                replaced,
             })));
         }
     }
@@ -693,14 +689,12 @@ impl Tracer {
     /// The allocation at `base` was freed.
     pub fn record_free(&self, base: u64) {
         let at = self.now();
-        let rec = {
-            let mut h = self.history.lock();
-            let rec = h.free(base, at);
-            self.publish_span(h.span());
-            rec
-        };
+        let tid = self.thread_id();
+        let mut h = self.history.lock();
+        let rec = h.free(base, at);
+        self.publish_span(h.span());
+        // Under the history's lock, as an allocation's.
         if let (Some((order, size)), true) = (rec, self.ring.is_some()) {
-            let tid = self.thread_id();
             self.push(Event::Free(Box::new(timeline::FreeEvent {
                 tid,
                 at,
@@ -801,8 +795,17 @@ impl Tracer {
     ) -> std::io::Result<u64> {
         let (mut events, pending, capacity, mut dropped) = match &self.ring {
             Some(r) => {
+                // The history's lock first (as where allocations are recorded): its live
+                // allocations are those after the ring's last event.
+                let h = self.history.lock();
                 let g = r.lock();
-                (g.to_vec(), pending(), g.capacity(), g.dropped())
+                let mut events = g.to_vec();
+                let live = timeline::Live::new(h.live().map(history::Record::alloc_ref));
+                let more = (pending(), g.capacity(), g.dropped());
+                drop(g);
+                drop(h);
+                timeline::resolve_buffers(&mut events, live);
+                (events, more.0, more.1, more.2)
             }
             None => (Vec::new(), Vec::new(), 0, 0),
         };
@@ -914,6 +917,38 @@ mod tests {
             .map(|e| e["args"]["buffers"][0]["alloc"].clone())
             .collect();
         assert_eq!(orders, [0, 0, 0, 1]);
+    }
+
+    /// With the history sampled, the timeline still gives every launch its buffers: it
+    /// keeps each launch's words and resolves them when written.
+    #[test]
+    fn the_timeline_lists_every_launchs_buffers_when_the_history_is_sampled() {
+        let t = Tracer::new(Config {
+            buffer_sample: 16,
+            ..Config::new(Mode::Timeline)
+        });
+        let k = t.kernel_id("k");
+        t.record_alloc(0x1000, 0x100, "cudaMalloc", None);
+        for _ in 0..5 {
+            t.record_launch(k, [1; 3], [1; 3], 0, 0, 1, &[(0, 0x1010), (1, 7)]);
+        }
+        assert_eq!(
+            launches_on(&t, 0x1000),
+            16,
+            "one launch looked up, counted 16 times"
+        );
+        let mut out = Vec::new();
+        t.write_timeline(&mut out, 1, "p").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let buffers: Vec<serde_json::Value> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "kernel")
+            .map(|e| e["args"]["buffers"].clone())
+            .collect();
+        let one = serde_json::json!([{"alloc": 0, "base": "0x1000", "size": 256, "param": 0}]);
+        assert_eq!(buffers, vec![one; 5]);
     }
 
     #[test]

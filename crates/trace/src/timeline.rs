@@ -6,7 +6,6 @@
 
 use crate::{demangle, Clock, Direction};
 use serde_json::{json, Value};
-use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -30,6 +29,12 @@ pub struct Buffer {
     pub alloc: AllocRef,
 }
 
+/// A launch's argument words that may be pointers, as (parameter, value): kept as the
+/// launch passed them (the first few inline), and resolved into the allocations they point
+/// into only when the timeline is read ([`resolve_buffers`]): recording a launch looks
+/// nothing up.
+pub type Words = smallvec::SmallVec<[(u16, u64); 6]>;
+
 /// A launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
@@ -47,7 +52,10 @@ pub struct Launch {
     pub block: [u32; 3],
     /// Dynamic shared memory.
     pub shared: u32,
-    /// The allocations its arguments point into.
+    /// Its argument words that may be pointers, not yet resolved ([`resolve_buffers`]
+    /// moves them into `buffers`).
+    pub words: Words,
+    /// The allocations its arguments point into, once resolved.
     pub buffers: Vec<Buffer>,
 }
 
@@ -110,6 +118,89 @@ pub struct CopyEvent {
     pub src: Option<AllocRef>,
 }
 
+/// The live allocations at one point of a timeline, for [`resolve_buffers`]: (base, end,
+/// allocation) by base, looked up as the memory history does (the one with the highest
+/// base at or below an address, when the address is before its end).
+#[derive(Debug, Default)]
+pub struct Live {
+    index: Vec<(u64, u64, AllocRef)>,
+}
+
+impl Live {
+    /// The allocations `live` (in any order).
+    pub fn new(live: impl IntoIterator<Item = AllocRef>) -> Live {
+        let mut index: Vec<(u64, u64, AllocRef)> = live
+            .into_iter()
+            .map(|a| (a.base, a.base.saturating_add(a.size.max(1)), a))
+            .collect();
+        index.sort_by_key(|e| e.0);
+        Live { index }
+    }
+
+    /// Adds `a` (replacing one at the same base, as the history does).
+    pub fn insert(&mut self, a: AllocRef) {
+        let end = a.base.saturating_add(a.size.max(1));
+        match self.index.binary_search_by_key(&a.base, |e| e.0) {
+            Ok(i) => self.index[i] = (a.base, end, a),
+            Err(i) => self.index.insert(i, (a.base, end, a)),
+        }
+    }
+
+    /// Removes allocation `order` at `base`, if it is there.
+    pub fn remove(&mut self, base: u64, order: u64) {
+        if let Ok(i) = self.index.binary_search_by_key(&base, |e| e.0) {
+            if self.index[i].2.order == order {
+                self.index.remove(i);
+            }
+        }
+    }
+
+    /// The allocation containing `ptr`.
+    pub fn find(&self, ptr: u64) -> Option<AllocRef> {
+        let at = self.index.partition_point(|e| e.0 <= ptr).checked_sub(1)?;
+        let (_, end, a) = self.index[at];
+        (ptr < end).then_some(a)
+    }
+}
+
+/// Resolves each launch's [`Launch::words`] into its [`Launch::buffers`]: the allocations
+/// they pointed into when it ran, one buffer per allocation (with the first parameter that
+/// pointed into it). `events` are in the order they were recorded (the ring's order, in
+/// which an allocation or free is recorded under the memory history's lock), and `live`
+/// holds the allocations live after the last of them: the events are walked from the
+/// newest back, a free making its allocation live again and an allocation ending it (and
+/// bringing back the one it replaced at the same base, if any).
+pub fn resolve_buffers(events: &mut [Event], mut live: Live) {
+    for e in events.iter_mut().rev() {
+        match e {
+            Event::Alloc(a) => {
+                live.remove(a.base, a.order);
+                if let Some(r) = a.replaced {
+                    live.insert(r);
+                }
+            }
+            Event::Free(f) => live.insert(AllocRef {
+                order: f.order,
+                base: f.base,
+                size: f.size,
+            }),
+            Event::Launch(l) if !l.words.is_empty() => {
+                let mut buffers: Vec<Buffer> = Vec::new();
+                for &(param, w) in &l.words {
+                    if let Some(a) = live.find(w) {
+                        if !buffers.iter().any(|b| b.alloc.order == a.order) {
+                            buffers.push(Buffer { param, alloc: a });
+                        }
+                    }
+                }
+                l.buffers = buffers;
+                l.words = Words::new();
+            }
+            _ => {}
+        }
+    }
+}
+
 /// An allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllocEvent {
@@ -125,6 +216,8 @@ pub struct AllocEvent {
     pub order: u64,
     /// The API.
     pub api: &'static str,
+    /// A live allocation at the same base that this one replaced (its free unseen).
+    pub replaced: Option<AllocRef>,
 }
 
 /// A free.
@@ -159,32 +252,87 @@ pub struct PauseEvent {
     pub bytes: u64,
 }
 
-/// A bounded ring of events.
+/// A bounded ring of events, encoded into words of its own memory (written once when the
+/// ring is made, so that recording neither allocates nor takes page faults: a boxed event
+/// per launch grew the heap by a page every dozen launches, a page fault each). It holds
+/// at most `capacity` events and `capacity` × [`Ring::WORDS_PER_EVENT`] words, the
+/// oldest dropped to make room: a call takes 3 words, a launch 7 and 2 per argument word,
+/// an allocation 8, a copy 10. Events are decoded on read ([`Ring::to_vec`]).
 pub struct Ring {
-    events: VecDeque<Event>,
+    words: Vec<u64>,
+    /// Where the oldest event starts, and where the next one goes (indices into `words`,
+    /// wrapping).
+    head: usize,
+    tail: usize,
+    /// Words held.
+    used: usize,
+    /// Events held.
+    len: usize,
     capacity: usize,
     dropped: u64,
+    /// The APIs allocation events name, by number.
+    apis: Vec<&'static str>,
+}
+
+const CALL: u64 = 1;
+const LAUNCH: u64 = 2;
+const COPY: u64 = 3;
+const ALLOC: u64 = 4;
+const FREE: u64 = 5;
+const PAUSE: u64 = 6;
+
+/// An event's first word: its kind, its thread (24 bits) and a 32-bit value (a call's
+/// function, a launch's kernel, ...).
+fn header(kind: u64, tid: u32, value: u32) -> u64 {
+    kind | u64::from(tid & 0xff_ffff) << 8 | u64::from(value) << 32
+}
+
+fn pair(lo: u32, hi: u32) -> u64 {
+    u64::from(lo) | u64::from(hi) << 32
+}
+
+fn halves(w: u64) -> (u32, u32) {
+    (w as u32, (w >> 32) as u32)
+}
+
+/// An optional allocation as 3 words (presence in the order's top bit).
+fn alloc_words(a: Option<AllocRef>) -> [u64; 3] {
+    match a {
+        Some(a) => [a.order | 1 << 63, a.base, a.size],
+        None => [0, 0, 0],
+    }
+}
+
+fn alloc_of(w: [u64; 3]) -> Option<AllocRef> {
+    (w[0] >> 63 == 1).then(|| AllocRef {
+        order: w[0] & !(1 << 63),
+        base: w[1],
+        size: w[2],
+    })
 }
 
 impl Ring {
+    /// Words of the ring's memory per event of its capacity (32 bytes).
+    pub const WORDS_PER_EVENT: usize = 4;
+
     /// An empty ring of `capacity` events, its memory (32 bytes an event) allocated and
     /// written once now up to [`Ring::PREPARED`] events, so that recording neither grows
     /// it nor takes page faults on it; a larger ring grows as it fills beyond that.
     pub fn new(capacity: usize) -> Ring {
-        let prepared = capacity.min(Self::PREPARED);
-        let mut events = VecDeque::with_capacity(prepared);
-        let blank = Event::Call {
-            f: 0,
-            tid: 0,
-            start: 0,
-            end: 0,
-        };
-        events.resize(prepared, blank);
-        events.clear();
+        let capacity = capacity.max(1);
+        let prepared = capacity.min(Self::PREPARED) * Self::WORDS_PER_EVENT;
+        let mut words = Vec::with_capacity(prepared);
+        // Written, not only reserved: the pages are taken now.
+        words.resize(prepared, u64::MAX);
         Ring {
-            events,
+            words,
+            head: 0,
+            tail: 0,
+            used: 0,
+            len: 0,
             capacity,
             dropped: 0,
+            apis: Vec::new(),
         }
     }
 
@@ -192,26 +340,218 @@ impl Ring {
     /// (1048576 events) whole, not a mistyped `CUDAW_TRACE_EVENTS` of billions.
     pub const PREPARED: usize = 1 << 21;
 
+    /// The words the ring may hold.
+    fn word_capacity(&self) -> usize {
+        self.capacity.saturating_mul(Self::WORDS_PER_EVENT)
+    }
+
+    /// The number of words of the event whose first word is `w`.
+    fn size_of(w: u64, at: impl Fn(usize) -> u64, i: usize) -> usize {
+        match w & 0xff {
+            CALL => 3,
+            LAUNCH => 7 + 2 * (at(i + 6) >> 32) as usize,
+            COPY => 10,
+            ALLOC => 8,
+            FREE | PAUSE => 5,
+            // Never written: a corrupt ring reads as one-word events.
+            _ => 1,
+        }
+    }
+
+    /// The word at `i`, an index at most one length past the end (wrapping).
+    fn word(&self, i: usize) -> u64 {
+        let n = self.words.len();
+        self.words[if i >= n { i - n } else { i }]
+    }
+
+    /// `i + n`, wrapped (both within the memory).
+    fn advance(&self, i: usize, n: usize) -> usize {
+        let j = i + n;
+        if j >= self.words.len() {
+            j - self.words.len()
+        } else {
+            j
+        }
+    }
+
+    /// Drops the oldest event.
+    fn drop_oldest(&mut self) {
+        if self.len == 0 {
+            return;
+        }
+        let n = Self::size_of(self.word(self.head), |i| self.word(i), self.head);
+        self.head = self.advance(self.head, n);
+        self.used -= n;
+        self.len -= 1;
+        self.dropped += 1;
+    }
+
+    /// Makes room for an event of `n` words (dropping the oldest), growing the memory
+    /// while it is below the word capacity (a ring larger than [`Ring::PREPARED`]).
+    fn reserve(&mut self, n: usize) {
+        let n = n.min(self.word_capacity());
+        while self.len > 0 && (self.len >= self.capacity || self.used + n > self.word_capacity()) {
+            self.drop_oldest();
+        }
+        if self.used + n > self.words.len() {
+            // Grow: unwrap the held words to the front, then extend.
+            let held: Vec<u64> = (0..self.used).map(|i| self.word(self.head + i)).collect();
+            let target = (self.words.len() * 2)
+                .max(self.used + n)
+                .min(self.word_capacity());
+            self.words = held;
+            self.words.resize(target, u64::MAX);
+            self.head = 0;
+            self.tail = self.used;
+        }
+    }
+
+    /// Appends an event of `words` (with [`Ring::reserve`] made room for it).
+    fn put(&mut self, words: &[u64]) {
+        if words.len() > self.word_capacity() {
+            // Larger than the whole ring (a ring of a few events): not kept.
+            self.dropped += 1;
+            return;
+        }
+        self.reserve(words.len());
+        let cap = self.words.len();
+        for &w in words {
+            self.words[self.tail] = w;
+            self.tail += 1;
+            if self.tail == cap {
+                self.tail = 0;
+            }
+        }
+        self.used += words.len();
+        self.len += 1;
+    }
+
+    /// A call of function `f` on thread `tid` from tick `start` to `end`.
+    #[inline]
+    pub fn push_call(&mut self, f: u32, tid: u32, start: u64, end: u64) {
+        self.put(&[header(CALL, tid, f), start, end]);
+    }
+
+    /// A launch, its argument words kept as they are (resolved on read).
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_launch(
+        &mut self,
+        kernel: u32,
+        tid: u32,
+        start: u64,
+        end: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        words: impl ExactSizeIterator<Item = (u16, u64)>,
+    ) {
+        // More words than the ring may hold are cut (never in practice: thousands).
+        let n = words.len().min(self.word_capacity().saturating_sub(7) / 2);
+        self.reserve(7 + 2 * n);
+        let head = [
+            header(LAUNCH, tid, kernel),
+            start,
+            end,
+            pair(grid[0], grid[1]),
+            pair(grid[2], block[0]),
+            pair(block[1], block[2]),
+            pair(shared, n as u32),
+        ];
+        let cap = self.words.len();
+        let mut w = |v: u64, tail: &mut usize| {
+            self.words[*tail] = v;
+            *tail += 1;
+            if *tail == cap {
+                *tail = 0;
+            }
+        };
+        let mut tail = self.tail;
+        for v in head {
+            w(v, &mut tail);
+        }
+        for (param, value) in words.take(n) {
+            w(u64::from(param), &mut tail);
+            w(value, &mut tail);
+        }
+        self.tail = tail;
+        self.used += 7 + 2 * n;
+        self.len += 1;
+    }
+
     /// Adds `e`, dropping the oldest event when full.
     pub fn push(&mut self, e: Event) {
-        if self.events.len() >= self.capacity {
-            self.events.pop_front();
-            self.dropped += 1;
+        match e {
+            Event::Call { f, tid, start, end } => self.push_call(f, tid, start, end),
+            Event::Launch(l) => self.push_launch(
+                l.kernel,
+                l.tid,
+                l.start,
+                l.end,
+                l.grid,
+                l.block,
+                l.shared,
+                l.words.iter().copied(),
+            ),
+            Event::Copy(c) => {
+                let [d0, d1, d2] = alloc_words(c.dst);
+                let [s0, s1, s2] = alloc_words(c.src);
+                self.put(&[
+                    header(COPY, c.tid, c.dir as u32),
+                    c.start,
+                    c.end,
+                    c.bytes,
+                    d0,
+                    d1,
+                    d2,
+                    s0,
+                    s1,
+                    s2,
+                ]);
+            }
+            Event::Alloc(a) => {
+                let api = match self.apis.iter().position(|x| *x == a.api) {
+                    Some(i) => i,
+                    None => {
+                        self.apis.push(a.api);
+                        self.apis.len() - 1
+                    }
+                };
+                let [r0, r1, r2] = alloc_words(a.replaced);
+                self.put(&[
+                    header(ALLOC, a.tid, api as u32),
+                    a.at,
+                    a.base,
+                    a.size,
+                    a.order,
+                    r0,
+                    r1,
+                    r2,
+                ]);
+            }
+            Event::Free(f) => {
+                self.put(&[header(FREE, f.tid, 0), f.at, f.base, f.size, f.order]);
+            }
+            Event::Pause(p) => self.put(&[
+                header(PAUSE, p.tid, u32::from(p.resume)),
+                p.start,
+                p.end,
+                p.allocations,
+                p.bytes,
+            ]),
         }
-        self.events.push_back(e);
     }
 
     /// Events held.
     pub fn len(&self) -> usize {
-        self.events.len()
+        self.len
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
+        self.len == 0
     }
 
-    /// Its capacity.
+    /// Its capacity in events.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -221,9 +561,83 @@ impl Ring {
         self.dropped
     }
 
-    /// A copy of the events, oldest first.
+    /// The events, decoded, oldest first.
     pub fn to_vec(&self) -> Vec<Event> {
-        self.events.iter().cloned().collect()
+        let mut out = Vec::with_capacity(self.len);
+        let mut i = self.head;
+        for _ in 0..self.len {
+            let w0 = self.word(i);
+            let at = |k: usize| self.word(i + k);
+            let tid = ((w0 >> 8) & 0xff_ffff) as u32;
+            let value = (w0 >> 32) as u32;
+            let e = match w0 & 0xff {
+                CALL => Event::Call {
+                    f: value,
+                    tid,
+                    start: at(1),
+                    end: at(2),
+                },
+                LAUNCH => {
+                    let (g0, g1) = halves(at(3));
+                    let (g2, b0) = halves(at(4));
+                    let (b1, b2) = halves(at(5));
+                    let (shared, n) = halves(at(6));
+                    Event::Launch(Box::new(Launch {
+                        kernel: value,
+                        tid,
+                        start: at(1),
+                        end: at(2),
+                        grid: [g0, g1, g2],
+                        block: [b0, b1, b2],
+                        shared,
+                        words: (0..n as usize)
+                            .map(|k| (at(7 + 2 * k) as u16, at(8 + 2 * k)))
+                            .collect(),
+                        buffers: Vec::new(),
+                    }))
+                }
+                COPY => Event::Copy(Box::new(CopyEvent {
+                    dir: Direction::from_kind(value as i32),
+                    tid,
+                    start: at(1),
+                    end: at(2),
+                    bytes: at(3),
+                    dst: alloc_of([at(4), at(5), at(6)]),
+                    src: alloc_of([at(7), at(8), at(9)]),
+                })),
+                ALLOC => Event::Alloc(Box::new(AllocEvent {
+                    tid,
+                    at: at(1),
+                    base: at(2),
+                    size: at(3),
+                    order: at(4),
+                    api: self.apis.get(value as usize).copied().unwrap_or("?"),
+                    replaced: alloc_of([at(5), at(6), at(7)]),
+                })),
+                FREE => Event::Free(Box::new(FreeEvent {
+                    tid,
+                    at: at(1),
+                    base: at(2),
+                    size: at(3),
+                    order: at(4),
+                })),
+                PAUSE => Event::Pause(Box::new(PauseEvent {
+                    resume: value != 0,
+                    tid,
+                    start: at(1),
+                    end: at(2),
+                    allocations: at(3),
+                    bytes: at(4),
+                })),
+                _ => {
+                    i = self.advance(i, 1);
+                    continue;
+                }
+            };
+            out.push(e);
+            i = self.advance(i, Self::size_of(w0, |k| self.word(k), i));
+        }
+        out
     }
 }
 
@@ -464,26 +878,239 @@ mod tests {
     #[test]
     fn a_ring_prepares_its_memory_up_to_a_bound() {
         let r = Ring::new(crate::DEFAULT_RING_EVENTS);
-        assert!(r.events.capacity() >= crate::DEFAULT_RING_EVENTS);
+        assert_eq!(
+            r.words.len(),
+            crate::DEFAULT_RING_EVENTS * Ring::WORDS_PER_EVENT
+        );
         assert!(r.is_empty());
         let cap = Ring::PREPARED + 10;
         let mut r = Ring::new(cap);
-        let reserved = r.events.capacity();
-        assert!((Ring::PREPARED..cap).contains(&reserved), "{reserved}");
+        assert_eq!(r.words.len(), Ring::PREPARED * Ring::WORDS_PER_EVENT);
         for i in 0..cap as u32 + 5 {
-            r.push(Event::Call {
-                f: i,
-                tid: 1,
-                start: 0,
-                end: 1,
-            });
+            r.push_call(i, 1, 0, 1);
         }
         assert_eq!((r.len(), r.dropped()), (cap, 5));
+        assert!(matches!(r.to_vec()[0], Event::Call { f: 5, .. }));
+    }
+
+    /// One event of each kind, as the ring gives them back.
+    fn one_of_each(i: u64) -> Vec<Event> {
+        let a = AllocRef {
+            order: i,
+            base: 0x1000 * i,
+            size: 64,
+        };
+        vec![
+            Event::Call {
+                f: i as u32,
+                tid: 0xab_cdef,
+                start: i,
+                end: i + 1,
+            },
+            launch(&[(0, 0x1000 * i), (7, u64::MAX)]),
+            launch(&[]),
+            Event::Copy(Box::new(CopyEvent {
+                dir: Direction::DtoH,
+                tid: 2,
+                start: i,
+                end: i + 5,
+                bytes: 1 << 40,
+                dst: None,
+                src: Some(a),
+            })),
+            alloc(i, 0x1000 * i, 64, Some(a)),
+            Event::Alloc(Box::new(AllocEvent {
+                tid: 3,
+                at: i,
+                base: 1,
+                size: 2,
+                order: 3,
+                api: "cuMemAlloc",
+                replaced: None,
+            })),
+            free(i, 0x1000 * i, 64),
+            Event::Pause(Box::new(PauseEvent {
+                resume: true,
+                tid: 4,
+                start: i,
+                end: i + 9,
+                allocations: 5,
+                bytes: 6,
+            })),
+        ]
+    }
+
+    /// The words an event takes in the ring.
+    fn size(e: &Event) -> usize {
+        match e {
+            Event::Call { .. } => 3,
+            Event::Launch(l) => 7 + 2 * l.words.len(),
+            Event::Copy(_) => 10,
+            Event::Alloc(_) => 8,
+            Event::Free(_) | Event::Pause(_) => 5,
+        }
+    }
+
+    /// Every kind of event reads back as it went in, through wrapping around the ring's
+    /// memory many times; the ring holds the newest events within both of its bounds
+    /// (events, and words), as a plain queue with those bounds does.
+    #[test]
+    fn events_read_back_as_pushed_through_many_wraps() {
+        for capacity in [4usize, 16, 37] {
+            let mut r = Ring::new(capacity);
+            let mut model: std::collections::VecDeque<Event> = Default::default();
+            let mut dropped = 0u64;
+            for i in 0..300 {
+                for e in one_of_each(i) {
+                    r.push(e.clone());
+                    let words = capacity * Ring::WORDS_PER_EVENT;
+                    if size(&e) > words {
+                        dropped += 1;
+                        continue;
+                    }
+                    model.push_back(e);
+                    while model.len() > capacity || model.iter().map(size).sum::<usize>() > words {
+                        model.pop_front();
+                        dropped += 1;
+                    }
+                }
+                assert_eq!(
+                    r.to_vec(),
+                    Vec::from(model.clone()),
+                    "capacity {capacity}, round {i}"
+                );
+                assert_eq!((r.len(), r.dropped()), (model.len(), dropped));
+            }
+        }
+        // A thread number is kept to its low 24 bits.
+        let mut r = Ring::new(16);
+        r.push_call(1, 0x1ab_cdef, 2, 3);
+        assert!(matches!(
+            r.to_vec()[0],
+            Event::Call {
+                f: 1,
+                tid: 0xab_cdef,
+                start: 2,
+                end: 3
+            }
+        ));
+    }
+
+    fn launch(words: &[(u16, u64)]) -> Event {
+        Event::Launch(Box::new(Launch {
+            kernel: 0,
+            tid: 1,
+            start: 0,
+            end: 0,
+            grid: [1; 3],
+            block: [1; 3],
+            shared: 0,
+            words: words.iter().copied().collect(),
+            buffers: Vec::new(),
+        }))
+    }
+
+    fn alloc(order: u64, base: u64, size: u64, replaced: Option<AllocRef>) -> Event {
+        Event::Alloc(Box::new(AllocEvent {
+            tid: 1,
+            at: 0,
+            base,
+            size,
+            order,
+            api: "cudaMalloc",
+            replaced,
+        }))
+    }
+
+    fn free(order: u64, base: u64, size: u64) -> Event {
+        Event::Free(Box::new(FreeEvent {
+            tid: 1,
+            at: 0,
+            base,
+            size,
+            order,
+        }))
+    }
+
+    /// Each launch's buffers as (parameter, allocation order).
+    fn buffers(events: &[Event]) -> Vec<Vec<(u16, u64)>> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Launch(l) => {
+                    assert!(l.words.is_empty(), "resolved words are let go");
+                    Some(l.buffers.iter().map(|b| (b.param, b.alloc.order)).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Launches resolve against the allocations live when they ran: a freed allocation's
+    /// address made again is the new one's after, the old one's before; an address
+    /// reused without a free seen brings the replaced allocation back before it; words
+    /// into one allocation give one buffer (the first parameter's); words into nothing
+    /// give none.
+    #[test]
+    fn launch_words_resolve_to_the_allocations_live_when_they_ran() {
+        let b = AllocRef {
+            order: 1,
+            base: 0x1000,
+            size: 0x200,
+        };
+        let c = AllocRef {
+            order: 2,
+            base: 0x1000,
+            size: 0x80,
+        };
+        let mut events = vec![
+            launch(&[(0, 0x1010)]),
+            alloc(0, 0x1000, 0x100, None),
+            launch(&[(0, 0x1010), (1, 0x10f0), (2, 0x1180)]),
+            free(0, 0x1000, 0x100),
+            launch(&[(0, 0x1010)]),
+            alloc(1, 0x1000, 0x200, None),
+            launch(&[(3, 0x1180), (4, 0x1010)]),
+            alloc(2, 0x1000, 0x80, Some(b)),
+            launch(&[(0, 0x1010), (1, 0x1180)]),
+        ];
+        resolve_buffers(&mut events, Live::new([c]));
+        assert_eq!(
+            buffers(&events),
+            [vec![], vec![(0, 0)], vec![], vec![(3, 1)], vec![(0, 2)]]
+        );
+        // The events before a ring's window are gone: the live set replayed back from the
+        // end still resolves the launches it holds.
+        let mut tail = vec![
+            launch(&[(0, 0x1010)]),
+            free(0, 0x1000, 0x100),
+            launch(&[(0, 0x1010)]),
+        ];
+        resolve_buffers(&mut tail, Live::new([]));
+        assert_eq!(buffers(&tail), [vec![(0, 0)], vec![]]);
+    }
+
+    /// An allocation inside another (a pool's block in its reservation) is found for the
+    /// words inside it, the outer one for the rest.
+    #[test]
+    fn nested_allocations_resolve_as_the_history_finds_them() {
+        let outer = AllocRef {
+            order: 0,
+            base: 0x10_0000,
+            size: 0x10_0000,
+        };
+        let inner = AllocRef {
+            order: 1,
+            base: 0x14_0000,
+            size: 0x1000,
+        };
+        let mut events = vec![launch(&[(0, 0x10_0008), (1, 0x14_0010), (2, 0x18_0000)])];
+        resolve_buffers(&mut events, Live::new([inner, outer]));
+        assert_eq!(buffers(&events), [vec![(0, 0), (1, 1)]]);
     }
 
     #[test]
-    fn an_event_takes_32_bytes() {
-        // The default ring (2^20 events) is then 32 MiB.
+    fn an_event_read_back_takes_32_bytes() {
         assert_eq!(std::mem::size_of::<Event>(), 32);
     }
 }
