@@ -1,7 +1,8 @@
 //! What recording one launch costs the store under `CUDAW_TRACE=metrics` (the counters and
 //! the memory history): a kernel with a few pointer arguments, and a multi-tensor kernel
 //! (PyTorch's optimizers) whose argument table holds 110 pointers into two allocations and
-//! 220 sizes, among 20 live allocations; and recording one call in the timeline.
+//! 220 sizes, among 20 live allocations; a timeline launch as the shims record it; recording
+//! one call in the timeline; writing calls and launches (their buffers resolved).
 //!
 //! ```text
 //! cargo bench -p cudaw-trace --bench launch -- --warm-up-time 1 --measurement-time 3
@@ -81,6 +82,25 @@ fn bench(c: &mut Criterion) {
         g.finish();
     }
 
+    // The timeline's launch as the shims record it by default: the history looks up one
+    // launch in 16 of the kernel; every launch's 5 words go into the ring as they are.
+    let t = Tracer::new(Config {
+        buffer_sample: 16,
+        ..Config::new(Mode::Timeline)
+    });
+    for i in 0..300u64 {
+        t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
+    }
+    let k = t.kernel_id("_Z6kernelPfS_S_i");
+    let five: Vec<(u16, u64)> = (0..5u64)
+        .map(|i| (i as u16, base + (17 + i * 53) * (4 << 20) + 4096))
+        .collect();
+    let mut g = c.benchmark_group("record_launch (timeline, history 1 in 16)");
+    g.bench_function("5 pointers", |b| {
+        b.iter(|| t.record_launch(k, [1, 1, 1], [128, 1, 1], 0, 0, 1, black_box(&five)))
+    });
+    g.finish();
+
     // The timeline: one call recorded, from one thread and from two at once.
     let t = Tracer::new(Config::new(Mode::Timeline));
     let f = t.register_functions(&["cudaGetDevice"]);
@@ -115,6 +135,37 @@ fn write(c: &mut Criterion) {
     let mut g = c.benchmark_group("write_timeline");
     g.sample_size(10);
     g.bench_function("100000 calls", |b| {
+        let mut out = Vec::with_capacity(16 << 20);
+        b.iter(|| {
+            out.clear();
+            t.write_timeline(&mut out, 1, "bench").unwrap()
+        })
+    });
+    g.finish();
+
+    // Writing launches: their words resolved into the allocations live when they ran (the
+    // ring's allocations and frees replayed back from the live ones): 20000 launches of 5
+    // pointers among 300 allocations, 100 of them freed and made again between launches.
+    let t = Tracer::new(Config::new(Mode::Timeline));
+    let base = 0x7f00_0000_0000u64;
+    for i in 0..300u64 {
+        t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
+    }
+    let k = t.kernel_id("_Z6kernelPfS_S_i");
+    for n in 0..20_000u64 {
+        let five: Vec<(u16, u64)> = (0..5u64)
+            .map(|i| (i as u16, base + ((n + i * 53) % 300) * (4 << 20) + 4096))
+            .collect();
+        t.record_launch(k, [1, 1, 1], [128, 1, 1], 0, n, n + 1, &five);
+        if n % 200 == 0 {
+            let b = base + (n / 200 % 300) * (4 << 20);
+            t.record_free(b);
+            t.record_alloc(b, 2 << 20, "cudaMalloc", None);
+        }
+    }
+    g = c.benchmark_group("write_timeline");
+    g.sample_size(10);
+    g.bench_function("20000 launches, 5 pointers each, resolved", |b| {
         let mut out = Vec::with_capacity(16 << 20);
         b.iter(|| {
             out.clear();
