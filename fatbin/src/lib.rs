@@ -183,3 +183,21 @@ pub struct KernelInfo {
     /// Offset of the parameters in constant bank 0 (`EIATTR_PARAM_CBANK`; 0x210 on sm_90).
     pub param_cbank_offset: Option<u32>,
 }
+
+impl KernelInfo {
+    /// A layout of just these parameters, each `(ordinal, offset, size)` (what a launch
+    /// reads; the rest default): for tests and tools that build layouts by hand.
+    pub fn with_params(params: &[(u32, u32, u32)]) -> KernelInfo {
+        KernelInfo {
+            params: params
+                .iter()
+                .map(|&(ordinal, offset, size)| ParamInfo {
+                    ordinal,
+                    offset,
+                    size,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+}

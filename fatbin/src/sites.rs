@@ -103,26 +103,12 @@ pub fn scan<'a>(
 mod tests {
     use super::*;
 
-    fn layout(params: &[(u32, u32, u32)]) -> KernelInfo {
-        KernelInfo {
-            params: params
-                .iter()
-                .map(|&(ordinal, offset, size)| ParamInfo {
-                    ordinal,
-                    offset,
-                    size,
-                })
-                .collect(),
-            ..Default::default()
-        }
-    }
-
     /// A scan finds the words in range and where they were; learning keeps the union of
     /// the sites of the launches scanned, and overflows past the bound.
     #[test]
     fn scans_learn_the_union_of_their_sites() {
         // (int n, struct { u64 a; u64 b; } s, float* p): the struct at 8, the pointer at 24.
-        let k = layout(&[(0, 0, 4), (1, 8, 16), (2, 24, 8)]);
+        let k = KernelInfo::with_params(&[(0, 0, 4), (1, 8, 16), (2, 24, 8)]);
         let n = 7i32.to_le_bytes();
         let s = [0x1000u64.to_le_bytes(), 5u64.to_le_bytes()].concat();
         let p = 0x2000u64.to_le_bytes();

@@ -521,21 +521,22 @@ pub fn table() -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fatbin::ParamInfo;
 
-    /// `scale(float*, int, float)`'s layout and a `(void*, T*, 16-byte struct)` one.
     fn layout(params: &[(u32, u32, u32)]) -> KernelInfo {
-        KernelInfo {
-            params: params
-                .iter()
-                .map(|&(ordinal, offset, size)| ParamInfo {
-                    ordinal,
-                    offset,
-                    size,
-                })
-                .collect(),
-            ..Default::default()
-        }
+        KernelInfo::with_params(params)
+    }
+
+    /// A launch's `extra` list naming `buffer` (CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer,
+    /// CU_LAUNCH_PARAM_BUFFER_SIZE, its size, CU_LAUNCH_PARAM_END): valid while both live.
+    fn extra_for(buffer: &mut [u64], size: &mut usize) -> [*mut c_void; 5] {
+        *size = std::mem::size_of_val(buffer);
+        [
+            PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.as_mut_ptr().cast(),
+            2 as *mut c_void,
+            (size as *mut usize).cast(),
+            PARAM_END as *mut c_void,
+        ]
     }
 
     #[test]
@@ -569,18 +570,9 @@ mod tests {
 
         // extra: CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, its size, the end; a 16-byte
         // struct at offset 8 gives two words.
-        let mut buffer = [0u64; 3];
-        buffer[0] = 0xaaaa;
-        buffer[1] = 0xbbbb;
-        buffer[2] = 0xcccc;
-        let mut size = std::mem::size_of_val(&buffer);
-        let mut extra: [*mut c_void; 5] = [
-            PARAM_BUFFER_POINTER as *mut c_void,
-            buffer.as_mut_ptr().cast(),
-            2 as *mut c_void,
-            (&mut size as *mut usize).cast(),
-            PARAM_END as *mut c_void,
-        ];
+        let mut buffer = [0xaaaa_u64, 0xbbbb, 0xcccc];
+        let mut size = 0;
+        let mut extra = extra_for(&mut buffer, &mut size);
         let two = layout(&[(0, 0, 8), (1, 8, 16)]);
         assert_eq!(
             words(&two, none, extra.as_mut_ptr(), all),
@@ -648,14 +640,8 @@ mod tests {
         assert_eq!(pairs(&out), [(0, 0x7f00_3000)]);
         // The same layout through an extra buffer: the parameters at their offsets.
         let mut buffer = [0x7f00_5000u64, 0, 0x7f00_6000, 0];
-        let mut size = std::mem::size_of_val(&buffer);
-        let mut extra: [*mut c_void; 5] = [
-            PARAM_BUFFER_POINTER as *mut c_void,
-            buffer.as_mut_ptr().cast(),
-            2 as *mut c_void,
-            (&mut size as *mut usize).cast(),
-            PARAM_END as *mut c_void,
-        ];
+        let mut size = 0;
+        let mut extra = extra_for(&mut buffer, &mut size);
         let mut out = Words::new();
         assert!(site_words(
             &sites,

@@ -41,14 +41,7 @@ fn bench(c: &mut Criterion) {
     // where the history is not in cache. The eviction's own time is measured apart and
     // taken off.
     for mode in [Mode::Metrics, Mode::Timeline] {
-        let t = Tracer::new(Config::new(mode));
-        for i in 0..300u64 {
-            t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
-        }
-        let k = t.kernel_id("_Z6kernelPfS_S_i");
-        let five: Vec<(u16, u64)> = (0..5u64)
-            .map(|i| (i as u16, base + (17 + i * 53) * (4 << 20) + 4096))
-            .collect();
+        let (t, k, five) = three_hundred(Config::new(mode));
         let mut other = vec![0u64; 4 << 20];
         let mut evict = |n: u64| {
             for (i, w) in other.iter_mut().enumerate().step_by(8) {
@@ -84,17 +77,10 @@ fn bench(c: &mut Criterion) {
 
     // The timeline's launch as the shims record it by default: the history looks up one
     // launch in 16 of the kernel; every launch's 5 words go into the ring as they are.
-    let t = Tracer::new(Config {
+    let (t, k, five) = three_hundred(Config {
         buffer_sample: 16,
         ..Config::new(Mode::Timeline)
     });
-    for i in 0..300u64 {
-        t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
-    }
-    let k = t.kernel_id("_Z6kernelPfS_S_i");
-    let five: Vec<(u16, u64)> = (0..5u64)
-        .map(|i| (i as u16, base + (17 + i * 53) * (4 << 20) + 4096))
-        .collect();
     let mut g = c.benchmark_group("record_launch (timeline, history 1 in 16)");
     g.bench_function("5 pointers", |b| {
         b.iter(|| t.record_launch(k, [1, 1, 1], [128, 1, 1], 0, 0, 1, black_box(&five)))
@@ -134,14 +120,7 @@ fn write(c: &mut Criterion) {
     }
     let mut g = c.benchmark_group("write_timeline");
     g.sample_size(10);
-    g.bench_function("100000 calls", |b| {
-        let mut out = Vec::with_capacity(16 << 20);
-        b.iter(|| {
-            out.clear();
-            t.write_timeline(&mut out, 1, "bench").unwrap()
-        })
-    });
-    g.finish();
+    bench_write(&mut g, "100000 calls", &t);
 
     // Writing launches: their words resolved into the allocations live when they ran (the
     // ring's allocations and frees replayed back from the live ones): 20000 launches of 5
@@ -163,16 +142,38 @@ fn write(c: &mut Criterion) {
             t.record_alloc(b, 2 << 20, "cudaMalloc", None);
         }
     }
-    g = c.benchmark_group("write_timeline");
-    g.sample_size(10);
-    g.bench_function("20000 launches, 5 pointers each, resolved", |b| {
+    bench_write(&mut g, "20000 launches, 5 pointers each, resolved", &t);
+    g.finish();
+}
+
+/// A tracer with 300 live allocations of 2 MiB (4 MiB apart), a kernel, and a launch's 5
+/// words pointing into 5 of them, far apart.
+fn three_hundred(cfg: Config) -> (Tracer, u32, Vec<(u16, u64)>) {
+    let base = 0x7f00_0000_0000u64;
+    let t = Tracer::new(cfg);
+    for i in 0..300u64 {
+        t.record_alloc(base + i * (4 << 20), 2 << 20, "cudaMalloc", None);
+    }
+    let k = t.kernel_id("_Z6kernelPfS_S_i");
+    let five = (0..5u64)
+        .map(|i| (i as u16, base + (17 + i * 53) * (4 << 20) + 4096))
+        .collect();
+    (t, k, five)
+}
+
+/// Times writing `t`'s timeline into memory.
+fn bench_write(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    t: &Tracer,
+) {
+    g.bench_function(name, |b| {
         let mut out = Vec::with_capacity(16 << 20);
         b.iter(|| {
             out.clear();
             t.write_timeline(&mut out, 1, "bench").unwrap()
         })
     });
-    g.finish();
 }
 
 criterion_group!(benches, bench, write);
