@@ -795,15 +795,17 @@ impl Tracer {
     ) -> std::io::Result<u64> {
         let (mut events, pending, capacity, mut dropped) = match &self.ring {
             Some(r) => {
-                // The history's lock first (as where allocations are recorded): its live
-                // allocations are those after the ring's last event.
+                // The history's lock first (as where allocations are recorded, which push
+                // their events under it): with both held, the live allocations are those
+                // after the ring's last event. The history is let go at once: an allocation
+                // recorded meanwhile waits for the ring's lock to push its event.
                 let h = self.history.lock();
                 let g = r.lock();
-                let mut events = g.to_vec();
                 let live = timeline::Live::new(h.live().map(history::Record::alloc_ref));
+                drop(h);
+                let mut events = g.to_vec();
                 let more = (pending(), g.capacity(), g.dropped());
                 drop(g);
-                drop(h);
                 timeline::resolve_buffers(&mut events, live);
                 (events, more.0, more.1, more.2)
             }
