@@ -888,7 +888,11 @@ pub fn launch(
         block,
         shared: shared as u32,
     };
-    t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
+    // Counted already: without the timeline, a launch whose buffers are not looked up
+    // has nothing more to record.
+    if timeline || weight != 0 {
+        t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
+    }
     if timed && SELF_COST.begin(t0) {
         SELF_COST.add(0, lookup_ticks);
         // Without words read, the whole span is the layout's.

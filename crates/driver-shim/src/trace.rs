@@ -383,7 +383,11 @@ pub fn launch(
         },
         words_len: words.len(),
     };
-    (h.record_counted_launch)(&launch, weight);
+    // Counted already: without the timeline, a launch whose buffers are not looked up
+    // has nothing more to record.
+    if timeline || weight != 0 {
+        (h.record_counted_launch)(&launch, weight);
+    }
     if timed && SELF_COST.begin(t0) {
         // Without a layout, the whole span is the layout lookup's.
         let tl = if tl == 0 { t2 } else { tl };
