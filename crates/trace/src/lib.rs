@@ -84,16 +84,18 @@ pub struct Config {
     /// The tick source: monotonic, at a constant rate (calibrated against [`Instant`]);
     /// `None`: [`instant_ticks`] (nanoseconds).
     pub clock: Option<fn() -> u64>,
-    /// Of each thread's launches of a kernel, those whose argument buffers are read: one in
-    /// this many (a power of two; the first launch always; 1: every launch). The others
-    /// are counted as launches and are in the timeline, without their buffers; a launch
-    /// whose buffers are read counts this many times in the memory history (an estimate
-    /// of the launches each allocation received): [`Tracer::count_launch`].
+    /// Of each thread's launches of a kernel, those whose argument buffers the memory
+    /// history looks up: one in this many (a power of two; the first launch always; 1:
+    /// every launch). Such a launch counts this many times there (an estimate of the
+    /// launches each allocation received): [`Tracer::count_launch`]. The others are
+    /// counted as launches only; the timeline keeps every launch's words, whatever this
+    /// is, and resolves them when it is written.
     pub buffer_sample: u32,
 }
 
 impl Config {
-    /// `mode` with the default ring, the [`Instant`] clock and every launch's buffers read.
+    /// `mode` with the default ring, the [`Instant`] clock and every launch's buffers
+    /// looked up in the memory history.
     pub fn new(mode: Mode) -> Config {
         Config {
             mode,
@@ -563,11 +565,12 @@ impl Tracer {
         self.record_counted_launch(kernel, shape, start, end, words, weight);
     }
 
-    /// Counts one launch of `kernel` on the calling thread, and says whether its argument
-    /// buffers are to be read ([`Config::buffer_sample`]): the weight they count with in the
-    /// memory history, or 0 when they are not read (only one launch in the sample rate of
-    /// each thread's launches of a kernel, the first included). A launch layer calls this
-    /// first, reads the buffers only when it says so, then [`Tracer::record_counted_launch`].
+    /// Counts one launch of `kernel` on the calling thread, and says whether the memory
+    /// history is to look its argument buffers up ([`Config::buffer_sample`]): the weight
+    /// they count with there, or 0 when not (only one launch in the sample rate of each
+    /// thread's launches of a kernel, the first included). A launch layer calls this first,
+    /// reads the words when it says so (and, with the timeline, always), then
+    /// [`Tracer::record_counted_launch`].
     #[inline]
     pub fn count_launch(&self, kernel: u32) -> u32 {
         let before = self.local(|c| c.launch(kernel as usize));
