@@ -409,7 +409,9 @@ mod trace_hooks {
 
     extern "C" fn count_launch(kernel: u32) -> u32 {
         guard("counting a launch (driver layer)", 0, || match tracer() {
-            Some(t) if kernel != u32::MAX => t.count_launch(kernel),
+            Some(t) if kernel != u32::MAX => {
+                t.count_launch_on(crate::tracing::thread_counters(t), kernel)
+            }
             _ => 0,
         })
     }
@@ -442,7 +444,8 @@ mod trace_hooks {
             block: l.block,
             shared: l.shared,
         };
-        t.record_counted_launch(
+        t.record_counted_launch_by(
+            crate::tracing::thread_counters(t).tid,
             l.kernel,
             shape,
             l.start,
