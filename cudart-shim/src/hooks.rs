@@ -409,9 +409,7 @@ mod trace_hooks {
 
     extern "C" fn count_launch(kernel: u32) -> u32 {
         guard("counting a launch (driver layer)", 0, || match tracer() {
-            Some(t) if kernel != u32::MAX => {
-                t.count_launch_on(crate::tracing::thread_counters(t), kernel)
-            }
+            Some(t) if kernel != u32::MAX => t.count_launch(kernel),
             _ => 0,
         })
     }
@@ -444,8 +442,7 @@ mod trace_hooks {
             block: l.block,
             shared: l.shared,
         };
-        t.record_counted_launch_by(
-            crate::tracing::thread_counters(t).tid,
+        t.record_counted_launch(
             l.kernel,
             shape,
             l.start,

@@ -446,18 +446,6 @@ fn block() -> Option<*mut Block> {
     Some(b)
 }
 
-/// The calling thread's counters in the tracing store, from its block (a load of static
-/// TLS; the block is made on the thread's first use): what the launch paths count on,
-/// without the store's own thread-local (a `__tls_get_addr` call in this library).
-#[inline]
-pub(crate) fn thread_counters(t: &Tracer) -> &'static cudaw_trace::counters::ThreadCounters {
-    match block() {
-        // SAFETY: blocks are leaked when made, never freed.
-        Some(b) => unsafe { (*b).counters },
-        None => t.thread_counters(),
-    }
-}
-
 /// Moves the calls the fast thunk wrote into the thread's timeline buffer (`b`, the calling
 /// thread's block) to the ring, under its lock, and empties the buffer.
 fn flush_calls(b: &Block) {
@@ -876,8 +864,7 @@ pub fn launch(
     let timed = driver::selfcost::enabled();
     let t0 = if timed { ticks() } else { 0 };
     let k = kernel_id(t, rec);
-    let counters = thread_counters(t);
-    let weight = t.count_launch_on(counters, k);
+    let weight = t.count_launch(k);
     let t1 = if timed { ticks() } else { 0 };
     let mut words = smallvec::SmallVec::new();
     // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
@@ -904,15 +891,7 @@ pub fn launch(
     // Counted already: without the timeline, a launch whose buffers are not looked up
     // has nothing more to record.
     if timeline || weight != 0 {
-        t.record_counted_launch_by(
-            counters.tid,
-            k,
-            shape,
-            start,
-            end,
-            words.iter().copied(),
-            weight,
-        );
+        t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
     }
     if timed && SELF_COST.begin(t0) {
         SELF_COST.add(0, lookup_ticks);

@@ -573,14 +573,7 @@ impl Tracer {
     /// [`Tracer::record_counted_launch`].
     #[inline]
     pub fn count_launch(&self, kernel: u32) -> u32 {
-        self.local(|c| self.count_launch_on(c, kernel))
-    }
-
-    /// [`Tracer::count_launch`] on counters from [`Tracer::thread_counters`] (which a host
-    /// library keeps where its thread finds them cheaply).
-    #[inline]
-    pub fn count_launch_on(&self, c: &ThreadCounters, kernel: u32) -> u32 {
-        let before = c.launch(kernel as usize);
+        let before = self.local(|c| c.launch(kernel as usize));
         if before & u64::from(self.buffer_sample - 1) == 0 {
             self.buffer_sample
         } else {
@@ -605,35 +598,15 @@ impl Tracer {
     ) where
         I: ExactSizeIterator<Item = (u16, u64)> + Clone,
     {
-        let tid = if self.ring.is_some() {
-            self.local(|c| c.tid)
-        } else {
-            0
-        };
-        self.record_counted_launch_by(tid, kernel, shape, start, end, words, weight)
-    }
-
-    /// [`Tracer::record_counted_launch`] from the thread numbered `tid` (its counters'
-    /// [`ThreadCounters::tid`], which a host library keeps where its thread finds them
-    /// cheaply).
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_counted_launch_by<I>(
-        &self,
-        tid: u32,
-        kernel: u32,
-        shape: LaunchShape,
-        start: u64,
-        end: u64,
-        words: I,
-        weight: u32,
-    ) where
-        I: ExactSizeIterator<Item = (u16, u64)> + Clone,
-    {
         if weight != 0 && words.len() != 0 {
             self.history
                 .lock()
                 .launch_counted(kernel, words.clone(), end, u64::from(weight));
         }
+        if self.ring.is_none() {
+            return;
+        }
+        let tid = self.local(|c| c.tid);
         if let Some(r) = &self.ring {
             r.lock().push_launch(
                 kernel,
