@@ -795,20 +795,19 @@ fn pointer_words(
     if !sampled {
         if let Some(sites) = rec.sites.try_lock().filter(|s| s.ready()) {
             let at = if timed { ticks() } else { 0 };
-            for s in sites.sites() {
-                // SAFETY: the launch passes one argument pointer per kernel parameter.
-                let base = unsafe { *args.add(s.param as usize) } as *const u8;
-                if base.is_null() {
-                    continue;
-                }
-                // SAFETY: a scan of this kernel found a whole word at `at` in this
-                // parameter's bytes, which the launch's argument points at.
-                let v = unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() };
-                if v.wrapping_sub(lo) < hi - lo {
-                    out.push((s.param as u16, v));
-                }
-            }
-            return (8 * sites.sites().len() as u64, at, true);
+            let bytes = sites.read(
+                (lo, hi),
+                |s| {
+                    // SAFETY: the launch passes one argument pointer per kernel parameter.
+                    let base = unsafe { *args.add(s.param as usize) } as *const u8;
+                    // SAFETY: a scan of this kernel found a whole word at `at` in this
+                    // parameter's bytes, which the launch's argument points at.
+                    (!base.is_null())
+                        .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
+                },
+                |param, v| out.push((param as u16, v)),
+            );
+            return (bytes, at, true);
         }
     }
     let Some(layout) = rec.layout(crate::wrappers::device_sm()) else {
@@ -830,11 +829,13 @@ fn pointer_words(
         |param, v| out.push((param as u16, v)),
     );
     rec.sites.lock().learn(&hits);
-    (
-        layout.params.iter().map(|p| u64::from(p.size)).sum(),
-        at,
-        false,
-    )
+    // The bytes scanned, for CUDAW_TRACE_SELF's report only.
+    let bytes = if timed {
+        layout.params.iter().map(|p| u64::from(p.size)).sum()
+    } else {
+        0
+    };
+    (bytes, at, false)
 }
 
 /// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations

@@ -54,6 +54,28 @@ impl PointerSites {
         &self.sites
     }
 
+    /// Reads a launch's words at the learned sites: `word(site)` gives the word there
+    /// (`None`: its parameter is not at hand); calls `f(ordinal, value)` for each in
+    /// `lo..hi`. Returns the bytes read (8 a site; none for an empty span).
+    pub fn read(
+        &self,
+        (lo, hi): (u64, u64),
+        mut word: impl FnMut(&Site) -> Option<u64>,
+        mut f: impl FnMut(u32, u64),
+    ) -> u64 {
+        if lo >= hi {
+            return 0;
+        }
+        for s in &self.sites {
+            if let Some(v) = word(s) {
+                if v.wrapping_sub(lo) < hi - lo {
+                    f(s.param, v);
+                }
+            }
+        }
+        8 * self.sites.len() as u64
+    }
+
     /// Adds the sites of one scanned launch (`hits`, the words it found in range).
     pub fn learn(&mut self, hits: &[Site]) {
         self.learned = true;
@@ -145,6 +167,18 @@ mod tests {
         sites.learn(&[]);
         assert!(sites.ready());
         assert_eq!(sites.sites(), [hits[1], hits[0]]);
+        // Reading a later launch at the sites: its words there, in the span only.
+        let mut read = Vec::new();
+        let bytes = sites.read(
+            (0x1000, 0x3000),
+            |s| Some(if s.param == 2 { 0x2800 } else { 0x9000 }),
+            |param, v| read.push((param, v)),
+        );
+        assert_eq!((bytes, read), (16, vec![(2, 0x2800)]));
+        assert_eq!(
+            sites.read((5, 5), |_| Some(5), |_, _| panic!("an empty span")),
+            0
+        );
         // A kernel without pointers is ready with no sites.
         let mut none = PointerSites::new();
         none.learn(&[]);

@@ -227,8 +227,8 @@ fn site_words(
     let Some(sites) = sites.try_lock().filter(|s| s.ready()) else {
         return false;
     };
-    *bytes = 8 * sites.sites().len() as u64;
     if lo >= hi {
+        *bytes = 8 * sites.sites().len() as u64;
         return true;
     }
     let buffer = if params.is_null() {
@@ -236,21 +236,22 @@ fn site_words(
     } else {
         std::ptr::null()
     };
-    for s in sites.sites() {
-        let base = param_base(params, buffer, s.param, s.offset);
-        if base.is_null() {
-            continue;
-        }
-        // SAFETY: a scan of this kernel found a whole word at `at` in this parameter's
-        // bytes, which `base` points at (the launch's contract).
-        let v = unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() };
-        if v.wrapping_sub(lo) < hi - lo {
+    *bytes = sites.read(
+        (lo, hi),
+        |s| {
+            let base = param_base(params, buffer, s.param, s.offset);
+            // SAFETY: a scan of this kernel found a whole word at `at` in this parameter's
+            // bytes, which `base` points at (the launch's contract).
+            (!base.is_null())
+                .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
+        },
+        |param, v| {
             out.push(TraceWord {
-                param: s.param as u16,
+                param: param as u16,
                 value: v,
-            });
-        }
-    }
+            })
+        },
+    );
     true
 }
 

@@ -3,7 +3,7 @@
 //! its last use. Hot allocations are used often; cold ones have sat unused longest. It is
 //! what pinning and eviction decisions read.
 
-use crate::timeline::{AllocRef, Buffer};
+use crate::timeline::AllocRef;
 use crate::Direction;
 use std::sync::Arc;
 
@@ -63,6 +63,15 @@ impl Record {
     }
 }
 
+/// Of `index` ((base, end, value) by base), the entry containing `ptr`: the one with the
+/// highest base at or below it, if `ptr` is before its end. The memory history finds a
+/// launch's allocations so, and the timeline, replaying it, must find the same.
+pub(crate) fn containing<T>(index: &[(u64, u64, T)], ptr: u64) -> Option<&(u64, u64, T)> {
+    let at = index.partition_point(|e| e.0 <= ptr).checked_sub(1)?;
+    let e = &index[at];
+    (ptr < e.1).then_some(e)
+}
+
 /// Every live allocation's history.
 ///
 /// Kept for a launch's lookups to touch little memory (a job's launches find their
@@ -100,12 +109,7 @@ impl History {
     /// The slot of the live allocation containing `ptr`: the one with the highest base at
     /// or below it, if `ptr` is before its end.
     fn slot_of(&self, ptr: u64) -> Option<usize> {
-        let at = self
-            .index
-            .partition_point(|&(b, _, _)| b <= ptr)
-            .checked_sub(1)?;
-        let (_, end, slot) = self.index[at];
-        (ptr < end).then_some(slot as usize)
+        containing(&self.index, ptr).map(|e| e.2 as usize)
     }
 
     /// The live allocation containing `ptr`.
@@ -260,18 +264,20 @@ impl History {
     }
 
     /// Records a launch of `kernel` whose argument words are `words` (parameter, value),
-    /// counted `weight` times; returns the buffers it received, one per allocation.
-    /// The words are taken by value, read where they are (not copied first).
+    /// counted `weight` times; returns the buffers it received, one per allocation: what
+    /// the tests check [`History::launch_counted`] counted against (the timeline works
+    /// its buffers out when it is read, `timeline::resolve_buffers`).
+    #[cfg(test)]
     pub fn launch(
         &mut self,
         kernel: u32,
         words: impl IntoIterator<Item = (u16, u64)>,
         at: u64,
         weight: u64,
-    ) -> Vec<Buffer> {
-        let mut out: Vec<Buffer> = Vec::new();
+    ) -> Vec<crate::timeline::Buffer> {
+        let mut out = Vec::new();
         self.launch_with(kernel, words, at, weight, |param, r| {
-            out.push(Buffer {
+            out.push(crate::timeline::Buffer {
                 param,
                 alloc: r.alloc_ref(),
             })
@@ -279,8 +285,9 @@ impl History {
         out
     }
 
-    /// [`History::launch`] without the list of buffers (nothing allocated): what metrics
-    /// keep.
+    /// Records a launch of `kernel` whose argument words are `words` (parameter, value),
+    /// counted `weight` times on each allocation they point into (nothing allocated). The
+    /// words are taken by value, read where they are (not copied first).
     pub fn launch_counted(
         &mut self,
         kernel: u32,

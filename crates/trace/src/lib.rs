@@ -603,22 +603,18 @@ impl Tracer {
                 .lock()
                 .launch_counted(kernel, words.clone(), end, u64::from(weight));
         }
-        if self.ring.is_none() {
-            return;
-        }
+        let Some(r) = &self.ring else { return };
         let tid = self.local(|c| c.tid);
-        if let Some(r) = &self.ring {
-            r.lock().push_launch(
-                kernel,
-                tid,
-                start,
-                end,
-                shape.grid,
-                shape.block,
-                shape.shared,
-                words,
-            );
-        }
+        r.lock().push_launch(
+            kernel,
+            tid,
+            start,
+            end,
+            shape.grid,
+            shape.block,
+            shape.shared,
+            words,
+        );
     }
 
     /// Stores the history's span for [`Tracer::memory_span`] (under the history's lock).

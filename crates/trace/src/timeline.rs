@@ -157,9 +157,7 @@ impl Live {
 
     /// The allocation containing `ptr`.
     pub fn find(&self, ptr: u64) -> Option<AllocRef> {
-        let at = self.index.partition_point(|e| e.0 <= ptr).checked_sub(1)?;
-        let (_, end, a) = self.index[at];
-        (ptr < end).then_some(a)
+        crate::history::containing(&self.index, ptr).map(|e| e.2)
     }
 }
 
@@ -345,11 +343,11 @@ impl Ring {
         self.capacity.saturating_mul(Self::WORDS_PER_EVENT)
     }
 
-    /// The number of words of the event whose first word is `w`.
-    fn size_of(w: u64, at: impl Fn(usize) -> u64, i: usize) -> usize {
-        match w & 0xff {
+    /// The number of words of the event that starts at `i`.
+    fn event_len(&self, i: usize) -> usize {
+        match self.word(i) & 0xff {
             CALL => 3,
-            LAUNCH => 7 + 2 * (at(i + 6) >> 32) as usize,
+            LAUNCH => 7 + 2 * (self.word(i + 6) >> 32) as usize,
             COPY => 10,
             ALLOC => 8,
             FREE | PAUSE => 5,
@@ -379,7 +377,7 @@ impl Ring {
         if self.len == 0 {
             return;
         }
-        let n = Self::size_of(self.word(self.head), |i| self.word(i), self.head);
+        let n = self.event_len(self.head);
         self.head = self.advance(self.head, n);
         self.used -= n;
         self.len -= 1;
@@ -406,7 +404,7 @@ impl Ring {
         }
     }
 
-    /// Appends an event of `words` (with [`Ring::reserve`] made room for it).
+    /// Appends an event of `words` (dropping it whole if it is larger than the ring).
     fn put(&mut self, words: &[u64]) {
         if words.len() > self.word_capacity() {
             // Larger than the whole ring (a ring of a few events): not kept.
@@ -414,16 +412,21 @@ impl Ring {
             return;
         }
         self.reserve(words.len());
-        let cap = self.words.len();
         for &w in words {
-            self.words[self.tail] = w;
-            self.tail += 1;
-            if self.tail == cap {
-                self.tail = 0;
-            }
+            self.write(w);
         }
         self.used += words.len();
         self.len += 1;
+    }
+
+    /// Writes `w` at the tail, wrapping (room made by [`Ring::reserve`]).
+    #[inline]
+    fn write(&mut self, w: u64) {
+        self.words[self.tail] = w;
+        self.tail += 1;
+        if self.tail == self.words.len() {
+            self.tail = 0;
+        }
     }
 
     /// A call of function `f` on thread `tid` from tick `start` to `end`.
@@ -447,7 +450,6 @@ impl Ring {
     ) {
         // More words than the ring may hold are cut (never in practice: thousands).
         let n = words.len().min(self.word_capacity().saturating_sub(7) / 2);
-        self.reserve(7 + 2 * n);
         let head = [
             header(LAUNCH, tid, kernel),
             start,
@@ -457,23 +459,14 @@ impl Ring {
             pair(block[1], block[2]),
             pair(shared, n as u32),
         ];
-        let cap = self.words.len();
-        let mut w = |v: u64, tail: &mut usize| {
-            self.words[*tail] = v;
-            *tail += 1;
-            if *tail == cap {
-                *tail = 0;
-            }
-        };
-        let mut tail = self.tail;
+        self.reserve(7 + 2 * n);
         for v in head {
-            w(v, &mut tail);
+            self.write(v);
         }
         for (param, value) in words.take(n) {
-            w(u64::from(param), &mut tail);
-            w(value, &mut tail);
+            self.write(u64::from(param));
+            self.write(value);
         }
-        self.tail = tail;
         self.used += 7 + 2 * n;
         self.len += 1;
     }
@@ -635,7 +628,7 @@ impl Ring {
                 }
             };
             out.push(e);
-            i = self.advance(i, Self::size_of(w0, |k| self.word(k), i));
+            i = self.advance(i, self.event_len(i));
         }
         out
     }
