@@ -580,13 +580,26 @@ if want trace; then
   row "bench: torch step, CUDAW_TRACE=timeline, CUDAW_TRACE_DRIVER=off (in-process A/B)" info "ratio ${r:-none (see trace-torch.log)} (one process; cuBLAS, cuDNN and Triton launches not recorded)"
 
   # Where a traced launch's time goes inside PyTorch (CUDAW_TRACE_SELF=1: each layer's
-  # phases, means after the first 20000 launches).
-  CUDAW_TRACE=metrics CUDAW_TRACE_SELF=1 timeout 300 "$CUDAW" run -- python3 $T --bench --steps 2500 \
+  # phases, means after the first 20000 launches), under the timeline, where both layers
+  # record every launch (under metrics the driver layer counts them and records one in 16).
+  CUDAW_TRACE=timeline CUDAW_TRACE_SELF=1 CUDAW_TRACE_FILE="$WORK/self.trace.json" timeout 300 "$CUDAW" run -- python3 $T --bench --steps 2500 \
     </dev/null >"$WORK/trace-self.out" 2>"$OUT/trace-self.log"
   for layer in runtime driver; do
     line=$(grep -o "self cost of a traced launch ($layer layer.*" "$OUT/trace-self.log" | head -1)
-    row "bench: a traced torch launch by phase, $layer layer (CUDAW_TRACE_SELF)" info "${line:-no figures (see trace-self.log)}"
+    row "bench: a traced torch launch by phase, $layer layer (CUDAW_TRACE_SELF, timeline)" info "${line:-no figures (see trace-self.log)}"
   done
+
+  # Under metrics every launch is counted once: the runtime's launches that reach the
+  # driver layer and cuBLAS's, cuDNN's and Triton's are counted there, the rest by the
+  # runtime layer; their sum at exit must equal the driver layer's own count of every
+  # launch through it (CUDAW_KERNEL_COUNTS), with the PyTorch kernels among them by name.
+  CUDAW_TRACE=metrics CUDAW_KERNEL_COUNTS="$WORK/metrics-kernels.txt" timeout 300 "$CUDAW" run -- python3 $T --steps 20 \
+    </dev/null >"$WORK/trace-metrics.out" 2>"$OUT/trace-metrics.log"; rc=$?
+  traced=$(sed -n 's/.*kernels: \([0-9]*\) launches of \([0-9]*\) kernels.*/\1 \2/p' "$OUT/trace-metrics.log" | tail -1)
+  through=$(awk -F'\t' '!/^#/ { n += $1; k++ } END { print n + 0, k + 0 }' "$WORK/metrics-kernels.txt" 2>/dev/null)
+  direct=$(grep -c "now goes straight to the real runtime" "$OUT/trace-metrics.log")
+  if [ $rc -eq 0 ] && [ -n "$traced" ] && [ "${traced%% *}" = "${through%% *}" ] && [ "${traced%% *}" -gt 0 ]; then st=PASS; else st=FAIL; fi
+  row "trace: metrics count every launch once (torch, 20 steps)" $st "metrics: ${traced:-none} (launches, kernels); driver layer's count of every launch: ${through:-none}; $direct runtime launch exports sent straight to the real runtime (rc $rc; see trace-metrics.log)"
 
   # The timeline of 3 training steps: valid trace-event JSON, its kernels by name.
   tfile="$WORK/torch.trace.json"

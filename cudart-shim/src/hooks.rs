@@ -420,6 +420,52 @@ mod trace_hooks {
         })
     }
 
+    extern "C" fn record_named_launch(
+        l: *const TraceLaunch,
+        name: *const u8,
+        len: usize,
+        params: *mut *mut std::ffi::c_void,
+        weight: u32,
+    ) -> u32 {
+        guard("tracing a launch by name (driver layer)", 0, || {
+            let Some(t) = tracer() else { return 0 };
+            // SAFETY: the driver shim passes a launch record valid for this call.
+            let Some(l) = (unsafe { l.as_ref() }) else {
+                return 0;
+            };
+            if l.kernel == u32::MAX || name.is_null() {
+                return 0;
+            }
+            // SAFETY: the driver shim passes `len` bytes of a name it owns.
+            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
+            let Ok(name) = std::str::from_utf8(bytes) else {
+                return 0;
+            };
+            let Some(rec) = crate::registry::function_named(name) else {
+                return 0;
+            };
+            let words = tracing::sampled_words(t, rec, params);
+            let now = if words.is_empty() { 0 } else { t.now() };
+            let shape = cudaw_trace::LaunchShape {
+                grid: l.grid,
+                block: l.block,
+                shared: l.shared,
+            };
+            t.record_counted_launch(l.kernel, shape, now, now, words.iter().copied(), weight);
+            1
+        })
+    }
+
+    extern "C" fn recording_launch() -> u32 {
+        u32::from(crate::inflight::recording_launch())
+    }
+
+    extern "C" fn buffer_sample() -> u32 {
+        guard("the buffer sample (driver layer)", 1, || {
+            crate::config::get().trace_buffer_sample.max(1)
+        })
+    }
+
     /// Records launch `l`, counted (or counted now) by `count`, which gives its weight.
     fn record(l: *const TraceLaunch, count: impl FnOnce(&Tracer, u32) -> u32) {
         let Some(t) = tracer() else { return };
@@ -492,6 +538,9 @@ mod trace_hooks {
         memory_span,
         count_launch,
         record_counted_launch,
+        buffer_sample,
+        record_named_launch,
+        recording_launch,
     };
 
     /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).

@@ -31,6 +31,33 @@ pub fn active() -> bool {
     block().in_flight()
 }
 
+/// [`Block::flags`]: a launch this library's tracing records is under way on the thread.
+const RECORDING_LAUNCH: usize = 1;
+
+/// Runs `f`, a launch this library's tracing records, flagged as such on the calling
+/// thread ([`recording_launch`]), so that cudaw's driver layer, which the launch passes
+/// through, does not record it again.
+#[inline]
+pub fn recording_launch_of<R>(f: impl FnOnce() -> R) -> R {
+    struct Clear(&'static Block, usize);
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            self.0.flags.store(self.1, Ordering::Relaxed);
+        }
+    }
+    let b = block();
+    let before = b.flags.load(Ordering::Relaxed);
+    b.flags.store(before | RECORDING_LAUNCH, Ordering::Relaxed);
+    let _clear = Clear(b, before);
+    f()
+}
+
+/// Whether the calling thread is inside [`recording_launch_of`] (initial-exec TLS: a few
+/// loads).
+pub fn recording_launch() -> bool {
+    block().flags.load(Ordering::Relaxed) & RECORDING_LAUNCH != 0
+}
+
 fn unregister(b: *const Block) {
     REGISTRY.unregister(b);
 }

@@ -70,35 +70,60 @@ pub(crate) fn reaches_driver_layer(index: usize) -> bool {
 /// Runs `launch` (the thin wrapper's marked forward of export `index`) and, when it
 /// succeeds, settles whether the export's launches reach the driver layer; when they do,
 /// points the export at the real runtime (unless a wrapper is needed now: translated
-/// addressing, tracing on).
+/// addressing, tracing that records launches in this layer).
 #[cold]
 #[inline(never)]
 pub(crate) fn observe(index: usize, name: &str, launch: impl FnOnce() -> u32) -> u32 {
+    settle(index, name, launch).0
+}
+
+/// [`observe`] for the traced wrapper of export `index` under `metrics`, whose launch
+/// (`launch`, not flagged as recorded by this layer) the driver layer counts when it
+/// reaches it: the launch's result, and whether the driver layer saw it (false: not
+/// counted there, for the caller to record; also when it failed).
+#[cold]
+#[inline(never)]
+pub(crate) fn observe_unrecorded(index: usize, launch: impl FnOnce() -> u32) -> (u32, bool) {
+    let name = dispatch::ALL_NAMES
+        .get(index)
+        .copied()
+        .unwrap_or("a launch");
+    settle(index, name, launch)
+}
+
+fn settle(index: usize, name: &str, launch: impl FnOnce() -> u32) -> (u32, bool) {
     let count = driver_layer().filter(|_| crate::config::get().direct_launches);
     let Some(count) = count else {
         STATE[index].store(KEEPS_WRAPPER, Ordering::Release);
-        return launch();
+        return (launch(), false);
     };
     let before = count();
     let rc = launch();
     if rc != 0 {
-        return rc;
+        // A failed launch may not reach the driver: the next one is observed.
+        return (rc, count() > before);
     }
     if count() > before {
         STATE[index].store(REACHES_DRIVER_LAYER, Ordering::Release);
-        crate::tracing::when_untraced(|| {
+        let direct = crate::tracing::when_direct(|| {
             dispatch::TABLE[index].store(dispatch::real_or_stub(index), Ordering::Release)
         });
         crate::log::info(format_args!(
             "{name}: the real runtime's launches reach cudaw's driver layer, which marks them \
-             in flight: the export now goes straight to the real runtime"
+             in flight{}",
+            if direct {
+                ": the export now goes straight to the real runtime"
+            } else {
+                " (the export keeps its wrapper while it translates or records launches)"
+            }
         ));
+        (rc, true)
     } else {
         STATE[index].store(KEEPS_WRAPPER, Ordering::Release);
         crate::log::debug(format_args!(
             "{name}: the real runtime's launches do not reach cudaw's driver layer: the \
              export keeps its thin wrapper, which marks them in flight"
         ));
+        (rc, false)
     }
-    rc
 }

@@ -88,7 +88,10 @@ struct Registry {
     kernels: HashMap<usize, usize>,
     /// Per fatbin handle, the host stubs registered in it: unregistering a fatbin touches
     /// its own kernels only (PyTorch unregisters ~450 fatbins of ~21000 kernels at exit).
-    stubs: HashMap<usize, Vec<usize>>,
+    stubs: HashMap<usize, Vec<&'static FunctionRecord>>,
+    /// Mangled name → a kernel of that name (the latest registered: kernels of one mangled
+    /// name share their parameters), for cudaw's driver layer, which knows kernels by name.
+    by_name: HashMap<&'static str, &'static FunctionRecord>,
 }
 
 /// Bumped whenever a lookup's answer may change for the worse (a fatbin unregistered, a
@@ -170,12 +173,18 @@ pub fn remove_fatbin(handle: usize) {
     let mut r = registry().write();
     GENERATION.fetch_add(1, Ordering::AcqRel);
     r.fatbins.remove(&handle);
-    for stub in r.stubs.remove(&handle).unwrap_or_default() {
+    for rec in r.stubs.remove(&handle).unwrap_or_default() {
         if r.functions
-            .get(&stub)
-            .is_some_and(|f| f.fatbin.handle == handle)
+            .get(&rec.host_fun)
+            .is_some_and(|f| std::ptr::eq(*f, rec))
         {
-            r.functions.remove(&stub);
+            r.functions.remove(&rec.host_fun);
+        }
+        if r.by_name
+            .get(rec.name.as_str())
+            .is_some_and(|f| std::ptr::eq(*f, rec))
+        {
+            r.by_name.remove(rec.name.as_str());
         }
     }
     let Registry {
@@ -207,7 +216,8 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
     if r.functions.insert(host_fun, rec).is_some() {
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }
-    r.stubs.entry(handle).or_default().push(host_fun);
+    r.by_name.insert(rec.name.as_str(), rec);
+    r.stubs.entry(handle).or_default().push(rec);
 }
 
 /// Records a `cudaKernel_t` handed out for `host_fun`.
@@ -231,6 +241,11 @@ pub fn function_of_kernel(kernel: usize) -> Option<&'static FunctionRecord> {
     cached(kernel, true, |r| {
         r.functions.get(r.kernels.get(&kernel)?).copied()
     })
+}
+
+/// A registered kernel of mangled name `name` (one lookup under the registry's read lock).
+pub fn function_named(name: &str) -> Option<&'static FunctionRecord> {
+    registry().read().by_name.get(name).copied()
 }
 
 /// How many fatbins and kernels are registered now.
@@ -268,7 +283,13 @@ mod tests {
             function_of_kernel(f1 + 0x100).map(|r| r.name.as_str()),
             Some("a")
         );
+        assert_eq!(function_named("a").map(|r| r.host_fun), Some(f1 + 1));
+        assert_eq!(function_named("b2").map(|r| r.host_fun), Some(f1 + 2));
         remove_fatbin(f1);
+        // By name: the unregistered fatbin's kernels are gone, the other's stay.
+        assert!(function_named("a").is_none() && function_named("b").is_none());
+        assert_eq!(function_named("c").map(|r| r.host_fun), Some(f2 + 1));
+        assert_eq!(function_named("b2").map(|r| r.host_fun), Some(f1 + 2));
         assert!(function(f1 + 1).is_none());
         assert!(function_of_kernel(f1 + 0x100).is_none());
         assert_eq!(function(f1 + 2).map(|r| r.name.as_str()), Some("b2"));
@@ -279,5 +300,6 @@ mod tests {
         );
         remove_fatbin(f2);
         assert!(function(f1 + 2).is_none() && function(f2 + 1).is_none());
+        assert!(function_named("b2").is_none() && function_named("c").is_none());
     }
 }

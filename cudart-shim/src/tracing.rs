@@ -61,6 +61,7 @@ fn init_once() {
         buffer_sample: cfg.trace_buffer_sample,
     });
     FUNCTION_BASE.store(t.register_functions(&ALL_NAMES), Ordering::Relaxed);
+    t.set_launch_source(Box::new(driver_layer_launches));
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
@@ -89,6 +90,39 @@ fn init_once() {
         },
         t.clock().rate()
     ));
+}
+
+/// The launches cudaw's driver layer counted under `metrics` (it hands over only those whose
+/// buffers the memory history looks up: `crates/driver-shim`'s `trace::launch`), by kernel,
+/// to `each`; nothing without a driver layer of cudaw's.
+fn driver_layer_launches(each: &mut dyn FnMut(&str, u64)) {
+    type Export = extern "C" fn(driver::hooks::TracedLaunches, *mut c_void);
+    extern "C" fn one(ctx: *mut c_void, name: *const u8, len: usize, n: u64) {
+        crate::boundary::guard("reading the driver layer's launches", (), || {
+            // SAFETY: `ctx` is the `&mut &mut dyn FnMut` passed below, alive for the call.
+            let each = unsafe { &mut *(ctx as *mut &mut dyn FnMut(&str, u64)) };
+            // SAFETY: the driver layer passes its kernel name's bytes, `len` of them.
+            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
+            each(&String::from_utf8_lossy(bytes), n);
+        })
+    }
+    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
+    let f = unsafe {
+        libc::dlsym(
+            libc::RTLD_DEFAULT,
+            driver::hooks::TRACED_LAUNCHES_SYMBOL.as_ptr(),
+        )
+    };
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: cudaw's driver layer exports this name with the signature `Export`.
+    let f: Export = unsafe { std::mem::transmute(f) };
+    let mut each = each;
+    f(
+        one,
+        &mut each as *mut &mut dyn FnMut(&str, u64) as *mut c_void,
+    );
 }
 
 /// The process's tracer, when tracing is on (and not switched off by [`set_active`]).
@@ -127,14 +161,32 @@ static SUSPENDED: AtomicBool = AtomicBool::new(false);
 /// ([`when_untraced`]), so that the launch entries always match the tracing state.
 static SWITCH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
-/// Runs `f`, which points launch entries at what runs untraced, if they are untraced now
-/// (mapped addressing, tracing off or switched off), with the switch held: a later switch
-/// off installs what [`crate::wrappers`] picks then.
-pub(crate) fn when_untraced(f: impl FnOnce()) {
+/// Runs `f`, which points a launch entry whose launches reach cudaw's driver layer at the
+/// real runtime, if no wrapper of this library is needed for them now (mapped addressing,
+/// and tracing off, switched off, or [`driver_layer_counts_launches`]), with the switch
+/// held: a later switch installs what [`crate::wrappers`] picks then. Whether `f` ran.
+pub(crate) fn when_direct(f: impl FnOnce()) -> bool {
     let _g = SWITCH.lock();
-    if !enabled() && !crate::memory::translated() {
+    let direct = !crate::memory::translated() && (!enabled() || driver_layer_counts_launches());
+    if direct {
         f();
     }
+    direct
+}
+
+/// Whether, tracing now, the launches that reach cudaw's driver layer are left to it: with
+/// `metrics` (and `CUDAW_TRACE_DRIVER` on, and mapped addressing: the driver layer sees
+/// the real runtime's pointers, which translated addressing makes differ), that layer counts them in its own per-thread
+/// counters ([`driver_layer_launches`] adds them in when read) and hands over the launches
+/// whose buffers the memory history looks up, so the runtime's launch exports whose
+/// launches reach it ([`crate::launch_bypass`]) go straight to the real runtime, as
+/// untraced. The timeline keeps this library's wrappers (it records every launch, with
+/// the kernel's name from the registration).
+pub(crate) fn driver_layer_counts_launches() -> bool {
+    enabled()
+        && mode() == Mode::Metrics
+        && crate::config::get().trace_driver
+        && !crate::memory::translated()
 }
 
 /// Switches tracing off (`false`) or back on (`true`) in this running process, which
@@ -838,11 +890,30 @@ fn pointer_words(
     (bytes, at, false)
 }
 
+/// The words of a launch of `rec`'s kernel (arguments `args`) that may be pointers, read
+/// through its parameter layout as a sampled launch's are ([`pointer_words`]): for a launch
+/// cudaw's driver layer counted and sampled but cannot read (`record_named_launch`).
+pub(crate) fn sampled_words(
+    t: &Tracer,
+    rec: &registry::FunctionRecord,
+    args: *mut *mut c_void,
+) -> smallvec::SmallVec<[(u16, u64); 16]> {
+    let mut words = smallvec::SmallVec::new();
+    pointer_words(t, rec, args, &mut words, false, true);
+    words
+}
+
 /// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
 /// its arguments point into) when it succeeds.
+///
+/// Under `metrics`, the first launch through export `index` while it is still to be
+/// observed ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when
+/// the real runtime's launch reaches it ([`driver_layer_counts_launches`]; the export goes
+/// straight to the real runtime from then on); this layer records it only when it did not.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
+    index: usize,
     rec: Option<&registry::FunctionRecord>,
     lookup_ticks: u64,
     grid: [u32; 3],
@@ -856,7 +927,16 @@ pub fn launch(
     // allocations the launch received (none for a kernel without pointers).
     let timeline = t.timeline();
     let start = if timeline { t.now() } else { 0 };
-    let rc = f();
+    let rc = if !timeline && crate::launch_bypass::untested(index) && driver_layer_counts_launches()
+    {
+        match crate::launch_bypass::observe_unrecorded(index, f) {
+            (rc, false) => rc,
+            // The driver layer counted it.
+            (rc, true) => return rc,
+        }
+    } else {
+        crate::inflight::recording_launch_of(f)
+    };
     if rc != 0 {
         return rc;
     }

@@ -572,7 +572,7 @@ fn forward_launch(
 ) -> cudaError_t {
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    tracing::launch(rec, lookup_ticks, g.into(), b.into(), shm, args, || {
+    tracing::launch(i, rec, lookup_ticks, g.into(), b.into(), shm, args, || {
         forward!(
             i,
             fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
@@ -630,7 +630,7 @@ fn launch_ex_impl(
     let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
         (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
     });
-    tracing::launch(rec, lookup, g, b, shm, args, || {
+    tracing::launch(i, rec, lookup, g, b, shm, args, || {
         forward!(
             i,
             fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
@@ -1239,6 +1239,13 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
     ];
     if wrapped {
         let mut v = launches!(self);
+        if !translated() && tracing::driver_layer_counts_launches() {
+            for (i, f) in &mut v {
+                if crate::launch_bypass::reaches_driver_layer(*i) {
+                    *f = crate::dispatch::real_or_stub(*i);
+                }
+            }
+        }
         v.extend(others);
         v
     } else {

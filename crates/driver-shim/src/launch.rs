@@ -33,6 +33,9 @@ pub struct Kernel {
     pub name: Box<str>,
     /// Launches through the driver so far.
     pub launches: AtomicU64,
+    /// Of those, the launches tracing (`metrics`) counted here rather than in the runtime
+    /// shim's store ([`count_traced`]).
+    pub traced: AtomicU64,
     /// The tracer's id for the name ([`crate::trace`]), `u32::MAX` until asked.
     trace_id: AtomicU32,
     /// Where its traced launches were seen to pass pointers ([`crate::trace`]).
@@ -79,6 +82,12 @@ struct Slot {
     handle: AtomicUsize,
     kernel: AtomicPtr<Kernel>,
     pending: AtomicU64,
+    /// Of `pending`, the launches [`count_traced`] counted; as it, moved to the kernel's
+    /// `traced` counter.
+    traced: AtomicU64,
+    /// The launches [`count_traced`] counted in the slot since it was given to its handle
+    /// (never moved: it picks the launches whose words are looked up).
+    seen: AtomicU64,
 }
 
 impl Slot {
@@ -87,6 +96,8 @@ impl Slot {
             handle: AtomicUsize::new(0),
             kernel: AtomicPtr::new(std::ptr::null_mut()),
             pending: AtomicU64::new(0),
+            traced: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
         }
     }
 
@@ -100,6 +111,7 @@ impl Slot {
         self.kernel
             .store(k as *const Kernel as *mut Kernel, Ordering::Relaxed);
         self.handle.store(handle, Ordering::Relaxed);
+        self.seen.store(0, Ordering::Relaxed);
         k
     }
 
@@ -111,11 +123,15 @@ impl Slot {
         if n == 0 {
             return;
         }
+        let t = self.traced.load(Ordering::Relaxed);
         self.pending.store(0, Ordering::Relaxed);
+        self.traced.store(0, Ordering::Relaxed);
         let k = self.kernel.load(Ordering::Relaxed);
         if !k.is_null() {
             // SAFETY: kernels are leaked by `Registry::named`, never freed.
-            unsafe { &*k }.launches.fetch_add(n, Ordering::Relaxed);
+            let k = unsafe { &*k };
+            k.launches.fetch_add(n, Ordering::Relaxed);
+            k.traced.fetch_add(t, Ordering::Relaxed);
         }
     }
 }
@@ -141,6 +157,7 @@ impl Cache {
         for s in &self.slots {
             s.flush();
             s.handle.store(0, Ordering::Relaxed);
+            s.seen.store(0, Ordering::Relaxed);
         }
         self.generation.set(generation);
     }
@@ -191,6 +208,7 @@ impl Registry {
         let k: &'static Kernel = Box::leak(Box::new(Kernel {
             name: name.into(),
             launches: AtomicU64::new(0),
+            traced: AtomicU64::new(0),
             trace_id: AtomicU32::new(u32::MAX),
             sites: Mutex::new(fatbin::sites::PointerSites::new()),
         }));
@@ -292,13 +310,31 @@ fn with_cache_slow<R>(b: &driver::inflight::Block, f: impl FnOnce(Option<&Cache>
 /// Counts one launch of `handle`; its kernel.
 #[inline]
 pub fn count(handle: usize) -> &'static Kernel {
+    count_in(handle, false).0
+}
+
+/// Counts one launch of `handle` as [`count`] does, and as a launch tracing (`metrics`)
+/// counts here ([`Kernel::traced`], read with [`traced_counts`]) rather than in the runtime
+/// shim's store: its kernel, and the launches of `handle` this thread counted so before
+/// this one since the slot was given to it (0 for the first; 0 always on a thread that is
+/// ending).
+#[inline]
+pub fn count_traced(handle: usize) -> (&'static Kernel, u64) {
+    count_in(handle, true)
+}
+
+#[inline(always)]
+fn count_in(handle: usize, traced: bool) -> (&'static Kernel, u64) {
     let generation = GENERATION.load(Ordering::Acquire);
     with_cache(|c| {
         let Some(c) = c else {
             // The thread's cache is gone (the thread is ending): count on the kernel.
             let k = kernel_of(handle);
             k.launches.fetch_add(1, Ordering::Relaxed);
-            return k;
+            if traced {
+                k.traced.fetch_add(1, Ordering::Relaxed);
+            }
+            return (k, 0);
         };
         if c.generation.get() != generation {
             c.renew(generation);
@@ -312,10 +348,17 @@ pub fn count(handle: usize) -> &'static Kernel {
         } else {
             s.take(handle)
         };
-        // A plain add: only this thread writes its slots' counts.
+        // Plain adds: only this thread writes its slots' counts.
         s.pending
             .store(s.pending.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        k
+        if !traced {
+            return (k, 0);
+        }
+        s.traced
+            .store(s.traced.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        let seen = s.seen.load(Ordering::Relaxed);
+        s.seen.store(seen + 1, Ordering::Relaxed);
+        (k, seen)
     })
 }
 
@@ -341,15 +384,15 @@ pub extern "C" fn cudaw_driver_thread_launches_v1() -> u64 {
 }
 
 /// The launches every live thread holds pending (not yet in the shared counters), by
-/// kernel (its address).
-fn launches_of_all() -> HashMap<usize, u64> {
+/// kernel (its address): all of them, or (`traced`) those [`count_traced`] counted.
+fn launches_of_all(traced: bool) -> HashMap<usize, u64> {
     let mut pending: HashMap<usize, u64> = HashMap::new();
     let caches = CACHES.lock();
     for &c in caches.iter() {
         // SAFETY: a cache is removed from the list (under this lock) before it is freed.
         let c = unsafe { &*(c as *const Cache) };
         for s in &c.slots {
-            let n = s.pending.load(Ordering::Relaxed);
+            let n = if traced { &s.traced } else { &s.pending }.load(Ordering::Relaxed);
             let k = s.kernel.load(Ordering::Relaxed);
             if n != 0 && !k.is_null() {
                 *pending.entry(k as usize).or_default() += n;
@@ -361,21 +404,48 @@ fn launches_of_all() -> HashMap<usize, u64> {
 
 /// Every kernel launched or named so far, with its launches, most launched first.
 pub fn counts() -> Vec<(String, u64)> {
-    let pending = launches_of_all();
+    counts_of(false)
+}
+
+/// Every kernel named so far, with the launches tracing counted here ([`count_traced`]),
+/// most first.
+pub fn traced_counts() -> Vec<(String, u64)> {
+    counts_of(true)
+}
+
+fn counts_of(traced: bool) -> Vec<(String, u64)> {
+    let pending = launches_of_all(traced);
     let r = REGISTRY.lock();
     let mut v: Vec<(String, u64)> = r
         .by_name
         .values()
         .map(|&k| {
             let held = pending.get(&(k as *const Kernel as usize)).copied();
+            let shared = if traced { &k.traced } else { &k.launches };
             (
                 k.name.to_string(),
-                k.launches.load(Ordering::Relaxed) + held.unwrap_or(0),
+                shared.load(Ordering::Relaxed) + held.unwrap_or(0),
             )
         })
         .collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v
+}
+
+/// [`traced_counts`] for cudaw's runtime (`driver::hooks::TRACED_LAUNCHES_SYMBOL`): calls
+/// `each(ctx, name, len, launches)` for every kernel with traced launches.
+#[no_mangle]
+pub extern "C" fn cudaw_driver_traced_launches_v1(
+    each: driver::hooks::TracedLaunches,
+    ctx: *mut c_void,
+) {
+    guard("cudaw_driver_traced_launches_v1", (), || {
+        for (name, n) in traced_counts() {
+            if n > 0 {
+                each(ctx, name.as_ptr(), name.len(), n);
+            }
+        }
+    })
 }
 
 /// Graph launches so far.
@@ -498,19 +568,20 @@ macro_rules! observed {
 
 /// Defines a launch wrapper: counts the launch, then forwards it marked in flight
 /// ([`crate::inflight::marked`]: its trampoline is the plain kind, `build.rs`), traced
-/// when tracing is on (one predictable branch on a cached flag when it is off). `$dims`
+/// when tracing is on (one predictable branch on a cached flag when it is off; the traced
+/// path counts the launch itself). `$dims`
 /// gives the launch's [`crate::trace::Dims`] (an `Option`), `$params` and `$extra` its
 /// arguments.
 macro_rules! launch {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $f:ident, $dims:expr, $params:expr, $extra:expr) => {
         extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
-                let k = count($f as usize);
                 if crate::trace::on() {
-                    return crate::trace::launch(k, $f as usize, $dims, $params, $extra, || {
+                    return crate::trace::launch($f as usize, $dims, $params, $extra, || {
                         crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
                     });
                 }
+                count($f as usize);
                 crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
             })
         }

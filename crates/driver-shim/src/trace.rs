@@ -17,7 +17,6 @@
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use crate::dispatch::idx;
-use crate::launch::Kernel;
 use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
@@ -52,11 +51,18 @@ pub fn hooks() -> Option<&'static TraceHooks> {
     *HOOKS.get_or_init(find)
 }
 
+/// `CUDAW_TRACE_BUFFER_SAMPLE` as the runtime shim reads it (a power of two).
+static BUFFER_SAMPLE: AtomicU32 = AtomicU32::new(16);
+
 /// Reads the mode from the runtime shim (once, while this library initialises).
 pub fn init() {
     if let Some(h) = hooks() {
         let mode = (h.mode)();
         MODE.store(mode, Ordering::Relaxed);
+        let sample = (h.buffer_sample)();
+        if sample.is_power_of_two() {
+            BUFFER_SAMPLE.store(sample, Ordering::Relaxed);
+        }
         if mode != TRACE_OFF {
             crate::log::debug(format_args!(
                 "tracing the driver's launches and copies into the runtime's store"
@@ -302,21 +308,38 @@ fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R 
     }
 }
 
-/// Runs the launch `f` of kernel `k` (handle `handle`), recording it when it succeeds and
-/// the caller is not cudaw's runtime.
+/// Counts the launch `f` of handle `handle` ([`crate::launch::count`]) and runs it,
+/// recording it when it succeeds and the caller is not cudaw's runtime (which records its
+/// own). With `metrics`, the launch is counted here ([`crate::launch::count_traced`]: the
+/// runtime shim adds these counts in when it reads its own) and only one launch in
+/// `CUDAW_TRACE_BUFFER_SAMPLE` of each thread's launches of a handle goes further (its
+/// kernel and argument words to the memory history): the others cost what an untraced
+/// launch does, and a few plain adds. With the timeline, every launch is recorded.
 pub fn launch(
-    k: &Kernel,
     handle: usize,
     dims: Option<Dims>,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     f: impl FnOnce() -> u32,
 ) -> u32 {
-    let Some(h) = hooks() else { return f() };
-    if !on() || crate::runtime::runtime_accounts() {
-        return f();
-    }
+    let h = match hooks() {
+        Some(h) if on() && (h.recording_launch)() == 0 => h,
+        _ => {
+            crate::launch::count(handle);
+            return f();
+        }
+    };
     let timeline = timeline();
+    let (k, sampled) = if timeline {
+        (crate::launch::count(handle), None)
+    } else {
+        let (k, seen) = crate::launch::count_traced(handle);
+        let sample = BUFFER_SAMPLE.load(Ordering::Relaxed);
+        if seen & u64::from(sample - 1) != 0 {
+            return f();
+        }
+        (k, Some(sample))
+    };
     let start = if timeline { (h.now)() } else { 0 };
     let rc = f();
     if rc != 0 {
@@ -328,7 +351,10 @@ pub fn launch(
     let ticks = driver::selfcost::ticks;
     let t0 = if timed { ticks() } else { 0 };
     let kernel = k.trace_id(|name| (h.kernel_id)(name.as_ptr(), name.len()));
-    let weight = (h.count_launch)(kernel);
+    let weight = match sampled {
+        Some(w) => w,
+        None => (h.count_launch)(kernel),
+    };
     let t1 = if timed { ticks() } else { 0 };
     let mut words = Words::new();
     let mut bytes = 0u64;
@@ -347,9 +373,12 @@ pub fn launch(
         }
         site_words(&k.sites, params, extra, span, &mut words, &mut bytes)
     };
+    // Whether this layer knows the kernel's parameter layout (where it read no words).
+    let mut known = short;
     if !short && (weight != 0 || timeline) {
         with_layout(handle, |layout| {
             if let Some(layout) = layout {
+                known = true;
                 if timed {
                     tl = ticks();
                 }
@@ -384,9 +413,17 @@ pub fn launch(
         },
         words_len: words.len(),
     };
+    // A sampled launch of a kernel whose layout this layer lacks (the real runtime's
+    // kernels, when their images did not pass through it): the runtime shim may know the
+    // kernel by name from the program's registration, and read the words itself.
+    let by_name = !timeline
+        && !known
+        && weight != 0
+        && extra.is_null()
+        && (h.record_named_launch)(&launch, k.name.as_ptr(), k.name.len(), params, weight) != 0;
     // Counted already: without the timeline, a launch whose buffers are not looked up
     // has nothing more to record.
-    if timeline || weight != 0 {
+    if !by_name && (timeline || weight != 0) {
         (h.record_counted_launch)(&launch, weight);
     }
     if timed && SELF_COST.begin(t0) {

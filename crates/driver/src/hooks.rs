@@ -238,7 +238,40 @@ pub struct TraceHooks {
     /// Records a launch that succeeded and was counted with `count_launch`, which returned
     /// `weight` (its words are attributed only when it is not 0).
     pub record_counted_launch: extern "C" fn(launch: *const TraceLaunch, weight: u32),
+    /// `CUDAW_TRACE_BUFFER_SAMPLE` (a power of two): with `metrics`, the driver shim counts
+    /// launches itself (its per-thread counters, read with [`TRACED_LAUNCHES_SYMBOL`]) and
+    /// hands over one launch in this many of each thread's launches of a handle (the first
+    /// included), with this weight, to `record_counted_launch`.
+    pub buffer_sample: extern "C" fn() -> u32,
+    /// Records a launch that succeeded and was counted with weight `weight` (not 0) whose
+    /// argument words the driver shim cannot read (no layout for its handle: the real
+    /// runtime's own kernels on a driver without the module's image): the runtime shim
+    /// reads them (`params`, the launch's kernel parameters) through the layout of the
+    /// kernel of mangled name `name` (`len` bytes) that the program registered with it, if
+    /// any. Returns 1 when recorded, 0 when the runtime knows no such kernel (nothing is
+    /// recorded then).
+    pub record_named_launch: extern "C" fn(
+        launch: *const TraceLaunch,
+        name: *const u8,
+        len: usize,
+        params: *mut *mut std::ffi::c_void,
+        weight: u32,
+    ) -> u32,
+    /// 1 when the calling thread is inside a launch the runtime shim records itself (its
+    /// launch wrappers' traced path), which the driver shim must then not record, else 0.
+    pub recording_launch: extern "C" fn() -> u32,
 }
+
+/// The name the driver shim exports its count of traced launches under:
+/// `extern "C" fn(each: TracedLaunches, ctx: *mut c_void)`, which calls `each(ctx, name,
+/// len, launches)` once per kernel (its mangled name, UTF-8, `len` bytes) with the launches
+/// it counted with `metrics` on and did not hand to [`TraceHooks::count_launch`]. The
+/// runtime shim adds them to its per-kernel counts when they are read.
+pub const TRACED_LAUNCHES_SYMBOL: &std::ffi::CStr = c"cudaw_driver_traced_launches_v1";
+
+/// The callback of [`TRACED_LAUNCHES_SYMBOL`].
+pub type TracedLaunches =
+    extern "C" fn(ctx: *mut std::ffi::c_void, name: *const u8, len: usize, launches: u64);
 
 // SAFETY: a table of thread-safe functions.
 unsafe impl Sync for TraceHooks {}

@@ -40,7 +40,9 @@ pub struct Block {
     /// through this block's initial-exec TLS, where a `thread_local!` of a shared library
     /// costs a call of `__tls_get_addr` on every access (the driver shim's launch counts).
     pub local: AtomicUsize,
-    _spare: AtomicUsize,
+    /// Flags of the library's own, per thread (cudaw's runtime: a launch its tracing
+    /// records is under way, which cudaw's driver layer then leaves alone).
+    pub flags: AtomicUsize,
 }
 
 impl Block {
@@ -50,7 +52,7 @@ impl Block {
             word: AtomicU64::new(UNREGISTERED),
             ret: AtomicUsize::new(0),
             local: AtomicUsize::new(0),
-            _spare: AtomicUsize::new(0),
+            flags: AtomicUsize::new(0),
         }
     }
 

@@ -284,7 +284,13 @@ pub struct Tracer {
     /// Counters of calls made after a thread's own were destroyed (at exit).
     late: OnceLock<Arc<ThreadCounters>>,
     late_lock: Mutex<()>,
+    /// Launches counted outside the store ([`Tracer::set_launch_source`]).
+    launch_source: OnceLock<LaunchSource>,
 }
+
+/// What [`Tracer::set_launch_source`] takes: a function that hands each kernel (its mangled
+/// name) and the launches of it counted elsewhere to the closure it is given.
+pub type LaunchSource = Box<dyn Fn(&mut dyn FnMut(&str, u64)) + Send + Sync>;
 
 static NEXT_TRACER: AtomicU32 = AtomicU32::new(1);
 static GLOBAL: OnceLock<Tracer> = OnceLock::new();
@@ -340,7 +346,17 @@ impl Tracer {
             buffer_sample: cfg.buffer_sample.max(1).next_power_of_two(),
             late: OnceLock::new(),
             late_lock: Mutex::new(()),
+            launch_source: OnceLock::new(),
         }
+    }
+
+    /// Adds launches counted outside the store to its per-kernel counts whenever they are
+    /// read ([`Tracer::stats`]): a host library whose launches are counted by another layer
+    /// (cudaw's driver layer counts them in its own per-thread counters and hands over only
+    /// those whose buffers the memory history looks up). The first source set stays; false
+    /// when one was set already.
+    pub fn set_launch_source(&self, source: LaunchSource) -> bool {
+        self.launch_source.set(source).is_ok()
     }
 
     /// What this tracer records.
@@ -743,7 +759,16 @@ impl Tracer {
     pub fn stats(&self, pid: u32, top: usize) -> Stats {
         let rate = self.clock.rate();
         let threads: Vec<Arc<ThreadCounters>> = self.threads.lock().clone();
-        let merged = counters::merge(&threads);
+        let mut merged = counters::merge(&threads);
+        if let Some(source) = self.launch_source.get() {
+            source(&mut |name, n| {
+                let id = self.kernel_id(name) as usize;
+                if merged.kernels.len() <= id {
+                    merged.kernels.resize(id + 1, 0);
+                }
+                merged.kernels[id] += n;
+            });
+        }
         let fnames = self.function_names();
         let knames = self.kernel_names();
         let now = self.now();
