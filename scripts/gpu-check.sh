@@ -593,7 +593,7 @@ if want trace; then
   # driver layer and cuBLAS's, cuDNN's and Triton's are counted there, the rest by the
   # runtime layer; their sum at exit must equal the driver layer's own count of every
   # launch through it (CUDAW_KERNEL_COUNTS), with the PyTorch kernels among them by name.
-  CUDAW_TRACE=metrics CUDAW_KERNEL_COUNTS="$WORK/metrics-kernels.txt" timeout 300 "$CUDAW" run -- python3 $T --steps 20 \
+  CUDAW_LOG=info CUDAW_TRACE=metrics CUDAW_KERNEL_COUNTS="$WORK/metrics-kernels.txt" timeout 300 "$CUDAW" run -- python3 $T --steps 20 \
     </dev/null >"$WORK/trace-metrics.out" 2>"$OUT/trace-metrics.log"; rc=$?
   traced=$(sed -n 's/.*kernels: \([0-9]*\) launches of \([0-9]*\) kernels.*/\1 \2/p' "$OUT/trace-metrics.log" | tail -1)
   through=$(awk -F'\t' '!/^#/ { n += $1; k++ } END { print n + 0, k + 0 }' "$WORK/metrics-kernels.txt" 2>/dev/null)
