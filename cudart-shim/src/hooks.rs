@@ -441,7 +441,7 @@ mod trace_hooks {
             let Ok(name) = std::str::from_utf8(bytes) else {
                 return 0;
             };
-            let Some(rec) = crate::registry::function_named(name) else {
+            let Some(rec) = tracing::named_record(l.kernel, name) else {
                 return 0;
             };
             let words = tracing::sampled_words(t, rec, params);

@@ -890,6 +890,29 @@ fn pointer_words(
     (bytes, at, false)
 }
 
+/// The kernel the program registered under mangled name `name`, whose tracer id is `id`
+/// (for the driver layer's sampled launches of the real runtime's kernels: one a sampled
+/// launch). Found by name once per id, then kept by id: PyTorch's mangled names run to
+/// hundreds of bytes, a hash each time. A record stays allocated when its fatbin is
+/// unregistered, and a kernel's parameters follow from its mangled name, so a kept record
+/// serves any later kernel of that name; it is kept only once its layout is parsed (while
+/// its fatbin was registered).
+pub(crate) fn named_record(id: u32, name: &str) -> Option<&'static registry::FunctionRecord> {
+    static BY_ID: parking_lot::RwLock<Vec<Option<&'static registry::FunctionRecord>>> =
+        parking_lot::RwLock::new(Vec::new());
+    if let Some(Some(rec)) = BY_ID.read().get(id as usize) {
+        return Some(rec);
+    }
+    let rec = registry::function_named(name)?;
+    rec.layout(crate::wrappers::device_sm())?;
+    let mut by_id = BY_ID.write();
+    if by_id.len() <= id as usize {
+        by_id.resize(id as usize + 1, None);
+    }
+    by_id[id as usize] = Some(rec);
+    Some(rec)
+}
+
 /// The words of a launch of `rec`'s kernel (arguments `args`) that may be pointers, read
 /// through its parameter layout as a sampled launch's are ([`pointer_words`]): for a launch
 /// cudaw's driver layer counted and sampled but cannot read (`record_named_launch`).
