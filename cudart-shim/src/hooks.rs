@@ -456,8 +456,8 @@ mod trace_hooks {
         })
     }
 
-    extern "C" fn recording_launch() -> u32 {
-        u32::from(crate::inflight::recording_launch())
+    extern "C" fn thread_flags() -> *const std::sync::atomic::AtomicUsize {
+        crate::inflight::thread_flags()
     }
 
     extern "C" fn buffer_sample() -> u32 {
@@ -540,7 +540,7 @@ mod trace_hooks {
         record_counted_launch,
         buffer_sample,
         record_named_launch,
-        recording_launch,
+        thread_flags,
     };
 
     /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).

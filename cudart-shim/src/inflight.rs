@@ -31,8 +31,7 @@ pub fn active() -> bool {
     block().in_flight()
 }
 
-/// [`Block::flags`]: a launch this library's tracing records is under way on the thread.
-const RECORDING_LAUNCH: usize = 1;
+use driver::hooks::RECORDING_LAUNCH;
 
 /// Runs `f`, a launch this library's tracing records, flagged as such on the calling
 /// thread ([`recording_launch`]), so that cudaw's driver layer, which the launch passes
@@ -52,10 +51,10 @@ pub fn recording_launch_of<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Whether the calling thread is inside [`recording_launch_of`] (initial-exec TLS: a few
-/// loads).
-pub fn recording_launch() -> bool {
-    block().flags.load(Ordering::Relaxed) & RECORDING_LAUNCH != 0
+/// The calling thread's flags word ([`Block::flags`]; bit [`RECORDING_LAUNCH`] inside
+/// [`recording_launch_of`]), for cudaw's driver layer, which keeps its address per thread.
+pub fn thread_flags() -> *const std::sync::atomic::AtomicUsize {
+    &block().flags
 }
 
 fn unregister(b: *const Block) {

@@ -308,6 +308,26 @@ fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R 
     }
 }
 
+/// Whether the calling thread is inside a launch cudaw's runtime records itself: its flags
+/// word (`TraceHooks::thread_flags`), whose address the thread's in-flight block keeps
+/// (`flags`, unused otherwise by this library) after the first ask: two loads.
+#[inline]
+fn runtime_records_launch(h: &TraceHooks) -> bool {
+    let b = crate::inflight::block();
+    let mut p = b.flags.load(Ordering::Relaxed);
+    if p == 0 {
+        p = (h.thread_flags)() as usize;
+        if p == 0 {
+            return false;
+        }
+        b.flags.store(p, Ordering::Relaxed);
+    }
+    // SAFETY: the runtime shim's static TLS word of this thread, alive as long as the
+    // thread (whose own block holds the address).
+    let flags = unsafe { &*(p as *const std::sync::atomic::AtomicUsize) };
+    flags.load(Ordering::Relaxed) & driver::hooks::RECORDING_LAUNCH != 0
+}
+
 /// Counts the launch `f` of handle `handle` ([`crate::launch::count`]) and runs it,
 /// recording it when it succeeds and the caller is not cudaw's runtime (which records its
 /// own). With `metrics`, the launch is counted here ([`crate::launch::count_traced`]: the
@@ -323,7 +343,7 @@ pub fn launch(
     f: impl FnOnce() -> u32,
 ) -> u32 {
     let h = match hooks() {
-        Some(h) if on() && (h.recording_launch)() == 0 => h,
+        Some(h) if on() && !runtime_records_launch(h) => h,
         _ => {
             crate::launch::count(handle);
             return f();

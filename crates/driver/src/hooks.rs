@@ -257,10 +257,17 @@ pub struct TraceHooks {
         params: *mut *mut std::ffi::c_void,
         weight: u32,
     ) -> u32,
-    /// 1 when the calling thread is inside a launch the runtime shim records itself (its
-    /// launch wrappers' traced path), which the driver shim must then not record, else 0.
-    pub recording_launch: extern "C" fn() -> u32,
+    /// The calling thread's flags word in the runtime shim (its in-flight block's
+    /// `flags`, static TLS: valid for the thread's life, read by that thread only; null
+    /// when there is none). Bit [`RECORDING_LAUNCH`] is set while the thread is inside a
+    /// launch the runtime shim records itself (its launch wrappers' traced path), which
+    /// the driver shim must then not record. The driver shim asks once per thread and
+    /// keeps the address.
+    pub thread_flags: extern "C" fn() -> *const std::sync::atomic::AtomicUsize,
 }
+
+/// [`TraceHooks::thread_flags`]: a launch the runtime shim records is under way.
+pub const RECORDING_LAUNCH: usize = 1;
 
 /// The name the driver shim exports its count of traced launches under:
 /// `extern "C" fn(each: TracedLaunches, ctx: *mut c_void)`, which calls `each(ctx, name,

@@ -40,8 +40,10 @@ pub struct Block {
     /// through this block's initial-exec TLS, where a `thread_local!` of a shared library
     /// costs a call of `__tls_get_addr` on every access (the driver shim's launch counts).
     pub local: AtomicUsize,
-    /// Flags of the library's own, per thread (cudaw's runtime: a launch its tracing
-    /// records is under way, which cudaw's driver layer then leaves alone).
+    /// A word of the library's own, per thread. cudaw's runtime: its flags (a launch its
+    /// tracing records is under way, which cudaw's driver layer then leaves alone:
+    /// `hooks::RECORDING_LAUNCH`); cudaw's driver layer: the address of the runtime's
+    /// flags word for the thread, once asked.
     pub flags: AtomicUsize,
 }
 
