@@ -506,7 +506,14 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     testq {TRACE_MASK}(%rcx), %rdx
     jz 5f
     btq $63, 24(%rax)
-    jnc 3f
+    jc 5f
+    addq $1, (%rax)
+    leaq {{table}}(%rip), %rax
+    movq (%rax,%r11,8), %r11
+    pop %rcx
+    pop %rdx
+    pop %rax
+    jmp *%r11
 5:  btq $62, 24(%rax)
     movq {TRACE_EVENTS}(%rcx), %rax
     jc 7f
@@ -542,13 +549,6 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     pop %rdx
     pop %rax
     jmp {{full}}
-3:  addq $1, (%rax)
-    leaq {{table}}(%rip), %rax
-    movq (%rax,%r11,8), %r11
-    pop %rcx
-    pop %rdx
-    pop %rax
-    jmp *%r11
 7:  cmpq {TRACE_EVENTS_END}(%rcx), %rax
     jae 1b
     push %rbx
