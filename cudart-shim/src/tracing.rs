@@ -158,7 +158,7 @@ pub fn mode() -> Mode {
 static SUSPENDED: AtomicBool = AtomicBool::new(false);
 
 /// Held while tracing is switched, and while a launch export is pointed elsewhere
-/// ([`when_untraced`]), so that the launch entries always match the tracing state.
+/// ([`when_direct`]), so that the launch entries always match the tracing state.
 static SWITCH: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// Runs `f`, which points a launch entry whose launches reach cudaw's driver layer at the
@@ -176,11 +176,11 @@ pub(crate) fn when_direct(f: impl FnOnce()) -> bool {
 
 /// Whether, tracing now, the launches that reach cudaw's driver layer are left to it: with
 /// `metrics` (and `CUDAW_TRACE_DRIVER` on, and mapped addressing: the driver layer sees
-/// the real runtime's pointers, which translated addressing makes differ), that layer counts them in its own per-thread
-/// counters ([`driver_layer_launches`] adds them in when read) and hands over the launches
-/// whose buffers the memory history looks up, so the runtime's launch exports whose
-/// launches reach it ([`crate::launch_bypass`]) go straight to the real runtime, as
-/// untraced. The timeline keeps this library's wrappers (it records every launch, with
+/// the real runtime's pointers, which translated addressing makes differ), that layer
+/// counts them in its own per-thread counters ([`driver_layer_launches`] adds them in
+/// when read) and hands over the launches whose buffers the memory history looks up, so
+/// the runtime's launch exports whose launches reach it ([`crate::launch_bypass`]) go
+/// straight to the real runtime, as untraced. The timeline keeps this library's wrappers (it records every launch, with
 /// the kernel's name from the registration).
 pub(crate) fn driver_layer_counts_launches() -> bool {
     enabled()

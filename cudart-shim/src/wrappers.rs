@@ -1237,31 +1237,30 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
         cudaGraphExecKernelNodeSetParams,
         cudaPointerGetAttributes,
     ];
-    if wrapped {
-        let mut v = launches!(self);
-        if !translated() && tracing::driver_layer_counts_launches() {
-            for (i, f) in &mut v {
-                if crate::launch_bypass::reaches_driver_layer(*i) {
-                    *f = crate::dispatch::real_or_stub(*i);
-                }
-            }
-        }
-        v.extend(others);
-        v
+    let mut v = if wrapped {
+        launches!(self)
     } else {
-        let mut v = launches!(marked_launches);
+        launches!(marked_launches)
+    };
+    // The launches seen to reach the driver layer need no wrapper of this library untraced,
+    // nor under `metrics`, which leaves them to that layer.
+    if !wrapped || tracing::driver_layer_counts_launches() {
         for (i, f) in &mut v {
             if crate::launch_bypass::reaches_driver_layer(*i) {
                 *f = crate::dispatch::real_or_stub(*i);
             }
         }
+    }
+    if wrapped {
+        v.extend(others);
+    } else {
         v.extend(
             others
                 .into_iter()
                 .map(|(i, _)| (i, crate::dispatch::real_or_stub(i))),
         );
-        v
     }
+    v
 }
 
 /// Points the launch entries at the wrappers tracing needs (`traced`) or at what runs

@@ -83,11 +83,10 @@ struct Slot {
     kernel: AtomicPtr<Kernel>,
     pending: AtomicU64,
     /// Of `pending`, the launches [`count_traced`] counted; as it, moved to the kernel's
-    /// `traced` counter.
+    /// `traced` counter, which happens only when the slot is given to a handle (again):
+    /// so it is also the count since then that picks the launches whose words are looked
+    /// up.
     traced: AtomicU64,
-    /// The launches [`count_traced`] counted in the slot since it was given to its handle
-    /// (never moved: it picks the launches whose words are looked up).
-    seen: AtomicU64,
 }
 
 impl Slot {
@@ -97,7 +96,6 @@ impl Slot {
             kernel: AtomicPtr::new(std::ptr::null_mut()),
             pending: AtomicU64::new(0),
             traced: AtomicU64::new(0),
-            seen: AtomicU64::new(0),
         }
     }
 
@@ -111,7 +109,6 @@ impl Slot {
         self.kernel
             .store(k as *const Kernel as *mut Kernel, Ordering::Relaxed);
         self.handle.store(handle, Ordering::Relaxed);
-        self.seen.store(0, Ordering::Relaxed);
         k
     }
 
@@ -157,7 +154,6 @@ impl Cache {
         for s in &self.slots {
             s.flush();
             s.handle.store(0, Ordering::Relaxed);
-            s.seen.store(0, Ordering::Relaxed);
         }
         self.generation.set(generation);
     }
@@ -354,11 +350,9 @@ fn count_in(handle: usize, traced: bool) -> (&'static Kernel, u64) {
         if !traced {
             return (k, 0);
         }
-        s.traced
-            .store(s.traced.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        let seen = s.seen.load(Ordering::Relaxed);
-        s.seen.store(seen + 1, Ordering::Relaxed);
-        (k, seen)
+        let before = s.traced.load(Ordering::Relaxed);
+        s.traced.store(before + 1, Ordering::Relaxed);
+        (k, before)
     })
 }
 
@@ -758,6 +752,36 @@ mod tests {
         assert_eq!(n("_Z5otherv"), Some(1));
         assert_eq!(n("_Z4testv"), Some(3));
         assert!(counts_json().contains("\"_Z4testv\":3"));
+    }
+
+    /// Launches counted for tracing are counted as launches too, read apart, and numbered
+    /// per slot from 0 (the sampling's "first included"); a slot given to another handle
+    /// moves them to the kernel and numbers afresh.
+    #[test]
+    fn traced_launches_are_counted_apart_and_numbered_per_slot() {
+        record(0x9100, "_Z6tracedv", 0);
+        let traced = || {
+            traced_counts()
+                .into_iter()
+                .find(|(k, _)| k == "_Z6tracedv")
+                .map(|(_, n)| n)
+        };
+        count(0x9100);
+        let seen: Vec<u64> = (0..3).map(|_| count_traced(0x9100).1).collect();
+        assert_eq!(seen, [0, 1, 2]);
+        assert_eq!(traced(), Some(3));
+        assert!(counts().contains(&("_Z6tracedv".to_owned(), 4)));
+        // Another handle in the same slot takes it: the three move to the kernel.
+        let other = (0x9100..)
+            .step_by(16)
+            .skip(1)
+            .find(|&h| slot(h) == slot(0x9100))
+            .unwrap();
+        record(other, "_Z6tracedv", 0);
+        assert_eq!(count_traced(other).1, 0);
+        assert_eq!(traced(), Some(4));
+        assert_eq!(count_traced(0x9100).1, 0);
+        assert_eq!(traced(), Some(5));
     }
 
     #[test]

@@ -881,6 +881,20 @@ pub fn demangle(name: &str) -> String {
 mod tests {
     use crate::{Config, Mode, Tracer};
 
+    /// The `buffers` of each launch in `t`'s timeline, as written.
+    fn kernel_buffers(t: &Tracer) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        t.write_timeline(&mut out, 1, "p").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "kernel")
+            .map(|e| e["args"]["buffers"].clone())
+            .collect()
+    }
+
     fn launches_on(t: &Tracer, base: u64) -> u64 {
         let s = t.stats(1, 100);
         let b = format!("{base:#x}");
@@ -932,15 +946,9 @@ mod tests {
         t.record_launch(k, [1; 3], [1; 3], 0, 0, 1, &[(0, 0x1010)]);
         assert_eq!(launches_on(&t, 0x1000), 1);
         assert_eq!(t.stats(1, 1).kernels[0].launches, 4);
-        let mut out = Vec::new();
-        t.write_timeline(&mut out, 1, "p").unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        let orders: Vec<serde_json::Value> = v["traceEvents"]
-            .as_array()
-            .unwrap()
+        let orders: Vec<serde_json::Value> = kernel_buffers(&t)
             .iter()
-            .filter(|e| e["cat"] == "kernel")
-            .map(|e| e["args"]["buffers"][0]["alloc"].clone())
+            .map(|b| b[0]["alloc"].clone())
             .collect();
         assert_eq!(orders, [0, 0, 0, 1]);
     }
@@ -963,16 +971,7 @@ mod tests {
             16,
             "one launch looked up, counted 16 times"
         );
-        let mut out = Vec::new();
-        t.write_timeline(&mut out, 1, "p").unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-        let buffers: Vec<serde_json::Value> = v["traceEvents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["cat"] == "kernel")
-            .map(|e| e["args"]["buffers"].clone())
-            .collect();
+        let buffers = kernel_buffers(&t);
         let one = serde_json::json!([{"alloc": 0, "base": "0x1000", "size": 256, "param": 0}]);
         assert_eq!(buffers, vec![one; 5]);
     }
