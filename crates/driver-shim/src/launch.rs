@@ -731,6 +731,11 @@ pub fn table() -> Vec<(usize, usize)> {
 mod tests {
     use super::*;
 
+    /// The launches of kernel `name` in `counts` ([`counts`] or [`traced_counts`]).
+    fn of(counts: Vec<(String, u64)>, name: &str) -> Option<u64> {
+        counts.into_iter().find(|(k, _)| k == name).map(|(_, n)| n)
+    }
+
     #[test]
     fn handles_share_their_names_counter_and_unloading_forgets_them() {
         record(0x1000, "_Z4testv", 0xaa);
@@ -738,12 +743,7 @@ mod tests {
         count(0x1000);
         count(0x1000);
         count(0x2000);
-        let n = |name: &str| {
-            counts()
-                .into_iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, n)| n)
-        };
+        let n = |name: &str| of(counts(), name);
         assert_eq!(n("_Z4testv"), Some(3));
         forget_module(0xaa);
         // 0x1000 is forgotten: the driver may hand it out again for another kernel.
@@ -760,12 +760,7 @@ mod tests {
     #[test]
     fn traced_launches_are_counted_apart_and_numbered_per_slot() {
         record(0x9100, "_Z6tracedv", 0);
-        let traced = || {
-            traced_counts()
-                .into_iter()
-                .find(|(k, _)| k == "_Z6tracedv")
-                .map(|(_, n)| n)
-        };
+        let traced = || of(traced_counts(), "_Z6tracedv");
         count(0x9100);
         let seen: Vec<u64> = (0..3).map(|_| count_traced(0x9100).1).collect();
         assert_eq!(seen, [0, 1, 2]);
@@ -787,12 +782,7 @@ mod tests {
     #[test]
     fn launches_held_by_threads_are_counted_live_and_when_the_threads_end() {
         record(0x7000, "_Z7threadsv", 0);
-        let n = || {
-            counts()
-                .into_iter()
-                .find(|(k, _)| k == "_Z7threadsv")
-                .map(|(_, n)| n)
-        };
+        let n = || of(counts(), "_Z7threadsv");
         let before = thread_launches();
         for _ in 0..5 {
             count(0x7000);
