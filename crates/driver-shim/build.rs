@@ -47,6 +47,7 @@ fn main() {
                 prefix: "cudaw_drv",
                 marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
             }),
+            None,
         ),
     )
     .unwrap();

@@ -5,7 +5,7 @@
 //! is on (bit [`TRACING`]).
 
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// The shim has not loaded the real runtime yet.
 pub const UNINITIALISED: u32 = 1;
@@ -17,8 +17,39 @@ pub const PAUSED: u32 = 2;
 /// assembly fast path of tracing (`shim-build`'s `trace_fast_path`).
 pub const TRACING: u32 = 4;
 
-/// The gate word the trampolines load. Read by assembly: keep it a plain `u32`-sized atomic.
-pub static GATE: AtomicU32 = AtomicU32::new(UNINITIALISED);
+/// The gate word the trampolines load, first in a cache line of its own.
+pub static GATE: Gate = Gate {
+    word: AtomicU32::new(UNINITIALISED),
+    trace_tls: AtomicUsize::new(0),
+};
+
+/// The gate word and what the assembly fast path of tracing reads beside it, in the one
+/// cache line every call loads anyway (`shim-build`'s `trace_fast_path`): it reaches the
+/// thread's counters with no other load of cudaw's than its own thread-local words.
+#[repr(C, align(64))]
+pub struct Gate {
+    /// The gate word: a plain `u32`-sized atomic, at the symbol's address.
+    pub(crate) word: AtomicU32,
+    /// The thread-pointer offset of the trace's thread-local words (`cudaw_rt_trace_tls`,
+    /// at `shim-build`'s `GATE_TRACE_TLS`): set before tracing can first turn the gate to
+    /// exactly [`TRACING`] ([`set_trace_tls`]).
+    trace_tls: AtomicUsize,
+}
+
+const _: () = assert!(std::mem::offset_of!(Gate, trace_tls) == 8);
+
+impl std::ops::Deref for Gate {
+    type Target = AtomicU32;
+    fn deref(&self) -> &AtomicU32 {
+        &self.word
+    }
+}
+
+/// Records the thread-pointer offset of the trace's thread-local words beside the gate
+/// word, for the fast path of tracing (before the gate can be exactly [`TRACING`]).
+pub fn set_trace_tls(offset: usize) {
+    GATE.trace_tls.store(offset, Ordering::SeqCst);
+}
 
 static LOCK: Mutex<()> = Mutex::new(());
 static OPENED: Condvar = Condvar::new();

@@ -61,7 +61,7 @@ extern "C" fn uncharge(ordinal: i32, bytes: u64) {
 
 static HOOKS: RuntimeHooks = RuntimeHooks {
     size: std::mem::size_of::<RuntimeHooks>(),
-    gate: &gate::GATE,
+    gate: &gate::GATE.word,
     wait_while_paused,
     may_pass,
     install_pause,

@@ -50,6 +50,8 @@ pub fn init() {
 }
 
 fn init_once() {
+    // SAFETY: the accessor only reads the GOT's thread-pointer offset of the words.
+    gate::set_trace_tls(unsafe { cudaw_rt_trace_tls_offset() });
     let cfg = crate::config::get();
     if cfg.trace == Mode::Off {
         return;
@@ -339,8 +341,8 @@ struct Frame {
 }
 
 /// A thread's tracing state, shared with the assembly fast path (`shim-build`'s
-/// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through one
-/// word of static TLS (`cudaw_rt_trace_tls`). Made on the thread's first traced call and
+/// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through a
+/// word of static TLS (`cudaw_rt_trace_tls`, [`TraceTls`]). Made on the thread's first traced call and
 /// never freed (the tracer keeps every thread's counters anyway), so calls made while a
 /// thread exits are timed too.
 #[repr(C)]
@@ -409,15 +411,41 @@ const EMPTY: Frame = Frame {
 };
 
 extern "C" {
-    /// The calling thread's block word (`trace.s`): 0 until [`block`] makes the block.
+    /// The calling thread's words (`trace.s`, [`TraceTls`]): 0 until [`block`] makes the
+    /// block.
     fn cudaw_rt_trace_block() -> *mut *mut c_void;
+    /// The thread-pointer offset of those words, which the gate's line keeps for the fast
+    /// path ([`gate::set_trace_tls`]).
+    fn cudaw_rt_trace_tls_offset() -> usize;
+}
+
+/// A thread's words of static TLS (`shim-build`'s `TRACE_TLS_*`): its block, and copies of
+/// the block's `calls` and `mask`, which a call the sampling leaves untimed reads instead
+/// of the block.
+#[repr(C)]
+struct TraceTls {
+    block: *mut Block,
+    /// Written last: nonzero means all three are set.
+    calls: *const cudaw_trace::counters::CallSlot,
+    mask: u64,
+}
+
+const _: () = {
+    assert!(std::mem::offset_of!(TraceTls, calls) == 8);
+    assert!(std::mem::offset_of!(TraceTls, mask) == 16);
+    assert!(std::mem::size_of::<TraceTls>() == 24);
+};
+
+/// The calling thread's words.
+fn thread_words() -> *mut TraceTls {
+    // SAFETY: the accessor returns the address of the calling thread's static TLS words,
+    // which live as long as the thread and are used by this thread only.
+    unsafe { cudaw_rt_trace_block() }.cast()
 }
 
 /// The calling thread's block word.
 fn block_word() -> *mut *mut Block {
-    // SAFETY: the accessor returns the address of the calling thread's static TLS word,
-    // which lives as long as the thread and is used by this thread only.
-    unsafe { cudaw_rt_trace_block() }.cast()
+    thread_words().cast()
 }
 
 /// The calling thread's block, made on first use (`None`: tracing is off).
@@ -493,7 +521,13 @@ fn block() -> Option<*mut Block> {
         let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>();
         (*b).top = first.add(1);
         (*b).limit = first.add(DEPTH + 1);
-        word.write(b);
+        // The fast path reads the calls pointer first: it goes last, each a volatile
+        // store in this order (only this thread reads its words, a signal handler on it
+        // included).
+        let words = thread_words();
+        std::ptr::addr_of_mut!((*words).block).write_volatile(b);
+        std::ptr::addr_of_mut!((*words).mask).write_volatile(mask);
+        std::ptr::addr_of_mut!((*words).calls).write_volatile(calls);
     }
     Some(b)
 }

@@ -71,8 +71,13 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 static MODULES_LOADED: AtomicU64 = AtomicU64::new(0);
 
-/// Slots in each thread's cache of handles (a power of two).
-pub(crate) const SLOTS: usize = 256;
+/// Slots in each thread's cache of handles (a power of two: `1 << SLOT_BITS`).
+pub(crate) const SLOTS: usize = 1 << SLOT_BITS;
+const SLOT_BITS: u32 = 10;
+/// Slots a handle may take, from its home slot on (linear probing), before it evicts the
+/// handle at home: handles launched in turn keep their slots (and their counts, which
+/// number a handle's launches for the sampling) while the table has room.
+pub(crate) const PROBES: usize = 8;
 
 /// One slot of a thread's cache: a handle, its kernel, and the launches of that handle on
 /// this thread not yet added to the kernel's shared counter. Atomics so that a reader on
@@ -133,9 +138,10 @@ impl Slot {
     }
 }
 
-/// One thread's launched handles: a direct-mapped table (slot by the handle's address
-/// bits), so that a launch of a cached handle costs a few loads and a plain add to the
-/// slot's pending count; a miss (or a collision) asks the registry. `generation` is the
+/// One thread's launched handles: a hash table (a handle's slot is its home, or one of
+/// the next [`PROBES`]: [`probe`]), so that a launch of a cached handle costs a few loads
+/// and a plain add to the slot's pending count; a handle met for the first time asks the
+/// registry. `generation` is the
 /// registry's when the table was last valid; `launches` counts every launch through this
 /// layer's launch wrappers on the thread ([`cudaw_driver_thread_launches_v1`]).
 struct Cache {
@@ -156,6 +162,20 @@ impl Cache {
             s.handle.store(0, Ordering::Relaxed);
         }
         self.generation.set(generation);
+    }
+
+    /// The slot of `handle` away from its home (or given to it now), and its kernel.
+    #[cold]
+    #[inline(never)]
+    fn slot_of(&self, handle: usize) -> (&Slot, &'static Kernel) {
+        let i = probe(handle, |i| self.slots[i].handle.load(Ordering::Relaxed));
+        let s = &self.slots[i.unwrap_or_else(|i| i)];
+        let k = s.kernel.load(Ordering::Relaxed);
+        if i.is_ok() && !k.is_null() {
+            // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
+            return (s, unsafe { &*k });
+        }
+        (s, s.take(handle))
     }
 
     fn new() -> Box<Cache> {
@@ -190,10 +210,28 @@ thread_local! {
     static CACHE: Box<Cache> = Cache::new();
 }
 
-/// The slot of `handle` (function handles are heap addresses: their low bits are
-/// alignment, the next ones vary).
-pub(crate) fn slot(handle: usize) -> usize {
-    (handle >> 4 ^ handle >> 12) & (SLOTS - 1)
+/// The home slot of `handle` (function handles are heap addresses, often a fixed stride
+/// apart: a multiplicative hash spreads them).
+#[inline(always)]
+pub(crate) fn home(handle: usize) -> usize {
+    ((handle as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SLOT_BITS)) as usize
+}
+
+/// Where `handle` is in a table of [`SLOTS`] whose slot `i` holds the handle `held(i)` (0:
+/// empty): `Ok(i)`, or `Err(i)`, the slot to give it: the first empty one of its
+/// [`PROBES`] from home, else home. Slots are only emptied all at once, so a handle sits
+/// before the first empty slot of its run.
+pub(crate) fn probe(handle: usize, held: impl Fn(usize) -> usize) -> Result<usize, usize> {
+    let home = home(handle);
+    for j in 0..PROBES {
+        let i = (home + j) & (SLOTS - 1);
+        match held(i) {
+            h if h == handle => return Ok(i),
+            0 => return Err(i),
+            _ => {}
+        }
+    }
+    Err(home)
 }
 
 impl Registry {
@@ -336,14 +374,15 @@ fn count_in(handle: usize, traced: bool) -> (&'static Kernel, u64) {
             c.renew(generation);
         }
         c.launches.set(c.launches.get() + 1);
-        let s = &c.slots[slot(handle)];
+        let s = &c.slots[home(handle)];
         let k = s.kernel.load(Ordering::Relaxed);
-        let k: &'static Kernel = if s.handle.load(Ordering::Relaxed) == handle && !k.is_null() {
-            // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
-            unsafe { &*k }
-        } else {
-            s.take(handle)
-        };
+        let (s, k): (&Slot, &'static Kernel) =
+            if s.handle.load(Ordering::Relaxed) == handle && !k.is_null() {
+                // SAFETY: cached pointers come from `kernel_of`: leaked, never freed.
+                (s, unsafe { &*k })
+            } else {
+                c.slot_of(handle)
+            };
         // Plain adds: only this thread writes its slots' counts.
         s.pending
             .store(s.pending.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -766,17 +805,55 @@ mod tests {
         assert_eq!(seen, [0, 1, 2]);
         assert_eq!(traced(), Some(3));
         assert!(counts().contains(&("_Z6tracedv".to_owned(), 4)));
-        // Another handle in the same slot takes it: the three move to the kernel.
-        let other = (0x9100..)
+        // Handles of the same home take the next slots, and each keeps its numbering.
+        let same_home: Vec<usize> = (0x9100..)
             .step_by(16)
             .skip(1)
-            .find(|&h| slot(h) == slot(0x9100))
-            .unwrap();
-        record(other, "_Z6tracedv", 0);
-        assert_eq!(count_traced(other).1, 0);
-        assert_eq!(traced(), Some(4));
+            .filter(|&h| home(h) == home(0x9100))
+            .take(PROBES)
+            .collect();
+        for &h in &same_home[..PROBES - 1] {
+            record(h, "_Z6tracedv", 0);
+            assert_eq!(count_traced(h).1, 0);
+            assert_eq!(count_traced(h).1, 1);
+        }
+        assert_eq!(traced(), Some(3 + 2 * (PROBES as u64 - 1)));
+        assert_eq!(count_traced(0x9100).1, 3, "a neighbour took no slot of its");
+        // One more handle of that home finds every slot of its run taken: it takes home,
+        // and the launches counted there move to the kernel; the evicted handle then
+        // numbers afresh, wherever it lands.
+        let last = same_home[PROBES - 1];
+        record(last, "_Z6tracedv", 0);
+        assert_eq!(count_traced(last).1, 0);
+        assert_eq!(traced(), Some(3 + 2 * (PROBES as u64 - 1) + 2));
         assert_eq!(count_traced(0x9100).1, 0);
-        assert_eq!(traced(), Some(5));
+    }
+
+    /// A handle is found in its run of slots, before the first empty one.
+    #[test]
+    fn probing_finds_a_handle_in_its_run() {
+        let mut table = vec![0usize; SLOTS];
+        let hs: Vec<usize> = (0x10_0000..)
+            .step_by(64)
+            .filter(|&h| home(h) == home(0x10_0000))
+            .take(PROBES + 1)
+            .collect();
+        for (n, &h) in hs[..PROBES].iter().enumerate() {
+            let i = probe(h, |i| table[i]).unwrap_err();
+            assert_eq!(i, (home(h) + n) % SLOTS, "the first empty slot of the run");
+            table[i] = h;
+            assert_eq!(probe(h, |i| table[i]), Ok(i));
+        }
+        assert_eq!(probe(hs[PROBES], |i| table[i]), Err(home(hs[PROBES])));
+        // A handle of another home whose run meets this one's skips the taken slots.
+        let next = (0x20_0000..)
+            .step_by(64)
+            .find(|&h| home(h) == (home(0x10_0000) + 2) % SLOTS)
+            .unwrap();
+        assert_eq!(
+            probe(next, |i| table[i]),
+            Err((home(0x10_0000) + PROBES) % SLOTS)
+        );
     }
 
     #[test]

@@ -261,8 +261,8 @@ fn site_words(
     true
 }
 
-/// One thread's layouts of the handles it launched: a direct-mapped table (slot by the
-/// handle's address bits, as the launch counts' cache), valid for one generation of handles
+/// One thread's layouts of the handles it launched: a table with the launch counts' slots
+/// (`crate::launch::probe`), valid for one generation of handles
 /// ([`crate::launch::generation`]). On the heap: this library's static TLS stays small.
 struct Layouts {
     generation: Cell<u64>,
@@ -293,11 +293,12 @@ fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R 
             slots.iter_mut().for_each(|s| *s = None);
             c.generation.set(generation);
         }
-        let s = &mut slots[crate::launch::slot(handle)];
-        if !matches!(s, Some((h, _)) if *h == handle) {
-            *s = Some((handle, crate::modules::layout(handle)));
-        }
-        let layout = s.as_ref().and_then(|(_, l)| l.as_deref());
+        let i = crate::launch::probe(handle, |i| slots[i].as_ref().map_or(0, |(h, _)| *h))
+            .unwrap_or_else(|i| {
+                slots[i] = Some((handle, crate::modules::layout(handle)));
+                i
+            });
+        let layout = slots[i].as_ref().and_then(|(_, l)| l.as_deref());
         f.take().map(|f| f(layout))
     });
     match (r, f) {

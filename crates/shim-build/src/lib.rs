@@ -114,6 +114,12 @@ pub fn names_rs(all: &[String], exported: usize, what: &str, extra: &str) -> Str
 
 /// `trampolines.s`: one exported function per name of `exported` (each present in the
 /// sorted `all`), with `{gate}`, `{table}` and `{slow}` left for `global_asm!` to fill.
+/// With `count: Some(COUNT)` (a routine of [`trace_fast_path`]'s, `PREFIX_trace_count`),
+/// a plain trampoline's slow path first calls `COUNT` with `%r11d` = its index: when that
+/// returns with ZF set it has counted the call, and the trampoline jumps through its own
+/// table entry, as its fast path does (each export keeps its own indirect jump, which the
+/// processor predicts; one jump shared by every export would not be); else it goes on to
+/// `{slow}`.
 /// With `address_table: Some(LABEL)`, also a hidden read-only array `LABEL` of every
 /// trampoline's address, in `all`'s order (0 for a name not exported), filled through
 /// local aliases so that no other library's definition of a name can take its place.
@@ -123,6 +129,7 @@ pub fn trampolines(
     gate: GateWord,
     address_table: Option<&str>,
     in_flight: Option<InFlight<'_>>,
+    count: Option<&str>,
 ) -> String {
     let mut asm = String::new();
     writeln!(asm, ".pushsection .text.cudaw_trampolines,\"ax\",@progbits").unwrap();
@@ -152,10 +159,13 @@ pub fn trampolines(
             .unwrap();
             continue;
         }
+        let off = i * 8;
+        let counted = count.map_or(String::new(), |c| {
+            format!("    call {c}\n    jne 2f\n    jmp *({{table}}+{off})(%rip)\n2:  movl ${i}, %r11d\n")
+        });
         writeln!(
             asm,
-            ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{test}\n    jne 1f\n    jmp *({{table}}+{off})(%rip)\n1:  movl ${i}, %r11d\n    jmp {{slow}}\n.size {name}, .-{name}",
-            off = i * 8
+            ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{test}\n    jne 1f\n    jmp *({{table}}+{off})(%rip)\n1:  movl ${i}, %r11d\n{counted}    jmp {{slow}}\n.size {name}, .-{name}"
         )
         .unwrap();
     }
@@ -435,17 +445,37 @@ pub const TRACE_ALWAYS: u64 = 1 << 63;
 pub const TRACE_DIRECT: u64 = 1 << 62;
 /// Size of one shadow-stack frame: `(slot, return address, index, start ticks)`, `u64`s.
 pub const TRACE_FRAME: usize = 32;
+/// The thread-local words of [`trace_fast_path`] (`PREFIX_trace_tls`): the address of the
+/// thread's trace block (0 until it has one), then copies of the block's [`TRACE_CALLS`] at
+/// [`TRACE_TLS_CALLS`] and [`TRACE_MASK`] at [`TRACE_TLS_MASK`], so that a call the
+/// sampling leaves untimed reads no more than these words and its counter (the block is
+/// read by timed calls only). The calls pointer is written last: nonzero means all three
+/// are set.
+pub const TRACE_TLS_SIZE: usize = 24;
+/// Offset of the copy of the block's calls pointer in the thread-local words.
+pub const TRACE_TLS_CALLS: usize = 8;
+/// Offset of the copy of the block's sampling mask in the thread-local words.
+pub const TRACE_TLS_MASK: usize = 16;
+/// Offset from the gate word `{gate}` of the `u64` holding the thread-pointer offset of
+/// `PREFIX_trace_tls` (the host library stores there what `PREFIX_trace_tls_offset`
+/// returns before its gate word can first be exactly `bits`). The gate's cache line is
+/// loaded by every call, so the fast path needs no GOT load to find its words.
+pub const GATE_TRACE_TLS: usize = 8;
 
 /// `trace.s`: the assembly fast path of call timing (`CUDAW_TRACE=metrics`), for a library
 /// whose gate word is `{gate}` (a `u32`, [`GateWord::Direct`]) and whose trampolines'
 /// slow path is `PREFIX_trace_enter` (pass it as their `{slow}`).
 ///
-/// - `PREFIX_trace_tls`: one word of initial-exec TLS per thread, the address of the
-///   thread's trace block (0: none yet).
+/// - `PREFIX_trace_tls`: [`TRACE_TLS_SIZE`] bytes of initial-exec TLS per thread: the
+///   address of the thread's trace block (0: none yet) and copies of its calls pointer and
+///   sampling mask, found through the thread-pointer offset at `{gate}` +
+///   [`GATE_TRACE_TLS`] (`PREFIX_trace_tls_offset` returns it).
 /// - `PREFIX_trace_enter` (`%r11d` = the export's index, the caller's return address at
 ///   `(%rsp)`): when the gate word is exactly `bits` (tracing, nothing else) and the
 ///   thread has a block: a call the sampling mask leaves untimed (and whose export's
-///   `timed` counter lacks bit 63, [`TRACE_ALWAYS`]) only adds 1 to its count and jumps on; else, when its shadow stack has room and holds no frame the stack has since
+///   `timed` counter lacks bit 63, [`TRACE_ALWAYS`]) only adds 1 to its count and jumps
+///   on, having read the gate's line, the thread-local words and the counter; else, when
+///   its shadow stack has room and holds no frame the stack has since
 ///   unwound (a `longjmp`), it pushes `(slot, return address, index, rdtsc)`, puts
 ///   `PREFIX_trace_return` in the caller's return-address slot and jumps to
 ///   `{table}[index]` (never 0 once the gate is that value). A timed call of an export
@@ -462,7 +492,15 @@ pub const TRACE_FRAME: usize = 32;
 ///   ([`TRACE_EVENTS`]) appends the call's event to it, and jumps to the saved return
 ///   address, `%rax`/`%rdx` (and every vector register) as the call left them. A timed
 ///   call that finds the buffer at its soft end ([`TRACE_EVENTS_END`]) goes to `{full}`.
-/// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's word.
+/// - `PREFIX_trace_count` (called by [`trampolines`] given `count`, `%r11d` = the
+///   export's index): the untimed path of `PREFIX_trace_enter` as a routine, with `%r10`
+///   and `%r11` for scratch: returns with ZF set when it counted the call (the caller then
+///   jumps to the export), clear when the call needs `PREFIX_trace_enter` (timed, the
+///   thread's first call, the gate not exactly `bits`).
+/// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's
+///   words.
+/// - `PREFIX_trace_tls_offset`: `extern "C" fn() -> usize`, the words' thread-pointer
+///   offset.
 ///
 /// The block's layout: [`TRACE_TOP`], [`TRACE_LIMIT`], [`TRACE_CALLS`], [`TRACE_MASK`],
 /// [`TRACE_EVENTS`], [`TRACE_EVENTS_END`] (without a buffer: 0 and `u64::MAX`); the frame
@@ -474,15 +512,16 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     // A direct call's event may find the buffer full (calls nested in it filled it).
     let record_direct = record_timed_call("%rbx", "%r12", ('8', '9'), Some('6'));
     let record_return = record_timed_call("%r11", "%r10", ('2', '4'), None);
+    let g = GATE_TRACE_TLS;
     format!(
         ".pushsection .tbss.{p}_trace,\"awT\",@nobits
 .p2align 3
 .globl {p}_trace_tls
 .hidden {p}_trace_tls
 .type {p}_trace_tls,@object
-.size {p}_trace_tls,8
+.size {p}_trace_tls,{TRACE_TLS_SIZE}
 {p}_trace_tls:
-    .zero 8
+    .zero {TRACE_TLS_SIZE}
 .popsection
 .pushsection .text.cudaw_trace_fast,\"ax\",@progbits
 .p2align 4
@@ -495,15 +534,15 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     push %rax
     push %rdx
     push %rcx
-    movq {p}_trace_tls@gottpoff(%rip), %rcx
-    movq %fs:(%rcx), %rcx
-    testq %rcx, %rcx
+    movq {{gate}}+{g}(%rip), %rcx
+    movq %fs:{TRACE_TLS_CALLS}(%rcx), %rax
+    testq %rax, %rax
     jz 1f
-    movq %r11, %rax
-    shlq $5, %rax
-    addq {TRACE_CALLS}(%rcx), %rax
+    movq %r11, %rdx
+    shlq $5, %rdx
+    addq %rdx, %rax
     movq (%rax), %rdx
-    testq {TRACE_MASK}(%rcx), %rdx
+    testq %fs:{TRACE_TLS_MASK}(%rcx), %rdx
     jz 5f
     btq $63, 24(%rax)
     jc 5f
@@ -514,7 +553,8 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     pop %rdx
     pop %rax
     jmp *%r11
-5:  btq $62, 24(%rax)
+5:  movq %fs:(%rcx), %rcx
+    btq $62, 24(%rax)
     movq {TRACE_EVENTS}(%rcx), %rax
     jc 7f
     cmpq {TRACE_EVENTS_END}(%rcx), %rax
@@ -570,7 +610,7 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     shlq $32, %rdx
     orq %rdx, %rax
     subq %rbx, %rax
-    movq {p}_trace_tls@gottpoff(%rip), %rcx
+    movq {{gate}}+{g}(%rip), %rcx
     movq %fs:(%rcx), %rcx
     movq %r12, %rsi
 {record_direct}9:  pop %r12
@@ -601,7 +641,7 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     rdtsc
     shlq $32, %rdx
     orq %rdx, %rax
-    movq {p}_trace_tls@gottpoff(%rip), %rcx
+    movq {{gate}}+{g}(%rip), %rcx
     movq %fs:(%rcx), %rcx
     movq {TRACE_TOP}(%rcx), %rdx
     leaq -8(%rsp), %rsi
@@ -630,6 +670,37 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     addq %fs:0, %rax
     ret
 .size {p}_trace_block, .-{p}_trace_block
+.p2align 4
+.globl {p}_trace_count
+.hidden {p}_trace_count
+.type {p}_trace_count,@function
+{p}_trace_count:
+    cmpl ${bits}, {{gate}}(%rip)
+    jne 8f
+    movq {{gate}}+{g}(%rip), %r10
+    cmpq $0, %fs:{TRACE_TLS_CALLS}(%r10)
+    je 8f
+    shlq $5, %r11
+    addq %fs:{TRACE_TLS_CALLS}(%r10), %r11
+    movq %fs:{TRACE_TLS_MASK}(%r10), %r10
+    testq %r10, (%r11)
+    jz 8f
+    btq $63, 24(%r11)
+    jc 8f
+    addq $1, (%r11)
+    cmpq %r11, %r11
+    ret
+8:  testq %rsp, %rsp
+    ret
+.size {p}_trace_count, .-{p}_trace_count
+.p2align 4
+.globl {p}_trace_tls_offset
+.hidden {p}_trace_tls_offset
+.type {p}_trace_tls_offset,@function
+{p}_trace_tls_offset:
+    movq {p}_trace_tls@gottpoff(%rip), %rax
+    ret
+.size {p}_trace_tls_offset, .-{p}_trace_tls_offset
 .popsection
 "
     )
@@ -707,7 +778,7 @@ mod tests {
     #[test]
     fn trampolines_index_the_sorted_table() {
         let all = v(&["a", "b", "c"]);
-        let asm = trampolines(&all, &v(&["a", "c"]), GateWord::Direct, None, None);
+        let asm = trampolines(&all, &v(&["a", "c"]), GateWord::Direct, None, None, None);
         assert!(asm.contains("c:\ncudaw_t2:\n    cmpl $0, {gate}(%rip)\n    jne 1f\n    jmp *({table}+16)(%rip)\n1:  movl $2, %r11d"));
         assert!(!asm.contains("\nb:"));
         let asm = trampolines(
@@ -716,9 +787,20 @@ mod tests {
             GateWord::PointerMask(2),
             Some("tt"),
             None,
+            None,
         );
         assert!(asm.contains("mov {gate}(%rip), %r11\n    testl $2, (%r11)"));
         assert!(asm.contains("tt:\n    .quad cudaw_t0\n    .quad 0\n    .quad cudaw_t2\n"));
+        // Counted: the slow path calls the counter, then jumps through its own entry.
+        let asm = trampolines(
+            &all,
+            &all,
+            GateWord::Direct,
+            None,
+            None,
+            Some("px_trace_count"),
+        );
+        assert!(asm.contains("1:  movl $1, %r11d\n    call px_trace_count\n    jne 2f\n    jmp *({table}+8)(%rip)\n2:  movl $1, %r11d\n    jmp {slow}\n"));
     }
 
     #[test]
@@ -729,7 +811,7 @@ mod tests {
             prefix: "px",
             marked: &marked,
         };
-        let asm = trampolines(&all, &all, GateWord::PointerMask(2), None, Some(f));
+        let asm = trampolines(&all, &all, GateWord::PointerMask(2), None, Some(f), None);
         // The launch: word set before the gate test, offset reloaded after it.
         assert!(asm.contains("cuLaunchKernel:\ncudaw_t0:\n    movq px_inflight_tls@gottpoff(%rip), %r11\n    cmpq $0, %fs:(%r11)\n    jne 2f\n    movq $1, %fs:(%r11)\n    mov {gate}(%rip), %r11\n    testl $2, (%r11)\n    jne 3f\n    movq px_inflight_tls@gottpoff(%rip), %r11\n    pushq (%rsp)\n    popq %fs:8(%r11)\n    leaq px_inflight_return(%rip), %r11"));
         assert!(asm
@@ -755,8 +837,13 @@ mod tests {
     fn the_trace_fast_path_tests_the_exact_gate_and_chains_in_flight() {
         let t = trace_fast_path("px", 4);
         for want in [
-            "px_trace_tls:\n    .zero 8",
+            "px_trace_tls:\n    .zero 24",
             "px_trace_enter:\n    cmpl $4, {gate}(%rip)\n    jne {full}",
+            "movq {gate}+8(%rip), %rcx\n    movq %fs:8(%rcx), %rax",
+            "testq %fs:16(%rcx), %rdx",
+            "px_trace_tls_offset:\n    movq px_trace_tls@gottpoff(%rip), %rax\n    ret",
+            "px_trace_count:\n    cmpl $4, {gate}(%rip)\n    jne 8f",
+            "    addq $1, (%r11)\n    cmpq %r11, %r11\n    ret\n8:  testq %rsp, %rsp\n    ret\n",
             "movq (%rax,%r11,8), %r11",
             "jmp {slow_return}",
             "px_trace_block:",
