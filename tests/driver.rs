@@ -800,8 +800,8 @@ impl TracedRun {
 /// `driver_launch` under `CUDAW_TRACE=mode`, stopped after its launches (argument `wait`):
 /// the tracing store of the runtime shim holds what the program sent to the driver only.
 /// `cudaw-ckpt stats --json` lists `scale` by its demangled name with its 12 launches, its
-/// buffer (made by `cuMemAlloc`, given to every launch — 16 launches in the history, whose
-/// default looks up one launch's buffers in 16 —, one copy in and one out) and the copies
+/// buffer (made by `cuMemAlloc`, given to every launch — 64 launches in the history, whose
+/// default looks up one launch's buffers in 64 —, one copy in and one out) and the copies
 /// per direction; with the timeline, the file written at exit holds each launch with its
 /// grid, block and the buffer its first argument points into (every launch: the timeline
 /// keeps each launch's words, whatever the history's sampling).
@@ -835,8 +835,8 @@ fn traced_driver_launches(mode: &str) {
         "{stats}"
     );
     let hottest = &stats["memory"]["hottest"][0];
-    // The history looks up the buffers of one launch in 16 (the first), counted 16 times.
-    let history_launches = 16;
+    // The history looks up the buffers of one launch in 64 (the first), counted 64 times.
+    let history_launches = 64;
     assert_eq!(
         (
             hottest["size"].as_u64(),

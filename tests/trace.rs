@@ -539,13 +539,13 @@ fn metrics_without_calls_keep_launches_copies_and_the_history() {
     assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
-/// The memory history as the default buffer sampling leaves it (one launch in 16 of each
-/// kernel, per thread, the first included, looked up and counted 16 times): the two hot
-/// buffers are still the hottest (`add_into`'s 175 launches read as 176, 11 sampled), and
-/// of the cold buffers only those given to a sampled `fill` (the 1st and the 17th) show a
-/// launch. Returns the hot buffers' and the cold buffers' addresses (the cold ones in
-/// creation order).
-fn check_history_sampled(stats: &Value) -> (Vec<String>, Vec<String>) {
+/// The memory history as buffer sampling of one launch in `n` of each kernel leaves it (per
+/// thread, the first included, looked up and counted `n` times): the two hot buffers are
+/// still the hottest (`add_into`'s 175 launches read as 176 with `n` = 16, 11 sampled; as
+/// 192 with 64, 3 sampled), and of the cold buffers only those given to a sampled `fill`
+/// (with 16 the 1st and the 17th; with 64 the 1st) show a launch. Returns the hot buffers'
+/// and the cold buffers' addresses (the cold ones in creation order).
+fn check_history_sampled(stats: &Value, n: u64) -> (Vec<String>, Vec<String>) {
     let m = &stats["memory"];
     let hottest = m["hottest"].as_array().unwrap();
     let hot: Vec<String> = hottest
@@ -558,7 +558,7 @@ fn check_history_sampled(stats: &Value) -> (Vec<String>, Vec<String>) {
                     h["copies_in"].as_u64(),
                     h["copies_out"].as_u64()
                 ),
-                (Some(176), Some(ROUNDS), Some(ROUNDS)),
+                (Some(ROUNDS.div_ceil(n) * n), Some(ROUNDS), Some(ROUNDS)),
                 "{h}"
             );
             assert_eq!(h["kernels"], serde_json::json!([ADD_INTO]));
@@ -574,14 +574,16 @@ fn check_history_sampled(stats: &Value) -> (Vec<String>, Vec<String>) {
     cold.sort_by_key(|c| c["order"].as_u64());
     let sampled: BTreeSet<u64> = cold
         .iter()
-        .filter(|c| c["launches"].as_u64() == Some(16))
+        .filter(|c| c["launches"].as_u64() == Some(n))
         .map(|c| {
             assert_eq!(c["kernels"], serde_json::json!([FILL]), "{c}");
             c["order"].as_u64().unwrap()
         })
         .collect();
-    assert_eq!(sampled, BTreeSet::from([2, 2 + 16]), "{m}");
-    for c in cold.iter().filter(|c| c["launches"].as_u64() != Some(16)) {
+    // The cold buffers are made after the two hot ones (orders 0 and 1).
+    let expected: BTreeSet<u64> = (0..COLD).step_by(n as usize).map(|k| 2 + k).collect();
+    assert_eq!(sampled, expected, "{m}");
+    for c in cold.iter().filter(|c| c["launches"].as_u64() != Some(n)) {
         assert_eq!(
             (c["launches"].as_u64(), c["copies_in"].as_u64()),
             (Some(0), Some(1)),
@@ -595,11 +597,11 @@ fn check_history_sampled(stats: &Value) -> (Vec<String>, Vec<String>) {
     (hot, cold)
 }
 
-/// `metrics` by default reads the buffers of one launch in 16 of each kernel: the
+/// `metrics` by default reads the buffers of one launch in 64 of each kernel: the
 /// launches per kernel and the copies stay exact, the history is sampled
 /// ([`check_history_sampled`]).
 #[test]
-fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
+fn metrics_read_the_buffers_of_one_launch_in_64_by_default() {
     let Some(t) = Target::start(
         "metrics-sampled",
         Addressing::Mapped,
@@ -609,12 +611,12 @@ fn metrics_read_the_buffers_of_one_launch_in_16_by_default() {
     };
     let stats = t.stats();
     check_counts(&stats);
-    check_history_sampled(&stats);
+    check_history_sampled(&stats, 64);
     let (last, _) = t.finish();
     assert!(last.starts_with("hotcold hot=2 cold=25"), "{last}");
 }
 
-/// `timeline`: the counts, the history (exact with `exact`, else sampled as by default),
+/// `timeline`: the counts, the history (exact with `exact`, else sampled one launch in 16),
 /// a live `cudaw-ckpt trace` and the file written at exit, every launch in both with the
 /// allocations it received (the timeline keeps every launch's words, whatever the
 /// history's sampling).
@@ -643,7 +645,7 @@ fn timeline(addressing: Addressing, exact: bool) {
     let (hot, cold) = if exact {
         check_history(&stats)
     } else {
-        check_history_sampled(&stats)
+        check_history_sampled(&stats, 16)
     };
     // A pause and a resume show in the timeline and the stats.
     t.ckpt_ok(&["pause", &pid]);
@@ -932,7 +934,7 @@ fn launch_ab_times_tracing_on_and_off() {
     // CUDAW_TRACE_SELF=1: the phases of the traced launches after the warm-up, at exit.
     // Under `metrics` the runtime's launches, which reach the driver layer (simgpu's runtime
     // launches through it, as the real one does), are that layer's to count: it records
-    // one in 16 (those its self cost times) and the runtime layer times none.
+    // one in 64 (those its self cost times) and the runtime layer times none.
     let own = stderr
         .lines()
         .find(|l| l.contains("self cost of a traced launch (driver layer, mean of "))

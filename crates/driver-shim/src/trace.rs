@@ -52,7 +52,7 @@ pub fn hooks() -> Option<&'static TraceHooks> {
 }
 
 /// `CUDAW_TRACE_BUFFER_SAMPLE` as the runtime shim reads it (a power of two).
-static BUFFER_SAMPLE: AtomicU32 = AtomicU32::new(16);
+static BUFFER_SAMPLE: AtomicU32 = AtomicU32::new(64);
 
 /// Reads the mode from the runtime shim (once, while this library initialises).
 pub fn init() {
