@@ -336,6 +336,7 @@ fn runtime_records_launch(h: &TraceHooks) -> bool {
 /// `CUDAW_TRACE_BUFFER_SAMPLE` of each thread's launches of a handle goes further (its
 /// kernel and argument words to the memory history): the others cost what an untraced
 /// launch does, and a few plain adds. With the timeline, every launch is recorded.
+#[inline(always)]
 pub fn launch(
     handle: usize,
     dims: Option<Dims>,
@@ -367,7 +368,30 @@ pub fn launch(
         return rc;
     }
     let end = if timeline { (h.now)() } else { 0 };
-    let Some(d) = dims else { return rc };
+    if let Some(d) = dims {
+        record_launch(h, handle, k, sampled, d, params, extra, (start, end));
+    }
+    rc
+}
+
+/// The recording part of [`launch`], out of line: the launches it leaves at counting (all
+/// but one in `CUDAW_TRACE_BUFFER_SAMPLE` under `metrics`) run the real launch from the
+/// wrapper's own small frame, as untraced ones do. `sampled`: the launch's weight in the
+/// history under `metrics` (`None`: the timeline, which counts it with the runtime);
+/// `(start, end)`: its times under the timeline.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn record_launch(
+    h: &TraceHooks,
+    handle: usize,
+    k: &'static crate::launch::Kernel,
+    sampled: Option<u32>,
+    d: Dims,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    (start, end): (u64, u64),
+) {
+    let timeline = sampled.is_none();
     let timed = driver::selfcost::enabled();
     let ticks = driver::selfcost::ticks;
     let t0 = if timed { ticks() } else { 0 };
@@ -462,7 +486,6 @@ pub fn launch(
             libc::atexit(report_self_cost);
         });
     }
-    rc
 }
 
 /// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their

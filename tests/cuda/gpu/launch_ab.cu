@@ -22,8 +22,9 @@
 // in-flight trampoline alone: memset_added_ns) and cuStreamQuery (a plain trampoline:
 // query_added_ns), cudaw's against the real driver's, in the same rounds.
 // Under CUDAW_TRACE (metrics or timeline) it also times cudaw's launches and calls with
-// tracing switched on and off in alternating rounds (cudaw_trace_active_v1): what tracing
-// adds, on its own line before the last ("launch_ab traced ... trace_rt_added_ns=..").
+// tracing switched on and off in alternating rounds (cudaw_trace_active_v1), each batch
+// after LAUNCH_AB_WARM untimed launches of its path: what tracing adds, on its own line
+// before the last ("launch_ab traced ... trace_rt_added_ns=..").
 // Natively there is no second runtime to compare with: prints "launch_ab skipped: ..".
 #include "../programs/common.h"
 #include "../programs/spin.h"
@@ -211,12 +212,17 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; k++) {
       int on = (r + k) % 2;
       sw(on);
+      // Untimed launches of each path after the switch, as in the rounds above: the switch
+      // runs other code (and differs on and off), whose traces in the caches and
+      // predictors the first launches after it would otherwise pay for, on one side only.
+      for (int i = 0; i < warm; i++) launch(0);
       CHECK(cudaStreamSynchronize(s));
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < batch; i++) launch(0);
       auto t1 = std::chrono::steady_clock::now();
       rt_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
       if (drv) {
+        for (int i = 0; i < warm; i++) launch(2);
         CHECK(cudaStreamSynchronize(s));
         t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < batch; i++) launch(2);
