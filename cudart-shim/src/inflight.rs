@@ -3,7 +3,7 @@
 //! `enqueues_device_work`) have in-flight trampolines, and this module is their slow
 //! path. It also keeps the process's registry of every thread's in-flight words — this
 //! library's and the driver shim's (registered through the hooks) — which pause reads
-//! ([`wait_idle`]).
+//! (`wait_idle`).
 
 use crate::{dispatch, gate, pause};
 use driver::inflight::{self, Block, Gate, Registry};
@@ -34,8 +34,8 @@ pub fn active() -> bool {
 use driver::hooks::RECORDING_LAUNCH;
 
 /// Runs `f`, a launch this library's tracing records, flagged as such on the calling
-/// thread ([`recording_launch`]), so that cudaw's driver layer, which the launch passes
-/// through, does not record it again.
+/// thread (bit `RECORDING_LAUNCH` of its flags word, [`thread_flags`]), so that cudaw's
+/// driver layer, which the launch passes through, does not record it again.
 #[inline]
 pub fn recording_launch_of<R>(f: impl FnOnce() -> R) -> R {
     struct Clear(&'static Block, usize);

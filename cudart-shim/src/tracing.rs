@@ -6,11 +6,14 @@
 //! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. With the
 //! word exactly `TRACING` (metrics, not paused), that is `shim-build`'s assembly
 //! `trace_fast_path`: it pushes `(slot, return address, index, rdtsc)` on the thread's
-//! shadow stack ([`Block`], reached through one word of static TLS), replaces the return
-//! address with its thunk and jumps to the target; the thunk reads the TSC, pops the frame,
-//! adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps back.
-//! With `CUDAW_TRACE_SAMPLE=N`, the fast path times one call in N of each export and only
-//! counts the others (the merge scales the timed calls' ticks up to the count). Under the
+//! shadow stack ([`Block`], reached through static TLS words, [`TraceTls`]), replaces the
+//! return address with its thunk and jumps to the target; the thunk reads the TSC, pops the
+//! frame, adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps
+//! back. With `CUDAW_TRACE_SAMPLE=N`, one call in N of each export is timed and the others
+//! only counted (the merge scales the timed calls' ticks up to the count): a plain
+//! trampoline first calls `trace_fast_path`'s counting routine, which counts an untimed
+//! call with a plain add and lets the trampoline jump through its own table entry; the
+//! others go on to the fast path. Under the
 //! timeline every call is timed and the thunk also writes `(start, ticks, index)` into the
 //! thread's call buffer ([`Block::events`]); when that is full the call takes the Rust
 //! path, which moves the buffer's calls into the ring in one batch ([`flush_calls`]), and
