@@ -513,7 +513,7 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     let record_direct = record_timed_call("%rbx", "%r12", ('8', '9'), Some('6'));
     let record_return = record_timed_call("%r11", "%r10", ('2', '4'), None);
     let g = GATE_TRACE_TLS;
-    format!(
+    let main = format!(
         ".pushsection .tbss.{p}_trace,\"awT\",@nobits
 .p2align 3
 .globl {p}_trace_tls
@@ -661,21 +661,16 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     movq %r9, %rdx
     jmp {{slow_return}}
 .size {p}_trace_return, .-{p}_trace_return
-.p2align 4
-.globl {p}_trace_block
-.hidden {p}_trace_block
-.type {p}_trace_block,@function
-{p}_trace_block:
-    movq {p}_trace_tls@gottpoff(%rip), %rax
+"
+    );
+    let block = format!(
+        "    movq {p}_trace_tls@gottpoff(%rip), %rax
     addq %fs:0, %rax
     ret
-.size {p}_trace_block, .-{p}_trace_block
-.p2align 4
-.globl {p}_trace_count
-.hidden {p}_trace_count
-.type {p}_trace_count,@function
-{p}_trace_count:
-    cmpl ${bits}, {{gate}}(%rip)
+"
+    );
+    let count = format!(
+        "    cmpl ${bits}, {{gate}}(%rip)
     jne 8f
     movq {{gate}}+{g}(%rip), %r10
     cmpq $0, %fs:{TRACE_TLS_CALLS}(%r10)
@@ -692,17 +687,21 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     ret
 8:  testq %rsp, %rsp
     ret
-.size {p}_trace_count, .-{p}_trace_count
-.p2align 4
-.globl {p}_trace_tls_offset
-.hidden {p}_trace_tls_offset
-.type {p}_trace_tls_offset,@function
-{p}_trace_tls_offset:
-    movq {p}_trace_tls@gottpoff(%rip), %rax
-    ret
-.size {p}_trace_tls_offset, .-{p}_trace_tls_offset
-.popsection
 "
+    );
+    let offset = format!("    movq {p}_trace_tls@gottpoff(%rip), %rax\n    ret\n");
+    let mut s = main;
+    for (name, body) in [("block", block), ("count", count), ("tls_offset", offset)] {
+        s.push_str(&hidden_function(&format!("{p}_trace_{name}"), &body));
+    }
+    s.push_str(".popsection\n");
+    s
+}
+
+/// A hidden function of generated assembly: `name`, aligned, with `body` (whole lines).
+fn hidden_function(name: &str, body: &str) -> String {
+    format!(
+        ".p2align 4\n.globl {name}\n.hidden {name}\n.type {name},@function\n{name}:\n{body}.size {name}, .-{name}\n"
     )
 }
 
