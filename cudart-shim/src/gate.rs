@@ -25,7 +25,7 @@ pub static GATE: Gate = Gate {
 
 /// The gate word and what the assembly fast path of tracing reads beside it, in the one
 /// cache line every call loads anyway (`shim-build`'s `trace_fast_path`): it reaches the
-/// thread's counters with no other load of cudaw's than its own thread-local words.
+/// thread's counters through the thread's own words alone, with no GOT load.
 #[repr(C, align(64))]
 pub struct Gate {
     /// The gate word: a plain `u32`-sized atomic, at the symbol's address.

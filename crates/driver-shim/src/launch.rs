@@ -141,9 +141,9 @@ impl Slot {
 /// One thread's launched handles: a hash table (a handle's slot is its home, or one of
 /// the next [`PROBES`]: [`probe`]), so that a launch of a cached handle costs a few loads
 /// and a plain add to the slot's pending count; a handle met for the first time asks the
-/// registry. `generation` is the
-/// registry's when the table was last valid; `launches` counts every launch through this
-/// layer's launch wrappers on the thread ([`cudaw_driver_thread_launches_v1`]).
+/// registry. `generation` is the registry's when the table was last valid; `launches`
+/// counts every launch through this layer's launch wrappers on the thread
+/// ([`cudaw_driver_thread_launches_v1`]).
 struct Cache {
     generation: Cell<u64>,
     launches: Cell<u64>,
