@@ -212,26 +212,24 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; k++) {
       int on = (r + k) % 2;
       sw(on);
-      // Untimed launches of each path after the switch, as in the rounds above: the switch
-      // runs other code (and differs on and off), whose traces in the caches and
-      // predictors the first launches after it would otherwise pay for, on one side only.
-      for (int i = 0; i < warm; i++) launch(0);
-      CHECK(cudaStreamSynchronize(s));
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < batch; i++) launch(0);
-      auto t1 = std::chrono::steady_clock::now();
-      rt_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
-      if (drv) {
-        for (int i = 0; i < warm; i++) launch(2);
+      // The runtime's and the driver's batch, each after untimed launches of its path (as
+      // in the rounds above: the switch runs other code, and differs on and off, whose
+      // traces in the caches and predictors the first launches after it would otherwise
+      // pay for, on one side only); which goes first after the switch turns every two
+      // rounds, so that each state has each order as often.
+      for (int j = 0; j < 2; j++) {
+        int p = ((r >> 1) + j) % 2 ? 2 : 0;
+        if (p == 2 && !drv) continue;
+        for (int i = 0; i < warm; i++) launch(p);
         CHECK(cudaStreamSynchronize(s));
-        t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < batch; i++) launch(2);
-        t1 = std::chrono::steady_clock::now();
-        drv_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < batch; i++) launch(p);
+        auto t1 = std::chrono::steady_clock::now();
+        (p ? drv_t : rt_t)[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / batch;
       }
-      t0 = std::chrono::steady_clock::now();
+      auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < 1000; i++) acc += (int)peek_cudaw();
-      t1 = std::chrono::steady_clock::now();
+      auto t1 = std::chrono::steady_clock::now();
       call_t[on] = std::chrono::duration<double, std::nano>(t1 - t0).count() / 1000;
     }
     tr_rt.push_back(rt_t[1] - rt_t[0]);
