@@ -185,8 +185,8 @@ pub(crate) fn when_direct(f: impl FnOnce()) -> bool {
 /// counts them in its own per-thread counters ([`driver_layer_launches`] adds them in
 /// when read) and hands over the launches whose buffers the memory history looks up, so
 /// the runtime's launch exports whose launches reach it ([`crate::launch_bypass`]) go
-/// straight to the real runtime, as untraced. The timeline keeps this library's wrappers (it records every launch, with
-/// the kernel's name from the registration).
+/// straight to the real runtime, as untraced. The timeline keeps this library's wrappers
+/// (it records every launch, with the kernel's name from the registration).
 pub(crate) fn driver_layer_counts_launches() -> bool {
     enabled()
         && mode() == Mode::Metrics
@@ -345,9 +345,9 @@ struct Frame {
 
 /// A thread's tracing state, shared with the assembly fast path (`shim-build`'s
 /// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through a
-/// word of static TLS (`cudaw_rt_trace_tls`, [`TraceTls`]). Made on the thread's first traced call and
-/// never freed (the tracer keeps every thread's counters anyway), so calls made while a
-/// thread exits are timed too.
+/// word of static TLS (`cudaw_rt_trace_tls`, [`TraceTls`]). Made on the thread's first
+/// traced call and never freed (the tracer keeps every thread's counters anyway), so calls
+/// made while a thread exits are timed too.
 #[repr(C)]
 pub(crate) struct Block {
     /// The next free frame.
@@ -446,17 +446,9 @@ fn thread_words() -> *mut TraceTls {
     unsafe { cudaw_rt_trace_block() }.cast()
 }
 
-/// The calling thread's block word.
-fn block_word() -> *mut *mut Block {
-    thread_words().cast()
-}
-
 /// The calling thread's block, made on first use (`None`: tracing is off).
 fn block() -> Option<*mut Block> {
-    let word = block_word();
-    // SAFETY: the thread's own TLS word.
-    let b = unsafe { word.read() };
-    if !b.is_null() {
+    if let Some(b) = existing_block() {
         return Some(b);
     }
     let t = tracer()?;
@@ -625,8 +617,8 @@ fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
 
 /// The calling thread's block, if it has one.
 fn existing_block() -> Option<*mut Block> {
-    // SAFETY: the thread's own TLS word.
-    let b = unsafe { block_word().read() };
+    // SAFETY: the thread's own TLS words.
+    let b = unsafe { (*thread_words()).block };
     (!b.is_null()).then_some(b)
 }
 
