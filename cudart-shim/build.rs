@@ -95,7 +95,7 @@ fn main() {
                 prefix: "cudaw_rt",
                 marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
             }),
-            Some("cudaw_rt_trace_count"),
+            Some(TRACING),
         ),
     )
     .unwrap();

@@ -11,9 +11,9 @@
 //! frame, adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps
 //! back. With `CUDAW_TRACE_SAMPLE=N`, one call in N of each export is timed and the others
 //! only counted (the merge scales the timed calls' ticks up to the count): a plain
-//! trampoline first calls `trace_fast_path`'s counting routine, which counts an untimed
-//! call with a plain add and lets the trampoline jump through its own table entry; the
-//! others go on to the fast path. Under the
+//! trampoline counts an untimed call itself, in place (`shim-build`'s `trampolines` with
+//! `count`: a plain add to the export's counter, no call), and jumps through its own table
+//! entry; the others go on to the fast path. Under the
 //! timeline every call is timed and the thunk also writes `(start, ticks, index)` into the
 //! thread's call buffer ([`Block::events`]); when that is full the call takes the Rust
 //! path, which moves the buffer's calls into the ring in one batch ([`flush_calls`]), and

@@ -10,18 +10,14 @@ use driver::inflight::{self, Block, Gate};
 use std::sync::atomic::Ordering;
 
 extern "C" {
-    /// The calling thread's block (`shim-build`'s `in_flight_support`, prefix `cudaw_drv`).
-    fn cudaw_drv_inflight_block() -> *const Block;
     /// The return thunk of the in-flight trampolines (never called directly).
     fn cudaw_drv_inflight_return();
 }
 
-/// The calling thread's block.
+/// The calling thread's block ([`driver::inflight_block`]).
 #[inline(always)]
 pub(crate) fn block() -> &'static Block {
-    // SAFETY: the accessor returns the address of the calling thread's static TLS block,
-    // which lives as long as the thread; the reference is used on this thread only.
-    unsafe { &*cudaw_drv_inflight_block() }
+    driver::inflight_block!("cudaw_drv_inflight_tls")
 }
 
 /// Whether the calling thread is inside one of this library's calls in flight.

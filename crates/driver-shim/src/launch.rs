@@ -601,21 +601,16 @@ macro_rules! observed {
 
 /// Defines a launch wrapper: counts the launch, then forwards it marked in flight
 /// ([`crate::inflight::marked`]: its trampoline is the plain kind, `build.rs`), traced
-/// when tracing is on (one predictable branch on a cached flag when it is off; the traced
-/// path counts the launch itself). `$dims`
-/// gives the launch's [`crate::trace::Dims`] (an `Option`), `$params` and `$extra` its
-/// arguments.
+/// when tracing is on ([`crate::trace::launch`]: one predictable branch on a cached flag
+/// when it is off). `$dims` gives the launch's [`crate::trace::Dims`] (an `Option`, read
+/// only when the launch is recorded), `$params` and `$extra` its arguments.
 macro_rules! launch {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $f:ident, $dims:expr, $params:expr, $extra:expr) => {
         extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
-                if crate::trace::on() {
-                    return crate::trace::launch($f as usize, $dims, $params, $extra, || {
-                        crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
-                    });
-                }
-                count($f as usize);
-                crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
+                crate::trace::launch($f as usize, || $dims, $params, $extra, || {
+                    crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
+                })
             })
         }
     };

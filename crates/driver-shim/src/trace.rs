@@ -330,48 +330,76 @@ fn runtime_records_launch(h: &TraceHooks) -> bool {
 }
 
 /// Counts the launch `f` of handle `handle` ([`crate::launch::count`]) and runs it,
-/// recording it when it succeeds and the caller is not cudaw's runtime (which records its
-/// own). With `metrics`, the launch is counted here ([`crate::launch::count_traced`]: the
-/// runtime shim adds these counts in when it reads its own) and only one launch in
-/// `CUDAW_TRACE_BUFFER_SAMPLE` of each thread's launches of a handle goes further (its
-/// kernel and argument words to the memory history): the others cost what an untraced
-/// launch does, and a few plain adds. With the timeline, every launch is recorded.
+/// recording it when it succeeds, tracing is on and the caller is not cudaw's runtime
+/// (which records its own). With `metrics`, the launch is counted here
+/// ([`crate::launch::count_traced`]: the runtime shim adds these counts in when it reads
+/// its own) and only one launch in `CUDAW_TRACE_BUFFER_SAMPLE` of each thread's launches of
+/// a handle goes further (its kernel and argument words to the memory history): the others
+/// cost what an untraced launch does, and a few plain adds. With the timeline, every
+/// launch is recorded. `dims` gives the launch's grid, block, shared memory and stream
+/// (read only for a launch recorded).
+///
+/// `f` is called from one place, so that it is inlined here: a traced launch runs the
+/// real launch from the wrapper's own frame, as an untraced one does (a frame more on the
+/// way down costs the caller's returns their predictions, the driver's call chain being
+/// deep).
 #[inline(always)]
 pub fn launch(
     handle: usize,
-    dims: Option<Dims>,
+    dims: impl FnOnce() -> Option<Dims>,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
     f: impl FnOnce() -> u32,
 ) -> u32 {
-    let h = match hooks() {
-        Some(h) if on() && !runtime_records_launch(h) => h,
-        _ => {
-            crate::launch::count(handle);
-            return f();
-        }
-    };
-    let timeline = timeline();
-    let (k, sampled) = if timeline {
-        (crate::launch::count(handle), None)
+    let plan = if on() {
+        plan(handle)
     } else {
-        let (k, seen) = crate::launch::count_traced(handle);
-        let sample = BUFFER_SAMPLE.load(Ordering::Relaxed);
-        if seen & u64::from(sample - 1) != 0 {
-            return f();
-        }
-        (k, Some(sample))
+        crate::launch::count(handle);
+        None
     };
-    let start = if timeline { (h.now)() } else { 0 };
+    let start = match plan {
+        Some((h, _, None)) => (h.now)(),
+        _ => 0,
+    };
     let rc = f();
-    if rc != 0 {
-        return rc;
-    }
-    let end = if timeline { (h.now)() } else { 0 };
-    if let Some(d) = dims {
-        record_launch(h, handle, k, sampled, d, params, extra, (start, end));
+    if let Some((h, k, sampled)) = plan {
+        if rc == 0 {
+            let end = if sampled.is_none() { (h.now)() } else { 0 };
+            if let Some(d) = dims() {
+                record_launch(h, handle, k, sampled, d, params, extra, (start, end));
+            }
+        }
     }
     rc
+}
+
+/// What a launch of `handle` with tracing on records after it runs ([`record_launch`]'s
+/// hooks, kernel and weight: `None` for the timeline), having counted it; `None` when
+/// it records nothing (the runtime shim records it, or `metrics` leaves it at counting).
+#[inline(always)]
+fn plan(
+    handle: usize,
+) -> Option<(
+    &'static TraceHooks,
+    &'static crate::launch::Kernel,
+    Option<u32>,
+)> {
+    let h = match hooks() {
+        Some(h) if !runtime_records_launch(h) => h,
+        _ => {
+            crate::launch::count(handle);
+            return None;
+        }
+    };
+    if timeline() {
+        return Some((h, crate::launch::count(handle), None));
+    }
+    let (k, seen) = crate::launch::count_traced(handle);
+    let sample = BUFFER_SAMPLE.load(Ordering::Relaxed);
+    if seen & u64::from(sample - 1) != 0 {
+        return None;
+    }
+    Some((h, k, Some(sample)))
 }
 
 /// The recording part of [`launch`], out of line: the launches it leaves at counting (all

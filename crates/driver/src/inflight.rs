@@ -28,6 +28,31 @@ pub const IN_FLIGHT: u64 = 1;
 /// The thread's first marked call has not happened yet (the initial TLS value).
 pub const UNREGISTERED: u64 = 2;
 
+/// The calling thread's block of a library's in-flight support (`shim-build`'s
+/// `in_flight_support`): the address of its initial-exec TLS symbol `$tls` (a string
+/// literal, `PREFIX_inflight_tls`), computed in place (two instructions: the block's
+/// offset from the GOT, plus the thread pointer), where a call of the library's
+/// `PREFIX_inflight_block` accessor would be a call through the GOT. A `&'static Block`,
+/// used on the calling thread only.
+#[macro_export]
+macro_rules! inflight_block {
+    ($tls:literal) => {{
+        let p: *const $crate::inflight::Block;
+        // SAFETY: reads the thread pointer's self-pointer (%fs:0) and the TLS block's
+        // offset from it (the GOT's TPOFF entry of `$tls`): the address of the calling
+        // thread's static TLS block, which lives as long as the thread.
+        unsafe {
+            ::std::arch::asm!(
+                concat!("movq ", $tls, "@gottpoff(%rip), {p}"),
+                "addq %fs:0, {p}",
+                p = out(reg) p,
+                options(att_syntax, pure, readonly, nostack),
+            );
+            &*p
+        }
+    }};
+}
+
 /// One thread's in-flight block (the layout `shim-build`'s assembly uses).
 #[repr(C)]
 #[derive(Debug)]
@@ -317,6 +342,7 @@ pub fn admit(block: &Block, gate: &Gate<'_>) -> bool {
 struct Idle<'a>(&'a Block);
 
 impl Drop for Idle<'_> {
+    #[inline(always)]
     fn drop(&mut self) {
         self.0.word.store(IDLE, Ordering::Release);
     }

@@ -114,12 +114,13 @@ pub fn names_rs(all: &[String], exported: usize, what: &str, extra: &str) -> Str
 
 /// `trampolines.s`: one exported function per name of `exported` (each present in the
 /// sorted `all`), with `{gate}`, `{table}` and `{slow}` left for `global_asm!` to fill.
-/// With `count: Some(COUNT)` (a routine of [`trace_fast_path`]'s, `PREFIX_trace_count`),
-/// a plain trampoline's slow path first calls `COUNT` with `%r11d` = its index: when that
-/// returns with ZF set it has counted the call, and the trampoline jumps through its own
-/// table entry, as its fast path does (each export keeps its own indirect jump, which the
-/// processor predicts; one jump shared by every export would not be); else it goes on to
-/// `{slow}`.
+/// With `count: Some(BITS)` (the gate value of [`trace_fast_path`]'s with the same
+/// `BITS`; [`GateWord::Direct`] only), a plain trampoline whose gate is exactly `BITS`
+/// counts the call itself, as `PREFIX_trace_enter` does an untimed call, and jumps through
+/// its own table entry, as its fast path does: straight-line code with `%r10` and `%r11`
+/// for scratch, no call and no shared jump (each export keeps its own indirect jump,
+/// which the processor predicts). A call that is to be timed, the thread's first, or any
+/// other gate value goes on to `{slow}`.
 /// With `address_table: Some(LABEL)`, also a hidden read-only array `LABEL` of every
 /// trampoline's address, in `all`'s order (0 for a name not exported), filled through
 /// local aliases so that no other library's definition of a name can take its place.
@@ -129,7 +130,7 @@ pub fn trampolines(
     gate: GateWord,
     address_table: Option<&str>,
     in_flight: Option<InFlight<'_>>,
-    count: Option<&str>,
+    count: Option<u32>,
 ) -> String {
     let mut asm = String::new();
     writeln!(asm, ".pushsection .text.cudaw_trampolines,\"ax\",@progbits").unwrap();
@@ -160,14 +161,31 @@ pub fn trampolines(
             continue;
         }
         let off = i * 8;
-        let counted = count.map_or(String::new(), |c| {
-            format!("    call {c}\n    jne 2f\n    jmp *({{table}}+{off})(%rip)\n2:  movl ${i}, %r11d\n")
-        });
-        writeln!(
-            asm,
-            ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{test}\n    jne 1f\n    jmp *({{table}}+{off})(%rip)\n1:  movl ${i}, %r11d\n{counted}    jmp {{slow}}\n.size {name}, .-{name}"
-        )
-        .unwrap();
+        let head = format!(
+            ".globl {name}\n.type {name},@function\n.p2align 4\n{name}:\ncudaw_t{i}:\n{test}\n    jne 1f\n    jmp *({{table}}+{off})(%rip)\n1:"
+        );
+        match count {
+            Some(bits) => {
+                assert!(
+                    matches!(gate, GateWord::Direct),
+                    "counting trampolines test the gate word directly"
+                );
+                // The export's counters: `(count, ticks, max, timed)`, 32 bytes from the
+                // thread's calls pointer (TRACE_TLS_CALLS).
+                let slot = i * 32;
+                let timed = slot + 24;
+                writeln!(
+                    asm,
+                    "{head}  cmpl ${bits}, {{gate}}(%rip)\n    jne 2f\n    movq {{gate}}+{GATE_TRACE_TLS}(%rip), %r10\n    movq %fs:{TRACE_TLS_CALLS}(%r10), %r11\n    testq %r11, %r11\n    jz 2f\n    movq %fs:{TRACE_TLS_MASK}(%r10), %r10\n    testq %r10, {slot}(%r11)\n    jz 2f\n    btq $63, {timed}(%r11)\n    jc 2f\n    addq $1, {slot}(%r11)\n    jmp *({{table}}+{off})(%rip)\n2:  movl ${i}, %r11d\n    jmp {{slow}}\n.size {name}, .-{name}"
+                )
+                .unwrap();
+            }
+            None => writeln!(
+                asm,
+                "{head}  movl ${i}, %r11d\n    jmp {{slow}}\n.size {name}, .-{name}"
+            )
+            .unwrap(),
+        }
     }
     writeln!(asm, ".popsection").unwrap();
     if let Some(label) = address_table {
@@ -492,11 +510,6 @@ pub const GATE_TRACE_TLS: usize = 8;
 ///   ([`TRACE_EVENTS`]) appends the call's event to it, and jumps to the saved return
 ///   address, `%rax`/`%rdx` (and every vector register) as the call left them. A timed
 ///   call that finds the buffer at its soft end ([`TRACE_EVENTS_END`]) goes to `{full}`.
-/// - `PREFIX_trace_count` (called by [`trampolines`] given `count`, `%r11d` = the
-///   export's index): the untimed path of `PREFIX_trace_enter` as a routine, with `%r10`
-///   and `%r11` for scratch: returns with ZF set when it counted the call (the caller then
-///   jumps to the export), clear when the call needs `PREFIX_trace_enter` (timed, the
-///   thread's first call, the gate not exactly `bits`).
 /// - `PREFIX_trace_block`: `extern "C" fn() -> *mut *mut Block`, the calling thread's
 ///   words.
 /// - `PREFIX_trace_tls_offset`: `extern "C" fn() -> usize`, the words' thread-pointer
@@ -669,29 +682,9 @@ pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
     ret
 "
     );
-    let count = format!(
-        "    cmpl ${bits}, {{gate}}(%rip)
-    jne 8f
-    movq {{gate}}+{g}(%rip), %r10
-    cmpq $0, %fs:{TRACE_TLS_CALLS}(%r10)
-    je 8f
-    shlq $5, %r11
-    addq %fs:{TRACE_TLS_CALLS}(%r10), %r11
-    movq %fs:{TRACE_TLS_MASK}(%r10), %r10
-    testq %r10, (%r11)
-    jz 8f
-    btq $63, 24(%r11)
-    jc 8f
-    addq $1, (%r11)
-    cmpq %r11, %r11
-    ret
-8:  testq %rsp, %rsp
-    ret
-"
-    );
     let offset = format!("    movq {p}_trace_tls@gottpoff(%rip), %rax\n    ret\n");
     let mut s = main;
-    for (name, body) in [("block", block), ("count", count), ("tls_offset", offset)] {
+    for (name, body) in [("block", block), ("tls_offset", offset)] {
         s.push_str(&hidden_function(&format!("{p}_trace_{name}"), &body));
     }
     s.push_str(".popsection\n");
@@ -790,16 +783,10 @@ mod tests {
         );
         assert!(asm.contains("mov {gate}(%rip), %r11\n    testl $2, (%r11)"));
         assert!(asm.contains("tt:\n    .quad cudaw_t0\n    .quad 0\n    .quad cudaw_t2\n"));
-        // Counted: the slow path calls the counter, then jumps through its own entry.
-        let asm = trampolines(
-            &all,
-            &all,
-            GateWord::Direct,
-            None,
-            None,
-            Some("px_trace_count"),
-        );
-        assert!(asm.contains("1:  movl $1, %r11d\n    call px_trace_count\n    jne 2f\n    jmp *({table}+8)(%rip)\n2:  movl $1, %r11d\n    jmp {slow}\n"));
+        // Counted: the slow path counts the call in place, at the export's own counter,
+        // then jumps through its own entry.
+        let asm = trampolines(&all, &all, GateWord::Direct, None, None, Some(4));
+        assert!(asm.contains("1:  cmpl $4, {gate}(%rip)\n    jne 2f\n    movq {gate}+8(%rip), %r10\n    movq %fs:8(%r10), %r11\n    testq %r11, %r11\n    jz 2f\n    movq %fs:16(%r10), %r10\n    testq %r10, 32(%r11)\n    jz 2f\n    btq $63, 56(%r11)\n    jc 2f\n    addq $1, 32(%r11)\n    jmp *({table}+8)(%rip)\n2:  movl $1, %r11d\n    jmp {slow}\n"));
     }
 
     #[test]
@@ -841,8 +828,6 @@ mod tests {
             "movq {gate}+8(%rip), %rcx\n    movq %fs:8(%rcx), %rax",
             "testq %fs:16(%rcx), %rdx",
             "px_trace_tls_offset:\n    movq px_trace_tls@gottpoff(%rip), %rax\n    ret",
-            "px_trace_count:\n    cmpl $4, {gate}(%rip)\n    jne 8f",
-            "    addq $1, (%r11)\n    cmpq %r11, %r11\n    ret\n8:  testq %rsp, %rsp\n    ret\n",
             "movq (%rax,%r11,8), %r11",
             "jmp {slow_return}",
             "px_trace_block:",
