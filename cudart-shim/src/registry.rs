@@ -89,9 +89,11 @@ struct Registry {
     /// Per fatbin handle, the host stubs registered in it: unregistering a fatbin touches
     /// its own kernels only (PyTorch unregisters ~450 fatbins of ~21000 kernels at exit).
     stubs: HashMap<usize, Vec<&'static FunctionRecord>>,
-    /// Mangled name → a kernel of that name (the latest registered: kernels of one mangled
-    /// name share their parameters), for cudaw's driver layer, which knows kernels by name.
-    by_name: HashMap<&'static str, &'static FunctionRecord>,
+    /// Mangled name → the registered kernels of that name, oldest first (the latest is the
+    /// answer: kernels of one mangled name share their parameters), for cudaw's driver
+    /// layer, which knows kernels by name. All are kept, so that when the latest one's
+    /// fatbin is unregistered the name goes to one that stays (most names have one).
+    by_name: HashMap<&'static str, smallvec::SmallVec<[&'static FunctionRecord; 1]>>,
 }
 
 /// Bumped whenever a lookup's answer may change for the worse (a fatbin unregistered, a
@@ -180,11 +182,11 @@ pub fn remove_fatbin(handle: usize) {
         {
             r.functions.remove(&rec.host_fun);
         }
-        if r.by_name
-            .get(rec.name.as_str())
-            .is_some_and(|f| std::ptr::eq(*f, rec))
-        {
-            r.by_name.remove(rec.name.as_str());
+        if let Some(named) = r.by_name.get_mut(rec.name.as_str()) {
+            named.retain(|f| !std::ptr::eq(*f, rec));
+            if named.is_empty() {
+                r.by_name.remove(rec.name.as_str());
+            }
         }
     }
     let Registry {
@@ -216,7 +218,7 @@ pub fn add_function(handle: usize, host_fun: usize, name: String) {
     if r.functions.insert(host_fun, rec).is_some() {
         GENERATION.fetch_add(1, Ordering::AcqRel);
     }
-    r.by_name.insert(rec.name.as_str(), rec);
+    r.by_name.entry(rec.name.as_str()).or_default().push(rec);
     r.stubs.entry(handle).or_default().push(rec);
 }
 
@@ -243,9 +245,14 @@ pub fn function_of_kernel(kernel: usize) -> Option<&'static FunctionRecord> {
     })
 }
 
-/// A registered kernel of mangled name `name` (one lookup under the registry's read lock).
+/// A registered kernel of mangled name `name`, the latest registered of those that are
+/// still (one lookup under the registry's read lock).
 pub fn function_named(name: &str) -> Option<&'static FunctionRecord> {
-    registry().read().by_name.get(name).copied()
+    registry()
+        .read()
+        .by_name
+        .get(name)
+        .and_then(|named| named.last().copied())
 }
 
 /// How many fatbins and kernels are registered now.
@@ -301,5 +308,28 @@ mod tests {
         remove_fatbin(f2);
         assert!(function(f1 + 2).is_none() && function(f2 + 1).is_none());
         assert!(function_named("b2").is_none() && function_named("c").is_none());
+    }
+
+    #[test]
+    fn a_name_goes_to_a_twin_that_stays_when_the_latest_is_unregistered() {
+        // Two fatbins registering a kernel of the same mangled name (a library loaded
+        // twice), then a third; the registry is the process's: names of this test's own.
+        let (f1, f2, f3) = (0xfab1_0000, 0xfab2_0000, 0xfab3_0000);
+        for f in [f1, f2, f3] {
+            add_fatbin(f, None);
+        }
+        add_function(f1, f1 + 1, "twin_kernel".into());
+        add_function(f2, f2 + 1, "twin_kernel".into());
+        add_function(f3, f3 + 1, "twin_kernel".into());
+        let named = || function_named("twin_kernel").map(|r| r.host_fun);
+        assert_eq!(named(), Some(f3 + 1), "the latest registered answers");
+        // The latest unregistered: the name goes to the latest of those that stay.
+        remove_fatbin(f3);
+        assert_eq!(named(), Some(f2 + 1));
+        // An older one unregistered: the answer stays.
+        remove_fatbin(f1);
+        assert_eq!(named(), Some(f2 + 1));
+        remove_fatbin(f2);
+        assert_eq!(named(), None);
     }
 }
