@@ -31,9 +31,8 @@ pub const UNREGISTERED: u64 = 2;
 /// The calling thread's block of a library's in-flight support (`shim-build`'s
 /// `in_flight_support`): the address of its initial-exec TLS symbol `$tls` (a string
 /// literal, `PREFIX_inflight_tls`), computed in place (two instructions: the block's
-/// offset from the GOT, plus the thread pointer), where a call of the library's
-/// `PREFIX_inflight_block` accessor would be a call through the GOT. A `&'static Block`,
-/// used on the calling thread only.
+/// offset from the GOT, plus the thread pointer), where a call of an accessor function
+/// would be a call through the GOT. A `&'static Block`, used on the calling thread only.
 #[macro_export]
 macro_rules! inflight_block {
     ($tls:literal) => {{

@@ -288,8 +288,7 @@ pub const UNREGISTERED: u64 = 2;
 #[derive(Clone, Copy)]
 pub struct InFlight<'a> {
     /// Symbol prefix (one per library, so that two libraries linked into one test binary
-    /// never clash): `PREFIX_inflight_tls`, `PREFIX_inflight_return`, `PREFIX_inflight_slow`,
-    /// `PREFIX_inflight_block`.
+    /// never clash): `PREFIX_inflight_tls`, `PREFIX_inflight_return`, `PREFIX_inflight_slow`.
     pub prefix: &'a str,
     /// Whether the export gets an in-flight trampoline.
     pub marked: &'a dyn Fn(&str) -> bool,
@@ -337,8 +336,10 @@ pub fn marked_by_trampoline(name: &str, by_wrapper: &[&str]) -> bool {
 ///   `{inflight_resolve}(index, slot)`, a Rust `extern "C" fn(u32, *mut usize) -> usize`
 ///   that finds the word [`IN_FLIGHT`] (gate not open) or [`UNREGISTERED`], and must leave
 ///   it [`IN_FLIGHT`] with the return address saved and the thunk in `*slot` (or [`IDLE`]
-///   / [`UNREGISTERED`] and `*slot` untouched) before returning the target;
-/// - `PREFIX_inflight_block`: `extern "C" fn() -> *mut u64`, the calling thread's block.
+///   / [`UNREGISTERED`] and `*slot` untouched) before returning the target.
+///
+/// Rust reaches the calling thread's block through `PREFIX_inflight_tls` itself
+/// (`driver::inflight_block!`: its initial-exec address computed in place).
 pub fn in_flight_support(prefix: &str) -> String {
     in_flight_support_traced(prefix, None)
 }
@@ -376,15 +377,6 @@ pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> Str
     popq %r11
     jmp *%r11
 .size {p}_inflight_return, .-{p}_inflight_return
-.p2align 4
-.globl {p}_inflight_block
-.hidden {p}_inflight_block
-.type {p}_inflight_block,@function
-{p}_inflight_block:
-    movq {p}_inflight_tls@gottpoff(%rip), %rax
-    addq %fs:0, %rax
-    ret
-.size {p}_inflight_block, .-{p}_inflight_block
 .popsection
 "
     );
@@ -810,7 +802,6 @@ mod tests {
         for sym in [
             "px_inflight_tls:",
             "px_inflight_return:",
-            "px_inflight_block:",
             "px_inflight_slow:",
             "call {inflight_resolve}",
         ] {
