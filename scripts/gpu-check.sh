@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -21,6 +21,7 @@
 #   SECTIONS="env overhead torchbench" TORCH_REPS=5 scripts/gpu-check.sh          # 320 s
 #   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~290 s (in-process A/B, TORCH_STEPS=6000, and CUDAW_TRACE_SELF)
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
+#   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -28,7 +29,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -458,6 +459,21 @@ if want torchpause; then
   [ $rc -eq 0 ] || row "torchpause: script exit status" FAIL "rc $rc (124: timed out); see torchpause.out"
 fi
 lap torchpause
+
+if want exitrace; then
+  # A PyTorch training job paused while it finishes (a tight loop of SIGUSR1, or one at a
+  # random instant), never resumed: it must exit by itself every time, leaving no process
+  # and no memory on the GPU. About 1-2 minutes for 20 runs.
+  timeout 400 python3 scripts/torch_exit_check.py --dist "$ROOT/dist" --runs "${EXIT_RUNS:-20}" \
+    --log "$WORK/exitrace.log" >"$OUT/exitrace.out" 2>&1; rc=$?
+  cp "$WORK/exitrace.log" "$OUT/" 2>/dev/null
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
+  done <"$OUT/exitrace.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/exitrace.out" || row "exitrace" FAIL "no verdicts (rc $rc); see exitrace.out"
+fi
+lap exitrace
 
 if want expandable; then
   # PyTorch with expandable segments (cuMemCreate + cuMemMap through the runtime's driver

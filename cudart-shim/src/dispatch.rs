@@ -100,6 +100,11 @@ extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
     )
 }
 
+/// Whether the shim has initialised (or begun to).
+pub(crate) fn initialised() -> bool {
+    INIT.is_completed()
+}
+
 /// Initialises the shim (once).
 pub(crate) fn ensure_initialised() {
     INIT.call_once(initialise);

@@ -26,6 +26,7 @@ pub mod hooks;
 pub mod image;
 pub mod inflight;
 pub mod launch_bypass;
+pub mod lifecycle;
 pub mod log;
 pub mod memory;
 pub mod pause;

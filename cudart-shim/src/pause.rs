@@ -26,14 +26,14 @@
 //! reaches the device after the synchronisation.
 
 use crate::staging::staging;
-use crate::{gate, image, log, memory};
+use crate::{gate, image, lifecycle, log, memory};
 use ckpt::{ImageError, ImageReader};
 use driver::DriverBackend;
 use parking_lot::Mutex;
 use std::cell::Cell;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use vmm::{Backend, HostCopy, LoadRange, Source, Staging, StagingError, StagingRange};
 
@@ -41,10 +41,6 @@ pub use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored};
 
 /// cudaw's wrapped calls running now (threads inside at least one).
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-/// The self-pipe's write end (-1 until installed).
-static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
-/// The configured signals, as the handler compares them.
-static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 thread_local! {
     /// How deep the calling thread is in wrapped calls (a wrapper may call another).
@@ -177,107 +173,146 @@ impl std::fmt::Display for Failure {
 /// client asked; signals ignore it).
 pub type Report<'a> = &'a mut dyn FnMut(Progress);
 
-const BYTE_PAUSE: u8 = b'P';
-const BYTE_RESUME: u8 = b'R';
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    // Async-signal-safe: atomics, write(2), errno saved and restored.
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    let errno = unsafe { *libc::__errno_location() };
-    let fd = PIPE_WRITE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        let b = if sig == PAUSE_SIGNAL.load(Ordering::Relaxed) {
-            BYTE_PAUSE
-        } else {
-            BYTE_RESUME
-        };
-        // SAFETY: writes one byte from a live local to our pipe; a full pipe (requests
-        // piling up) drops the byte (O_NONBLOCK), which is harmless.
-        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
-    }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
-}
-
-/// Installs the handlers and starts the control thread, once. Failures are logged; the
-/// program runs on without pause.
+/// Installs the handlers again (a program may have replaced them since the library was
+/// loaded) and starts the control thread, once, at the first CUDA call. Failures are
+/// logged; the program runs on without pause.
 pub fn install_once() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if let Err(e) = install() {
-            log::warn(format_args!("pause/resume signals not installed: {e}"));
+            log::warn(format_args!("pause/resume not available: {e}"));
         }
     });
 }
 
 fn install() -> Result<(), String> {
-    let cfg = crate::config::get();
     let listener = crate::control::listen();
-    let signals = cfg.pause_signal.zip(cfg.resume_signal);
-    if signals.is_none() {
+    if let Err(e) = lifecycle::install_handlers(true) {
+        log::warn(format_args!("pause/resume signals not installed: {e}"));
+    }
+    if lifecycle::signals().is_none() {
         log::info(format_args!("pause/resume signals disabled"));
     }
-    if signals.is_none() && listener.is_none() {
+    lifecycle::register_exit_handler();
+    let fd = lifecycle::pipe_read_end();
+    if fd < 0 && listener.is_none() {
         return Ok(());
     }
-    let read_fd = match signals {
-        Some((pause, _)) => {
-            let mut fds = [0i32; 2];
-            // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                return Err(format!("pipe2: {}", std::io::Error::last_os_error()));
-            }
-            let (read_fd, write_fd) = (fds[0], fds[1]);
-            // SAFETY: sets a flag on the pipe's write end, which we own.
-            unsafe {
-                let fl = libc::fcntl(write_fd, libc::F_GETFL);
-                libc::fcntl(write_fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            }
-            PIPE_WRITE.store(write_fd, Ordering::SeqCst);
-            PAUSE_SIGNAL.store(pause, Ordering::SeqCst);
-            read_fd
-        }
-        None => -1,
+    // Requests that arrived before this first CUDA call: a pause holds the call.
+    let first = if fd >= 0 {
+        let mut batch = Vec::new();
+        read_pipe(fd, &mut batch);
+        signal_request(&batch)
+    } else {
+        None
     };
+    let held = first == Some(Request::Pause);
+    if held {
+        log::info(format_args!(
+            "a pause arrived before the first CUDA call: CUDA calls wait for the resume"
+        ));
+        gate::close();
+    }
     std::thread::Builder::new()
         .name("cudaw-control".into())
         .spawn(move || {
             CUDAW_THREAD.with(|c| c.set(true));
-            control_loop(read_fd, listener)
+            lifecycle::CONTROL_RUNNING.store(true, Ordering::SeqCst);
+            if let Some(req) = first {
+                crate::boundary::guard("the control thread", (), || {
+                    let _ = handle(req, &mut |_| {});
+                });
+            }
+            control_loop(fd, listener)
         })
-        .map_err(|e| format!("spawning the control thread: {e}"))?;
-    let Some((pause, resume)) = signals else {
-        return Ok(());
-    };
-    for (sig, what) in [(pause, "pause"), (resume, "resume")] {
-        // SAFETY: sigaction structs are plain data; zeroed is a valid starting point.
-        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        new.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-        new.sa_flags = libc::SA_RESTART;
-        // SAFETY: `new.sa_mask` is ours to initialise; sigaction reads `new` and writes
-        // `old`, both live locals; the handler is async-signal-safe.
-        let rc = unsafe {
-            libc::sigemptyset(&mut new.sa_mask);
-            libc::sigaction(sig, &new, &mut old)
-        };
-        if rc != 0 {
-            return Err(format!(
-                "sigaction({sig}): {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
-            log::warn(format_args!(
-                "signal {sig} had a handler of the program's; cudaw's {what} handler replaces it"
-            ));
+        .map_err(|e| {
+            if held {
+                gate::open();
+            }
+            format!("spawning the control thread: {e}")
+        })?;
+    Ok(())
+}
+
+/// Reads whatever the self-pipe holds now (it is non-blocking) into `batch`. `false` once
+/// the pipe is gone (closed by the program, or an error).
+fn read_pipe(fd: i32, batch: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        // SAFETY: reads into a live local buffer of the length given.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match n {
+            n if n > 0 => batch.extend_from_slice(&buf[..n as usize]),
+            0 => return false,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                return match e.kind() {
+                    std::io::ErrorKind::Interrupted => continue,
+                    std::io::ErrorKind::WouldBlock => true,
+                    _ => {
+                        log::error(format_args!(
+                            "control thread: reading its pipe failed: {e}; the pause/resume signals stop working"
+                        ));
+                        false
+                    }
+                };
+            }
         }
     }
-    log::info(format_args!(
-        "pause on signal {pause}, resume on signal {resume}"
-    ));
-    Ok(())
+}
+
+/// How long the control thread waits for more signals after one arrives: signals sent
+/// back to back are taken together (see [`signal_request`]).
+const SIGNAL_GRACE: Duration = Duration::from_millis(20);
+
+/// Collects the signals sent together with those already in `batch`: waits until no
+/// handler is running and no byte has come for [`SIGNAL_GRACE`]. Signal handlers run on
+/// whichever thread the kernel picks, so the bytes of a pause and a resume sent back to
+/// back can reach the pipe in either order; taken together, their order does not matter.
+fn settle(fd: i32, batch: &mut Vec<u8>) -> bool {
+    let started = Instant::now();
+    // Signals that keep coming are taken a batch at a time; an exit is served at once.
+    while started.elapsed() < SETTLE_MAX && !batch.contains(&lifecycle::BYTE_EXIT) {
+        while lifecycle::HANDLERS_ACTIVE.load(Ordering::SeqCst) > 0
+            && started.elapsed() < SETTLE_MAX
+        {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, SIGNAL_GRACE.as_millis() as i32) };
+        if n <= 0 {
+            return true;
+        }
+        if !read_pipe(fd, batch) {
+            return false;
+        }
+    }
+    true
+}
+
+/// How often a paused process's control thread looks whether its interpreter is
+/// finalizing.
+const FINALIZE_WATCH: Duration = Duration::from_millis(100);
+
+/// The longest [`settle`] gathers signals for.
+const SETTLE_MAX: Duration = Duration::from_millis(200);
+
+/// What a batch of signal bytes asks: signals taken together resume if any of them is a
+/// resume (a pause and then a resume, sent back to back, end resumed — whichever handler
+/// wrote its byte first), else pause if any is a pause.
+fn signal_request(batch: &[u8]) -> Option<Request> {
+    if batch.contains(&lifecycle::BYTE_RESUME) {
+        Some(Request::Resume)
+    } else if batch.contains(&lifecycle::BYTE_PAUSE) {
+        Some(Request::Pause)
+    } else {
+        None
+    }
 }
 
 /// The control thread: serves the signals' pipe (`fd`, or -1) and the control socket, one
@@ -285,21 +320,29 @@ fn install() -> Result<(), String> {
 fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
     use std::os::fd::AsRawFd;
     let mut fd = fd;
-    let mut buf = [0u8; 64];
     // With the host arena, the thread also wakes to make it once the memory holds still.
     let mut arena = crate::config::get()
         .staging
         .host_arena
         .then(ArenaWatch::default);
-    let timeout = if arena.is_some() {
-        ARENA_WATCH.as_millis() as i32
-    } else {
-        -1
-    };
     loop {
         if let Some(w) = &mut arena {
             crate::boundary::guard("the host arena's watch", (), || w.tick());
         }
+        // While paused, the thread also wakes to notice an interpreter's shutdown: a
+        // Python job whose finalizers call CUDA would wait behind the gate for ever.
+        let paused = gate::is_paused();
+        if paused
+            && !lifecycle::is_exiting()
+            && crate::boundary::guard("the exit watch", false, exiting)
+        {
+            crate::boundary::guard("the control thread at exit", (), serve_exit);
+        }
+        let timeout = match (paused, arena.is_some()) {
+            (true, _) => FINALIZE_WATCH.as_millis() as i32,
+            (false, true) => ARENA_WATCH.as_millis() as i32,
+            (false, false) => -1,
+        };
         let mut polls = [
             libc::pollfd {
                 fd,
@@ -328,29 +371,22 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
             return;
         }
         if fd >= 0 && polls[0].revents != 0 {
-            // SAFETY: reads into a live local buffer of the length given.
-            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                    log::error(format_args!(
-                        "control thread: reading its pipe failed: {}; the pause/resume signals stop working",
-                        std::io::Error::last_os_error()
-                    ));
-                    fd = -1;
-                }
-            } else if n == 0 {
+            let mut batch = Vec::new();
+            let mut alive = read_pipe(fd, &mut batch);
+            if alive && signal_request(&batch).is_some() {
+                alive = settle(fd, &mut batch);
+            }
+            // Exit first: a pause taken together with it is refused.
+            if batch.contains(&lifecycle::BYTE_EXIT) {
+                crate::boundary::guard("the control thread at exit", (), serve_exit);
+            }
+            if let Some(req) = signal_request(&batch) {
+                crate::boundary::guard("the control thread", (), || {
+                    let _ = handle(req, &mut |_| {});
+                });
+            }
+            if !alive || polls[0].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
                 fd = -1;
-            } else {
-                for &b in &buf[..n as usize] {
-                    let req = if b == BYTE_PAUSE {
-                        Request::Pause
-                    } else {
-                        Request::Resume
-                    };
-                    crate::boundary::guard("the control thread", (), || {
-                        let _ = handle(req, &mut |_| {});
-                    });
-                }
             }
         }
         if let Some(l) = &listener {
@@ -359,6 +395,61 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
             }
         }
     }
+}
+
+/// At exit: undoes a pause (a resume), or abandons it when the memory cannot come back, so
+/// that the program's teardown runs with its gate open; then lets the exiting thread go.
+fn serve_exit() {
+    let mut ctl = CTL.lock();
+    if ctl.paused {
+        match resume(&mut ctl, &mut |_| {}) {
+            Ok(m) => log::info(format_args!(
+                "exiting while paused: the pause was undone ({} bytes restored) so that the program's teardown runs as it would have",
+                m.bytes
+            )),
+            Err(e) => abandon(&mut ctl, &format!("exiting while paused: {e}")),
+        }
+    }
+    drop(ctl);
+    lifecycle::exit_served();
+}
+
+/// Gives a pause up without its memory: the gate opens and the program's threads go on,
+/// their evicted allocations left where they are (in host memory or an image). Only for a
+/// process that is exiting, or whose driver has shut down: nothing can bring the memory
+/// back, and holding the threads would hold the process for ever.
+fn abandon(ctl: &mut Ctl, why: &str) {
+    ctl.paused = false;
+    ctl.image = None;
+    gate::open();
+    log::warn(format_args!(
+        "{why}; the pause is abandoned: the program's threads go on without their device memory"
+    ));
+}
+
+/// Whether the process is exiting: C's `exit` has begun, or the Python interpreter is
+/// finalizing (marked exiting from then on).
+fn exiting() -> bool {
+    if lifecycle::is_exiting() {
+        return true;
+    }
+    let finalizing = lifecycle::interpreter_finalizing();
+    if finalizing {
+        log::debug(format_args!(
+            "the Python interpreter is finalizing: the process is exiting"
+        ));
+        lifecycle::mark_exiting_from_control();
+    }
+    finalizing
+}
+
+/// Whether the driver has shut down (`CUDA_ERROR_DEINITIALIZED` from a synchronise on a
+/// device holding cudaw's memory): the process is exiting, and no memory can come back.
+fn driver_shut_down() -> bool {
+    const CUDA_ERROR_DEINITIALIZED: i32 = 4;
+    memory::managed_devices().any(|(_, m)| {
+        matches!(m.vmm.backend().synchronize(), Err(e) if e.code as i32 == CUDA_ERROR_DEINITIALIZED)
+    })
 }
 
 /// With `CUDAW_HOST_ARENA=pinned`: how often the control thread looks at what each device's
@@ -436,8 +527,17 @@ pub fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
             log::info(format_args!("resume: not paused"));
             Ok(Outcome::Resume(Moved::default()))
         }
+        Request::Pause | Request::Dump { .. } | Request::Restore { .. }
+            if !ctl.paused && exiting() =>
+        {
+            let msg = "the process is exiting: pause refused";
+            log::info(format_args!("{msg}"));
+            Err(Failure::new(ErrorKind::Failed, msg))
+        }
         Request::Pause => {
             let t0 = crate::tracing::now();
+            // cudaw's exit handler runs first if the process exits while paused.
+            lifecycle::register_exit_handler();
             let m = pause(report)?;
             crate::tracing::pause(false, t0, m.allocations, m.bytes);
             ctl.paused = true;
@@ -445,7 +545,22 @@ pub fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
         }
         Request::Resume => {
             let t0 = crate::tracing::now();
-            let m = resume(&mut ctl, report)?;
+            let m = match resume(&mut ctl, report) {
+                Ok(m) => m,
+                Err(e) if driver_shut_down() => {
+                    lifecycle::mark_exiting_from_control();
+                    let msg = format!(
+                        "{}; the driver has shut down (CUDA_ERROR_DEINITIALIZED): the process is exiting",
+                        e.message
+                    );
+                    abandon(&mut ctl, &msg);
+                    return Err(Failure::new(
+                        ErrorKind::Failed,
+                        format!("{msg}; the pause was abandoned and its threads let go"),
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
             crate::tracing::pause(true, t0, m.allocations, m.bytes);
             Ok(Outcome::Resume(m))
         }

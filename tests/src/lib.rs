@@ -380,3 +380,45 @@ pub fn expected(name: &str) -> String {
         )
     })
 }
+
+/// A child process killed and reaped when dropped, whether the test passed or failed: no
+/// test leaves a program behind (a paused one would wait for ever).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Harmless for a child that has exited and been waited for.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits up to `limit` for `child` to exit; `None` if it is still running then.
+pub fn wait_timeout(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().expect("waiting for a child") {
+            return Some(s);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
