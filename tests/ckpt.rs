@@ -103,7 +103,7 @@ fn drive(addressing: Addressing, tag: &str) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting pause_target");
+    let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting pause_target"));
     let pid = child.id().to_string();
     let socket = dir.join(format!("{pid}.sock"));
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
@@ -199,8 +199,18 @@ fn drive(addressing: Addressing, tag: &str) {
     // server's own uid check.
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
+        // A copy of cudaw-ckpt that user can run: the clone may sit in a private folder.
+        let bin = run_dir(&format!("{tag}-bin"));
+        let nobody_ckpt = bin.0.join("cudaw-ckpt");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::create_dir_all(&bin.0).unwrap();
+            std::fs::set_permissions(&bin.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::copy(cudaw_ckpt(), &nobody_ckpt).unwrap();
+            std::fs::set_permissions(&nobody_ckpt, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
         let as_nobody = |args: &[&str]| {
-            Command::new(cudaw_ckpt())
+            Command::new(&nobody_ckpt)
                 .args(args)
                 .env("CUDAW_RUN_DIR", &dir)
                 .uid(65534)
@@ -277,7 +287,8 @@ fn ckpt_refuses_what_is_not_under_cudaw() {
     // A live process that is not under cudaw: the test itself, and a sleep child.
     let me = std::process::id().to_string();
     ckpt_fails(&dir, &["pause", &me], 1, "is not running under cudaw");
-    let mut sleep = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let mut sleep =
+        cudaw_tests::KillOnDrop(Command::new("sleep").arg("30").spawn().expect("sleep"));
     let sp = sleep.id().to_string();
     ckpt_fails(&dir, &["resume", &sp], 1, "is not running under cudaw");
     ckpt_fails(&dir, &["status", &sp], 1, "is not running under cudaw");

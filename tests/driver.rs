@@ -119,7 +119,7 @@ fn a_driver_launch_waits_while_paused() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting driver_launch");
+    let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting driver_launch"));
     let out = lines_of(child.stdout.take().expect("stdout"));
     let log = lines_of(child.stderr.take().expect("stderr"));
     let pid = i32::try_from(child.id()).expect("pid");
@@ -170,7 +170,7 @@ fn a_driver_launch_waits_while_paused() {
 }
 
 /// `expandable.cu` under cudaw, driver layer or not, its stdin piped.
-fn expandable(mode: &str, driver_layer: bool) -> Option<std::process::Child> {
+fn expandable(mode: &str, driver_layer: bool) -> Option<cudaw_tests::KillOnDrop> {
     let nvcc = nvcc()?;
     let dir = workspace().join("tests/cuda/driver");
     let exe = compile(&nvcc, "expandable", &dir.join("expandable.cu"));
@@ -193,7 +193,9 @@ fn expandable(mode: &str, driver_layer: bool) -> Option<std::process::Child> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    Some(cmd.spawn().expect("starting expandable"))
+    Some(cudaw_tests::KillOnDrop(
+        cmd.spawn().expect("starting expandable"),
+    ))
 }
 
 /// The numbers of a `paused:` line: (allocations, bytes evicted, bytes still mapped,
@@ -480,7 +482,7 @@ fn pause_during_launches(direct: bool) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting inflight_launch");
+    let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting inflight_launch"));
     let out = lines_of(child.stdout.take().expect("stdout"));
     let log = lines_of(child.stderr.take().expect("stderr"));
     let pid = i32::try_from(child.id()).expect("pid");
@@ -564,7 +566,7 @@ fn driver_allocations_are_evicted_by_a_pause_and_their_kernel_layouts_recorded()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting driver_alloc");
+    let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting driver_alloc"));
     let mut stdin = child.stdin.take().expect("stdin");
     let out = lines_of(child.stdout.take().expect("stdout"));
     let log = lines_of(child.stderr.take().expect("stderr"));
@@ -719,7 +721,7 @@ const SCALE: &str = "scale(float*, int, float)";
 /// `driver_launch` run under `CUDAW_TRACE` (and `env`), waiting after its launches
 /// (argument `wait`) so that its tracing store can be read live.
 struct TracedRun {
-    child: std::process::Child,
+    child: cudaw_tests::KillOnDrop,
     stdin: std::process::ChildStdin,
     err: Receiver<String>,
     dir: PathBuf,
@@ -745,7 +747,7 @@ impl TracedRun {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("starting driver_launch");
+        let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting driver_launch"));
         let stdin = child.stdin.take().unwrap();
         let rx = lines_of(child.stdout.take().unwrap());
         let err = lines_of(child.stderr.take().unwrap());

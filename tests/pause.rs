@@ -8,7 +8,7 @@
 
 use cudaw_tests::{command_under_cudaw, compile_program, expected, nvcc, Addressing};
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ impl Rng {
 }
 
 struct Target {
-    child: Child,
+    child: cudaw_tests::KillOnDrop,
     /// The shim's log, line by line.
     log: Receiver<String>,
     /// Every log line read so far.
@@ -96,7 +96,7 @@ fn pause_and_resume(addressing: Addressing, pairs: usize, seed: u64) {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("starting pause_target");
+    let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting pause_target"));
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = channel();

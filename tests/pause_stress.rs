@@ -83,7 +83,7 @@ fn is_outcome(line: &str) -> bool {
 }
 
 struct Stressed {
-    child: Child,
+    child: cudaw_tests::KillOnDrop,
     pid: i32,
     addressing: Addressing,
     stdin: Option<ChildStdin>,
@@ -116,7 +116,7 @@ impl Stressed {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("starting pause_stress");
+        let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting pause_stress"));
         let pid = i32::try_from(child.id()).expect("pid");
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));

@@ -15,9 +15,10 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 11] = [
+const PROGRAMS: [&str; 12] = [
     "ckpt_target",
     "cudaw_demo",
+    "exit_race",
     "hotcold",
     "malloc_async",
     "multithread",
@@ -102,6 +103,7 @@ macro_rules! programs {
 programs!(
     ckpt_target,
     cudaw_demo,
+    exit_race,
     hotcold,
     malloc_async,
     multithread,

@@ -19,7 +19,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{ChildStdin, Command, Output, Stdio};
 
 const ROUNDS: u64 = 175;
 const COLD: u64 = 25;
@@ -38,7 +38,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// `hotcold wait` under cudaw, stopped at `ready`.
 struct Target {
-    child: Child,
+    child: cudaw_tests::KillOnDrop,
     stdin: ChildStdin,
     stdout: BufReader<std::process::ChildStdout>,
     dir: PathBuf,
@@ -76,7 +76,8 @@ impl Target {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log);
-        let mut child = cmd.spawn().expect("starting the program under cudaw");
+        let mut child =
+            cudaw_tests::KillOnDrop(cmd.spawn().expect("starting the program under cudaw"));
         let stdin = child.stdin.take().expect("stdin");
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut t = Target {
