@@ -241,7 +241,13 @@ fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
         Err(why) => {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| log::error(format_args!("{why}")));
-            return Ok(Arc::new(DeviceBudget::refusing(why.clone(), notes)));
+            // Each refusal names the value; the error said once gives the whole reason.
+            let cut = why.find(" cannot be enforced").unwrap_or(why.len());
+            let short = format!(
+                "{} cannot be enforced (the error logged with the first allocation says why)",
+                &why[..cut]
+            );
+            return Ok(Arc::new(DeviceBudget::refusing(short, notes)));
         }
     };
     let facts = match device_facts(ordinal) {
