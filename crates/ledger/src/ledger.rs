@@ -13,10 +13,12 @@
 //!
 //! # What it holds
 //!
-//! One small file per process per GPU, created by that process (`O_EXCL | O_NOFOLLOW`,
-//! mode 0644, a random name part so that no one can take its name first) and written only
-//! by it: `cudaw-ledger.KEY.PID.START.NONCE` ([`file_name`]), holding one checksummed
-//! [`Record`] of [`RECORD`] bytes. `KEY` names the GPU (its UUID, `GPU-…`).
+//! One small file per process per GPU, written only by that process:
+//! `cudaw-ledger.KEY.PID.START.NONCE` ([`file_name`]), holding one checksummed [`Record`]
+//! of [`RECORD`] bytes, mode 0644. `KEY` names the GPU (its UUID, `GPU-…`); the random
+//! `NONCE` keeps anyone from taking the name first. Every write goes whole into a new file
+//! (`O_EXCL | O_NOFOLLOW`, [`NEW_PREFIX`]) that is then renamed onto the entry (or linked
+//! to a new name, replacing nothing): readers never see an entry half-written.
 //!
 //! The ledger is the saturating sum of the entries that count ([`crate::process::verdict`]):
 //! the process is alive, not a zombie, started exactly when the entry says, and owns the
@@ -38,11 +40,11 @@
 //! # Failing closed
 //!
 //! A folder that cannot be trusted, a process whose own start time cannot be read, a
-//! folder that cannot be read, or an own file that can no longer be written nor created
-//! again: the call fails with a [`LedgerError`] saying why, and the caller refuses the
-//! allocation (never goes on without the ledger). A file of its own that was removed,
-//! replaced, truncated, made read-only or immutable is written again under a new name
-//! (the old one, if it cannot be removed, loses to the newer one).
+//! folder that cannot be read or written (full, read-only, immutable): the call fails with
+//! a [`LedgerError`] saying why, and the caller refuses the allocation (it never goes on
+//! without the ledger). A file of its own that was removed, replaced, truncated or
+//! damaged is written again at the process's next ledger call; one that cannot be
+//! replaced (immutable) gets a new name, and the old one loses to the newer.
 //!
 //! Processes that share a ledger must share a PID namespace (entries of processes that
 //! `/proc` does not show, and `kill` does not find, do not count).
@@ -51,7 +53,7 @@ use crate::process::{self, ProcessId, Verdict};
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::hash::BuildHasher;
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -63,6 +65,9 @@ pub const NODE_DIR_VAR: &str = "CUDAW_NODE_DIR";
 pub const DEFAULT_NODE_DIRS: [&str; 2] = ["/dev/shm", "/tmp"];
 /// Every entry file's name starts so.
 pub const PREFIX: &str = "cudaw-ledger.";
+/// A record is written whole into a file named so (`cudaw-ledger-new.PID.START.NONCE`,
+/// never read), then renamed or linked to its entry's name: no reader sees it half-written.
+pub const NEW_PREFIX: &str = "cudaw-ledger-new.";
 /// A record's first bytes.
 pub const MAGIC: [u8; 8] = *b"CUDAWNLE";
 /// The record layout version this code reads and writes; any other is damaged.
@@ -123,6 +128,14 @@ fn parse_name(name: &str, key: &str) -> Option<ProcessId> {
     let nonce = parts.next()?;
     (nonce.len() == 16 && nonce.bytes().all(|b| b.is_ascii_hexdigit()) && parts.next().is_none())
         .then_some(ProcessId { pid, start })
+}
+
+/// The process a file being written belongs to.
+fn parse_new_name(name: &str) -> Option<ProcessId> {
+    let mut parts = name.strip_prefix(NEW_PREFIX)?.split('.');
+    let pid = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    (parts.next()?.len() == 16 && parts.next().is_none()).then_some(ProcessId { pid, start })
 }
 
 /// What can go wrong with the node ledger.
@@ -544,28 +557,37 @@ fn entry_of(r: &Record) -> Entry {
     }
 }
 
-/// This process's own entry file.
+/// This process's own entry file, as it left it.
 struct Mine {
-    file: File,
     path: PathBuf,
     dev: u64,
     ino: u64,
+    mtime: (i64, i64),
 }
 
 impl Mine {
-    /// Whether the file is still ours at its path, of the right length (fixed if not).
-    fn intact(&self) -> bool {
-        let Ok(m) = self.file.metadata() else {
-            return false;
-        };
-        if m.nlink() == 0 {
-            return false;
+    fn new(path: PathBuf, m: &std::fs::Metadata) -> Mine {
+        Mine {
+            path,
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
         }
+    }
+
+    /// How the file at its path differs from the one this process left there, if it does.
+    fn tampered(&self) -> Option<String> {
+        let p = self.path.display();
         match std::fs::symlink_metadata(&self.path) {
-            Ok(p) if p.dev() == self.dev && p.ino() == self.ino => {}
-            _ => return false,
+            Err(e) => Some(format!("{p} was removed ({e})")),
+            Ok(m) if !m.is_file() || m.dev() != self.dev || m.ino() != self.ino => {
+                Some(format!("{p} was replaced"))
+            }
+            Ok(m) if (m.mtime(), m.mtime_nsec()) != self.mtime || m.len() != RECORD as u64 => {
+                Some(format!("{p} was written by another process"))
+            }
+            Ok(_) => None,
         }
-        m.len() == RECORD as u64 || self.file.set_len(RECORD as u64).is_ok()
     }
 }
 
@@ -676,17 +698,18 @@ impl Ledger {
         Ok(())
     }
 
-    /// Removes the entry files of this GPU whose process is gone, where this user may
-    /// (its own; any, as root). Best effort: what stays does not count anyway.
+    /// Removes the entry files of this GPU, and the files being written, whose process is
+    /// gone, where this user may (its own; any, as root). Best effort: what stays does not
+    /// count anyway.
     fn sweep(&self) {
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
             return;
         };
         for item in rd.flatten() {
-            let Some(id) = item
-                .file_name()
+            let name = item.file_name();
+            let Some(id) = name
                 .to_str()
-                .and_then(|n| parse_name(n, &self.key))
+                .and_then(|n| parse_name(n, &self.key).or_else(|| parse_new_name(n)))
             else {
                 continue;
             };
@@ -710,73 +733,97 @@ impl Ledger {
         }
     }
 
-    /// Creates a new entry file of ours holding `bytes`.
-    fn create(&self, bytes: &[u8; RECORD]) -> Result<Mine, LedgerError> {
+    /// Writes `bytes` whole into a new file of ours that readers do not read
+    /// ([`NEW_PREFIX`]): its path and metadata.
+    fn stage(&self, bytes: &[u8; RECORD]) -> Result<(PathBuf, std::fs::Metadata), LedgerError> {
         let state = RandomState::new();
-        let mut last = None;
+        let mut taken = None;
         for n in 0..8u64 {
-            let nonce = state.hash_one((std::process::id(), self.seq, n));
-            let path = self.dir.join(file_name(&self.key, self.me, nonce));
-            let opened = OpenOptions::new()
+            let nonce = state.hash_one((self.seq, n));
+            let path = self.dir.join(format!(
+                "{NEW_PREFIX}{}.{}.{nonce:016x}",
+                self.me.pid, self.me.start
+            ));
+            let file = match OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o644)
                 .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-                .open(&path);
-            let file = match opened {
+                .open(&path)
+            {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    last = Some(io_err(&path, "creating")(e));
+                    taken = Some(io_err(&path, "creating")(e));
                     continue;
                 }
                 Err(e) => return Err(io_err(&path, "creating")(e)),
             };
-            let done = (|| {
+            let written = (|| {
                 // Readable by every user whatever the umask: others must read it to count it.
                 file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
                 file.write_all_at(bytes, 0)?;
                 file.metadata()
             })();
-            match done {
-                Ok(m) => {
-                    return Ok(Mine {
-                        dev: m.dev(),
-                        ino: m.ino(),
-                        file,
-                        path,
-                    })
-                }
+            return match written {
+                Ok(m) => Ok((path, m)),
                 Err(e) => {
                     let _ = std::fs::remove_file(&path);
-                    return Err(io_err(&path, "writing")(e));
+                    Err(io_err(&path, "writing")(e))
                 }
-            }
+            };
         }
-        Err(last.expect("eight names taken"))
+        Err(taken.expect("eight names taken"))
     }
 
-    /// Writes our record (with `pending` bytes claimed) into our file, writing a new file
-    /// when ours is gone, replaced or cannot be written.
+    /// Gives the staged file `staged` an entry name of its own, replacing nothing.
+    fn link_new(&self, staged: &Path) -> Result<PathBuf, LedgerError> {
+        let state = RandomState::new();
+        let mut taken = None;
+        for n in 0..8u64 {
+            let nonce = state.hash_one((self.seq, n));
+            let path = self.dir.join(file_name(&self.key, self.me, nonce));
+            match std::fs::hard_link(staged, &path) {
+                Ok(()) => return Ok(path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    taken = Some(io_err(&path, "creating")(e));
+                }
+                Err(e) => return Err(io_err(&path, "creating")(e)),
+            }
+        }
+        Err(taken.expect("eight names taken"))
+    }
+
+    /// Writes our record (with `pending` bytes claimed): whole into a new file, then
+    /// renamed onto our entry, so that no reader sees it half-written. An entry that was
+    /// removed, replaced or damaged is so written again; one that cannot be replaced
+    /// (immutable, say) gets a new name, and the newer counts.
     fn write(&mut self, pending: u64) -> Result<(), LedgerError> {
         self.seq += 1;
         let bytes = self.record(pending).encode();
-        let mut why = "this process had none".to_owned();
+        let (staged, meta) = self.stage(&bytes)?;
+        let mut why = None;
         if let Some(m) = &self.mine {
-            if m.intact() {
-                match m.file.write_all_at(&bytes, 0) {
-                    Ok(()) => return Ok(()),
-                    Err(e) => why = format!("writing {} failed: {e}", m.path.display()),
+            let tampered = m.tampered();
+            match std::fs::rename(&staged, &m.path) {
+                Ok(()) => {
+                    if let Some(t) = tampered {
+                        self.notes.push(format!("{t}; written again"));
+                    }
+                    self.mine = Some(Mine::new(m.path.clone(), &meta));
+                    return Ok(());
                 }
-            } else {
-                why = format!("{} was removed, replaced or resized", m.path.display());
+                Err(e) => why = Some(format!("replacing {} failed: {e}", m.path.display())),
             }
         }
-        let new = self.create(&bytes)?;
+        let linked = self.link_new(&staged);
+        let _ = std::fs::remove_file(&staged);
+        let path = linked?;
         if let Some(old) = self.mine.take() {
             let gone = std::fs::remove_file(&old.path);
             self.notes.push(format!(
-                "{why}; this process's entry is now {}{}",
-                new.path.display(),
+                "{}; this process's entry is now {}{}",
+                why.unwrap_or_default(),
+                path.display(),
                 match gone {
                     Ok(()) => String::new(),
                     Err(e) => format!(
@@ -785,7 +832,7 @@ impl Ledger {
                 }
             ));
         }
-        self.mine = Some(new);
+        self.mine = Some(Mine::new(path, &meta));
         Ok(())
     }
 
@@ -868,10 +915,12 @@ impl Ledger {
         self.used = 0;
         if let Some(m) = self.mine.take() {
             if let Err(e) = std::fs::remove_file(&m.path) {
-                // Cannot be removed: at least say it holds nothing.
+                // Cannot be removed: at least say it holds nothing (it stops counting when
+                // this process is gone anyway).
+                let path = m.path.clone();
                 self.mine = Some(m);
-                self.write(0)?;
-                return Err(io_err(self.path().unwrap_or(&self.dir), "removing")(e));
+                let _ = self.write(0);
+                return Err(io_err(&path, "removing")(e));
             }
         }
         Ok(())
@@ -1063,6 +1112,33 @@ mod tests {
     }
 
     #[test]
+    fn readers_never_see_an_entry_half_written() {
+        let d = tmp();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (p, done) = (d.path().to_owned(), done.clone());
+            std::thread::spawn(move || {
+                // Processes joining, claiming, giving back and leaving, over and over.
+                for n in 0..150u32 {
+                    let mut l = join(&p, 4 * G, None, 2 * n, everyone_lives);
+                    assert_eq!(l.acquire(M2).unwrap(), Grant::Granted);
+                    l.release(M2).unwrap();
+                    l.leave().unwrap();
+                }
+                done.store(true, Ordering::Relaxed);
+            })
+        };
+        let mut looks = 0;
+        while !done.load(Ordering::Relaxed) {
+            let seen = scan(d.path(), KEY, None, everyone_lives).unwrap();
+            assert!(seen.damaged.is_empty(), "look {looks}: {:?}", seen.damaged);
+            looks += 1;
+        }
+        writer.join().unwrap();
+        assert!(files(d.path()).is_empty());
+    }
+
+    #[test]
     fn sums_past_2_to_the_64_saturate_and_refuse() {
         let d = tmp();
         let mut a = join(d.path(), 4 * G, None, 2, everyone_lives);
@@ -1151,47 +1227,38 @@ mod tests {
         let mut a = join(d.path(), 4 * G, None, 10, everyone_lives);
         let mut b = join(d.path(), 4 * G, None, 12, everyone_lives);
         assert_eq!(a.acquire(3 * G).unwrap(), Grant::Granted);
-        let old = a.path().unwrap().to_owned();
-        std::fs::remove_file(&old).unwrap();
+        let p = a.path().unwrap().to_owned();
+        std::fs::remove_file(&p).unwrap();
         // Gone: b does not see it until a writes again (a's next ledger call).
         a.view().unwrap();
         let notes = a.take_notes();
         assert!(
-            notes.len() == 1 && notes[0].contains("was removed"),
+            notes.len() == 1
+                && notes[0].contains("was removed")
+                && notes[0].contains("written again"),
             "{notes:?}"
         );
-        assert_ne!(a.path().unwrap(), old);
         assert!(matches!(b.acquire(2 * G).unwrap(), Grant::Refused { .. }));
-        // Replaced by a symbolic link to somewhere else: not followed, written again.
-        let p = a.path().unwrap().to_owned();
+        // Replaced by a symbolic link to somewhere else: not followed, replaced.
         std::fs::remove_file(&p).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", &p).unwrap();
         a.release(0).unwrap();
-        assert_ne!(a.path().unwrap(), p);
-        assert!(
-            std::fs::symlink_metadata(&p).is_err(),
-            "the link was removed"
-        );
+        assert!(std::fs::symlink_metadata(&p).unwrap().is_file());
+        assert!(a.take_notes()[0].contains("was replaced"));
+        // Written in place by someone else: said, and written again.
+        std::fs::write(&p, a.record(0).encode()).unwrap();
+        a.release(0).unwrap();
+        assert!(a.take_notes()[0].contains("written by another process"));
         assert!(matches!(b.acquire(2 * G).unwrap(), Grant::Refused { .. }));
+        assert_eq!(files(d.path()).len(), 2, "no file left behind");
     }
 
     #[test]
-    fn an_entry_that_cannot_be_written_is_replaced_and_the_newer_counts() {
+    fn of_one_processs_files_the_newer_counts() {
         let d = tmp();
         let mut a = join(d.path(), 4 * G, None, 10, everyone_lives);
         let mut b = join(d.path(), 4 * G, None, 12, everyone_lives);
-        assert_eq!(a.acquire(G).unwrap(), Grant::Granted);
-        // A's handle made unwritable: reopen read-only (as a read-only file would be).
-        let m = a.mine.as_mut().unwrap();
-        m.file = File::open(&m.path).unwrap();
-        let old = m.path.clone();
-        assert_eq!(a.acquire(2 * G).unwrap(), Grant::Granted);
-        assert!(!old.exists(), "the old file was removed");
-        assert!(a.take_notes()[0].contains("writing"));
-        assert!(matches!(
-            b.acquire(2 * G).unwrap(),
-            Grant::Refused { others, .. } if others == 3 * G
-        ));
+        assert_eq!(a.acquire(3 * G).unwrap(), Grant::Granted);
         // An older file of the same process that stays (immutable, say) loses to the newer.
         let stale = Record {
             seq: 1,
@@ -1203,60 +1270,14 @@ mod tests {
             b.acquire(2 * G).unwrap(),
             Grant::Refused { others, .. } if others == 3 * G
         ));
-    }
-
-    #[test]
-    fn a_folder_that_cannot_be_trusted_is_refused() {
-        let d = tmp();
-        let e = Ledger::join_as(
-            Path::new("relative/dir"),
-            KEY,
-            G,
-            None,
-            fake(0),
-            everyone_lives,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("must be absolute"), "{e}");
-        // World-writable, not sticky.
-        let open = d.path().join("open");
-        std::fs::create_dir(&open).unwrap();
-        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = Ledger::join_as(&open, KEY, G, None, fake(0), everyone_lives)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("mode 777") && e.contains("not sticky"), "{e}");
-        // A file where the folder should be.
-        let f = d.path().join("file");
-        std::fs::write(&f, b"").unwrap();
-        let e = Ledger::join_as(&f, KEY, G, None, fake(0), everyone_lives)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("is not a folder"), "{e}");
-        // Missing: created sticky and world-writable, and used.
-        let new = d.path().join("new");
-        let l = Ledger::join_as(&new, KEY, G, None, fake(0), everyone_lives).unwrap();
-        let mode = std::fs::metadata(&new).unwrap().mode() & 0o7777;
-        assert_eq!(mode, 0o1777);
-        assert_eq!(
-            std::fs::metadata(l.path().unwrap()).unwrap().mode() & 0o777,
-            0o644
-        );
-        // Another user's folder (needs root to make one).
-        if euid() == 0 {
-            let theirs = d.path().join("theirs");
-            std::fs::create_dir(&theirs).unwrap();
-            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
-            rustix::fs::chown(&theirs, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
-            // Root trusts only folders of root's own: 65534's is refused.
-            let e = Ledger::join_as(&theirs, KEY, G, None, fake(0), everyone_lives)
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains("owned by uid 65534"), "{e}");
-        } else {
-            println!("skipped: another user's folder needs root to be made");
-        }
+        // A newer one wins whatever its size.
+        let newer = Record {
+            seq: u64::MAX,
+            used: 0,
+            ..a.record(0)
+        };
+        std::fs::write(d.path().join(file_name(KEY, fake(10), 98)), newer.encode()).unwrap();
+        assert_eq!(b.acquire(2 * G).unwrap(), Grant::Granted);
     }
 
     /// `chattr +i PATH` (or `-i`): whether it worked, or why not.
@@ -1313,9 +1334,19 @@ mod tests {
         let e = Ledger::join_as(&dir, KEY, 4 * G, None, fake(14), everyone_lives)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("creating") && e.contains("cudaw-ledger."), "{e}");
+        assert!(
+            e.contains("creating")
+                && e.contains("cudaw-ledger-new.")
+                && e.contains("not permitted"),
+            "{e}"
+        );
+        // Nor can those in it write: refused (never taken unaccounted).
+        let e = b.acquire(G).unwrap_err().to_string();
+        assert!(e.contains("creating"), "{e}");
+        assert!(a.release(3 * G).is_err());
+        drop(_undo);
         assert_eq!(b.acquire(G).unwrap(), Grant::Granted);
-        a.release(3 * G).unwrap();
+        a.release(0).unwrap();
         assert_eq!(b.view().unwrap().used(), G);
     }
 
