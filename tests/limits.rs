@@ -1201,6 +1201,11 @@ fn two_users_share_one_card_and_a_folder_of_another_users_is_refused() {
         log.contains("cannot be trusted") && log.contains("is owned by uid 65534"),
         "{log}"
     );
+    let said = log
+        .lines()
+        .filter(|l| l.contains("error: device 0: the node ledger cannot be joined"))
+        .count();
+    assert_eq!(said, 1, "said once:\n{log}");
     // A node folder uid 65534 cannot write: refused, saying why.
     let closed = top.join("closed");
     mkdir_mode(&closed, 0o755, None);

@@ -156,6 +156,11 @@ impl Inner {
     }
 }
 
+/// Why an allocation is refused while the ledger cannot be joined.
+fn rejoin_failed(why: &str) -> String {
+    format!("the node ledger cannot be joined: {why}")
+}
+
 /// One device's budget in this process.
 pub struct DeviceBudget {
     limit: Option<u64>,
@@ -177,12 +182,18 @@ impl fmt::Debug for DeviceBudget {
 
 impl DeviceBudget {
     /// A budget with an optional limit, sharing the card as `accounting` says; `notify`
-    /// hears of refusals and ledger failures (it runs with no lock held).
+    /// hears of refusals and ledger failures (it runs with no lock held). The reason an
+    /// [`Accounting::Rejoin`] starts with is the creator's to say: it is said again only if
+    /// it changes.
     pub fn new(
         limit: Option<u64>,
         accounting: Accounting,
         notify: impl Fn(Note<'_>) + Send + Sync + 'static,
     ) -> Self {
+        let said = match &accounting {
+            Accounting::Rejoin { why, .. } => Some(rejoin_failed(why)),
+            _ => None,
+        };
         Self {
             limit,
             refuse_all: None,
@@ -191,7 +202,7 @@ impl DeviceBudget {
                 peak: 0,
                 refused: 0,
                 accounting,
-                said: None,
+                said,
             }),
             notify: Box::new(notify),
         }
@@ -289,7 +300,7 @@ impl DeviceBudget {
                     g.said = None;
                 }
                 Err(e) => {
-                    let why = format!("the node ledger cannot be joined: {e}");
+                    let why = rejoin_failed(&e);
                     g.failed(tell, &why);
                     if let Accounting::Rejoin { why: w, .. } = &mut g.accounting {
                         w.clone_from(&why);
@@ -583,12 +594,10 @@ mod tests {
         let dir = d.path().to_owned();
         let ok = Arc::new(AtomicUsize::new(0));
         let o = ok.clone();
-        let rejoin: Rejoin = Box::new(move || {
-            if o.load(Ordering::Relaxed) == 0 {
-                Err("the folder is away".into())
-            } else {
-                Ok(join(&dir, 6))
-            }
+        let rejoin: Rejoin = Box::new(move || match o.load(Ordering::Relaxed) {
+            0 => Err("the folder is away".into()),
+            1 => Err("the folder is elsewhere".into()),
+            _ => Ok(join(&dir, 6)),
         });
         let (said, notify) = recorder();
         let b = DeviceBudget::new(
@@ -606,13 +615,20 @@ mod tests {
             ));
         }
         assert_eq!(b.memory_info(4 * G, 4 * G), (0, 3 * G));
-        let failed = said
-            .lock()
-            .iter()
-            .filter(|m| m.starts_with("failed"))
-            .count();
-        assert_eq!(failed, 1, "said once: {:?}", said.lock());
+        // The first reason is the creator's to say; a new one is said, once.
+        let failed = || {
+            said.lock()
+                .iter()
+                .filter(|m| m.starts_with("failed"))
+                .count()
+        };
+        assert_eq!(failed(), 0, "{:?}", said.lock());
         ok.store(1, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(b.try_acquire(G).is_err());
+        }
+        assert_eq!(failed(), 1, "{:?}", said.lock());
+        ok.store(2, Ordering::Relaxed);
         b.try_acquire(G).unwrap();
         assert!(b.has_ledger());
         assert!(said
