@@ -66,10 +66,14 @@ pub struct Config {
     pub libcuda: Option<PathBuf>,
     /// `CUDAW_ADDRESSING`.
     pub addressing: Addressing,
-    /// `CUDAW_MEM_LIMIT`: the device memory limits (sizes, percentages, per device).
-    pub mem_limits: MemLimits,
+    /// `CUDAW_MEM_LIMIT`: the device memory limits (sizes, percentages, per device); unset
+    /// or empty: none. `Err`: a value that cannot be enforced, with the message to log —
+    /// every device allocation is then refused (a limit is never ignored).
+    pub mem_limits: Result<MemLimits, String>,
     /// `CUDAW_LEDGER` (`off` keeps this process out of the node ledger; default on).
     pub ledger: bool,
+    /// `CUDAW_NODE_DIR`: the node ledger's folder (default `/dev/shm`, else `/tmp`).
+    pub node_dir: PathBuf,
     /// `CUDAW_PAUSE_SIGNAL` (default `SIGUSR1`; `off` disables pause and resume).
     pub pause_signal: Option<i32>,
     /// `CUDAW_RESUME_SIGNAL` (default `SIGUSR2`; `off` disables pause and resume).
@@ -143,12 +147,12 @@ impl Config {
             }
         };
         let mem_limits = match get("CUDAW_MEM_LIMIT") {
-            None => MemLimits::default(),
-            Some(v) => MemLimits::parse(&v).unwrap_or_else(|e| {
-                warnings.push(format!(
-                    "CUDAW_MEM_LIMIT: {e}; no limit (write bytes, 8G, 512M, 75%, or per device 0:8G,1:4G)"
-                ));
-                MemLimits::default()
+            None => Ok(MemLimits::default()),
+            Some(v) => MemLimits::parse(&v).map_err(|e| {
+                format!(
+                    "CUDAW_MEM_LIMIT={v:?} cannot be enforced: {e}; every device allocation fails with out of memory until it is corrected or unset (valid: {}; empty or unset: no limit)",
+                    cudaw_ledger::spec::SYNTAX
+                )
             }),
         };
         let mut signal = |k: &str, default: i32| {
@@ -231,6 +235,7 @@ impl Config {
             addressing,
             mem_limits,
             ledger: switch("CUDAW_LEDGER"),
+            node_dir: cudaw_ledger::ledger::node_dir(&get),
             pause_signal,
             resume_signal,
             control_socket: switch("CUDAW_CONTROL_SOCKET"),
@@ -299,6 +304,7 @@ pub fn get() -> &'static Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn memory_limits_from_the_environment() {
@@ -307,10 +313,11 @@ mod tests {
             Config::from_lookup(move |k| (k == "CUDAW_MEM_LIMIT").then(|| v.clone()))
         };
         let total = 80 << 30;
-        assert_eq!(with("8G").mem_limits.resolve(0, total), Some(8 << 30));
-        assert_eq!(with("1.5G").mem_limits.resolve(3, total), Some(3 << 29));
-        assert_eq!(with("25%").mem_limits.resolve(0, total), Some(20 << 30));
-        let per = with("0:8G,1:4G").mem_limits;
+        let limits = |v: &str| with(v).mem_limits.unwrap();
+        assert_eq!(limits("8G").resolve(0, total), Some(8 << 30));
+        assert_eq!(limits("1.5G").resolve(3, total), Some(3 << 29));
+        assert_eq!(limits("25%").resolve(0, total), Some(20 << 30));
+        let per = limits("0:8G,1:4G");
         assert_eq!(
             (
                 per.resolve(0, total),
@@ -319,18 +326,47 @@ mod tests {
             ),
             (Some(8 << 30), Some(4 << 30), None)
         );
-        assert!(with("").mem_limits.is_empty());
-        let bad = with("lots");
-        assert!(bad.mem_limits.is_empty());
-        assert!(
-            bad.warnings
-                .iter()
-                .any(|w| w.contains("CUDAW_MEM_LIMIT: \"lots\" is not a size")),
-            "{:?}",
-            bad.warnings
-        );
+        assert!(limits("").is_empty());
+        assert!(limits("  ").is_empty());
+        assert!(Config::from_lookup(|_| None).mem_limits.unwrap().is_empty());
+        // Values that cannot be enforced are refused, never taken as no limit: the
+        // message names the value and says what is valid.
+        for (v, says) in [
+            ("lots", "\"lots\" is not a size"),
+            ("garbage", "\"garbage\" is not a size"),
+            ("0", "0 bytes"),
+            ("-1", "must be above 0"),
+            ("200%", "at most 100"),
+            ("0:8G,,1:4G", "empty item"),
+            ("0:8G,0:4G", "two limits"),
+            ("0:", "\"0:\""),
+        ] {
+            let e = with(v).mem_limits.unwrap_err();
+            assert!(
+                e.starts_with(&format!("CUDAW_MEM_LIMIT={v:?} cannot be enforced: "))
+                    && e.contains(says)
+                    && e.contains("every device allocation fails with out of memory")
+                    && e.contains("valid: a size above 0"),
+                "{v}: {e}"
+            );
+            assert!(with(v).warnings.is_empty());
+        }
         assert!(Config::from_lookup(|_| None).ledger);
         assert!(!Config::from_lookup(|k| (k == "CUDAW_LEDGER").then(|| "off".into())).ledger);
+        let dir = |k: &'static str, v: &'static str| {
+            Config::from_lookup(move |key| (key == k).then(|| v.into())).node_dir
+        };
+        assert_eq!(
+            dir("CUDAW_NODE_DIR", "/srv/cudaw-node"),
+            PathBuf::from("/srv/cudaw-node")
+        );
+        let default = dir("CUDAW_NODE_DIR", "");
+        assert!(
+            default == Path::new("/dev/shm") || default == Path::new("/tmp"),
+            "{default:?}"
+        );
+        // The ledger is the node's, not the user's: the run folder does not move it.
+        assert_eq!(dir("CUDAW_RUN_DIR", "/run/user/5/cudaw"), default);
     }
 
     #[test]

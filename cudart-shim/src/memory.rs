@@ -8,11 +8,12 @@
 //! One [`DeviceBudget`] per device (`CUDAW_MEM_LIMIT` and the node ledger), asked before any
 //! device memory is taken: by the VMM for every chunk it creates (granule rounding
 //! included), by the driver entry points for `cuMemCreate`, and here for managed memory.
+//! A limit or ledger that cannot be kept refuses every allocation, with the reason logged.
 
 use crate::config::Addressing;
 use crate::types::*;
 use crate::{call_real, log};
-use cudaw_ledger::{DeviceBudget, Ledger, Note};
+use cudaw_ledger::{Accounting, DeviceBudget, Ledger, Note};
 use driver::{DriverBackend, LibCuda};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -218,52 +219,83 @@ pub fn ledger_key(ordinal: i32, uuid: &[u8; 16]) -> String {
     )
 }
 
+/// What a device's budget says, logged: refusals at info level (each one), ledger
+/// failures as errors (once per reason), repairs as warnings.
+fn budget_notes(ordinal: i32) -> impl Fn(Note<'_>) + Send + Sync + 'static {
+    move |n| match n {
+        Note::Refused(r) => log::info(format_args!("device {ordinal}: {r}")),
+        Note::LedgerFailed(m) => log::error(format_args!("device {ordinal}: {m}")),
+        Note::LedgerRepaired(m) => log::warn(format_args!("device {ordinal}: node ledger: {m}")),
+    }
+}
+
+/// A device's budget. Whatever goes wrong, there is one: a limit or a ledger that cannot
+/// be kept gives a budget that refuses every allocation with the reason (never none, which
+/// would let every allocation through uncounted).
 fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
-    let facts = device_facts(ordinal)
-        .map_err(|rc| format!("cudaGetDeviceProperties({ordinal}) failed ({rc})"))?;
+    let notes = budget_notes(ordinal);
+    leave_ledgers_at_exit_once();
     let cfg = crate::config::get();
-    let limit = cfg.mem_limits.resolve(ordinal, facts.total);
+    let limits = match &cfg.mem_limits {
+        Ok(l) => l,
+        Err(why) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| log::error(format_args!("{why}")));
+            // Each refusal names the value; the error said once gives the whole reason.
+            let cut = why.find(" cannot be enforced").unwrap_or(why.len());
+            let short = format!(
+                "{} cannot be enforced (the error logged with the first allocation says why)",
+                &why[..cut]
+            );
+            return Ok(Arc::new(DeviceBudget::refusing(short, notes)));
+        }
+    };
+    let facts = match device_facts(ordinal) {
+        Ok(f) => f,
+        Err(rc) => {
+            let why = format!(
+                "cudaGetDeviceProperties({ordinal}) failed ({rc}): the card's memory is unknown, so its limit and the node ledger cannot be kept"
+            );
+            log::error(format_args!("device {ordinal}: {why}"));
+            return Ok(Arc::new(DeviceBudget::refusing(why, notes)));
+        }
+    };
+    let limit = limits.resolve(ordinal, facts.total);
     if let Some(l) = limit {
         log::info(format_args!(
             "device {ordinal}: memory limit {l} bytes ({:.2} GiB of the card's {:.2} GiB; CUDAW_MEM_LIMIT={})",
             l as f64 / GIB,
             facts.total as f64 / GIB,
-            cfg.mem_limits
+            limits
         ));
     }
-    let ledger = if cfg.ledger {
+    let accounting = if cfg.ledger {
         let key = ledger_key(ordinal, &facts.uuid);
-        let opened = crate::control::run_dir().and_then(|dir| {
-            let path = cudaw_ledger::ledger::path(&dir, &key);
-            Ledger::open(&path, facts.total, limit).map_err(|e| e.to_string())
-        });
-        match opened {
+        let dir = cfg.node_dir.clone();
+        let total = facts.total;
+        let join = move || Ledger::join(&dir, &key, total, limit).map_err(|e| e.to_string());
+        match join() {
             Ok(l) => {
                 log::info(format_args!(
                     "device {ordinal}: node ledger {}",
-                    l.path().display()
+                    l.path().unwrap_or(l.dir()).display()
                 ));
-                Some(l)
+                Accounting::Ledger(l)
             }
-            Err(e) => {
-                log::warn(format_args!(
-                    "device {ordinal}: no node ledger ({e}); this process's memory is not shared with the others' accounting"
+            Err(why) => {
+                log::error(format_args!(
+                    "device {ordinal}: the node ledger cannot be joined: {why}; allocations on this device are refused until it can be (CUDAW_LEDGER=off runs outside the node's accounting)"
                 ));
-                None
+                Accounting::Rejoin {
+                    why,
+                    rejoin: Box::new(join),
+                }
             }
         }
     } else {
-        None
+        Accounting::Off
     };
-    leave_ledgers_at_exit_once();
-    Ok(Arc::new(DeviceBudget::new(
-        limit,
-        ledger,
-        move |n| match n {
-            Note::Refused(r) => log::info(format_args!("device {ordinal}: {r}")),
-            Note::LedgerFailed(m) => log::warn(format_args!("device {ordinal}: node ledger: {m}")),
-        },
-    )))
+    Ok(Arc::new(DeviceBudget::new(limit, accounting, notes)))
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -298,13 +330,14 @@ fn budget_arc(ordinal: i32) -> Result<Arc<DeviceBudget>, cudaError_t> {
     }
 }
 
-/// Whether `CUDAW_MEM_LIMIT` gives device `ordinal` a limit (asking creates no budget: a
-/// program that only looks at a device's properties does not join its ledger).
+/// Whether `CUDAW_MEM_LIMIT` gives device `ordinal` a limit, or cannot be enforced (asking
+/// creates no budget: a program that only looks at a device's properties does not join its
+/// ledger).
 pub fn has_limit(ordinal: i32) -> bool {
-    crate::config::get()
-        .mem_limits
-        .for_device(ordinal)
-        .is_some()
+    match &crate::config::get().mem_limits {
+        Ok(l) => l.for_device(ordinal).is_some(),
+        Err(_) => true,
+    }
 }
 
 /// The memory budget of device `ordinal` (its limit and its entry in the node ledger),

@@ -20,7 +20,7 @@ use std::process::Command;
 /// Runs a CUDA program under cudaw.
 #[derive(Debug, ClapArgs)]
 #[command(
-    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --mem-limit 75% -- python3 train.py\n  cudaw run --mem-limit 0:8G,1:4G -- python3 train_on_two_gpus.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it.\n\nMemory limits: every way the program takes device memory counts (cudaMalloc and its\nkin, cudaMallocManaged, the driver's cuMemCreate as PyTorch's expandable segments use\nit, and the rounding to 2 MiB granules that cudaw adds). An allocation over the limit\nfails with the CUDA out-of-memory error, and the program can free and go on;\ncudaMemGetInfo reports the limit as the total. The processes under cudaw on one GPU\nalso share its memory through a ledger in the run folder: limits may add up to more\nthan the card, and an allocation the card cannot hold beside the others fails cleanly.\n`cudaw-ckpt status` shows each process's limit, use and peak."
+    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --mem-limit 75% -- python3 train.py\n  cudaw run --mem-limit 0:8G,1:4G -- python3 train_on_two_gpus.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it.\n\nMemory limits: every way the program takes device memory counts (cudaMalloc and its\nkin, cudaMallocManaged, the driver's cuMemCreate as PyTorch's expandable segments use\nit, and the rounding to 2 MiB granules that cudaw adds). An allocation over the limit\nfails with the CUDA out-of-memory error, and the program can free and go on;\ncudaMemGetInfo reports the limit as the total. The processes under cudaw on one GPU,\nevery user's, also share its memory through the node ledger (CUDAW_NODE_DIR, default\n/dev/shm): limits may add up to more than the card, and an allocation the card cannot\nhold beside the others fails cleanly.\n`cudaw-ckpt status` shows each process's limit, use and peak."
 )]
 pub struct Args {
     /// Cap the program's device memory: a size (bytes, or 8G, 512M, 1.5G), a share of each
@@ -82,13 +82,13 @@ fn parse_pause_timeout(s: &str) -> std::result::Result<String, String> {
         .ok_or_else(|| format!("{s:?} is not a time ({})", cudaw_control::TIMEOUT_SYNTAX))
 }
 
-/// Checks a `--mem-limit` value with the parser the drop-in runtime uses.
+/// Checks a `--mem-limit` value with the parser the drop-in runtime uses for
+/// `CUDAW_MEM_LIMIT` (which refuses every allocation when given a value this refuses).
 fn parse_mem_limit(s: &str) -> std::result::Result<String, String> {
-    let limits = cudaw_ledger::MemLimits::parse(s)?;
+    let valid = cudaw_ledger::spec::SYNTAX;
+    let limits = cudaw_ledger::MemLimits::parse(s).map_err(|e| format!("{e} (valid: {valid})"))?;
     if limits.is_empty() {
-        return Err(
-            "an empty limit (give a size such as 8G, a share such as 75%, or 0:8G,1:4G)".into(),
-        );
+        return Err(format!("an empty limit (valid: {valid})"));
     }
     Ok(s.trim().to_owned())
 }
@@ -344,4 +344,35 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let err = cmd.exec();
     bail!("cannot run {}: {err}", program.display())
+}
+
+#[cfg(test)]
+mod mem_limit_tests {
+    use super::parse_mem_limit;
+
+    #[test]
+    fn the_option_takes_what_the_variable_takes() {
+        for ok in ["8G", " 75% ", "0:8G,1:4G", "4G,1:50%", "1.5G", "100%"] {
+            assert_eq!(parse_mem_limit(ok).as_deref(), Ok(ok.trim()), "{ok}");
+        }
+        for (bad, says) in [
+            ("garbage", "\"garbage\" is not a size"),
+            ("0", "0 bytes"),
+            ("-1", "must be above 0"),
+            ("200%", "at most 100"),
+            ("0:8G,,1:4G", "empty item"),
+            ("0:8G,0:4G", "two limits"),
+            ("", "an empty limit"),
+        ] {
+            let e = parse_mem_limit(bad).unwrap_err();
+            assert!(
+                e.contains(says) && e.contains("(valid: a size above 0"),
+                "{bad}: {e}"
+            );
+            // The drop-in runtime refuses the same values in CUDAW_MEM_LIMIT.
+            if !bad.is_empty() {
+                assert!(cudaw_ledger::MemLimits::parse(bad).is_err(), "{bad}");
+            }
+        }
+    }
 }

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use std::fmt;
 
 /// Why memory was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// The process's own limit.
     Limit {
@@ -30,6 +30,14 @@ pub enum Refusal {
         /// Bytes this process holds.
         used: u64,
     },
+    /// The limit or the node ledger cannot be kept (an invalid limit, a ledger that
+    /// cannot be joined, read or written): refused rather than taken unaccounted.
+    Unaccounted {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Why.
+        why: String,
+    },
 }
 
 fn gib(b: u64) -> String {
@@ -38,12 +46,12 @@ fn gib(b: u64) -> String {
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
+        match self {
             Refusal::Limit { bytes, limit, used } => write!(
                 f,
                 "{bytes} bytes refused: the process's limit is {limit} bytes ({}), {used} ({}) in use",
-                gib(limit),
-                gib(used)
+                gib(*limit),
+                gib(*used)
             ),
             Refusal::Node {
                 bytes,
@@ -53,10 +61,11 @@ impl fmt::Display for Refusal {
             } => write!(
                 f,
                 "{bytes} bytes refused: the card's {capacity} bytes ({}) are shared, other processes under cudaw hold {others} ({}), this one {used} ({})",
-                gib(capacity),
-                gib(others),
-                gib(used)
+                gib(*capacity),
+                gib(*others),
+                gib(*used)
             ),
+            Refusal::Unaccounted { bytes, why } => write!(f, "{bytes} bytes refused: {why}"),
         }
     }
 }
@@ -66,8 +75,11 @@ impl fmt::Display for Refusal {
 pub enum Note<'a> {
     /// An allocation was refused.
     Refused(&'a Refusal),
-    /// The ledger failed; the process goes on without it (its own limit still holds).
+    /// The ledger failed: allocations are refused until it works again (said once per
+    /// distinct reason).
     LedgerFailed(&'a str),
+    /// The ledger works again, or repaired this process's entry.
+    LedgerRepaired(&'a str),
 }
 
 /// A snapshot of one device's budget.
@@ -83,16 +95,77 @@ pub struct Usage {
     pub refused: u64,
 }
 
+/// Tries to join the node ledger again.
+pub type Rejoin = Box<dyn FnMut() -> Result<Ledger, String> + Send>;
+
+/// How a budget shares the card with the node's other processes.
+pub enum Accounting {
+    /// It does not (`CUDAW_LEDGER=off`): its limit alone holds.
+    Off,
+    /// Through the node ledger.
+    Ledger(Ledger),
+    /// The ledger could not be joined: every allocation tries again, and is refused while
+    /// it cannot.
+    Rejoin {
+        /// Why it could not, last time.
+        why: String,
+        /// Joins it.
+        rejoin: Rejoin,
+    },
+}
+
+impl fmt::Debug for Accounting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Accounting::Off => f.write_str("Off"),
+            Accounting::Ledger(l) => f.debug_tuple("Ledger").field(l).finish(),
+            Accounting::Rejoin { why, .. } => f.debug_struct("Rejoin").field("why", why).finish(),
+        }
+    }
+}
+
 struct Inner {
     used: u64,
     peak: u64,
     refused: u64,
-    ledger: Option<Ledger>,
+    accounting: Accounting,
+    /// The last ledger failure said, so that a failure is said once, not per allocation.
+    said: Option<String>,
+}
+
+/// What to tell the owner once the lock is dropped.
+#[derive(Default)]
+struct Tell {
+    failed: Option<String>,
+    repaired: Vec<String>,
+}
+
+impl Inner {
+    /// Notes a ledger failure, to be said if it is not the one said last.
+    fn failed(&mut self, tell: &mut Tell, why: &str) {
+        if self.said.as_deref() != Some(why) {
+            self.said = Some(why.to_owned());
+            tell.failed = Some(why.to_owned());
+        }
+    }
+
+    fn collect_notes(&mut self, tell: &mut Tell) {
+        if let Accounting::Ledger(l) = &mut self.accounting {
+            tell.repaired.extend(l.take_notes());
+        }
+    }
+}
+
+/// Why an allocation is refused while the ledger cannot be joined.
+fn rejoin_failed(why: &str) -> String {
+    format!("the node ledger cannot be joined: {why}")
 }
 
 /// One device's budget in this process.
 pub struct DeviceBudget {
     limit: Option<u64>,
+    /// Set when the limit cannot be kept: every allocation is refused, with this reason.
+    refuse_all: Option<String>,
     inner: Mutex<Inner>,
     notify: Box<dyn Fn(Note<'_>) + Send + Sync>,
 }
@@ -101,28 +174,46 @@ impl fmt::Debug for DeviceBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBudget")
             .field("limit", &self.limit)
+            .field("refuse_all", &self.refuse_all)
             .field("usage", &self.usage())
             .finish_non_exhaustive()
     }
 }
 
 impl DeviceBudget {
-    /// A budget with an optional limit and ledger; `notify` hears of refusals and ledger
-    /// failures (it runs with no lock held).
+    /// A budget with an optional limit, sharing the card as `accounting` says; `notify`
+    /// hears of refusals and ledger failures (it runs with no lock held). The reason an
+    /// [`Accounting::Rejoin`] starts with is the creator's to say: it is said again only if
+    /// it changes.
     pub fn new(
         limit: Option<u64>,
-        ledger: Option<Ledger>,
+        accounting: Accounting,
         notify: impl Fn(Note<'_>) + Send + Sync + 'static,
     ) -> Self {
+        let said = match &accounting {
+            Accounting::Rejoin { why, .. } => Some(rejoin_failed(why)),
+            _ => None,
+        };
         Self {
             limit,
+            refuse_all: None,
             inner: Mutex::new(Inner {
                 used: 0,
                 peak: 0,
                 refused: 0,
-                ledger,
+                accounting,
+                said,
             }),
             notify: Box::new(notify),
+        }
+    }
+
+    /// A budget that refuses every allocation, saying `why` (a limit that cannot be
+    /// enforced: refused rather than ignored).
+    pub fn refusing(why: String, notify: impl Fn(Note<'_>) + Send + Sync + 'static) -> Self {
+        Self {
+            refuse_all: Some(why),
+            ..Self::new(None, Accounting::Off, notify)
         }
     }
 
@@ -133,7 +224,7 @@ impl DeviceBudget {
 
     /// Whether this budget records into a node ledger.
     pub fn has_ledger(&self) -> bool {
-        self.inner.lock().ledger.is_some()
+        matches!(self.inner.lock().accounting, Accounting::Ledger(_))
     }
 
     /// Limit, use and peak now.
@@ -147,33 +238,42 @@ impl DeviceBudget {
         }
     }
 
+    fn tell(&self, tell: Tell) {
+        if let Some(msg) = &tell.failed {
+            (self.notify)(Note::LedgerFailed(msg));
+        }
+        for msg in &tell.repaired {
+            (self.notify)(Note::LedgerRepaired(msg));
+        }
+    }
+
     /// Takes `bytes` of device memory if they fit the limit and, with a ledger, the card
     /// beside the other processes.
     pub fn try_acquire(&self, bytes: u64) -> Result<(), Refusal> {
-        let mut failed = None;
+        let mut tell = Tell::default();
         let result = {
             let mut g = self.inner.lock();
-            let result = self.acquire_locked(&mut g, bytes, &mut failed);
+            let result = self.acquire_locked(&mut g, bytes, &mut tell);
             if result.is_err() {
                 g.refused += 1;
             }
+            g.collect_notes(&mut tell);
             result
         };
-        if let Some(msg) = failed {
-            (self.notify)(Note::LedgerFailed(&msg));
-        }
+        self.tell(tell);
         if let Err(r) = &result {
             (self.notify)(Note::Refused(r));
         }
         result
     }
 
-    fn acquire_locked(
-        &self,
-        g: &mut Inner,
-        bytes: u64,
-        failed: &mut Option<String>,
-    ) -> Result<(), Refusal> {
+    fn acquire_locked(&self, g: &mut Inner, bytes: u64, tell: &mut Tell) -> Result<(), Refusal> {
+        if let Some(why) = &self.refuse_all {
+            return Err(Refusal::Unaccounted {
+                bytes,
+                why: why.clone(),
+            });
+        }
         let after = g.used.checked_add(bytes);
         if let Some(limit) = self.limit {
             if after.is_none_or(|a| a > limit) {
@@ -189,9 +289,29 @@ impl DeviceBudget {
             limit: u64::MAX,
             used: g.used,
         })?;
-        if let Some(l) = g.ledger.as_mut() {
+        if let Accounting::Rejoin { rejoin, .. } = &mut g.accounting {
+            match rejoin() {
+                Ok(l) => {
+                    tell.repaired.push(match l.path() {
+                        Some(p) => format!("joined the node ledger ({})", p.display()),
+                        None => "joined the node ledger".to_owned(),
+                    });
+                    g.accounting = Accounting::Ledger(l);
+                    g.said = None;
+                }
+                Err(e) => {
+                    let why = rejoin_failed(&e);
+                    g.failed(tell, &why);
+                    if let Accounting::Rejoin { why: w, .. } = &mut g.accounting {
+                        w.clone_from(&why);
+                    }
+                    return Err(Refusal::Unaccounted { bytes, why });
+                }
+            }
+        }
+        if let Accounting::Ledger(l) = &mut g.accounting {
             match l.acquire(bytes) {
-                Ok(Grant::Granted) => {}
+                Ok(Grant::Granted) => g.said = None,
                 Ok(Grant::Refused {
                     capacity, others, ..
                 }) => {
@@ -202,9 +322,18 @@ impl DeviceBudget {
                         used: g.used,
                     })
                 }
+                Ok(Grant::Unknown { why }) => {
+                    return Err(Refusal::Unaccounted {
+                        bytes,
+                        why: format!("node ledger: {why}"),
+                    })
+                }
                 Err(e) => {
-                    *failed = Some(format!("{e}; going on without the node ledger"));
-                    g.ledger = None;
+                    let why = format!(
+                        "node ledger: {e}; allocations are refused until it can be written"
+                    );
+                    g.failed(tell, &why);
+                    return Err(Refusal::Unaccounted { bytes, why });
                 }
             }
         }
@@ -215,63 +344,81 @@ impl DeviceBudget {
 
     /// Gives back `bytes` taken with [`DeviceBudget::try_acquire`].
     pub fn give_back(&self, bytes: u64) {
-        let mut failed = None;
+        let mut tell = Tell::default();
         {
             let mut g = self.inner.lock();
             g.used = g.used.saturating_sub(bytes);
-            if let Some(l) = g.ledger.as_mut() {
+            if let Accounting::Ledger(l) = &mut g.accounting {
                 if let Err(e) = l.release(bytes) {
-                    failed = Some(format!("{e}; going on without the node ledger"));
-                    g.ledger = None;
+                    // The entry keeps the larger figure: the card is under-promised, never
+                    // over; the next write puts it right.
+                    let why = format!(
+                        "node ledger: {e}; this process's entry still counts {bytes} bytes it gave back"
+                    );
+                    g.failed(&mut tell, &why);
                 }
             }
+            g.collect_notes(&mut tell);
         }
-        if let Some(msg) = failed {
-            (self.notify)(Note::LedgerFailed(&msg));
-        }
+        self.tell(tell);
     }
 
-    /// The node ledger now (dead processes reclaimed), with a ledger.
+    /// The node ledger now, with a ledger joined (`None` without one, or when it cannot
+    /// be read: said once).
     pub fn node(&self) -> Option<View> {
-        let mut failed = None;
-        let view = {
+        self.node_state().ok().flatten()
+    }
+
+    /// `Ok(None)`: no ledger; `Err`: a ledger that cannot be used now.
+    fn node_state(&self) -> Result<Option<View>, ()> {
+        let mut tell = Tell::default();
+        let r = {
             let mut g = self.inner.lock();
-            match g.ledger.as_mut().map(Ledger::view) {
-                None => None,
-                Some(Ok(v)) => Some(v),
-                Some(Err(e)) => {
-                    failed = Some(format!("{e}; going on without the node ledger"));
-                    g.ledger = None;
-                    None
-                }
-            }
+            let r = match &mut g.accounting {
+                Accounting::Off => Ok(None),
+                Accounting::Rejoin { .. } => Err(()),
+                Accounting::Ledger(l) => match l.view() {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) => {
+                        let why = format!("node ledger: {e}");
+                        g.failed(&mut tell, &why);
+                        Err(())
+                    }
+                },
+            };
+            g.collect_notes(&mut tell);
+            r
         };
-        if let Some(msg) = failed {
-            (self.notify)(Note::LedgerFailed(&msg));
-        }
-        view
+        self.tell(tell);
+        r
     }
 
     /// `(free, total)` as `cudaMemGetInfo` should report them, given the card's figures:
     /// total is the limit (at most the card's), free what this process may still take —
     /// within its limit, within what the card has free, and within what the other
-    /// processes in the ledger leave.
+    /// processes in the ledger leave (nothing while the limit or the ledger cannot be
+    /// kept).
     pub fn memory_info(&self, card_free: u64, card_total: u64) -> (u64, u64) {
         let used = self.inner.lock().used;
         let total = self.limit.map_or(card_total, |l| l.min(card_total));
         let mut free = card_free.min(total);
+        if self.refuse_all.is_some() {
+            return (0, total);
+        }
         if let Some(limit) = self.limit {
             free = free.min(limit.saturating_sub(used));
         }
-        if let Some(v) = self.node() {
-            free = free.min(v.available());
+        match self.node_state() {
+            Ok(None) => {}
+            Ok(Some(v)) => free = free.min(v.available()),
+            Err(()) => free = 0,
         }
         (free, total)
     }
 
     /// Removes this process from the ledger (at exit).
     pub fn leave(&self) {
-        if let Some(l) = self.inner.lock().ledger.as_mut() {
+        if let Accounting::Ledger(l) = &mut self.inner.lock().accounting {
             let _ = l.leave();
         }
     }
@@ -290,7 +437,6 @@ impl vmm::Budget for DeviceBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger;
     use crate::process::ProcessId;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -303,7 +449,7 @@ mod tests {
         let limit = 64 * M2 + M2 - 1;
         let refusals = Arc::new(AtomicUsize::new(0));
         let r = refusals.clone();
-        let b = Arc::new(DeviceBudget::new(Some(limit), None, move |n| {
+        let b = Arc::new(DeviceBudget::new(Some(limit), Accounting::Off, move |n| {
             if let Note::Refused(_) = n {
                 r.fetch_add(1, Ordering::Relaxed);
             }
@@ -344,41 +490,43 @@ mod tests {
 
     #[test]
     fn memory_info_is_the_limit_and_what_is_left() {
-        let b = DeviceBudget::new(Some(4 * G), None, |_| {});
+        let b = DeviceBudget::new(Some(4 * G), Accounting::Off, |_| {});
         assert_eq!(b.memory_info(70 * G, 80 * G), (4 * G, 4 * G));
         b.try_acquire(G).unwrap();
         assert_eq!(b.memory_info(70 * G, 80 * G), (3 * G, 4 * G));
         // Never more than the card has free.
         assert_eq!(b.memory_info(G / 2, 80 * G), (G / 2, 4 * G));
         // A limit above the card: the card's total.
-        let big = DeviceBudget::new(Some(100 * G), None, |_| {});
+        let big = DeviceBudget::new(Some(100 * G), Accounting::Off, |_| {});
         assert_eq!(big.memory_info(70 * G, 80 * G), (70 * G, 80 * G));
-        let none = DeviceBudget::new(None, None, |_| {});
+        let none = DeviceBudget::new(None, Accounting::Off, |_| {});
         assert_eq!(none.memory_info(70 * G, 80 * G), (70 * G, 80 * G));
+    }
+
+    fn lives(_: ProcessId, _: u32) -> crate::process::Verdict {
+        crate::process::Verdict::Live
+    }
+
+    fn join(dir: &std::path::Path, n: u32) -> Ledger {
+        Ledger::join_as(
+            dir,
+            "GPU-x",
+            4 * G,
+            Some(3 * G),
+            ProcessId {
+                pid: (1 << 30) + n,
+                start: 1,
+            },
+            lives,
+        )
+        .unwrap()
     }
 
     #[test]
     fn two_budgets_share_one_card_through_the_ledger() {
-        let d = std::env::temp_dir().join(format!("cudaw-budget-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let p = ledger::path(&d, "GPU-x");
-        let lives = |_: ProcessId| true;
-        let open = |pid: u32| {
-            Ledger::open_as(
-                &p,
-                4 * G,
-                Some(3 * G),
-                ProcessId {
-                    pid: (1 << 30) + pid,
-                    start: 1,
-                },
-                lives,
-            )
-            .unwrap()
-        };
-        let a = DeviceBudget::new(Some(3 * G), Some(open(2)), |_| {});
-        let b = DeviceBudget::new(Some(3 * G), Some(open(4)), |_| {});
+        let d = tempfile::tempdir().unwrap();
+        let a = DeviceBudget::new(Some(3 * G), Accounting::Ledger(join(d.path(), 2)), |_| {});
+        let b = DeviceBudget::new(Some(3 * G), Accounting::Ledger(join(d.path(), 4)), |_| {});
         a.try_acquire(3 * G).unwrap();
         assert_eq!(b.memory_info(4 * G, 4 * G), (G, 3 * G));
         assert_eq!(
@@ -404,5 +552,112 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("other processes under cudaw hold"), "{msg}");
+    }
+
+    /// Collects what a budget says.
+    fn recorder() -> (
+        Arc<parking_lot::Mutex<Vec<String>>>,
+        impl Fn(Note<'_>) + Send + Sync + 'static,
+    ) {
+        let said = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let s = said.clone();
+        (said, move |n: Note<'_>| {
+            s.lock().push(match n {
+                Note::Refused(r) => format!("refused: {r}"),
+                Note::LedgerFailed(m) => format!("failed: {m}"),
+                Note::LedgerRepaired(m) => format!("repaired: {m}"),
+            })
+        })
+    }
+
+    #[test]
+    fn a_limit_that_cannot_be_kept_refuses_everything() {
+        let (said, notify) = recorder();
+        let b = DeviceBudget::refusing("CUDAW_MEM_LIMIT=\"lots\" is not valid".into(), notify);
+        for bytes in [1, G] {
+            assert_eq!(
+                b.try_acquire(bytes),
+                Err(Refusal::Unaccounted {
+                    bytes,
+                    why: "CUDAW_MEM_LIMIT=\"lots\" is not valid".into()
+                })
+            );
+        }
+        assert_eq!(b.usage().refused, 2);
+        assert_eq!(b.memory_info(4 * G, 4 * G), (0, 4 * G));
+        assert_eq!(said.lock().len(), 2);
+    }
+
+    #[test]
+    fn a_ledger_that_cannot_be_joined_refuses_until_it_can() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().to_owned();
+        let ok = Arc::new(AtomicUsize::new(0));
+        let o = ok.clone();
+        let rejoin: Rejoin = Box::new(move || match o.load(Ordering::Relaxed) {
+            0 => Err("the folder is away".into()),
+            1 => Err("the folder is elsewhere".into()),
+            _ => Ok(join(&dir, 6)),
+        });
+        let (said, notify) = recorder();
+        let b = DeviceBudget::new(
+            Some(3 * G),
+            Accounting::Rejoin {
+                why: "the folder is away".into(),
+                rejoin,
+            },
+            notify,
+        );
+        for _ in 0..3 {
+            assert!(matches!(
+                b.try_acquire(G),
+                Err(Refusal::Unaccounted { why, .. }) if why.contains("the folder is away")
+            ));
+        }
+        assert_eq!(b.memory_info(4 * G, 4 * G), (0, 3 * G));
+        // The first reason is the creator's to say; a new one is said, once.
+        let failed = || {
+            said.lock()
+                .iter()
+                .filter(|m| m.starts_with("failed"))
+                .count()
+        };
+        assert_eq!(failed(), 0, "{:?}", said.lock());
+        ok.store(1, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert!(b.try_acquire(G).is_err());
+        }
+        assert_eq!(failed(), 1, "{:?}", said.lock());
+        ok.store(2, Ordering::Relaxed);
+        b.try_acquire(G).unwrap();
+        assert!(b.has_ledger());
+        assert!(said
+            .lock()
+            .iter()
+            .any(|m| m.starts_with("repaired: joined")));
+        assert_eq!(b.node().unwrap().used(), G);
+    }
+
+    #[test]
+    fn a_ledger_that_fails_refuses_and_is_never_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let sub = d.path().join("node");
+        std::fs::create_dir(&sub).unwrap();
+        let (said, notify) = recorder();
+        let b = DeviceBudget::new(None, Accounting::Ledger(join(&sub, 8)), notify);
+        b.try_acquire(G).unwrap();
+        // The folder goes away: nothing can be read nor written.
+        std::fs::remove_dir_all(&sub).unwrap();
+        assert!(matches!(
+            b.try_acquire(G),
+            Err(Refusal::Unaccounted { why, .. }) if why.contains("node ledger")
+        ));
+        assert!(b.has_ledger(), "still in the ledger: it is not dropped");
+        assert_eq!(b.memory_info(4 * G, 4 * G).0, 0);
+        assert!(said.lock().iter().any(|m| m.starts_with("failed")));
+        // Back: the entry is written again, and memory is granted.
+        std::fs::create_dir(&sub).unwrap();
+        b.try_acquire(G).unwrap();
+        assert_eq!(b.node().unwrap().used(), 2 * G);
     }
 }

@@ -5,9 +5,13 @@
 //! - [`budget`]: one device's budget in one process — the limit, what is held and the peak —
 //!   asked before any device memory is taken ([`vmm::Budget`] for the VMM; directly for the
 //!   driver's `cuMemCreate` and managed memory).
-//! - [`ledger`]: the node ledger, a file per GPU under the run folder that the processes
-//!   under cudaw share, so that their limits may add up to more than the card while the
-//!   card is never promised twice; dead processes' shares are reclaimed ([`process`]).
+//! - [`ledger`]: the node ledger, one folder for the whole node (`$CUDAW_NODE_DIR`, else
+//!   `/dev/shm`) holding one small file per process per GPU, shared by every user's
+//!   processes under cudaw, so that their limits may add up to more than the card while
+//!   the card is never promised twice; only live processes' entries count ([`process`]).
+//!
+//! Everything fails closed: a limit that cannot be enforced, or a ledger that cannot be
+//! joined, read or written, refuses the allocation with the reason — it is never ignored.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -16,7 +20,7 @@ pub mod ledger;
 pub mod process;
 pub mod spec;
 
-pub use budget::{DeviceBudget, Note, Refusal, Usage};
-pub use ledger::{Entry, Grant, Ledger, LedgerError, View};
-pub use process::ProcessId;
+pub use budget::{Accounting, DeviceBudget, Note, Refusal, Rejoin, Usage};
+pub use ledger::{Entry, Grant, Ledger, LedgerError, Record, View};
+pub use process::{ProcessId, Verdict};
 pub use spec::{Limit, MemLimits};

@@ -15,6 +15,9 @@
 
 use std::fmt;
 
+/// What a valid limit is, for messages.
+pub const SYNTAX: &str = "a size above 0 (bytes, or with K, M, G, T: 8G, 512M, 1.5G) or a percentage above 0 and at most 100 (75%), for every device, or per device ordinal (0:8G,1:4G; an item without an ordinal applies to the devices not named)";
+
 /// The largest device ordinal an item may name.
 pub const MAX_ORDINAL: i32 = 1023;
 
@@ -43,6 +46,9 @@ impl Limit {
                 ));
             }
             return Ok(Limit::Percent(v));
+        }
+        if t.starts_with('-') {
+            return Err(format!("{t:?}: a limit must be above 0"));
         }
         match vmm::parse_size(t) {
             Some(0) => Err(format!(
@@ -83,7 +89,9 @@ pub struct MemLimits {
 }
 
 impl MemLimits {
-    /// Parses the whole list; an empty string is no limit. Errors name the item at fault.
+    /// Parses the whole list; an empty string is no limit. Errors name the item at fault
+    /// (callers add [`SYNTAX`]). `cudaw run --mem-limit` and `CUDAW_MEM_LIMIT` both take
+    /// exactly what this accepts.
     pub fn parse(s: &str) -> Result<MemLimits, String> {
         let mut out = MemLimits::default();
         if s.trim().is_empty() {
@@ -220,6 +228,18 @@ mod tests {
             ("0:8G,,1:4G", "empty item"),
             ("1:lots", "\"1:lots\""),
             ("8X", "not a size"),
+            ("-1", "must be above 0"),
+            ("-1G", "must be above 0"),
+            ("-5%", "above 0"),
+            ("200%", "at most 100"),
+            ("nan%", "above 0"),
+            ("garbage", "is not a size"),
+            ("0:", "\"0:\""),
+            (",", "empty item"),
+            ("8G,", "empty item"),
+            ("1:8G,1:8G", "two limits"),
+            ("1024:8G", "not a device ordinal"),
+            ("99999999999T", "not a size"),
         ] {
             let e = MemLimits::parse(text).unwrap_err();
             assert!(e.contains(says), "{text}: {e}");
