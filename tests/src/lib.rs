@@ -349,6 +349,7 @@ pub fn command_under_cudaw(
         .args(["--addressing", addressing.as_str(), "--"])
         .arg(program)
         .env("CUDAW_LIBCUDA", &sim)
+        .env("CUDAW_NODE_DIR", node_dir())
         .env("CUDAW_LOG", "debug")
         // A small simulated device: the programs need well under 1 GiB.
         .env("SIMGPU_MEM", "4G")
@@ -357,6 +358,25 @@ pub fn command_under_cudaw(
         cmd.env(k, v);
     }
     cmd
+}
+
+/// The node-ledger folder of this test process's programs (`CUDAW_NODE_DIR`, under
+/// `target/tmp`): every simulated device has the same UUID, and the programs of tests run
+/// by other test processes (or other clones) must not share one card's accounting with
+/// them. A test that needs another folder sets the variable itself.
+pub fn node_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = workspace()
+            .join("target/tmp")
+            .join(format!("node-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating the node-ledger folder");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .expect("making the node-ledger folder private");
+        dir
+    })
 }
 
 /// Runs `program` under cudaw on simgpu ([`command_under_cudaw`]) to completion.
