@@ -4,9 +4,14 @@
 
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod out;
 mod ckpt_client;
 mod ckpt_inspect;
 mod ckpt_progress;
+// Shared with cudaw, which reports kinds this binary never makes.
+#[allow(dead_code)]
+mod failure;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -57,8 +62,11 @@ use ckpt_progress::Bars;
 /// Exit status: 0 on success; 1 on a failure (no such process, not under cudaw,
 /// permission, the file system, the request failed); 3 when an image is at fault (not a
 /// cudaw image, another format version, truncated, corrupt, or another process's);
-/// 2 for a usage error. With --json, a failure prints {"ok":false,"kind":...,"error":...}
-/// on standard output too.
+/// 2 for a usage error. With --json, a failure prints one line on standard output too,
+/// {"ok":false,"kind":KIND,"error":MESSAGE}, as `cudaw` does; KIND is one of usage,
+/// no_process, not_under_cudaw, permission, connection, io, bad_image, mismatch, request,
+/// failed, unsupported, timeout. A closed standard output (`| head -1`) ends the command
+/// quietly with status 0.
 #[derive(Debug, Parser)]
 #[command(name = "cudaw-ckpt", version, about, verbatim_doc_comment)]
 struct Cli {
@@ -279,7 +287,10 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match failure::parse::<Cli>() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     let json = cli.command.json();
     let result = match cli.command {
         Command::Pause { pid, json } => pause_or_resume(pid, true, json),
@@ -316,22 +327,7 @@ fn main() -> ExitCode {
         Command::Trace { pid, output, json } => trace(pid, &output, json),
         Command::Tracing { pid, state, json } => tracing(pid, state == "on", json),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let kind = kind_of(&e);
-            if json {
-                let v = serde_json::json!({
-                    "ok": false,
-                    "kind": kind.as_str(),
-                    "error": format!("{e:#}"),
-                });
-                println!("{v}");
-            }
-            eprintln!("cudaw-ckpt: error: {e:#}");
-            ExitCode::from(kind.exit_code())
-        }
-    }
+    failure::finish("cudaw-ckpt", result, json)
 }
 
 fn mib(bytes: u64) -> String {
@@ -372,18 +368,18 @@ fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
     };
     let m = carried(moved, "result")?;
     if json {
-        println!("{}", serde_json::to_string(&m)?);
+        outln!("{}", serde_json::to_string(&m)?)?;
     } else if m.changed {
         let what = if pause { "evicted" } else { "restored" };
-        println!(
+        outln!(
             "{pid}: {verb}: {} allocations, {} bytes ({}) {what} in {:.1} ms",
             m.allocations,
             m.bytes,
             mib(m.bytes),
             m.ms
-        );
+        )?;
     } else {
-        println!("{pid}: {already}");
+        outln!("{pid}: {already}")?;
     }
     Ok(())
 }
@@ -435,7 +431,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
     let reply = with_bars(pid, req, json)?;
     let d = carried(reply.dump, "dump result")?;
     if json {
-        println!("{}", serde_json::to_string(&d)?);
+        outln!("{}", serde_json::to_string(&d)?)?;
         return Ok(());
     }
     let paused = if d.pause.changed {
@@ -447,7 +443,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "{pid}: {paused}{} allocations, {} bytes ({}) written to {} ({} bytes) in {:.1} ms",
         d.allocations,
         d.bytes,
@@ -455,13 +451,13 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
         d.path,
         d.image_bytes,
         d.write_ms
-    );
+    )?;
     match d.resume {
-        Some(m) => println!("{pid}: running again ({} loaded in {:.1} ms)", mib(m.bytes), m.ms),
-        None => println!(
+        Some(m) => outln!("{pid}: running again ({} loaded in {:.1} ms)", mib(m.bytes), m.ms)?,
+        None => outln!(
             "{pid}: paused, its device memory only in {} (keep the file): `cudaw-ckpt resume {pid}` loads it back",
             d.path
-        ),
+        )?,
     }
     Ok(())
 }
@@ -483,10 +479,10 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let reply = with_bars(pid, req, json)?;
     let r = carried(reply.restore, "restore result")?;
     if json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{pid}: restored {} allocations, {} bytes ({}) from {} (checked in {:.1} ms, loaded in {:.1} ms); running",
         r.allocations,
         r.bytes,
@@ -494,7 +490,7 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
         r.path,
         r.verify_ms,
         r.load_ms
-    );
+    )?;
     Ok(())
 }
 
@@ -507,11 +503,11 @@ fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
     let reply = request(pid, &Request::Stats { top: Some(top) }, &mut |_| {})?;
     let s = carried(reply.stats, "stats")?;
     if json {
-        println!("{}", serde_json::to_string(&s)?);
+        outln!("{}", serde_json::to_string(&s)?)?;
     } else if prometheus {
-        print!("{}", s.to_prometheus());
+        out!("{}", s.to_prometheus())?;
     } else {
-        print!("{pid}: {}", s.summary(top as usize));
+        out!("{pid}: {}", s.summary(top as usize))?;
     }
     Ok(())
 }
@@ -522,17 +518,19 @@ fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
     let t = carried(reply.trace, "trace result")?;
     if json {
-        println!("{}", serde_json::to_string(&t)?);
+        outln!("{}", serde_json::to_string(&t)?)?;
     } else {
         let dropped = if t.dropped > 0 {
             format!(" ({} older events dropped from the ring)", t.dropped)
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "{pid}: timeline of {} events written to {} ({} bytes){dropped}; open it in Perfetto",
-            t.events, t.path, t.bytes
-        );
+            t.events,
+            t.path,
+            t.bytes
+        )?;
     }
     Ok(())
 }
@@ -541,7 +539,7 @@ fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Tracing { on }, &mut |_| {})?;
     let t = carried(reply.tracing, "tracing result")?;
     if json {
-        println!("{}", serde_json::to_string(&t)?);
+        outln!("{}", serde_json::to_string(&t)?)?;
     } else {
         let word = |b: bool| if b { "on" } else { "off" };
         let change = if t.was_on == t.on {
@@ -549,26 +547,26 @@ fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
         } else {
             format!("switched {}", word(t.on))
         };
-        println!("{pid}: tracing ({}) {change}", t.mode);
+        outln!("{pid}: tracing ({}) {change}", t.mode)?;
     }
     Ok(())
 }
 
-fn print_status(s: &Status) {
-    println!(
+fn print_status(s: &Status) -> Result<()> {
+    outln!(
         "{}: {} ({} addressing)",
         s.pid,
         s.state.as_str(),
         s.addressing
-    );
+    )?;
     if let Some(img) = &s.image {
-        println!("  memory in the image {img} (resume loads it)");
+        outln!("  memory in the image {img} (resume loads it)")?;
     }
     if s.kept_host > 0 {
-        println!(
+        outln!(
             "  host memory kept for the next pause: {} (given back to the system when it needs it; CUDAW_HOST_REUSE=off frees it at resume)",
             mib(s.kept_host)
-        );
+        )?;
     }
     if s.arena > 0 || s.arena_building > 0 {
         let building = if s.arena_building > 0 {
@@ -576,13 +574,13 @@ fn print_status(s: &Status) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  page-locked host arena for pauses: {}{building} (CUDAW_HOST_ARENA=pinned; held while the program runs)",
             mib(s.arena)
-        );
+        )?;
     }
     if s.devices.is_empty() {
-        println!("  no device memory managed yet");
+        outln!("  no device memory managed yet")?;
     }
     for d in &s.devices {
         let limit = d.limit.map_or_else(|| "none".to_owned(), mib);
@@ -591,7 +589,7 @@ fn print_status(s: &Status) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  device {}: limit {limit}, use {}, peak {}; {} allocations, {} resident, {} evicted{in_file}, {} mapped",
             d.ordinal,
             mib(d.used),
@@ -600,27 +598,28 @@ fn print_status(s: &Status) {
             mib(d.resident),
             mib(d.evicted),
             mib(d.mapped)
-        );
+        )?;
         if d.refused > 0 {
-            println!("    {} allocations refused (out of memory)", d.refused);
+            outln!("    {} allocations refused (out of memory)", d.refused)?;
         }
         if let (Some(used), Some(cap)) = (d.node_used, d.node_capacity) {
-            println!(
+            outln!(
                 "    the GPU's processes under cudaw hold {} of its {}",
                 mib(used),
                 mib(cap)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 fn status_one(pid: u32, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Status {}, &mut |_| {})?;
     let s = carried(reply.status, "status")?;
     if json {
-        println!("{}", serde_json::to_string(&s)?);
+        outln!("{}", serde_json::to_string(&s)?)?;
     } else {
-        print_status(&s);
+        print_status(&s)?;
     }
     Ok(())
 }
@@ -660,17 +659,17 @@ fn status_all(json: bool) -> Result<()> {
             "processes": live,
             "stale": stale.iter().map(|(p, _)| p).collect::<Vec<_>>(),
         });
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         if live.is_empty() {
-            println!("no processes under cudaw (run folder {})", dir.display());
+            outln!("no processes under cudaw (run folder {})", dir.display())?;
         }
         for s in &live {
-            print_status(s);
+            print_status(s)?;
         }
     }
     for (pid, why) in &stale {
-        eprintln!(
+        errln!(
             "cudaw-ckpt: stale socket {} skipped: {why}",
             cudaw_control::socket_path(&dir, *pid).display()
         );

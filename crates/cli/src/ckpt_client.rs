@@ -1,6 +1,6 @@
 //! `cudaw-ckpt`'s side of the control socket: finding and connecting to a process's
-//! socket, sending one request, reading progress lines and the reply; and the failures
-//! `cudaw-ckpt` reports, each with a kind scripts can read and an exit status.
+//! socket, sending one request, reading progress lines and the reply (its failures are
+//! [`crate::failure`]'s kinds).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
@@ -8,107 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cudaw_control::{ErrorKind, Line, Progress, Reply, Request};
+use cudaw_control::{Line, Progress, Reply, Request};
 
-/// What went wrong, for `--json` (`"kind"`) and the exit status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// No process has that PID.
-    NoProcess,
-    /// The process does not serve a cudaw control socket.
-    NotUnderCudaw,
-    /// Another user's process, or a file we may not read.
-    Permission,
-    /// The socket misbehaved (closed early, malformed reply, timeout).
-    Connection,
-    /// A file could not be read, created or written.
-    Io,
-    /// Not a readable cudaw image: another format, another version, truncated, corrupt.
-    BadImage,
-    /// A sound image of another process (table, addressing, producer).
-    Mismatch,
-    /// The request was malformed or refused by the process.
-    Request,
-    /// The process could not do it (device failure, memory on several devices).
-    Failed,
-    /// The process holds memory the request cannot cover (driver-level handles in a dump).
-    Unsupported,
-    /// A pause gave up at the process's deadline (`CUDAW_PAUSE_TIMEOUT`); it runs on.
-    Timeout,
-}
-
-impl Kind {
-    /// The `"kind"` of `--json` errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::NoProcess => "no_process",
-            Kind::NotUnderCudaw => "not_under_cudaw",
-            Kind::Permission => "permission",
-            Kind::Connection => "connection",
-            Kind::Io => "io",
-            Kind::BadImage => "bad_image",
-            Kind::Mismatch => "mismatch",
-            Kind::Request => "request",
-            Kind::Failed => "failed",
-            Kind::Unsupported => "unsupported",
-            Kind::Timeout => "timeout",
-        }
-    }
-
-    /// The exit status: 3 when the image is at fault, 1 otherwise.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Kind::BadImage | Kind::Mismatch => 3,
-            _ => 1,
-        }
-    }
-
-    fn of_reply(kind: Option<ErrorKind>, msg: &str) -> Kind {
-        match kind {
-            Some(ErrorKind::BadImage) => Kind::BadImage,
-            Some(ErrorKind::Mismatch) => Kind::Mismatch,
-            Some(ErrorKind::Io) => Kind::Io,
-            Some(ErrorKind::Failed) => Kind::Failed,
-            Some(ErrorKind::Unsupported) => Kind::Unsupported,
-            Some(ErrorKind::Timeout) => Kind::Timeout,
-            _ if msg.starts_with("permission denied") => Kind::Permission,
-            Some(ErrorKind::Request) => Kind::Request,
-            None => Kind::Failed,
-        }
-    }
-}
-
-/// A failure with its kind.
-#[derive(Debug)]
-pub struct Failure {
-    /// Its kind.
-    pub kind: Kind,
-    /// The message.
-    pub message: String,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Failure {}
-
-/// A failure of `kind`.
-pub fn fail(kind: Kind, message: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Failure {
-        kind,
-        message: message.into(),
-    })
-}
-
-/// The kind of an error (`Failed` unless it carries one).
-pub fn kind_of(e: &anyhow::Error) -> Kind {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<Failure>())
-        .map_or(Kind::Failed, |f| f.kind)
-}
+pub use crate::failure::{fail, kind_of, Kind};
 
 /// Our effective uid (the owner of /proc/self).
 pub fn my_uid() -> anyhow::Result<u32> {
