@@ -106,8 +106,9 @@ enum Command {
     },
     /// Show a process's state (running or paused), addressing mode and memory per device
     /// (its limit, use and peak; what the GPU's processes under cudaw hold together);
-    /// without a PID, every process under cudaw on this machine (dead sockets are
-    /// reported as stale and skipped).
+    /// without a PID, every process under cudaw on this machine. A socket that does not
+    /// answer is stale: removed (said once, on standard error) when its process is gone
+    /// or the PID now runs another program; else skipped with the reason.
     #[command(
         after_help = "Examples:\n  cudaw-ckpt status\n  cudaw-ckpt status 4242 --json    \
                             {\"pid\",\"state\",\"addressing\",\"image\",\"kept_host\",\"arena\",\"arena_building\",\"devices\":[...]}"
@@ -116,7 +117,8 @@ enum Command {
         /// The process ID (default: all).
         pid: Option<u32>,
         /// Print JSON: the status object for one PID; for all, {"processes": [...],
-        /// "stale": [PIDs]}.
+        /// "stale": [PIDs of sockets that did not answer], "removed": [those of them
+        /// removed]}.
         #[arg(long)]
         json: bool,
     },
@@ -464,9 +466,20 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
 
 fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let path = absolute(input)?;
+    let image = ckpt_inspect::open(&path).map(drop);
+    if !ckpt_client::process_exists(pid) {
+        let also = match &image {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (and the image is refused too: {e:#})"),
+        };
+        return Err(fail(
+            Kind::NoProcess,
+            format!("no process with PID {pid}: nothing to restore into{also}"),
+        ));
+    }
     // A file that is no readable image is refused before the process is asked (which
     // checks it again, and everything else, itself).
-    if let Err(e) = ckpt_inspect::open(&path) {
+    if let Err(e) = image {
         if kind_of(&e) != Kind::Permission {
             return Err(e.context(format!("process {pid} left unchanged")));
         }
@@ -642,22 +655,33 @@ fn sockets(dir: &Path) -> Result<Vec<u32>> {
 fn status_all(json: bool) -> Result<()> {
     let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
-    let mut stale = Vec::new();
+    // Sockets that did not answer: (PID, why, what became of the socket).
+    let mut stale: Vec<(u32, String, Result<Option<String>, String>)> = Vec::new();
     for pid in sockets(&dir)? {
         let path = cudaw_control::socket_path(&dir, pid);
         let reply = UnixStream::connect(&path)
             .map_err(anyhow::Error::from)
             .and_then(|s| ckpt_client::exchange(s, &Request::Status {}, &mut |_| {}));
-        match reply.map(|r| r.status) {
-            Ok(Some(s)) => live.push(s),
-            Ok(None) => stale.push((pid, "no status in the reply".to_owned())),
-            Err(e) => stale.push((pid, format!("{e:#}"))),
-        }
+        let why = match reply.map(|r| r.status) {
+            Ok(Some(s)) => {
+                live.push(s);
+                continue;
+            }
+            Ok(None) => "no status in the reply".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        let removed = ckpt_client::remove_stale_socket(&dir, pid);
+        stale.push((pid, why, removed));
     }
     if json {
         let v = serde_json::json!({
             "processes": live,
-            "stale": stale.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            "stale": stale.iter().map(|(p, ..)| p).collect::<Vec<_>>(),
+            "removed": stale
+                .iter()
+                .filter(|(.., r)| matches!(r, Ok(Some(_))))
+                .map(|(p, ..)| p)
+                .collect::<Vec<_>>(),
         });
         outln!("{v}")?;
     } else {
@@ -668,11 +692,23 @@ fn status_all(json: bool) -> Result<()> {
             print_status(s)?;
         }
     }
-    for (pid, why) in &stale {
-        errln!(
-            "cudaw-ckpt: stale socket {} skipped: {why}",
-            cudaw_control::socket_path(&dir, *pid).display()
-        );
+    for (pid, why, removed) in &stale {
+        let path = cudaw_control::socket_path(&dir, *pid);
+        match removed {
+            Ok(Some(gone)) => errln!(
+                "cudaw-ckpt: removed stale socket {} ({gone}; connecting: {why})",
+                path.display()
+            ),
+            Ok(None) => errln!(
+                "cudaw-ckpt: stale socket {} skipped: {why} (kept: process {pid} still runs \
+                 and may be its owner)",
+                path.display()
+            ),
+            Err(e) => errln!(
+                "cudaw-ckpt: stale socket {} skipped: {why} (not removed: {e})",
+                path.display()
+            ),
+        }
     }
     Ok(())
 }

@@ -266,9 +266,10 @@ impl Running {
         let bar = out.bars.then(|| {
             let b = ProgressBar::new(u64::from(total));
             b.set_style(
-                ProgressStyle::with_template(
-                    "      running [{wide_bar}] {pos}/{len} iterations {per_sec}",
-                )
+                ProgressStyle::with_template(&format!(
+                    "      running [{{bar:{}}}] {{pos}}/{{len}} iterations {{per_sec}}",
+                    crate::ckpt_progress::BAR_COLUMNS
+                ))
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
             );
@@ -286,6 +287,8 @@ impl Running {
         }
         if let Some(b) = bar {
             b.abandon();
+            // Its line ends here (indicatif leaves the cursor on it).
+            errln!();
         }
         Ok(started.elapsed().as_secs_f64())
     }

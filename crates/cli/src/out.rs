@@ -62,5 +62,6 @@ macro_rules! out {
 
 /// `eprintln!` that never panics.
 macro_rules! errln {
+    () => { $crate::out::err_line(format_args!("")) };
     ($($t:tt)*) => { $crate::out::err_line(format_args!($($t)*)) };
 }
