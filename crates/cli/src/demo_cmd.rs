@@ -427,19 +427,19 @@ pub fn run(args: &Args) -> Result<()> {
     })
 }
 
-/// How to call this binary: `cudaw` when that is what PATH finds, else its path.
-fn how_to_call() -> String {
-    let me = std::env::current_exe().and_then(|p| p.canonicalize()).ok();
+/// Where `cudaw` and `cudaw-ckpt` are, when PATH does not lead to this binary: for the
+/// demo's last line.
+fn not_on_path() -> Option<PathBuf> {
+    let me = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .ok()?;
     let on_path = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .map(|d| d.join("cudaw"))
             .find(|c| c.is_file())
             .and_then(|c| c.canonicalize().ok())
     });
-    match me {
-        Some(me) if on_path.as_ref() != Some(&me) => me.display().to_string(),
-        _ => "cudaw".to_owned(),
-    }
+    (on_path.as_ref() != Some(&me)).then(|| me.parent().map(Path::to_path_buf))?
 }
 
 fn demo(args: &Args, out: &Out) -> Result<Value> {
@@ -660,18 +660,20 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
     if !out.json {
         match &error {
             None => {
-                let cudaw = how_to_call();
-                let ckpt = match cudaw.strip_suffix("cudaw") {
-                    Some(dir) => format!("{dir}cudaw-ckpt"),
-                    None => "cudaw-ckpt".to_owned(),
-                };
                 outln!(
                     "\nPASS: the same result, and {} of device memory handed back while paused.\n\
-                     Next: `{cudaw} run -- ./your_program` (on simgpu when there is no GPU), \
-                     then `{ckpt} status` and `{ckpt} pause PID` (see `{cudaw} --help`, \
-                     `{ckpt} --help`).",
+                     Next: `cudaw run -- ./your_program` (on simgpu when there is no GPU), then \
+                     `cudaw-ckpt status` and `cudaw-ckpt pause PID` (see `cudaw --help`, \
+                     `cudaw-ckpt --help`).",
                     mib(mapped_before)
-                )?
+                )?;
+                if let Some(dir) = not_on_path() {
+                    outln!(
+                        "cudaw and cudaw-ckpt are in {0}, which is not on your PATH: call them \
+                         as {0}/cudaw, or `export PATH={0}:$PATH`.",
+                        dir.display()
+                    )?;
+                }
             }
             Some(e) => outln!("\nFAIL: {e}")?,
         }
