@@ -5,12 +5,17 @@
 #   target/cuda/include                                       CUDA 13 headers
 #   target/cuda/cu12/ptxas                                    CUDA 12 (its wheel ships ptxas alone)
 #   target/cuda/lib/libcudart.so.{13,12,11.0}                 the real runtimes
-# Idempotent: a second run does nothing but check.
+# Idempotent: a second run checks that the links are in place and says nothing (it prints
+# nvcc's version only when it installed or repaired something).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$root/target/cuda-venv
 out=$root/target/cuda
 stamp=$venv/.cudaw-installed-v1
+linked=$venv/.cudaw-linked-v1
+if [ -f "$stamp" ] && [ -f "$linked" ] && [ -x "$out/bin/nvcc" ] && [ -e "$out/lib/libcudart.so" ]; then
+  exit 0
+fi
 if [ ! -f "$stamp" ]; then
   echo "setup-cuda: installing CUDA 13 nvcc/cuobjdump/runtime and CUDA 12 ptxas into $venv" >&2
   rm -rf "$venv"
@@ -35,4 +40,5 @@ for rt in "$site"/nvidia/cuda_runtime/lib/libcudart.so.12 "$site"/nvidia/cuda_ru
 done
 if [ -d "$out" ] && [ ! -L "$out" ]; then rm -rf "$out"; fi
 ln -sfn "$cu13" "$out"
-"$out/bin/nvcc" --version | tail -1 >&2
+touch "$linked"
+echo "setup-cuda: $("$out/bin/nvcc" --version | tail -1)" >&2

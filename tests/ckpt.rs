@@ -172,7 +172,8 @@ fn drive(addressing: Addressing, tag: &str) {
         assert!(e.contains("malformed") || e.contains("UTF-8"), "{r}");
     }
 
-    // status with no PID lists it; a dead socket is reported stale and skipped.
+    // status with no PID lists it; a dead socket (no such process) is reported stale and
+    // removed, once.
     let stale = dir.join("4000000000.sock");
     drop(UnixListener::bind(&stale).expect("a stale socket"));
     let out = ckpt(&dir, &["status", "--json"]);
@@ -186,14 +187,19 @@ fn drive(addressing: Addressing, tag: &str) {
         "{all}"
     );
     assert_eq!(all["stale"], serde_json::json!([4000000000u64]), "{all}");
+    assert_eq!(all["removed"], serde_json::json!([4000000000u64]), "{all}");
     assert!(
-        text(&out.stderr).contains("stale socket"),
+        text(&out.stderr).contains("removed stale socket"),
         "{}",
         text(&out.stderr)
     );
-    let human = ckpt_ok(&dir, &["status"]);
-    assert!(human.contains(&format!("{pid}: paused")), "{human}");
-    std::fs::remove_file(&stale).unwrap();
+    assert!(!stale.exists(), "{} left behind", stale.display());
+    let out = ckpt(&dir, &["status"]);
+    assert!(
+        text(&out.stdout).contains(&format!("{pid}: paused")),
+        "{out:?}"
+    );
+    assert!(!text(&out.stderr).contains("stale"), "{out:?}");
 
     // Another user (when we can act as one) is refused, by the folder's mode and by the
     // server's own uid check.

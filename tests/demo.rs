@@ -124,6 +124,10 @@ fn steps_for_people_with_the_example_compiled_by_the_demo() {
             "[5/7] dump",
             "[6/7] restore",
             "PASS: the same result",
+            // Without a GPU, said plainly; and where the binaries are (not on PATH here).
+            "(no GPU here: ",
+            "simgpu stands in for it)",
+            "cudaw and cudaw-ckpt are in ",
         ] {
             assert!(stdout.contains(step), "no {step:?} in:\n{stdout}");
         }

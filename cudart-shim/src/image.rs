@@ -588,7 +588,9 @@ pub(crate) fn dump(
     })
 }
 
-/// Every way `reader` does not fit this process; empty when it fits.
+/// Every way `reader` does not fit this process; empty when it fits. `--force` is
+/// suggested only where it would help: the image is another process's and nothing else
+/// differs.
 fn mismatches(
     reader: &ImageReader<File>,
     dev: Option<(i32, &'static DeviceMemory)>,
@@ -597,12 +599,7 @@ fn mismatches(
     let mut why = Vec::new();
     let meta = reader.metadata();
     let (pid, host) = (std::process::id(), hostname());
-    if !force && (meta.process.pid != pid || meta.process.hostname != host) {
-        why.push(format!(
-            "it was made by process {} ({}) on host {:?}, not by this process ({pid} on {host:?}); --force restores another process's image whose allocation table matches",
-            meta.process.pid, meta.process.executable, meta.process.hostname
-        ));
-    }
+    let foreign = meta.process.pid != pid || meta.process.hostname != host;
     if meta.process.addressing != addressing() {
         why.push(format!(
             "it was made in {:?} addressing, this process uses {:?}",
@@ -613,18 +610,11 @@ fn mismatches(
     let table = process_table(dev);
     let diff = reader.check_against(&table);
     if !diff.is_empty() {
-        const SHOWN: usize = 5;
-        let mut s = format!(
-            "its allocation table ({} allocations) differs from the process's ({}): ",
+        why.push(table_differences(
             reader.allocations().len(),
-            table.len()
-        );
-        let shown: Vec<String> = diff.iter().take(SHOWN).map(|d| d.to_string()).collect();
-        s.push_str(&shown.join("; "));
-        if diff.len() > SHOWN {
-            s.push_str(&format!("; and {} more differences", diff.len() - SHOWN));
-        }
-        why.push(s);
+            table.len(),
+            &diff,
+        ));
     }
     if let (Some(o), Some((ordinal, _))) = (meta.gpu.ordinal, dev) {
         if i64::from(o) != i64::from(ordinal) {
@@ -633,7 +623,74 @@ fn mismatches(
             ));
         }
     }
+    if foreign && !force {
+        let made_by = format!(
+            "it was made by process {} ({}) on host {:?}, not by this process ({pid} on {host:?})",
+            meta.process.pid, meta.process.executable, meta.process.hostname
+        );
+        let hint = if why.is_empty() {
+            "; its allocation table matches this process's, so --force would restore it"
+        } else {
+            " (--force would not help: it accepts another process's image only when nothing else differs)"
+        };
+        why.insert(0, format!("{made_by}{hint}"));
+    }
     why
+}
+
+/// What differs between the image's allocation table and the process's: how many
+/// allocations differ in what, and the first difference with both values.
+fn table_differences(in_image: usize, in_process: usize, diff: &[ckpt::Difference]) -> String {
+    use ckpt::Difference as D;
+    let count = |f: fn(&D) -> bool| diff.iter().filter(|d| f(d)).count();
+    let kinds = [
+        (count(|d| matches!(d, D::BaseMismatch { .. })), "in address"),
+        (count(|d| matches!(d, D::SizeMismatch { .. })), "in size"),
+        (
+            count(|d| matches!(d, D::OrderMismatch { .. })),
+            "in creation order",
+        ),
+        (
+            count(|d| matches!(d, D::HandleMismatch { .. })),
+            "in driver handle",
+        ),
+        (
+            count(|d| matches!(d, D::MissingFromProcess { .. })),
+            "only in the image",
+        ),
+        (
+            count(|d| matches!(d, D::MissingFromImage { .. })),
+            "only in the process",
+        ),
+    ];
+    let what: Vec<String> = kinds
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, k)| {
+            let verb = match (*n, k.starts_with("only")) {
+                (1, true) => "is",
+                (_, true) => "are",
+                (1, false) => "differs",
+                _ => "differ",
+            };
+            format!("{n} {verb} {k}")
+        })
+        .collect();
+    let mut s = format!(
+        "its allocation table differs from the process's (the image has {in_image} allocations, the process {in_process}): {}; the first: {}",
+        what.join(", "),
+        diff[0]
+    );
+    const SHOWN: usize = 3;
+    for d in diff.iter().skip(1).take(SHOWN - 1) {
+        s.push_str(&format!("; then: {d}"));
+    }
+    match diff.len().saturating_sub(SHOWN) {
+        0 => {}
+        1 => s.push_str("; and 1 more difference"),
+        n => s.push_str(&format!("; and {n} more differences")),
+    }
+    s
 }
 
 /// `cudaw-ckpt restore`.

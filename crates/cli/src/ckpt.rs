@@ -4,9 +4,14 @@
 
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod out;
 mod ckpt_client;
 mod ckpt_inspect;
 mod ckpt_progress;
+// Shared with cudaw, which reports kinds this binary never makes.
+#[allow(dead_code)]
+mod failure;
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -57,8 +62,11 @@ use ckpt_progress::Bars;
 /// Exit status: 0 on success; 1 on a failure (no such process, not under cudaw,
 /// permission, the file system, the request failed); 3 when an image is at fault (not a
 /// cudaw image, another format version, truncated, corrupt, or another process's);
-/// 2 for a usage error. With --json, a failure prints {"ok":false,"kind":...,"error":...}
-/// on standard output too.
+/// 2 for a usage error. With --json, a failure prints one line on standard output too,
+/// {"ok":false,"kind":KIND,"error":MESSAGE}, as `cudaw` does; KIND is one of usage,
+/// no_process, not_under_cudaw, permission, connection, io, bad_image, mismatch, request,
+/// failed, unsupported, timeout. A closed standard output (`| head -1`) ends the command
+/// quietly with status 0.
 #[derive(Debug, Parser)]
 #[command(name = "cudaw-ckpt", version, about, verbatim_doc_comment)]
 struct Cli {
@@ -98,8 +106,9 @@ enum Command {
     },
     /// Show a process's state (running or paused), addressing mode and memory per device
     /// (its limit, use and peak; what the GPU's processes under cudaw hold together);
-    /// without a PID, every process under cudaw on this machine (dead sockets are
-    /// reported as stale and skipped).
+    /// without a PID, every process under cudaw on this machine. A socket that does not
+    /// answer is stale: removed (said once, on standard error) when its process is gone
+    /// or the PID now runs another program; else skipped with the reason.
     #[command(
         after_help = "Examples:\n  cudaw-ckpt status\n  cudaw-ckpt status 4242 --json    \
                             {\"pid\",\"state\",\"addressing\",\"image\",\"kept_host\",\"arena\",\"arena_building\",\"devices\":[...]}"
@@ -108,7 +117,8 @@ enum Command {
         /// The process ID (default: all).
         pid: Option<u32>,
         /// Print JSON: the status object for one PID; for all, {"processes": [...],
-        /// "stale": [PIDs]}.
+        /// "stale": [PIDs of sockets that did not answer], "removed": [those of them
+        /// removed]}.
         #[arg(long)]
         json: bool,
     },
@@ -279,7 +289,10 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match failure::parse::<Cli>() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     let json = cli.command.json();
     let result = match cli.command {
         Command::Pause { pid, json } => pause_or_resume(pid, true, json),
@@ -316,22 +329,7 @@ fn main() -> ExitCode {
         Command::Trace { pid, output, json } => trace(pid, &output, json),
         Command::Tracing { pid, state, json } => tracing(pid, state == "on", json),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let kind = kind_of(&e);
-            if json {
-                let v = serde_json::json!({
-                    "ok": false,
-                    "kind": kind.as_str(),
-                    "error": format!("{e:#}"),
-                });
-                println!("{v}");
-            }
-            eprintln!("cudaw-ckpt: error: {e:#}");
-            ExitCode::from(kind.exit_code())
-        }
-    }
+    failure::finish("cudaw-ckpt", result, json)
 }
 
 fn mib(bytes: u64) -> String {
@@ -372,18 +370,18 @@ fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
     };
     let m = carried(moved, "result")?;
     if json {
-        println!("{}", serde_json::to_string(&m)?);
+        outln!("{}", serde_json::to_string(&m)?)?;
     } else if m.changed {
         let what = if pause { "evicted" } else { "restored" };
-        println!(
+        outln!(
             "{pid}: {verb}: {} allocations, {} bytes ({}) {what} in {:.1} ms",
             m.allocations,
             m.bytes,
             mib(m.bytes),
             m.ms
-        );
+        )?;
     } else {
-        println!("{pid}: {already}");
+        outln!("{pid}: {already}")?;
     }
     Ok(())
 }
@@ -435,7 +433,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
     let reply = with_bars(pid, req, json)?;
     let d = carried(reply.dump, "dump result")?;
     if json {
-        println!("{}", serde_json::to_string(&d)?);
+        outln!("{}", serde_json::to_string(&d)?)?;
         return Ok(());
     }
     let paused = if d.pause.changed {
@@ -447,7 +445,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "{pid}: {paused}{} allocations, {} bytes ({}) written to {} ({} bytes) in {:.1} ms",
         d.allocations,
         d.bytes,
@@ -455,22 +453,33 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
         d.path,
         d.image_bytes,
         d.write_ms
-    );
+    )?;
     match d.resume {
-        Some(m) => println!("{pid}: running again ({} loaded in {:.1} ms)", mib(m.bytes), m.ms),
-        None => println!(
+        Some(m) => outln!("{pid}: running again ({} loaded in {:.1} ms)", mib(m.bytes), m.ms)?,
+        None => outln!(
             "{pid}: paused, its device memory only in {} (keep the file): `cudaw-ckpt resume {pid}` loads it back",
             d.path
-        ),
+        )?,
     }
     Ok(())
 }
 
 fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let path = absolute(input)?;
+    let image = ckpt_inspect::open(&path).map(drop);
+    if !ckpt_client::process_exists(pid) {
+        let also = match &image {
+            Ok(()) => String::new(),
+            Err(e) => format!(" (and the image is refused too: {e:#})"),
+        };
+        return Err(fail(
+            Kind::NoProcess,
+            format!("no process with PID {pid}: nothing to restore into{also}"),
+        ));
+    }
     // A file that is no readable image is refused before the process is asked (which
     // checks it again, and everything else, itself).
-    if let Err(e) = ckpt_inspect::open(&path) {
+    if let Err(e) = image {
         if kind_of(&e) != Kind::Permission {
             return Err(e.context(format!("process {pid} left unchanged")));
         }
@@ -483,10 +492,10 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let reply = with_bars(pid, req, json)?;
     let r = carried(reply.restore, "restore result")?;
     if json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{pid}: restored {} allocations, {} bytes ({}) from {} (checked in {:.1} ms, loaded in {:.1} ms); running",
         r.allocations,
         r.bytes,
@@ -494,7 +503,7 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
         r.path,
         r.verify_ms,
         r.load_ms
-    );
+    )?;
     Ok(())
 }
 
@@ -507,11 +516,11 @@ fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
     let reply = request(pid, &Request::Stats { top: Some(top) }, &mut |_| {})?;
     let s = carried(reply.stats, "stats")?;
     if json {
-        println!("{}", serde_json::to_string(&s)?);
+        outln!("{}", serde_json::to_string(&s)?)?;
     } else if prometheus {
-        print!("{}", s.to_prometheus());
+        out!("{}", s.to_prometheus())?;
     } else {
-        print!("{pid}: {}", s.summary(top as usize));
+        out!("{pid}: {}", s.summary(top as usize))?;
     }
     Ok(())
 }
@@ -522,17 +531,19 @@ fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
     let t = carried(reply.trace, "trace result")?;
     if json {
-        println!("{}", serde_json::to_string(&t)?);
+        outln!("{}", serde_json::to_string(&t)?)?;
     } else {
         let dropped = if t.dropped > 0 {
             format!(" ({} older events dropped from the ring)", t.dropped)
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "{pid}: timeline of {} events written to {} ({} bytes){dropped}; open it in Perfetto",
-            t.events, t.path, t.bytes
-        );
+            t.events,
+            t.path,
+            t.bytes
+        )?;
     }
     Ok(())
 }
@@ -541,7 +552,7 @@ fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Tracing { on }, &mut |_| {})?;
     let t = carried(reply.tracing, "tracing result")?;
     if json {
-        println!("{}", serde_json::to_string(&t)?);
+        outln!("{}", serde_json::to_string(&t)?)?;
     } else {
         let word = |b: bool| if b { "on" } else { "off" };
         let change = if t.was_on == t.on {
@@ -549,26 +560,26 @@ fn tracing(pid: u32, on: bool, json: bool) -> Result<()> {
         } else {
             format!("switched {}", word(t.on))
         };
-        println!("{pid}: tracing ({}) {change}", t.mode);
+        outln!("{pid}: tracing ({}) {change}", t.mode)?;
     }
     Ok(())
 }
 
-fn print_status(s: &Status) {
-    println!(
+fn print_status(s: &Status) -> Result<()> {
+    outln!(
         "{}: {} ({} addressing)",
         s.pid,
         s.state.as_str(),
         s.addressing
-    );
+    )?;
     if let Some(img) = &s.image {
-        println!("  memory in the image {img} (resume loads it)");
+        outln!("  memory in the image {img} (resume loads it)")?;
     }
     if s.kept_host > 0 {
-        println!(
+        outln!(
             "  host memory kept for the next pause: {} (given back to the system when it needs it; CUDAW_HOST_REUSE=off frees it at resume)",
             mib(s.kept_host)
-        );
+        )?;
     }
     if s.arena > 0 || s.arena_building > 0 {
         let building = if s.arena_building > 0 {
@@ -576,13 +587,13 @@ fn print_status(s: &Status) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  page-locked host arena for pauses: {}{building} (CUDAW_HOST_ARENA=pinned; held while the program runs)",
             mib(s.arena)
-        );
+        )?;
     }
     if s.devices.is_empty() {
-        println!("  no device memory managed yet");
+        outln!("  no device memory managed yet")?;
     }
     for d in &s.devices {
         let limit = d.limit.map_or_else(|| "none".to_owned(), mib);
@@ -591,7 +602,7 @@ fn print_status(s: &Status) {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "  device {}: limit {limit}, use {}, peak {}; {} allocations, {} resident, {} evicted{in_file}, {} mapped",
             d.ordinal,
             mib(d.used),
@@ -600,27 +611,28 @@ fn print_status(s: &Status) {
             mib(d.resident),
             mib(d.evicted),
             mib(d.mapped)
-        );
+        )?;
         if d.refused > 0 {
-            println!("    {} allocations refused (out of memory)", d.refused);
+            outln!("    {} allocations refused (out of memory)", d.refused)?;
         }
         if let (Some(used), Some(cap)) = (d.node_used, d.node_capacity) {
-            println!(
+            outln!(
                 "    the GPU's processes under cudaw hold {} of its {}",
                 mib(used),
                 mib(cap)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 fn status_one(pid: u32, json: bool) -> Result<()> {
     let reply = request(pid, &Request::Status {}, &mut |_| {})?;
     let s = carried(reply.status, "status")?;
     if json {
-        println!("{}", serde_json::to_string(&s)?);
+        outln!("{}", serde_json::to_string(&s)?)?;
     } else {
-        print_status(&s);
+        print_status(&s)?;
     }
     Ok(())
 }
@@ -643,37 +655,60 @@ fn sockets(dir: &Path) -> Result<Vec<u32>> {
 fn status_all(json: bool) -> Result<()> {
     let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
-    let mut stale = Vec::new();
+    // Sockets that did not answer: (PID, why, what became of the socket).
+    let mut stale: Vec<(u32, String, Result<Option<String>, String>)> = Vec::new();
     for pid in sockets(&dir)? {
         let path = cudaw_control::socket_path(&dir, pid);
         let reply = UnixStream::connect(&path)
             .map_err(anyhow::Error::from)
             .and_then(|s| ckpt_client::exchange(s, &Request::Status {}, &mut |_| {}));
-        match reply.map(|r| r.status) {
-            Ok(Some(s)) => live.push(s),
-            Ok(None) => stale.push((pid, "no status in the reply".to_owned())),
-            Err(e) => stale.push((pid, format!("{e:#}"))),
-        }
+        let why = match reply.map(|r| r.status) {
+            Ok(Some(s)) => {
+                live.push(s);
+                continue;
+            }
+            Ok(None) => "no status in the reply".to_owned(),
+            Err(e) => format!("{e:#}"),
+        };
+        let removed = ckpt_client::remove_stale_socket(&dir, pid);
+        stale.push((pid, why, removed));
     }
     if json {
         let v = serde_json::json!({
             "processes": live,
-            "stale": stale.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            "stale": stale.iter().map(|(p, ..)| p).collect::<Vec<_>>(),
+            "removed": stale
+                .iter()
+                .filter(|(.., r)| matches!(r, Ok(Some(_))))
+                .map(|(p, ..)| p)
+                .collect::<Vec<_>>(),
         });
-        println!("{v}");
+        outln!("{v}")?;
     } else {
         if live.is_empty() {
-            println!("no processes under cudaw (run folder {})", dir.display());
+            outln!("no processes under cudaw (run folder {})", dir.display())?;
         }
         for s in &live {
-            print_status(s);
+            print_status(s)?;
         }
     }
-    for (pid, why) in &stale {
-        eprintln!(
-            "cudaw-ckpt: stale socket {} skipped: {why}",
-            cudaw_control::socket_path(&dir, *pid).display()
-        );
+    for (pid, why, removed) in &stale {
+        let path = cudaw_control::socket_path(&dir, *pid);
+        match removed {
+            Ok(Some(gone)) => errln!(
+                "cudaw-ckpt: removed stale socket {} ({gone}; connecting: {why})",
+                path.display()
+            ),
+            Ok(None) => errln!(
+                "cudaw-ckpt: stale socket {} skipped: {why} (kept: process {pid} still runs \
+                 and may be its owner)",
+                path.display()
+            ),
+            Err(e) => errln!(
+                "cudaw-ckpt: stale socket {} skipped: {why} (not removed: {e})",
+                path.display()
+            ),
+        }
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `cudaw-ckpt`'s side of the control socket: finding and connecting to a process's
-//! socket, sending one request, reading progress lines and the reply; and the failures
-//! `cudaw-ckpt` reports, each with a kind scripts can read and an exit status.
+//! socket, sending one request, reading progress lines and the reply (its failures are
+//! [`crate::failure`]'s kinds).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
@@ -8,107 +8,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cudaw_control::{ErrorKind, Line, Progress, Reply, Request};
+use cudaw_control::{Line, Progress, Reply, Request};
 
-/// What went wrong, for `--json` (`"kind"`) and the exit status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// No process has that PID.
-    NoProcess,
-    /// The process does not serve a cudaw control socket.
-    NotUnderCudaw,
-    /// Another user's process, or a file we may not read.
-    Permission,
-    /// The socket misbehaved (closed early, malformed reply, timeout).
-    Connection,
-    /// A file could not be read, created or written.
-    Io,
-    /// Not a readable cudaw image: another format, another version, truncated, corrupt.
-    BadImage,
-    /// A sound image of another process (table, addressing, producer).
-    Mismatch,
-    /// The request was malformed or refused by the process.
-    Request,
-    /// The process could not do it (device failure, memory on several devices).
-    Failed,
-    /// The process holds memory the request cannot cover (driver-level handles in a dump).
-    Unsupported,
-    /// A pause gave up at the process's deadline (`CUDAW_PAUSE_TIMEOUT`); it runs on.
-    Timeout,
-}
-
-impl Kind {
-    /// The `"kind"` of `--json` errors.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::NoProcess => "no_process",
-            Kind::NotUnderCudaw => "not_under_cudaw",
-            Kind::Permission => "permission",
-            Kind::Connection => "connection",
-            Kind::Io => "io",
-            Kind::BadImage => "bad_image",
-            Kind::Mismatch => "mismatch",
-            Kind::Request => "request",
-            Kind::Failed => "failed",
-            Kind::Unsupported => "unsupported",
-            Kind::Timeout => "timeout",
-        }
-    }
-
-    /// The exit status: 3 when the image is at fault, 1 otherwise.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Kind::BadImage | Kind::Mismatch => 3,
-            _ => 1,
-        }
-    }
-
-    fn of_reply(kind: Option<ErrorKind>, msg: &str) -> Kind {
-        match kind {
-            Some(ErrorKind::BadImage) => Kind::BadImage,
-            Some(ErrorKind::Mismatch) => Kind::Mismatch,
-            Some(ErrorKind::Io) => Kind::Io,
-            Some(ErrorKind::Failed) => Kind::Failed,
-            Some(ErrorKind::Unsupported) => Kind::Unsupported,
-            Some(ErrorKind::Timeout) => Kind::Timeout,
-            _ if msg.starts_with("permission denied") => Kind::Permission,
-            Some(ErrorKind::Request) => Kind::Request,
-            None => Kind::Failed,
-        }
-    }
-}
-
-/// A failure with its kind.
-#[derive(Debug)]
-pub struct Failure {
-    /// Its kind.
-    pub kind: Kind,
-    /// The message.
-    pub message: String,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Failure {}
-
-/// A failure of `kind`.
-pub fn fail(kind: Kind, message: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(Failure {
-        kind,
-        message: message.into(),
-    })
-}
-
-/// The kind of an error (`Failed` unless it carries one).
-pub fn kind_of(e: &anyhow::Error) -> Kind {
-    e.chain()
-        .find_map(|c| c.downcast_ref::<Failure>())
-        .map_or(Kind::Failed, |f| f.kind)
-}
+pub use crate::failure::{fail, kind_of, Kind};
 
 /// Our effective uid (the owner of /proc/self).
 pub fn my_uid() -> anyhow::Result<u32> {
@@ -122,6 +24,11 @@ pub fn run_dir() -> anyhow::Result<PathBuf> {
     Ok(cudaw_control::run_dir_from_env(my_uid()?))
 }
 
+/// Whether a process `pid` exists (as /proc shows it: also another user's).
+pub fn process_exists(pid: u32) -> bool {
+    pid != 0 && std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok()
+}
+
 /// Connects to `pid`'s socket, or explains why not.
 pub fn connect(pid: u32) -> anyhow::Result<UnixStream> {
     let dir = run_dir()?;
@@ -129,7 +36,18 @@ pub fn connect(pid: u32) -> anyhow::Result<UnixStream> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let owner = std::fs::metadata(&proc_dir).ok().map(|m| m.uid());
     let Some(owner) = owner else {
-        return Err(fail(Kind::NoProcess, format!("no process with PID {pid}")));
+        // Its socket, if one is left behind (killed with SIGKILL), goes now.
+        let removed = match std::fs::symlink_metadata(&path) {
+            Ok(_) => match remove_stale_socket(&dir, pid) {
+                Ok(Some(_)) => format!(" (its stale socket {} was removed)", path.display()),
+                _ => String::new(),
+            },
+            Err(_) => String::new(),
+        };
+        return Err(fail(
+            Kind::NoProcess,
+            format!("no process with PID {pid}{removed}"),
+        ));
     };
     match UnixStream::connect(&path) {
         Ok(s) => Ok(s),
@@ -239,4 +157,105 @@ pub fn utf8(path: &Path) -> anyhow::Result<String> {
             format!("{} is not valid UTF-8; choose another name", path.display()),
         )
     })
+}
+
+/// Why the process that made a socket last modified at `made` cannot be the one now
+/// holding `pid`, if that is sure: no such process, a process started after the socket
+/// was made (the PID was reused), or one that maps no `libcudart` (cudaw's runtime is
+/// one, under any major). `None`: it may still be the socket's process (alive, but not
+/// answering), so the socket is kept.
+pub fn not_the_socket_process(pid: u32, made: std::time::SystemTime) -> Option<String> {
+    if !process_exists(pid) {
+        return Some(format!("no process {pid}"));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    if matches!(state, Some("Z" | "X")) {
+        return Some(format!("process {pid} has exited (not yet reaped)"));
+    }
+    if let Some(started) = process_start(pid) {
+        // Start times are known to about a second (boot time in whole seconds).
+        if started > made + Duration::from_secs(2) {
+            return Some(format!(
+                "PID {pid} now belongs to a process started after the socket was made"
+            ));
+        }
+    }
+    if let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+        if !maps.is_empty() && !maps.contains("libcudart") {
+            return Some(format!("process {pid} does not run cudaw's runtime"));
+        }
+    }
+    None
+}
+
+/// When process `pid` started: `/proc/PID/stat`'s start time (clock ticks after boot,
+/// the tick rate from this process's auxiliary vector) after `/proc/stat`'s boot time.
+fn process_start(pid: u32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 of the line is the 20th after the name.
+    let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let hz = clock_ticks()?;
+    let nanos = u128::from(ticks) * 1_000_000_000 / u128::from(hz);
+    Some(
+        std::time::UNIX_EPOCH
+            + Duration::from_secs(boot)
+            + Duration::from_nanos(u64::try_from(nanos).ok()?),
+    )
+}
+
+/// The kernel's clock tick rate (`AT_CLKTCK` in `/proc/self/auxv`).
+fn clock_ticks() -> Option<u64> {
+    const AT_CLKTCK: u64 = 17;
+    let auxv = std::fs::read("/proc/self/auxv").ok()?;
+    auxv.chunks_exact(16).find_map(|pair| {
+        let key = u64::from_ne_bytes(pair[..8].try_into().ok()?);
+        let value = u64::from_ne_bytes(pair[8..].try_into().ok()?);
+        (key == AT_CLKTCK && value > 0).then_some(value)
+    })
+}
+
+/// Removes `pid`'s socket from the run folder `dir` when it is surely stale
+/// ([`not_the_socket_process`]) and it is safe to: `dir` is a real folder (not a link)
+/// owned by us, and the entry is a socket (not followed if a link) owned by us.
+/// `Ok(Some(why))` when removed, `Ok(None)` when kept (it may be live), `Err` when it
+/// may not be removed.
+pub fn remove_stale_socket(dir: &Path, pid: u32) -> Result<Option<String>, String> {
+    use std::os::unix::fs::FileTypeExt;
+    let me = my_uid().map_err(|e| e.to_string())?;
+    let d = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !d.is_dir() || d.uid() != me {
+        return Err(format!(
+            "the run folder {} is not a folder of yours",
+            dir.display()
+        ));
+    }
+    let path = cudaw_control::socket_path(dir, pid);
+    let m = std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !m.file_type().is_socket() || m.uid() != me {
+        return Err(format!("{} is not a socket of yours", path.display()));
+    }
+    let made = m
+        .modified()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(why) = not_the_socket_process(pid, made) else {
+        return Ok(None);
+    };
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(Some(why)),
+        // Removed meanwhile (by the process's successor, or another cudaw-ckpt).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(why)),
+        Err(e) => Err(format!("removing {}: {e}", path.display())),
+    }
 }

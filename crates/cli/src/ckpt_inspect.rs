@@ -43,7 +43,7 @@ pub fn run(path: &Path, verify: bool, json: bool, all: bool) -> anyhow::Result<(
     let mut r = open(path)?;
     let mut summary = r.summary();
     if !json {
-        print_summary(path, &summary, all);
+        print_summary(path, &summary, all)?;
     }
     if verify {
         match r.verify() {
@@ -52,12 +52,14 @@ pub fn run(path: &Path, verify: bool, json: bool, all: bool) -> anyhow::Result<(
         }
     }
     if json {
-        println!("{}", serde_json::to_string(&summary)?);
+        outln!("{}", serde_json::to_string(&summary)?)?;
     } else if let Some(v) = summary.verified {
-        println!(
+        outln!(
             "  verified  every checksum matches: {} chunks, {} bytes, digest {:#018x}",
-            v.chunks, v.data_bytes, v.digest
-        );
+            v.chunks,
+            v.data_bytes,
+            v.digest
+        )?;
     }
     Ok(())
 }
@@ -100,17 +102,17 @@ pub fn utc(nanos: u64) -> String {
     )
 }
 
-fn print_summary(path: &Path, s: &Summary, all: bool) {
+fn print_summary(path: &Path, s: &Summary, all: bool) -> anyhow::Result<()> {
     let p = &s.process;
     let g = &s.gpu;
-    println!(
+    outln!(
         "{}: cudaw checkpoint image, format {}, {} bytes ({})",
         path.display(),
         s.format_version,
         s.file_len,
         mib(s.file_len)
-    );
-    println!(
+    )?;
+    outln!(
         "  process   {} {} on host {}",
         p.pid,
         if p.executable.is_empty() {
@@ -123,21 +125,21 @@ fn print_summary(path: &Path, s: &Summary, all: bool) {
         } else {
             &p.hostname
         }
-    );
-    println!(
+    )?;
+    outln!(
         "            cudaw {}, CUDA {} runtime, {} addressing",
         p.cudaw_version,
         p.cuda_runtime_major,
         addressing(p.addressing)
-    );
-    println!("  created   {}", utc(p.created_unix_nanos));
+    )?;
+    outln!("  created   {}", utc(p.created_unix_nanos))?;
     let device = g
         .ordinal
         .map_or_else(|| "device ?".to_owned(), |o| format!("device {o}"));
     if g.name.is_empty() && s.allocation_count == 0 {
-        println!("  GPU       none (the process had no device memory)");
+        outln!("  GPU       none (the process had no device memory)")?;
     } else {
-        println!(
+        outln!(
             "  GPU       {device}: {}, uuid {}, compute capability {}.{}, {}",
             if g.name.is_empty() {
                 "(name unknown)"
@@ -152,32 +154,37 @@ fn print_summary(path: &Path, s: &Summary, all: bool) {
             g.compute_capability_major,
             g.compute_capability_minor,
             mib(g.total_memory)
-        );
+        )?;
     }
-    println!(
+    outln!(
         "  data      {} allocations, {} bytes ({}) in {} chunks of up to {}",
         s.allocation_count,
         s.data_bytes,
         mib(s.data_bytes),
         s.chunk_count,
         mib(s.chunk_size)
-    );
+    )?;
     if s.handle_ranges > 0 {
-        println!(
+        outln!(
             "            of which {} driver-handle ranges, {} bytes ({}): cuMemCreate memory mapped by the program",
             s.handle_ranges,
             s.handle_bytes,
             mib(s.handle_bytes)
-        );
+        )?;
     }
-    println!("  digest    {:#018x}", s.digest);
+    outln!("  digest    {:#018x}", s.digest)?;
     if s.allocations.is_empty() {
-        return;
+        return Ok(());
     }
-    println!(
+    outln!(
         "  {:>8}  {:>18}  {:>14}  {:>8}  {:>4}  {:>14}  driver handle",
-        "id", "base", "size", "order", "tag", "file offset"
-    );
+        "id",
+        "base",
+        "size",
+        "order",
+        "tag",
+        "file offset"
+    )?;
     let n = if all { s.allocations.len() } else { SHOWN };
     for a in s.allocations.iter().take(n) {
         let r = &a.record;
@@ -187,17 +194,23 @@ fn print_summary(path: &Path, s: &Summary, all: bool) {
                 h.handle, h.offset, h.handle_size
             )
         });
-        println!(
+        outln!(
             "  {:>8}  {:>#18x}  {:>14}  {:>8}  {:>4}  {:>14}{handle}",
-            r.id, r.base, r.size, r.order, r.tag, a.data_offset
-        );
+            r.id,
+            r.base,
+            r.size,
+            r.order,
+            r.tag,
+            a.data_offset
+        )?;
     }
     if s.allocations.len() > n {
-        println!(
+        outln!(
             "  ... and {} more (--all lists every allocation)",
             s.allocations.len() - n
-        );
+        )?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

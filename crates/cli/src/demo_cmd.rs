@@ -12,7 +12,6 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args as ClapArgs;
 use cudaw_control::{Progress, Reply, Request, Status};
-use driver::Driver;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -72,8 +71,7 @@ otherwise (what failed is printed; with --json, {"ok":false,"error":...})."#;
     after_help = "Examples:\n  cudaw demo                       on the GPU if there is one, else on simgpu\n  cudaw demo --device sim          on simgpu even with a GPU\n  cudaw demo --mib 4096            a 4 GiB example\n  cudaw demo --json                one JSON summary (scripts, gpu-check.sh)\n  cudaw demo --keep /tmp/d         keep the image, the logs and the compiled example"
 )]
 pub struct Args {
-    /// Where to run: auto (the GPU when there is one, else simgpu), gpu, or sim.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "gpu", "sim"])]
+    #[arg(long, default_value = "auto", value_parser = crate::device::CHOICES, help = crate::device::HELP)]
     pub device: String,
     /// Device memory the example takes, in MiB (default: 1024 on a GPU, 64 on simgpu).
     #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
@@ -111,80 +109,18 @@ struct Target {
     simgpu: Option<PathBuf>,
 }
 
-/// The folder holding this binary.
-fn exe_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?.canonicalize()?;
-    Ok(exe.parent().context("this binary's folder")?.to_path_buf())
-}
-
-/// Whether a GPU is usable: `libcuda.so.1` loads, initialises and has a device; its name.
-fn probe_gpu() -> std::result::Result<String, String> {
-    let cuda = driver::LibCuda::open_path("libcuda.so.1").map_err(|e| e.to_string())?;
-    cuda.init().map_err(|e| format!("cuInit: {e}"))?;
-    let n = cuda.device_count().map_err(|e| e.to_string())?;
-    if n < 1 {
-        return Err("libcuda.so.1 reports no device".into());
-    }
-    let dev = cuda.device_get(0).map_err(|e| e.to_string())?;
-    let name = cuda.device_name(dev).map_err(|e| e.to_string())?;
-    let total = cuda.device_total_mem(dev).unwrap_or(0);
-    Ok(format!("{name}, {}", mib(total)))
-}
-
-/// simgpu's library: $CUDAW_SIMGPU, ../lib beside this binary (dist/), or the development
-/// build's (target/PROFILE/ and its deps/).
-fn find_simgpu() -> Result<PathBuf> {
-    let mut tried = Vec::new();
-    if let Some(p) = std::env::var_os("CUDAW_SIMGPU") {
-        tried.push(PathBuf::from(p));
-    }
-    let dir = exe_dir()?;
-    tried.extend([
-        dir.join("../lib/libsimgpu.so"),
-        dir.join("libsimgpu.so"),
-        dir.join("deps/libsimgpu.so"),
-    ]);
-    for p in &tried {
-        if p.is_file() {
-            return Ok(p.canonicalize()?);
-        }
-    }
-    bail!(
-        "no simgpu to run on: looked for {} (build it with `cargo build -p simgpu`, or use \
-         dist/ from scripts/package.sh)",
-        list(&tried)
-    )
-}
-
-fn list(paths: &[PathBuf]) -> String {
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The real CUDA 13 runtime on a GPU machine: $CUDAW_REAL_CUDART, else where the dynamic
-/// linker (or CUDA's usual folders, or a Python `nvidia` package) has it.
+/// The real CUDA 13 runtime on a GPU machine: $CUDAW_REAL_CUDART, else as `cudaw run`
+/// finds it for the example.
 fn find_real_cudart(program: &Path) -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("CUDAW_REAL_CUDART") {
-        return Ok(PathBuf::from(p));
-    }
     let rpaths = crate::run_cmd::elf_needs(program)?
         .map(|(_, r)| r)
         .unwrap_or_default();
-    if let Some(p) = crate::run_cmd::find_library("libcudart.so.13", &rpaths) {
-        return Ok(p);
-    }
-    for py in ["python3", "python"] {
-        if let Some((13, p)) = crate::run_cmd::python_runtime(Path::new(py)) {
-            return Ok(p);
-        }
-    }
-    bail!(
-        "found a GPU but no CUDA 13 runtime (libcudart.so.13) to forward to: set \
-         CUDAW_REAL_CUDART=/path/to/libcudart.so.13, or run `cudaw demo --device sim`"
-    )
+    crate::run_cmd::real_cudart(13, &rpaths).map_err(|looked| {
+        anyhow!(
+            "found a GPU but no CUDA 13 runtime (libcudart.so.13) to forward to ({looked}): \
+             set CUDAW_REAL_CUDART=/path/to/libcudart.so.13, or run `cudaw demo --device sim`"
+        )
+    })
 }
 
 /// nvcc: $CUDAW_CUDA_BIN, the development tree's target/cuda/bin, PATH, /usr/local/cuda.
@@ -193,9 +129,7 @@ fn find_nvcc() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("CUDAW_CUDA_BIN") {
         c.push(PathBuf::from(d).join("nvcc"));
     }
-    if let Ok(d) = exe_dir() {
-        c.push(d.join("../cuda/bin/nvcc"));
-    }
+    c.extend(crate::device::beside_or_in_tree("../cuda/bin/nvcc"));
     if let Some(p) = std::env::var_os("PATH") {
         c.extend(std::env::split_paths(&p).map(|d| d.join("nvcc")));
     }
@@ -214,11 +148,8 @@ fn find_program(args: &Args, cache: &Path) -> Result<(PathBuf, String)> {
         }
         return Ok((p.canonicalize()?, "given".into()));
     }
-    let dir = exe_dir()?;
-    let prebuilt = [
-        dir.join("../share/cudaw/cudaw_demo"),
-        dir.join("../demo/cudaw_demo"),
-    ];
+    let mut prebuilt = crate::device::beside_or_in_tree("../share/cudaw/cudaw_demo");
+    prebuilt.extend(crate::device::beside_or_in_tree("../demo/cudaw_demo"));
     if let Some(p) = prebuilt.iter().find(|p| p.is_file()) {
         return Ok((p.canonicalize()?, "prebuilt".into()));
     }
@@ -228,7 +159,7 @@ fn find_program(args: &Args, cache: &Path) -> Result<(PathBuf, String)> {
              target/cuda/bin, PATH, /usr/local/cuda/bin). Run scripts/demo.sh (installs \
              nvcc into target/ and builds what the demo needs), use dist/ from \
              scripts/package.sh, or pass --program",
-            list(&prebuilt)
+            crate::device::list(&prebuilt)
         );
     };
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
@@ -270,16 +201,18 @@ struct Out {
 }
 
 impl Out {
-    fn step(&self, n: usize, what: &str) {
+    fn step(&self, n: usize, what: &str) -> Result<()> {
         if !self.json {
-            println!("\n[{n}/7] {what}");
+            outln!("\n[{n}/7] {what}")?;
         }
+        Ok(())
     }
 
-    fn line(&self, text: impl AsRef<str>) {
+    fn line(&self, text: impl AsRef<str>) -> Result<()> {
         if !self.json {
-            println!("      {}", text.as_ref());
+            outln!("      {}", text.as_ref())?;
         }
+        Ok(())
     }
 }
 
@@ -333,9 +266,10 @@ impl Running {
         let bar = out.bars.then(|| {
             let b = ProgressBar::new(u64::from(total));
             b.set_style(
-                ProgressStyle::with_template(
-                    "      running [{wide_bar}] {pos}/{len} iterations {per_sec}",
-                )
+                ProgressStyle::with_template(&format!(
+                    "      running [{{bar:{}}}] {{pos}}/{{len}} iterations {{per_sec}}",
+                    crate::ckpt_progress::BAR_COLUMNS
+                ))
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
             );
@@ -353,6 +287,8 @@ impl Running {
         }
         if let Some(b) = bar {
             b.abandon();
+            // Its line ends here (indicatif leaves the cursor on it).
+            errln!();
         }
         Ok(started.elapsed().as_secs_f64())
     }
@@ -460,68 +396,71 @@ fn work_dir(keep: Option<&Path>) -> Result<WorkDir> {
     })
 }
 
-/// Runs the demo.
+/// Runs the demo. Under `--json` the summary goes to standard output, also when the
+/// checks fail; any other failure is reported by `main` (`{"ok":false,"kind","error"}`).
 pub fn run(args: &Args) -> Result<()> {
     let out = Out {
         json: args.json,
         bars: !args.json && std::io::stderr().is_terminal(),
     };
-    match demo(args, &out) {
-        Ok(summary) => {
-            let ok = summary["ok"] == true;
-            if args.json {
-                println!("{summary}");
-            }
-            if ok {
-                Ok(())
-            } else {
-                bail!(
-                    "{}",
-                    summary["error"]
-                        .as_str()
-                        .unwrap_or("the demo's checks failed")
-                )
-            }
-        }
-        Err(e) => {
-            if args.json {
-                println!("{}", json!({"ok": false, "error": format!("{e:#}")}));
-            }
-            Err(e)
-        }
+    let mut summary = demo(args, &out)?;
+    let ok = summary["ok"] == true;
+    if !ok {
+        summary["kind"] = json!(crate::failure::Kind::Failed.as_str());
     }
+    if args.json {
+        outln!("{summary}")?;
+    }
+    if ok {
+        return Ok(());
+    }
+    let e = anyhow!(
+        "{}",
+        summary["error"]
+            .as_str()
+            .unwrap_or("the demo's checks failed")
+    );
+    Err(if args.json {
+        e.context(crate::failure::JsonPrinted)
+    } else {
+        e
+    })
+}
+
+/// Where `cudaw` and `cudaw-ckpt` are, when PATH does not lead to this binary: for the
+/// demo's last line.
+fn not_on_path() -> Option<PathBuf> {
+    let me = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .ok()?;
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("cudaw"))
+            .find(|c| c.is_file())
+            .and_then(|c| c.canonicalize().ok())
+    });
+    (on_path.as_ref() != Some(&me)).then(|| me.parent().map(Path::to_path_buf))?
 }
 
 fn demo(args: &Args, out: &Out) -> Result<Value> {
     let work = work_dir(args.keep.as_deref())?;
-    let gpu = match args.device.as_str() {
-        "sim" => Err("--device sim".to_owned()),
-        _ => probe_gpu(),
-    };
-    if args.device == "gpu" {
-        if let Err(why) = &gpu {
-            bail!("--device gpu, but no GPU is usable: {why}");
-        }
-    }
+    let place = crate::device::choose(&args.device)?;
     let (program, found) = find_program(args, &work.path.join("example"))?;
-    let target = match gpu {
-        Ok(name) => Target {
+    let target = match place {
+        crate::device::Target::Gpu(name) => Target {
             kind: "gpu",
-            name,
+            name: name.unwrap_or_else(|| "the GPU".into()),
             why: None,
             real_cudart: find_real_cudart(&program)?,
             simgpu: None,
         },
-        Err(why) => {
-            let sim = find_simgpu().with_context(|| format!("no GPU ({why})"))?;
-            Target {
-                kind: "simgpu",
-                name: "simgpu (a simulated GPU)".into(),
-                why: Some(why),
-                real_cudart: sim.clone(),
-                simgpu: Some(sim),
-            }
-        }
+        crate::device::Target::Sim { lib, why } => Target {
+            kind: "simgpu",
+            name: "simgpu (a simulated GPU)".into(),
+            why: Some(why.unwrap_or_else(|| "--device sim".into())),
+            real_cudart: lib.clone(),
+            simgpu: Some(lib),
+        },
     };
     let mib_n = args
         .mib
@@ -530,29 +469,33 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
     let prog_args = [mib_n.to_string(), iters.to_string()];
 
     if !out.json {
-        println!("cudaw demo: an example CUDA program, natively and under cudaw");
-        println!("      device   {}", target.name);
+        outln!("cudaw demo: an example CUDA program, natively and under cudaw")?;
+        outln!("      device   {}", target.name)?;
         if let Some(why) = &target.why {
-            println!("               (no GPU: {why})");
+            if why == "--device sim" {
+                outln!("               (--device sim: simgpu even if there is a GPU)")?;
+            } else {
+                outln!("               (no GPU here: {why}; simgpu stands in for it)")?;
+            }
         }
-        println!("      program  {} ({found})", program.display());
-        println!(
+        outln!("      program  {} ({found})", program.display())?;
+        outln!(
             "               {mib_n} MiB of device memory, {iters} iterations of a small kernel"
-        );
-        println!("      runtime  {}", target.real_cudart.display());
+        )?;
+        outln!("      runtime  {}", target.real_cudart.display())?;
     }
 
     // 1. Natively.
-    out.step(1, "native run, without cudaw (the reference result)");
+    out.step(1, "native run, without cudaw (the reference result)")?;
     let native = native_run(&program, &prog_args, &target, &work.path)?;
     out.line(format!(
         "{}  ({:.2} s)",
         native.0.as_deref().unwrap_or("?"),
         native.1
-    ));
+    ))?;
 
     // 2. Under cudaw, to 40 %.
-    out.step(2, "the same program under cudaw (`cudaw run`), running");
+    out.step(2, "the same program under cudaw (`cudaw run`), running")?;
     let started = Instant::now();
     let mut r = start_under_cudaw(args, &program, &prog_args, &target, &work.path)?;
     let first = started.elapsed().as_secs_f64();
@@ -560,7 +503,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         "PID {}: started in {first:.2} s, control socket {}",
         r.pid,
         r.socket.display()
-    ));
+    ))?;
     let t = r.run_to(iters * 2 / 5, iters, out)?;
     let running = r.status()?;
     let (mapped_before, resident_before) = held(&running);
@@ -568,13 +511,13 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         "{} of {iters} iterations in {t:.2} s; device memory held: {}",
         r.done,
         mib(mapped_before)
-    ));
+    ))?;
 
     // 3. Pause.
     out.step(
         3,
         "pause (what `kill -USR1 PID` and `cudaw-ckpt pause PID` do)",
-    );
+    )?;
     let rep = r.request(&Request::Pause { progress: true }, out)?;
     let paused = rep.pause.context("pause: no result")?;
     let st = r.status()?;
@@ -584,13 +527,13 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         paused.ms,
         paused.allocations,
         mib(paused.bytes)
-    ));
+    ))?;
     out.line(format!(
         "device memory held: {} -> {}   (state: {})",
         mib(mapped_before),
         mib(mapped_paused),
         st.state.as_str()
-    ));
+    ))?;
     // The program is frozen: ask it for an iteration; nothing comes while paused.
     r.send("run 1")?;
     let early = r.lines.recv_timeout(Duration::from_millis(300)).ok();
@@ -604,10 +547,10 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         "the program is held: asked for one more iteration, it did nothing for 300 ms"
     } else {
         "the program made progress while paused (it should not have)"
-    });
+    })?;
 
     // 4. Resume.
-    out.step(4, "resume (`kill -USR2 PID`, `cudaw-ckpt resume PID`)");
+    out.step(4, "resume (`kill -USR2 PID`, `cudaw-ckpt resume PID`)")?;
     let rep = r.request(&Request::Resume { progress: true }, out)?;
     let resumed = rep.resume.context("resume: no result")?;
     if frozen {
@@ -620,12 +563,12 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         resumed.ms,
         mib(resumed.bytes),
         mib(mapped_resumed)
-    ));
+    ))?;
     let t = r.run_to(iters * 7 / 10, iters, out)?;
-    out.line(format!("{} of {iters} iterations ({t:.2} s more)", r.done));
+    out.line(format!("{} of {iters} iterations ({t:.2} s more)", r.done))?;
 
     // 5. Dump.
-    out.step(5, "dump a checkpoint (`cudaw-ckpt dump PID -o FILE`)");
+    out.step(5, "dump a checkpoint (`cudaw-ckpt dump PID -o FILE`)")?;
     let image = work.path.join("demo.img");
     let image_s = ckpt_client::utf8(&image)?;
     let rep = r.request(
@@ -646,15 +589,15 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         image.display(),
         mib(dumped.image_bytes),
         dumped.ms
-    ));
+    ))?;
     out.line(format!(
         "device memory held: {}; in the image only: {}",
         mib(mapped_dumped),
         mib(in_file)
-    ));
+    ))?;
 
     // 6. Restore.
-    out.step(6, "restore it (`cudaw-ckpt restore PID -i FILE`)");
+    out.step(6, "restore it (`cudaw-ckpt restore PID -i FILE`)")?;
     let rep = r.request(
         &Request::Restore {
             path: image_s,
@@ -672,10 +615,10 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         mib(restored.bytes),
         restored.load_ms,
         mib(mapped_restored)
-    ));
+    ))?;
 
     // 7. Finish.
-    out.step(7, "let it finish, and compare with the native run");
+    out.step(7, "let it finish, and compare with the native run")?;
     r.run_to(iters, iters, out)?;
     r.send("end")?;
     drop(r.stdin.take());
@@ -698,11 +641,11 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
     out.line(format!(
         "native:      {}",
         native.0.as_deref().unwrap_or("?")
-    ));
+    ))?;
     out.line(format!(
         "under cudaw: {}  ({total:.2} s with the steps above)",
         under.as_deref().unwrap_or("?")
-    ));
+    ))?;
     let mut error = None;
     if !frozen {
         error = Some("the example made progress while paused".to_owned());
@@ -716,13 +659,23 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
     }
     if !out.json {
         match &error {
-            None => println!(
-                "\nPASS: the same result, and {} of device memory handed back while paused.\n\
-                 Next: `cudaw run -- ./your_program`, then `cudaw-ckpt status` and \
-                 `cudaw-ckpt pause PID` (see `cudaw --help`, `cudaw-ckpt --help`).",
-                mib(mapped_before)
-            ),
-            Some(e) => println!("\nFAIL: {e}"),
+            None => {
+                outln!(
+                    "\nPASS: the same result, and {} of device memory handed back while paused.\n\
+                     Next: `cudaw run -- ./your_program` (on simgpu when there is no GPU), then \
+                     `cudaw-ckpt status` and `cudaw-ckpt pause PID` (see `cudaw --help`, \
+                     `cudaw-ckpt --help`).",
+                    mib(mapped_before)
+                )?;
+                if let Some(dir) = not_on_path() {
+                    outln!(
+                        "cudaw and cudaw-ckpt are in {0}, which is not on your PATH: call them \
+                         as {0}/cudaw, or `export PATH={0}:$PATH`.",
+                        dir.display()
+                    )?;
+                }
+            }
+            Some(e) => outln!("\nFAIL: {e}")?,
         }
     }
     let moved = |m: &cudaw_control::Moved| json!({"allocations": m.allocations, "bytes": m.bytes, "ms": m.ms});

@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+
+use crate::failure::{fail, Kind};
 use fatbin::{Fatbin, KernelInfo};
 
 /// Arguments of `cudaw fatbin`.
@@ -27,7 +29,8 @@ JSON shape (--json): {\"kernels\": [{\"name\": MANGLED, \"demangled\": TEXT, \"s
 pub struct Args {
     /// The binary to read.
     pub file: PathBuf,
-    /// Print exactly one JSON object instead of a table.
+    /// Print exactly one JSON object instead of a table (on failure,
+    /// {"ok":false,"kind":KIND,"error":MESSAGE}).
     #[arg(long)]
     pub json: bool,
     /// Only the images the driver would run on this SM (e.g. 90 for sm_90): per container,
@@ -39,18 +42,27 @@ pub struct Args {
 /// Runs the subcommand, printing to stdout.
 pub fn run(args: &Args) -> Result<()> {
     let path = args.file.display();
-    let bytes = std::fs::read(&args.file).with_context(|| format!("{path}: cannot read"))?;
-    let fatbin = Fatbin::parse(&bytes).with_context(|| format!("{path}: no usable device code"))?;
+    let bytes = std::fs::read(&args.file)
+        .map_err(|e| fail(Kind::Io, format!("{path}: cannot read: {e}")))?;
+    let fatbin = Fatbin::parse(&bytes).map_err(|e| {
+        fail(
+            Kind::BadInput,
+            format!("{path}: no usable device code: {e}"),
+        )
+    })?;
     let entries: Vec<_> = match args.sm {
         Some(sm) => fatbin.select(sm),
         None => fatbin.loadable_entries(),
     };
     let mut kernels = Vec::new();
     for entry in entries {
-        let list = entry.kernels().with_context(|| {
-            format!(
-                "{path}: corrupt {:?} entry for sm_{} at offset {:#x}",
-                entry.kind, entry.sm, entry.offset
+        let list = entry.kernels().map_err(|e| {
+            fail(
+                Kind::BadInput,
+                format!(
+                    "{path}: corrupt {:?} entry for sm_{} at offset {:#x}: {e}",
+                    entry.kind, entry.sm, entry.offset
+                ),
             )
         })?;
         kernels.extend(list);
@@ -60,7 +72,7 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         table(&fatbin, &kernels, args.sm)
     };
-    print!("{out}");
+    out!("{out}")?;
     Ok(())
 }
 

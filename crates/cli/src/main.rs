@@ -6,18 +6,30 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[macro_use]
+mod out;
 // Shared with cudaw-ckpt: the control socket's client side and its progress bars.
 #[allow(dead_code)]
 mod ckpt_client;
 #[allow(dead_code)]
 mod ckpt_progress;
 mod demo_cmd;
+mod device;
+#[allow(dead_code)]
+mod failure;
 mod fatbin_cmd;
 mod run_cmd;
 
+/// What `cudaw --help` says after the commands.
+const AFTER_HELP: &str = "Exit status: 0 on success, 1 on a failure, 2 for a usage error \
+(`cudaw run` exits with the program's own status). With --json (demo, fatbin), a failure \
+prints one line on standard output, {\"ok\":false,\"kind\":KIND,\"error\":MESSAGE}, as \
+cudaw-ckpt does, besides the message on standard error. A closed standard output \
+(`| head -1`) ends a command quietly with status 0.";
+
 /// cudaw: run CUDA programs under the cudaw runtime and inspect their device code.
 #[derive(Debug, Parser)]
-#[command(name = "cudaw", version, about, long_about = None)]
+#[command(name = "cudaw", version, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,17 +49,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo(args) => demo_cmd::run(&args),
-        Command::Fatbin(args) => fatbin_cmd::run(&args),
-        Command::Run(args) => run_cmd::run(&args),
+    let cli = match failure::parse::<Cli>() {
+        Ok(c) => c,
+        Err(code) => return code,
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cudaw: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let (result, json) = match cli.command {
+        Command::Demo(args) => (demo_cmd::run(&args), args.json),
+        Command::Fatbin(args) => (fatbin_cmd::run(&args), args.json),
+        Command::Run(args) => (run_cmd::run(&args), false),
+    };
+    failure::finish("cudaw", result, json)
 }

@@ -20,9 +20,11 @@ use std::process::Command;
 /// Runs a CUDA program under cudaw.
 #[derive(Debug, ClapArgs)]
 #[command(
-    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --mem-limit 75% -- python3 train.py\n  cudaw run --mem-limit 0:8G,1:4G -- python3 train_on_two_gpus.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it.\n\nMemory limits: every way the program takes device memory counts (cudaMalloc and its\nkin, cudaMallocManaged, the driver's cuMemCreate as PyTorch's expandable segments use\nit, and the rounding to 2 MiB granules that cudaw adds). An allocation over the limit\nfails with the CUDA out-of-memory error, and the program can free and go on;\ncudaMemGetInfo reports the limit as the total. The processes under cudaw on one GPU,\nevery user's, also share its memory through the node ledger (CUDAW_NODE_DIR, default\n/dev/shm): limits may add up to more than the card, and an allocation the card cannot\nhold beside the others fails cleanly.\n`cudaw-ckpt status` shows each process's limit, use and peak."
+    after_help = "Examples:\n  cudaw run -- ./my_cuda_program --its-flags\n  cudaw run --mem-limit 8G -- python3 train.py\n  cudaw run --mem-limit 75% -- python3 train.py\n  cudaw run --mem-limit 0:8G,1:4G -- python3 train_on_two_gpus.py\n  cudaw run --addressing translated -- ./my_cuda_program\n  cudaw run --device sim -- ./my_cuda_program    # on simgpu, cudaw's simulated GPU\n  cudaw run --print-env -- ./my_cuda_program     # show what would be set, run nothing\n\nThe program keeps its PID: `kill -USR1 PID` pauses it, `kill -USR2 PID` resumes it.\n\nWithout a GPU (no NVIDIA driver, or a driver that finds no device), --device auto runs\nthe program on simgpu and says so once on standard error. A program that links\nlibcudart.so.N is not started when no real runtime of that major can be found (every CUDA\ncall would fail): cudaw says why and what to do, and exits 1.\n\nMemory limits: every way the program takes device memory counts (cudaMalloc and its\nkin, cudaMallocManaged, the driver's cuMemCreate as PyTorch's expandable segments use\nit, and the rounding to 2 MiB granules that cudaw adds). An allocation over the limit\nfails with the CUDA out-of-memory error, and the program can free and go on;\ncudaMemGetInfo reports the limit as the total. The processes under cudaw on one GPU,\nevery user's, also share its memory through the node ledger (CUDAW_NODE_DIR, default\n/dev/shm): limits may add up to more than the card, and an allocation the card cannot\nhold beside the others fails cleanly.\n`cudaw-ckpt status` shows each process's limit, use and peak."
 )]
 pub struct Args {
+    #[arg(long, default_value = "auto", value_parser = crate::device::CHOICES, help = crate::device::HELP)]
+    pub device: String,
     /// Cap the program's device memory: a size (bytes, or 8G, 512M, 1.5G), a share of each
     /// device's memory (75%), or per device ordinal (0:8G,1:4G; an item without an ordinal
     /// applies to the devices not named). Sets CUDAW_MEM_LIMIT.
@@ -45,10 +47,13 @@ pub struct Args {
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
-    /// The real libcudart to forward to (default: found from the program).
+    /// The real libcudart to forward to (default: $CUDAW_REAL_CUDART, else found from the
+    /// program, as its dynamic linker would, or in the usual CUDA folders; on simgpu,
+    /// simgpu itself).
     #[arg(long, value_name = "PATH")]
     pub real_cudart: Option<PathBuf>,
-    /// Folder holding cudaw's libcudart.so.* (default: ../lib beside this binary).
+    /// Folder holding cudaw's libcudart.so.* (default: $CUDAW_LIB_DIR, else ../lib beside
+    /// this binary, else the build of the source tree it was built from).
     #[arg(long, value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
     /// Log level: error, warn, info, debug, trace.
@@ -226,8 +231,9 @@ pub fn find_library(name: &str, rpaths: &[PathBuf]) -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// cudaw's library folder: --lib-dir, $CUDAW_LIB_DIR, ../lib beside this binary, or the
-/// development build's target/shims/PROFILE.
+/// cudaw's library folder: --lib-dir, $CUDAW_LIB_DIR, ../lib beside this binary, the
+/// development build's target/shims/PROFILE, or the same in the source tree it was built
+/// from (a `cargo install`ed cudaw).
 fn lib_dir(args: &Args, major: u32) -> Result<PathBuf> {
     let name = soname(major);
     let mut candidates: Vec<PathBuf> = Vec::new();
@@ -237,11 +243,20 @@ fn lib_dir(args: &Args, major: u32) -> Result<PathBuf> {
         if let Some(d) = std::env::var_os("CUDAW_LIB_DIR") {
             candidates.push(PathBuf::from(d));
         }
-        let exe = std::env::current_exe()?.canonicalize()?;
-        if let Some(dir) = exe.parent() {
-            candidates.push(dir.join("../lib"));
-            if let Some(profile) = dir.file_name() {
-                candidates.push(dir.join("../shims").join(profile));
+        let dir = crate::device::exe_dir()?;
+        candidates.push(dir.join("../lib"));
+        if let Some(profile) = dir.file_name() {
+            candidates.push(dir.join("../shims").join(profile));
+        }
+        if let Some(root) = crate::device::source_tree() {
+            for d in ["dist/lib", "target/shims/release", "target/shims/debug"] {
+                let d = root.join(d);
+                if !candidates
+                    .iter()
+                    .any(|c| c.canonicalize().ok() == d.canonicalize().ok())
+                {
+                    candidates.push(d);
+                }
             }
         }
     }
@@ -251,9 +266,137 @@ fn lib_dir(args: &Args, major: u32) -> Result<PathBuf> {
         }
     }
     bail!(
-        "cannot find cudaw's {name}: looked in {} (build it with scripts/package.sh, or pass --lib-dir)",
-        candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+        "cannot find cudaw's {name}: looked in {} (build it with scripts/package.sh, which \
+         makes dist/lib, or pass --lib-dir)",
+        crate::device::list(&candidates)
     )
+}
+
+/// Every folder the real runtime is looked for in, beyond the program's own (as the
+/// drop-in runtime itself would look): CUDA's folders, the system's, Python's `nvidia`
+/// packages.
+fn runtime_folders() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/usr/local") {
+        let mut cuda: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("cuda"))
+            })
+            .collect();
+        cuda.sort();
+        for c in cuda {
+            dirs.push(c.join("lib64"));
+            dirs.push(c.join("targets/x86_64-linux/lib"));
+        }
+    }
+    dirs.extend(
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/lib/x86_64-linux-gnu",
+        ]
+        .map(PathBuf::from),
+    );
+    dirs
+}
+
+/// The real runtime of `major` for a program with `rpaths`: $CUDAW_REAL_CUDART, else where
+/// the dynamic linker would find it, CUDA's and the system's folders, the `nvidia` runtime
+/// package of `python3`. `Err` lists where it looked.
+pub fn real_cudart(major: u32, rpaths: &[PathBuf]) -> std::result::Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("CUDAW_REAL_CUDART").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("CUDAW_REAL_CUDART={}: no such file", p.display()))
+        };
+    }
+    let name = soname(major);
+    if let Some(p) = find_library(name, rpaths) {
+        return Ok(p);
+    }
+    if let Some(p) = runtime_folders()
+        .into_iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+    {
+        return Ok(p);
+    }
+    for py in ["python3", "python"] {
+        if let Some((m, p)) = python_runtime(Path::new(py)) {
+            if m == major {
+                return Ok(p);
+            }
+        }
+    }
+    // The CUDA runtime scripts/setup-cuda.sh installed into the source tree.
+    if let Some(p) = crate::device::source_tree()
+        .map(|root| root.join("target/cuda/lib").join(name))
+        .filter(|p| p.is_file())
+    {
+        return Ok(p);
+    }
+    Err(format!(
+        "looked in the program's RPATH, LD_LIBRARY_PATH, the ld.so cache, /usr/local/cuda*, \
+         the system library folders, python3's nvidia packages and cudaw's target/cuda/lib \
+         for {name}"
+    ))
+}
+
+/// What the program links: the CUDA major of its runtime, and whether it links one
+/// (dynamically); for Python, the `nvidia` runtime package's major and runtime.
+struct Needs {
+    /// The runtime's major (13 when unknown).
+    major: u32,
+    /// It links `libcudart.so.N` dynamically: without a real runtime of that major every
+    /// CUDA call it makes would fail.
+    links_cudart: bool,
+    /// Its RPATH / RUNPATH folders.
+    rpaths: Vec<PathBuf>,
+    /// The real runtime found with it (Python's `nvidia` package).
+    real: Option<PathBuf>,
+}
+
+fn needs(exe: &Path, cuda: Option<u32>) -> Result<Needs> {
+    let mut n = Needs {
+        major: cuda.unwrap_or(13),
+        links_cudart: false,
+        rpaths: Vec::new(),
+        real: None,
+    };
+    if let Some(py) = python_of(exe) {
+        if let Some((m, r)) = python_runtime(&py) {
+            n.major = cuda.unwrap_or(m);
+            if cuda.is_none_or(|c| c == m) {
+                n.real = Some(r);
+            }
+        }
+    } else if let Some((needed, rpaths)) = elf_needs(exe)? {
+        n.rpaths = rpaths;
+        if let Some(lib) = needed.iter().find(|n| n.starts_with("libcudart.so.")) {
+            let m = if lib.starts_with("libcudart.so.11") {
+                11
+            } else if lib.starts_with("libcudart.so.12") {
+                12
+            } else {
+                13
+            };
+            n.major = cuda.unwrap_or(m);
+            n.links_cudart = true;
+        } else if !needed.iter().any(|n| n.starts_with("libcuda.so")) {
+            errln!(
+                "cudaw: warning: {} does not link libcudart.so dynamically; build it with \
+                 `nvcc -cudart shared` for cudaw to see its runtime calls",
+                exe.display()
+            );
+        }
+    }
+    Ok(n)
 }
 
 /// Runs the command (does not return on success).
@@ -261,38 +404,62 @@ pub fn run(args: &Args) -> Result<()> {
     let program = PathBuf::from(&args.command[0]);
     let exe =
         which(&program).with_context(|| format!("{}: command not found", program.display()))?;
-    let mut major: Option<u32> = args.cuda.as_deref().map(|s| s.parse().unwrap_or(13));
-    let mut real = args.real_cudart.clone();
-    if major.is_none() || real.is_none() {
-        if let Some(py) = python_of(&exe) {
-            if let Some((m, r)) = python_runtime(&py) {
-                major.get_or_insert(m);
-                real.get_or_insert(r);
-            }
-        } else if let Some((needed, rpaths)) = elf_needs(&exe)? {
-            if let Some(n) = needed.iter().find(|n| n.starts_with("libcudart.so.")) {
-                let m = if n.starts_with("libcudart.so.11") {
-                    11
-                } else if n.starts_with("libcudart.so.12") {
-                    12
-                } else {
-                    13
-                };
-                major.get_or_insert(m);
-                if real.is_none() {
-                    real = find_library(soname(major.unwrap_or(m)), &rpaths);
-                }
-            } else if !needed.iter().any(|n| n.starts_with("libcuda.so")) {
-                eprintln!(
-                    "cudaw: warning: {} does not link libcudart.so dynamically; build it with \
-                     `nvcc -cudart shared` for cudaw to see its runtime calls",
-                    exe.display()
+    let cuda: Option<u32> = args.cuda.as_deref().and_then(|s| s.parse().ok());
+    let needs = needs(&exe, cuda)?;
+    let major = needs.major;
+    let dir = lib_dir(args, major)?;
+    // Where to run. A driver named in CUDAW_LIBCUDA is the user's choice: no probe.
+    let target = if args.device == "auto" && std::env::var_os("CUDAW_LIBCUDA").is_some() {
+        crate::device::Target::Gpu(None)
+    } else {
+        crate::device::choose(&args.device)?
+    };
+    let real = match &target {
+        crate::device::Target::Sim { lib, why } => {
+            if let Some(why) = why {
+                errln!(
+                    "cudaw: no GPU here: {why}. Running {} on simgpu, cudaw's simulated GPU \
+                     ({}); --device gpu refuses instead, --device sim skips this check",
+                    program.display(),
+                    lib.display()
                 );
             }
+            // simgpu plays the real runtime too.
+            Some(args.real_cudart.clone().unwrap_or_else(|| lib.clone()))
+        }
+        crate::device::Target::Gpu(_) => match (&args.real_cudart, &needs.real) {
+            (Some(r), _) | (None, Some(r)) => Some(r.clone()),
+            (None, None) => match real_cudart(major, &needs.rpaths) {
+                Ok(r) => Some(r),
+                Err(looked) if needs.links_cudart => {
+                    return Err(crate::failure::fail(
+                        crate::failure::Kind::NoDevice,
+                        format!(
+                            "not starting {}: it links {}, and there is no real CUDA {major} \
+                             runtime for cudaw to forward to, so every CUDA call it makes \
+                             would fail ({looked}). Name one with --real-cudart PATH (or \
+                             CUDAW_REAL_CUDART), install one (pip install \
+                             nvidia-cuda-runtime), or run on simgpu with --device sim",
+                            program.display(),
+                            soname(major)
+                        ),
+                    ));
+                }
+                // The drop-in runtime looks for itself (and says so if it finds none).
+                Err(_) => None,
+            },
+        },
+    };
+    if let Some(r) = &real {
+        if !r.is_file() {
+            bail!(
+                "not starting {}: the real runtime {} is no file (--real-cudart or \
+                 CUDAW_REAL_CUDART)",
+                program.display(),
+                r.display()
+            );
         }
     }
-    let major = major.unwrap_or(13);
-    let dir = lib_dir(args, major)?;
     let shim = dir.join(soname(major));
     let mut env: Vec<(String, OsString)> = Vec::new();
     // The driver layer first: preloaded, its SONAME (libcuda.so.1) is what every later
@@ -312,6 +479,9 @@ pub fn run(args: &Args) -> Result<()> {
     env.push(("LD_PRELOAD".into(), preload));
     if let Some(r) = &real {
         env.push(("CUDAW_REAL_CUDART".into(), r.clone().into()));
+    }
+    if let Some(sim) = target.simgpu() {
+        env.push(("CUDAW_LIBCUDA".into(), sim.into()));
     }
     if let Some(r) = &args.real_libcuda {
         env.push(("CUDAW_REAL_LIBCUDA".into(), r.clone().into()));
@@ -333,7 +503,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.print_env {
         for (k, v) in &env {
-            println!("{k}={}", v.to_string_lossy());
+            outln!("{k}={}", v.to_string_lossy())?;
         }
         return Ok(());
     }
