@@ -8,6 +8,7 @@ mod ckpt_client;
 mod ckpt_inspect;
 mod ckpt_progress;
 
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -339,7 +340,17 @@ fn mib(bytes: u64) -> String {
 }
 
 /// Sends `req` (asking for progress when bars are drawn) and returns the reply.
-fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Reply> {
+fn with_bars(pid: u32, req: Request, json: bool) -> Result<cudaw_control::Reply> {
+    with_bars_and_file(pid, req, None, json)
+}
+
+/// [`with_bars`], passing `file` with the request.
+fn with_bars_and_file(
+    pid: u32,
+    mut req: Request,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+    json: bool,
+) -> Result<cudaw_control::Reply> {
     let mut bars = Bars::new(json);
     if bars.wanted() {
         match &mut req {
@@ -353,7 +364,7 @@ fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Re
             | Request::Tracing { .. } => {}
         }
     }
-    let r = request(pid, &req, &mut |p| bars.update(p));
+    let r = ckpt_client::request_with_file(pid, &req, file, &mut |p| bars.update(p));
     bars.finish();
     r
 }
@@ -427,12 +438,37 @@ fn check_output(path: &Path) -> Result<()> {
 fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> {
     let path = absolute(output)?;
     check_output(&path)?;
+    // Created here, as the user, beside the target (exclusive, no-follow, 0600); the
+    // process writes into it; renamed into place once the reply says it is complete.
+    let mut image = cudaw_files::NewFile::create(&path)
+        .map_err(|e| ckpt_client::file_failure("create the image", &path, e))?;
     let req = Request::Dump {
         path: utf8(&path)?,
         leave_running,
+        fd: true,
         progress: false,
     };
-    let reply = with_bars(pid, req, json)?;
+    let reply = with_bars_and_file(pid, req, Some(image.file().as_fd()), json)?;
+    if !leave_running {
+        // The process holds its memory in this file now: never removed, even if the
+        // rename fails.
+        image.keep();
+    }
+    let tmp = image.temporary();
+    image.commit().map_err(|e| {
+        fail(
+            Kind::Io,
+            format!(
+                "the image is written to {}, but renaming it into place failed: {e}{}",
+                tmp.display(),
+                if leave_running {
+                    ""
+                } else {
+                    " (the process holds its memory in that file: keep it)"
+                }
+            ),
+        )
+    })?;
     let d = carried(reply.dump, "dump result")?;
     if json {
         println!("{}", serde_json::to_string(&d)?);
@@ -468,6 +504,11 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
 
 fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let path = absolute(input)?;
+    // Opened here, as the user (a FIFO or a device refused at once), and passed to the
+    // process: it reads no file the user could not.
+    let file = cudaw_files::open_input(&path, cudaw_files::Follow::Yes).map_err(|e| {
+        ckpt_client::file_failure("open", &path, e).context(format!("process {pid} left unchanged"))
+    })?;
     // A file that is no readable image is refused before the process is asked (which
     // checks it again, and everything else, itself).
     if let Err(e) = ckpt_inspect::open(&path) {
@@ -478,9 +519,10 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let req = Request::Restore {
         path: utf8(&path)?,
         force,
+        fd: true,
         progress: false,
     };
-    let reply = with_bars(pid, req, json)?;
+    let reply = with_bars_and_file(pid, req, Some(file.as_fd()), json)?;
     let r = carried(reply.restore, "restore result")?;
     if json {
         println!("{}", serde_json::to_string(&r)?);
@@ -519,7 +561,17 @@ fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
 fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
     let path = absolute(output)?;
     check_output(&path)?;
-    let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
+    let timeline = cudaw_files::NewFile::create(&path)
+        .map_err(|e| ckpt_client::file_failure("create", &path, e))?;
+    let req = Request::Trace {
+        path: utf8(&path)?,
+        fd: true,
+    };
+    let reply =
+        ckpt_client::request_with_file(pid, &req, Some(timeline.file().as_fd()), &mut |_| {})?;
+    timeline
+        .commit()
+        .map_err(|e| ckpt_client::file_failure("write the timeline", &path, e))?;
     let t = carried(reply.trace, "trace result")?;
     if json {
         println!("{}", serde_json::to_string(&t)?);
@@ -644,21 +696,25 @@ fn status_all(json: bool) -> Result<()> {
     let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
     let mut stale = Vec::new();
-    for pid in sockets(&dir)? {
+    let mut found = Vec::new();
+    for d in ckpt_client::run_dirs()? {
+        found.extend(sockets(&d)?.into_iter().map(|pid| (d.clone(), pid)));
+    }
+    for (dir, pid) in found {
         let path = cudaw_control::socket_path(&dir, pid);
         let reply = UnixStream::connect(&path)
             .map_err(anyhow::Error::from)
             .and_then(|s| ckpt_client::exchange(s, &Request::Status {}, &mut |_| {}));
         match reply.map(|r| r.status) {
             Ok(Some(s)) => live.push(s),
-            Ok(None) => stale.push((pid, "no status in the reply".to_owned())),
-            Err(e) => stale.push((pid, format!("{e:#}"))),
+            Ok(None) => stale.push((pid, "no status in the reply".to_owned(), dir)),
+            Err(e) => stale.push((pid, format!("{e:#}"), dir)),
         }
     }
     if json {
         let v = serde_json::json!({
             "processes": live,
-            "stale": stale.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            "stale": stale.iter().map(|(p, _, _)| p).collect::<Vec<_>>(),
         });
         println!("{v}");
     } else {
@@ -669,10 +725,10 @@ fn status_all(json: bool) -> Result<()> {
             print_status(s);
         }
     }
-    for (pid, why) in &stale {
+    for (pid, why, dir) in &stale {
         eprintln!(
             "cudaw-ckpt: stale socket {} skipped: {why}",
-            cudaw_control::socket_path(&dir, *pid).display()
+            cudaw_control::socket_path(dir, *pid).display()
         );
     }
     Ok(())

@@ -632,6 +632,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Dump {
             path: image_s.clone(),
             leave_running: false,
+            fd: false,
             progress: true,
         },
         out,
@@ -659,6 +660,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Restore {
             path: image_s,
             force: false,
+            fd: false,
             progress: true,
         },
         out,

@@ -242,6 +242,7 @@ struct Temporary {
     dir: OwnedFd,
     dir_path: PathBuf,
     name: OsString,
+    /// Renamed, or to be kept.
     renamed: bool,
 }
 
@@ -360,6 +361,12 @@ impl NewFile {
     /// Where the temporary is, until committed.
     pub fn temporary(&self) -> PathBuf {
         self.tmp.dir_path.join(&self.tmp.name)
+    }
+
+    /// Keeps the temporary even if this is dropped without a commit or the commit fails
+    /// (when another process holds it as the only copy of something).
+    pub fn keep(&mut self) {
+        self.tmp.renamed = true;
     }
 
     /// Syncs the file, checks the target again (absent or a regular file), renames the

@@ -336,3 +336,15 @@ fn private_folders() {
         .starts_with("cudaw-1-"));
     assert_eq!(std::fs::metadata(&u).unwrap().mode() & 0o777, 0o700);
 }
+
+#[test]
+fn a_kept_temporary_stays_when_the_commit_fails() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("img");
+    let mut f = NewFile::create(&p).unwrap();
+    let tmp = f.temporary();
+    f.keep();
+    mkfifo(&p);
+    assert!(f.commit().is_err());
+    assert!(tmp.exists());
+}
