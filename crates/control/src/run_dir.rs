@@ -191,11 +191,13 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("writable by its group or others"), "{e}");
-        // /etc is root's: refused to anyone else; for root, writable by root alone, it
-        // passes the owner check but never gets here in a test.
-        if uid != 0 {
-            let e = open_run_dir(env(vec![("CUDAW_RUN_DIR", "/etc".into())]), uid, d.path())
-                .unwrap_err();
+        // /etc: another user's folder, or (for root) one others may read that holds
+        // other files. Nothing is created there.
+        let e =
+            open_run_dir(env(vec![("CUDAW_RUN_DIR", "/etc".into())]), uid, d.path()).unwrap_err();
+        if uid == 0 {
+            assert!(e.contains("holds files that are not cudaw's"), "{e}");
+        } else {
             assert!(e.contains("belongs to uid 0"), "{e}");
         }
         let run = d.path().join("a/run");

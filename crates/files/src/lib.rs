@@ -505,6 +505,15 @@ pub enum DirError {
         /// Its permission bits.
         mode: u32,
     },
+    /// Others may read it, and it holds files that are not cudaw's.
+    Shared {
+        /// The path.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// One of the other files.
+        example: String,
+    },
     /// The system refused.
     Io {
         /// The path.
@@ -551,6 +560,15 @@ impl fmt::Display for DirError {
                 path.display(),
                 path.display()
             ),
+            DirError::Shared {
+                path,
+                mode,
+                example,
+            } => write!(
+                f,
+                "{} may be read by others (mode {mode:04o}) and holds files that are not cudaw's (such as {example}); refusing to use it (give cudaw a folder of its own: mkdir -m 700 DIR)",
+                path.display()
+            ),
             DirError::Io {
                 path,
                 doing,
@@ -562,8 +580,9 @@ impl fmt::Display for DirError {
 
 impl std::error::Error for DirError {}
 
-/// Checks an existing folder: a real folder, owned by `uid`, writable by no one else.
-/// Returns a note when its group or others may read or search it.
+/// Checks an existing folder: a real folder, owned by `uid`, writable by no one else, and
+/// when others may read it, holding nothing but cudaw's files. Returns a note when its
+/// group or others may read or search it.
 fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
     let st = rfs::statat(CWD, path, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| DirError::Io {
         path: path.to_path_buf(),
@@ -591,17 +610,38 @@ fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
             mode,
         });
     }
-    Ok((mode & 0o077 != 0).then(|| {
-        format!(
-            "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
-            path.display()
-        )
-    }))
+    if mode & 0o077 == 0 {
+        return Ok(None);
+    }
+    // Readable by others: used only as a folder of cudaw's own (not /etc, not a home).
+    if let Some(other) = foreign_entry(path) {
+        return Err(DirError::Shared {
+            path: path.to_path_buf(),
+            mode,
+            example: other,
+        });
+    }
+    Ok(Some(format!(
+        "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
+        path.display()
+    )))
+}
+
+/// An entry of `dir` that is not cudaw's (a socket `PID.sock`, a ledger, a hidden
+/// temporary or lock file), if any.
+fn foreign_entry(dir: &Path) -> Option<String> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with('.') || name.ends_with(".sock") || name.contains(".ledger");
+        (!ours).then_some(name)
+    })
 }
 
 /// Makes sure `path` is a private folder of `uid`: absolute; created 0700 if missing (with
 /// any missing parent, 0700 too) when `create`; a real folder (not a link), owned by
-/// `uid`, writable by no one else; every existing parent owned by `uid` or root and, when
+/// `uid`, writable by no one else, holding nothing but cudaw's files when others may read
+/// it (so not `/etc` or a home folder); every existing parent owned by `uid` or root and, when
 /// others may write into it, sticky (as `/tmp`). Returns a note to log when the folder's
 /// group or others may read it.
 pub fn private_dir(path: &Path, uid: u32, create: bool) -> Result<Option<String>, DirError> {
