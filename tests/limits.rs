@@ -32,9 +32,6 @@ fn run_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cudaw-limits-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("creating the run folder");
-    // Private: it holds the test's logs too, which a folder others may read may not.
-    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .expect("making the run folder private");
     d
 }
 
