@@ -505,15 +505,6 @@ pub enum DirError {
         /// Its permission bits.
         mode: u32,
     },
-    /// Others may read it, and it holds files that are not cudaw's.
-    Shared {
-        /// The path.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-        /// One of the other files.
-        example: String,
-    },
     /// The system refused.
     Io {
         /// The path.
@@ -560,15 +551,6 @@ impl fmt::Display for DirError {
                 path.display(),
                 path.display()
             ),
-            DirError::Shared {
-                path,
-                mode,
-                example,
-            } => write!(
-                f,
-                "{} may be read by others (mode {mode:04o}) and holds files that are not cudaw's (such as {example}); refusing to use it (give cudaw a folder of its own: mkdir -m 700 DIR)",
-                path.display()
-            ),
             DirError::Io {
                 path,
                 doing,
@@ -580,9 +562,9 @@ impl fmt::Display for DirError {
 
 impl std::error::Error for DirError {}
 
-/// Checks an existing folder: a real folder, owned by `uid`, writable by no one else, and
-/// when others may read it, holding nothing but cudaw's files. Returns a note when its
-/// group or others may read or search it.
+/// Checks an existing folder: a real folder, owned by `uid`, writable by no one else.
+/// Returns a note when its group or others may read or search it (louder when it holds
+/// files that are not cudaw's).
 fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
     let st = rfs::statat(CWD, path, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| DirError::Io {
         path: path.to_path_buf(),
@@ -613,18 +595,18 @@ fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
     if mode & 0o077 == 0 {
         return Ok(None);
     }
-    // Readable by others: used only as a folder of cudaw's own (not /etc, not a home).
-    if let Some(other) = foreign_entry(path) {
-        return Err(DirError::Shared {
-            path: path.to_path_buf(),
-            mode,
-            example: other,
-        });
-    }
-    Ok(Some(format!(
-        "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
-        path.display()
-    )))
+    // Readable by others: used (a working folder that also holds a job's logs is common),
+    // with a warning, louder when it holds other files (/etc, a home folder).
+    Ok(Some(match foreign_entry(path) {
+        Some(other) => format!(
+            "{} may be read by others (mode {mode:04o}) and holds files that are not cudaw's (such as {other}); give cudaw a private folder of its own (mkdir -m 700 DIR)",
+            path.display()
+        ),
+        None => format!(
+            "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
+            path.display()
+        ),
+    }))
 }
 
 /// An entry of `dir` that is not cudaw's (a socket `PID.sock`, a ledger, a hidden
@@ -640,8 +622,7 @@ fn foreign_entry(dir: &Path) -> Option<String> {
 
 /// Makes sure `path` is a private folder of `uid`: absolute; created 0700 if missing (with
 /// any missing parent, 0700 too) when `create`; a real folder (not a link), owned by
-/// `uid`, writable by no one else, holding nothing but cudaw's files when others may read
-/// it (so not `/etc` or a home folder); every existing parent owned by `uid` or root and, when
+/// `uid`, writable by no one else; every existing parent owned by `uid` or root and, when
 /// others may write into it, sticky (as `/tmp`). Returns a note to log when the folder's
 /// group or others may read it.
 pub fn private_dir(path: &Path, uid: u32, create: bool) -> Result<Option<String>, DirError> {

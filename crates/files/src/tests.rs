@@ -282,10 +282,19 @@ fn private_folders() {
     assert!(!absent.exists());
     // Readable by others: used, with a note; writable by others: refused.
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(p.join("123.sock"), "").unwrap();
     assert!(private_dir(&p, uid, true)
         .unwrap()
         .unwrap()
         .contains("chmod 700"));
+    // Louder when it holds other files too (/etc, a home folder).
+    std::fs::write(p.join("passwd"), "").unwrap();
+    let note = private_dir(&p, uid, true).unwrap().unwrap();
+    assert!(
+        note.contains("holds files that are not cudaw's (such as passwd)"),
+        "{note}"
+    );
+    std::fs::remove_file(p.join("passwd")).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
     let e = private_dir(&p, uid, true).unwrap_err();
     assert!(
