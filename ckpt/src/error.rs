@@ -258,6 +258,21 @@ pub enum ImageError {
     },
 }
 
+impl ImageError {
+    /// The message without any of the file's own bytes: what a process that opened the
+    /// file on someone else's behalf may say about it (`not a cudaw image (bad magic)`,
+    /// where [`fmt::Display`](std::fmt::Display) quotes what the file starts with).
+    pub fn message_without_content(&self) -> String {
+        match self {
+            ImageError::NotAnImage { .. } => "not a cudaw image (bad magic)".to_owned(),
+            ImageError::BadEndMarker { at, .. } => {
+                format!("bad end marker at offset {at} (not CUDAWEND)")
+            }
+            e => e.to_string(),
+        }
+    }
+}
+
 /// `bytes` as hex and as text (non-printable bytes as `.`), for error messages.
 pub(crate) fn show_bytes(bytes: &[u8]) -> String {
     if bytes.is_empty() {

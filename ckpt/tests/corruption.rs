@@ -443,3 +443,13 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_message_without_content_quotes_no_byte_of_the_file() {
+    let e = open(b"root:$6$secret-hash:19000:0:99999:7:::\n").unwrap_err();
+    assert!(e.to_string().contains("72 6f 6f 74"), "{e}");
+    let m = e.message_without_content();
+    assert_eq!(m, "not a cudaw image (bad magic)");
+    let e = open(b"").unwrap_err();
+    assert_eq!(e.message_without_content(), "not a cudaw image (bad magic)");
+}

@@ -1,22 +1,41 @@
-//! The control socket: `$CUDAW_RUN_DIR/PID.sock` (default `$XDG_RUNTIME_DIR/cudaw`, else
-//! `/tmp/cudaw-UID`; the folder is created 0700, the socket is 0600), served by the pause
-//! module's control thread for `cudaw-ckpt`. One JSON request line, progress lines if the
-//! request asks for them, one JSON reply line ([`cudaw_control`]); the peer's uid
-//! (`SO_PEERCRED`) must be the process owner's or root's. The socket is removed at exit;
-//! one left by a dead process of the same PID is replaced.
+//! The control socket: `$CUDAW_RUN_DIR/PID.sock` (the run folder is private:
+//! [`cudaw_control::open_run_dir`]; the socket is 0600), served for `cudaw-ckpt`. One JSON
+//! request line (with, for `dump`, `restore` and `trace`, the file itself passed as a
+//! descriptor), progress lines if the request asks for them, one JSON reply line
+//! ([`cudaw_control`]); the peer's uid (`SO_PEERCRED`) must be the process owner's or
+//! root's. The socket is removed at exit; one left by a dead process of the same PID is
+//! replaced.
 //!
-//! One connection is served at a time, on the control thread, with a 2 s limit on reading
-//! the request and on writing each line: a client that stalls delays the next request by
-//! at most that (a client that goes away during a long request does not stop it).
+//! Connections are served concurrently, so that no client can hold up another:
+//! - The control thread accepts every waiting connection ([`serve_one`]) and hands it to
+//!   the *reader* thread, which reads the request lines of up to [`MAX_PENDING`]
+//!   connections at once (one `poll`), each within [`READ_LIMIT`]: a silent client is
+//!   answered with an error when its time is up, and delays no one (past that many silent
+//!   ones, the oldest is dropped for the newest).
+//! - `status`, `stats` and `trace` are answered at once, each on a thread of its own (at
+//!   most [`MAX_ANSWERING`] at a time), also while a long request runs: `status` then
+//!   says which (`busy`) and takes the state from the pause gate.
+//! - `pause`, `resume`, `dump`, `restore` and `tracing` are queued for the control thread
+//!   (which the reader wakes by connecting to the socket), and run there one at a time, as
+//!   the signals' requests do: they act on the device from cudaw's own thread.
+//!
+//! Each line written to a client may take at most [`WRITE_LIMIT`]; a client that goes
+//! away during a long request does not stop it.
 
 use crate::{config, log, memory, pause};
 use cudaw_control::{
     DeviceStatus, ErrorKind, Progress, Reply, Request, State, Status, MAX_REQUEST,
 };
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use vmm::Residency;
@@ -25,11 +44,17 @@ use vmm::Residency;
 /// must not remove its parent's socket).
 static SOCKET: OnceLock<(PathBuf, u32)> = OnceLock::new();
 
-const IO_LIMIT: Duration = Duration::from_secs(2);
+/// How long a client has to send its request line.
+pub const READ_LIMIT: Duration = Duration::from_secs(2);
+/// How long writing one line to a client may take.
+pub const WRITE_LIMIT: Duration = Duration::from_secs(2);
+/// Connections whose request line is being read at once.
+pub const MAX_PENDING: usize = 64;
+/// `status`, `stats` and `trace` requests answered at once.
+pub const MAX_ANSWERING: usize = 16;
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    cudaw_files::euid()
 }
 
 /// Creates the socket and arranges its removal at exit; `None` (after a warning) when it
@@ -50,24 +75,26 @@ pub fn listen() -> Option<UnixListener> {
     }
 }
 
-/// The run folder (`CUDAW_RUN_DIR`), created 0700 if missing; refused unless it is a
-/// folder owned by this process's user. The control socket and the node ledgers live there.
+static RUN_DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// The run folder (once per process; see [`cudaw_control::open_run_dir`]): `CUDAW_RUN_DIR`
+/// (absolute and private, else refused), else `$XDG_RUNTIME_DIR/cudaw`, else
+/// `/tmp/cudaw-UID`, else a private `/tmp/cudaw-UID-…` when that is another user's.
+/// Created 0700 if missing. The control socket and the node ledgers live there.
 pub fn run_dir() -> Result<PathBuf, String> {
-    let uid = euid();
-    let dir = cudaw_control::run_dir_from_env(uid);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let meta = std::fs::metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid {
-        return Err(format!(
-            "{} is not a folder owned by uid {uid}; refusing to use it",
-            dir.display()
-        ));
-    }
-    Ok(dir)
+    RUN_DIR
+        .get_or_init(|| {
+            let d = cudaw_control::open_run_dir(
+                |k| std::env::var(k).ok(),
+                euid(),
+                Path::new(cudaw_control::TMP),
+            )?;
+            for w in &d.warnings {
+                log::warn(format_args!("run folder: {w}"));
+            }
+            Ok(d.path)
+        })
+        .clone()
 }
 
 fn try_listen() -> Result<UnixListener, String> {
@@ -105,88 +132,431 @@ extern "C" fn remove_at_exit() {
     })
 }
 
-/// The connecting process's uid, from `SO_PEERCRED`.
-fn peer_uid(stream: &UnixStream) -> Result<u32, String> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a live local of that size.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(format!("SO_PEERCRED: {}", std::io::Error::last_os_error()));
+// ------------------------------------------------------------------ accepting
+
+/// Accepts the waiting connections (on the control thread) and hands them to the reader;
+/// then runs the requests queued for the control thread.
+pub fn serve_one(listener: &UnixListener) {
+    for _ in 0..MAX_PENDING {
+        match listener.accept() {
+            Ok((s, _)) => adopt(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                log::warn(format_args!("control socket: accept: {e}"));
+                // Avoid spinning on a persistent error.
+                std::thread::sleep(Duration::from_millis(10));
+                break;
+            }
+        }
     }
-    Ok(cred.uid)
+    run_jobs();
 }
 
-/// Accepts one waiting connection (if any) and answers it.
-pub fn serve_one(listener: &UnixListener) {
-    let stream = match listener.accept() {
-        Ok((s, _)) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+/// Checks the peer and hands the connection to the reader.
+fn adopt(stream: UnixStream) {
+    let uid = match rustix::net::sockopt::socket_peercred(&stream) {
+        Ok(c) => c.uid.as_raw(),
         Err(e) => {
-            log::warn(format_args!("control socket: accept: {e}"));
-            // Avoid spinning on a persistent error.
-            std::thread::sleep(Duration::from_millis(10));
+            reply_now(
+                &stream,
+                &Reply::error(ErrorKind::Request, format!("SO_PEERCRED: {e}")),
+            );
             return;
         }
     };
-    if let Err(e) = answer(stream) {
-        log::warn(format_args!("control socket: {e}"));
-    }
-}
-
-fn answer(mut stream: UnixStream) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(IO_LIMIT))?;
-    stream.set_write_timeout(Some(IO_LIMIT))?;
-    let reply = match peer_uid(&stream) {
-        Err(e) => Reply::error(ErrorKind::Request, e),
-        Ok(uid) if uid != 0 && uid != euid() => {
-            log::warn(format_args!(
-                "control socket: refused a request from uid {uid} (the process belongs to uid {})",
-                euid()
-            ));
-            Reply::error(
+    if uid != 0 && uid != euid() {
+        log::warn(format_args!(
+            "control socket: refused a request from uid {uid} (the process belongs to uid {})",
+            euid()
+        ));
+        reply_now(
+            &stream,
+            &Reply::error(
                 ErrorKind::Request,
                 format!(
                     "permission denied: uid {uid} may not control process {} (owner uid {}; only the owner or root may)",
                     std::process::id(),
                     euid()
                 ),
-            )
+            ),
+        );
+        return;
+    }
+    match reader() {
+        Some(r) => {
+            let sent = r.tx.lock().send(stream);
+            match sent {
+                Ok(()) => {
+                    let _ = (&r.wake).write(&[1]);
+                }
+                Err(mpsc::SendError(stream)) => reply_now(
+                    &stream,
+                    &Reply::error(ErrorKind::Failed, "the control socket's reader has stopped"),
+                ),
+            }
         }
-        Ok(_) => match read_line(&mut stream) {
-            Err(e) => Reply::error(ErrorKind::Request, e),
-            Ok(line) => match Request::parse(&line) {
+        None => reply_now(
+            &stream,
+            &Reply::error(
+                ErrorKind::Failed,
+                "the control socket's reader thread could not be started",
+            ),
+        ),
+    }
+}
+
+/// Writes a short reply without waiting (a client that does not read it loses it).
+fn reply_now(stream: &UnixStream, reply: &Reply) {
+    let _ = stream.set_nonblocking(true);
+    let _ = (&*stream).write(reply.to_line().as_bytes());
+}
+
+// ------------------------------------------------------------------ reading requests
+
+struct ReaderHandle {
+    tx: Mutex<mpsc::Sender<UnixStream>>,
+    /// Written to wake the reader's `poll` for a new connection.
+    wake: UnixStream,
+}
+
+static READER: OnceLock<Option<ReaderHandle>> = OnceLock::new();
+
+fn reader() -> Option<&'static ReaderHandle> {
+    READER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel();
+            let (wake, wake_rx) = UnixStream::pair().ok()?;
+            wake.set_nonblocking(true).ok()?;
+            wake_rx.set_nonblocking(true).ok()?;
+            let spawned = std::thread::Builder::new()
+                .name("cudaw-control-io".into())
+                .spawn(move || reader_loop(rx, wake_rx));
+            match spawned {
+                Ok(_) => Some(ReaderHandle {
+                    tx: Mutex::new(tx),
+                    wake,
+                }),
                 Err(e) => {
-                    log::warn(format_args!("control socket: {e}"));
-                    Reply::error(ErrorKind::Request, e)
+                    log::error(format_args!(
+                        "control socket: cannot start its reader thread: {e}"
+                    ));
+                    None
                 }
-                Ok(req) => {
-                    let mut sink = Sink {
-                        stream: &stream,
-                        on: req.wants_progress(),
-                        last: None,
-                    };
-                    execute(req, &mut |p| sink.send(p))
+            }
+        })
+        .as_ref()
+}
+
+/// A connection whose request line is being read.
+struct Pending {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    deadline: Instant,
+}
+
+/// What reading a connection came to.
+enum Read {
+    /// More to come.
+    More,
+    /// The line (or the end of the stream) is there.
+    Done,
+    /// The client closed without sending anything (the reader's own wake-ups do).
+    Empty,
+    /// Reading failed; the reply says why.
+    Failed(String),
+}
+
+fn read_some(p: &mut Pending) -> Read {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match cudaw_control::recv_with_fds(&p.stream, &mut chunk, &mut p.fds) {
+            Ok(0) if p.buf.is_empty() => return Read::Empty,
+            Ok(0) => return Read::Done,
+            Ok(n) => {
+                p.buf.extend_from_slice(&chunk[..n]);
+                if p.buf.contains(&b'\n') {
+                    return Read::Done;
                 }
-            },
-        },
+                if p.buf.len() > MAX_REQUEST {
+                    return Read::Failed(format!("request longer than {MAX_REQUEST} bytes"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Read::More,
+            Err(e) => return Read::Failed(format!("reading the request: {e}")),
+        }
+    }
+}
+
+fn reader_loop(rx: mpsc::Receiver<UnixStream>, wake: UnixStream) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(stream) => {
+                    if pending.len() >= MAX_PENDING {
+                        let oldest = pending.remove(0);
+                        reply_now(
+                            &oldest.stream,
+                            &Reply::error(
+                                ErrorKind::Request,
+                                format!("dropped: {MAX_PENDING} connections were waiting to send a request, and this one had sent none"),
+                            ),
+                        );
+                    }
+                    if stream.set_nonblocking(true).is_ok() {
+                        pending.push(Pending {
+                            stream,
+                            buf: Vec::new(),
+                            fds: Vec::new(),
+                            deadline: Instant::now() + READ_LIMIT,
+                        });
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        let now = Instant::now();
+        let wait = pending
+            .iter()
+            .map(|p| p.deadline.saturating_duration_since(now))
+            .min();
+        let ready: Vec<bool> = {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(pending.len() + 1);
+            fds.push(PollFd::new(&wake, PollFlags::IN));
+            for p in &pending {
+                fds.push(PollFd::new(&p.stream, PollFlags::IN));
+            }
+            let timeout = wait.map(|d| Timespec {
+                tv_sec: d.as_secs() as _,
+                tv_nsec: d.subsec_nanos() as _,
+            });
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    log::error(format_args!(
+                        "control socket: the reader's poll failed: {e}; requests are no longer read"
+                    ));
+                    return;
+                }
+            }
+        };
+        if ready[0] {
+            let mut b = [0u8; 64];
+            while matches!(std::io::Read::read(&mut &wake, &mut b), Ok(n) if n > 0) {}
+        }
+        let mut i = 0;
+        let mut k = 1;
+        while i < pending.len() {
+            let is_ready = ready.get(k).copied().unwrap_or(false);
+            k += 1;
+            let outcome = if is_ready {
+                read_some(&mut pending[i])
+            } else {
+                Read::More
+            };
+            match outcome {
+                Read::More if Instant::now() >= pending[i].deadline => {
+                    let p = pending.remove(i);
+                    reply_now(
+                        &p.stream,
+                        &Reply::error(
+                            ErrorKind::Request,
+                            format!(
+                                "no request line within {} s (send one JSON line ending in a newline, e.g. {{\"cmd\":\"status\"}})",
+                                READ_LIMIT.as_secs()
+                            ),
+                        ),
+                    );
+                }
+                Read::More => i += 1,
+                Read::Empty => {
+                    pending.remove(i);
+                }
+                Read::Failed(e) => {
+                    let p = pending.remove(i);
+                    reply_now(&p.stream, &Reply::error(ErrorKind::Request, e));
+                }
+                Read::Done => {
+                    let p = pending.remove(i);
+                    dispatch(p);
+                }
+            }
+        }
+    }
+}
+
+/// A request read, to be carried out.
+struct Job {
+    stream: UnixStream,
+    req: Request,
+    file: Option<File>,
+}
+
+/// Requests queued for the control thread.
+static JOBS: Mutex<VecDeque<Job>> = Mutex::new(VecDeque::new());
+/// `status`, `stats` and `trace` answers in progress.
+static ANSWERING: AtomicUsize = AtomicUsize::new(0);
+
+/// Parses a request read in full and sends it where it runs.
+fn dispatch(mut p: Pending) {
+    let end = p
+        .buf
+        .iter()
+        .position(|&b| b == b'\n')
+        .unwrap_or(p.buf.len());
+    p.buf.truncate(end);
+    let parsed = String::from_utf8(std::mem::take(&mut p.buf))
+        .map_err(|_| "the request is not UTF-8".to_owned())
+        .and_then(|line| Request::parse(&line));
+    let req = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            log::warn(format_args!("control socket: {e}"));
+            reply_now(&p.stream, &Reply::error(ErrorKind::Request, e));
+            return;
+        }
     };
-    stream.write_all(reply.to_line().as_bytes())?;
-    stream.flush()
+    let file = match (req.passes_fd(), p.fds.len()) {
+        (false, 0) => None,
+        (true, 1) => p.fds.pop().map(File::from),
+        (true, 0) => {
+            reply_now(
+                &p.stream,
+                &Reply::error(
+                    ErrorKind::Request,
+                    format!(
+                        "the {} request says a file comes with it (\"fd\":true), but no descriptor came",
+                        req.name()
+                    ),
+                ),
+            );
+            return;
+        }
+        (_, n) => {
+            reply_now(
+                &p.stream,
+                &Reply::error(
+                    ErrorKind::Request,
+                    format!(
+                        "{n} descriptors came with a {} request, which takes {}",
+                        req.name(),
+                        if req.passes_fd() {
+                            "one"
+                        } else {
+                            "none (\"fd\" is not set)"
+                        }
+                    ),
+                ),
+            );
+            return;
+        }
+    };
+    let job = Job {
+        stream: p.stream,
+        req,
+        file,
+    };
+    match job.req {
+        Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => answer_aside(job),
+        _ => {
+            JOBS.lock().push_back(job);
+            // Wake the control thread: a connection that closes at once, which the reader
+            // drops unanswered.
+            match SOCKET.get() {
+                Some((path, _)) => {
+                    if let Err(e) = UnixStream::connect(path) {
+                        log::warn(format_args!(
+                            "control socket: cannot wake the control thread through {}: {e}; the request waits for the next connection",
+                            path.display()
+                        ));
+                    }
+                }
+                None => run_jobs(),
+            }
+        }
+    }
+}
+
+/// Answers on a thread of its own, when fewer than [`MAX_ANSWERING`] are.
+fn answer_aside(job: Job) {
+    if ANSWERING.fetch_add(1, Ordering::SeqCst) >= MAX_ANSWERING {
+        ANSWERING.fetch_sub(1, Ordering::SeqCst);
+        reply_now(
+            &job.stream,
+            &Reply::error(
+                ErrorKind::Failed,
+                format!("busy: {MAX_ANSWERING} requests are being answered; try again"),
+            ),
+        );
+        return;
+    }
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            ANSWERING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let spawned = std::thread::Builder::new()
+        .name("cudaw-control-reply".into())
+        .spawn(move || {
+            let _done = Done;
+            crate::boundary::guard("the control socket", (), || answer(job));
+        });
+    if let Err(e) = spawned {
+        ANSWERING.fetch_sub(1, Ordering::SeqCst);
+        log::warn(format_args!("control socket: cannot start a thread: {e}"));
+    }
+}
+
+// ------------------------------------------------------------------ carrying out
+
+/// Held by the control thread while it runs a queued request.
+static EXEC: Mutex<()> = Mutex::new(());
+/// The queued request running now, and since when.
+static RUNNING: Mutex<Option<(&'static str, Instant)>> = Mutex::new(None);
+
+/// Runs the queued requests (on the control thread).
+fn run_jobs() {
+    loop {
+        let Some(job) = JOBS.lock().pop_front() else {
+            return;
+        };
+        let _exec = EXEC.lock();
+        struct Running;
+        impl Drop for Running {
+            fn drop(&mut self) {
+                *RUNNING.lock() = None;
+            }
+        }
+        *RUNNING.lock() = Some((job.req.name(), Instant::now()));
+        let _running = Running;
+        answer(job);
+    }
+}
+
+/// Carries out a request and writes the progress lines and the reply.
+fn answer(job: Job) {
+    let Job { stream, req, file } = job;
+    if let Err(e) = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_LIMIT)))
+    {
+        log::warn(format_args!("control socket: {e}"));
+        return;
+    }
+    let mut sink = Sink {
+        stream: &stream,
+        on: req.wants_progress(),
+        last: None,
+    };
+    let reply = execute_with(req, file, &mut |p| sink.send(p));
+    if let Err(e) = (&stream).write_all(reply.to_line().as_bytes()) {
+        log::warn(format_args!("control socket: writing the reply: {e}"));
+    }
 }
 
 /// Sends progress lines to the client, about ten a second per phase (always the first and
@@ -226,45 +596,14 @@ impl Sink<'_> {
     }
 }
 
-/// Reads up to the first newline (or the end), at most [`MAX_REQUEST`] bytes.
-fn read_line(stream: &mut UnixStream) -> Result<String, String> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 512];
-    loop {
-        let n = match stream.read(&mut chunk) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(format!(
-                    "no request line within {} s (send one JSON line ending in a newline, e.g. {{\"cmd\":\"status\"}})",
-                    IO_LIMIT.as_secs()
-                ))
-            }
-            Err(e) => return Err(format!("reading the request: {e}")),
-        };
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-            buf.truncate(i);
-            break;
-        }
-        if buf.len() > MAX_REQUEST {
-            return Err(format!("request longer than {MAX_REQUEST} bytes"));
-        }
-    }
-    String::from_utf8(buf).map_err(|_| "the request is not UTF-8".to_owned())
-}
-
 /// Carries out one request through the pause module (the same functions the signals use),
 /// `report` receiving its progress.
 pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
+    execute_with(req, None, report)
+}
+
+/// [`execute`], with the file the client passed (`"fd":true`).
+fn execute_with(req: Request, file: Option<File>, report: pause::Report<'_>) -> Reply {
     let absolute = |path: String| -> Result<PathBuf, String> {
         let p = PathBuf::from(path);
         if p.is_absolute() {
@@ -326,12 +665,16 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
                 Err(e) => Reply::error(ErrorKind::Failed, e),
             };
         }
-        Request::Trace { path } => {
+        Request::Trace { path, .. } => {
             let path = match absolute(path) {
                 Ok(p) => p,
                 Err(e) => return Reply::error(ErrorKind::Request, e),
             };
-            return match crate::tracing::write_timeline(&path) {
+            let written = match &file {
+                Some(f) => crate::tracing::write_timeline_into(f, &path),
+                None => crate::tracing::write_timeline(&path),
+            };
+            return match written {
                 Ok(w) => Reply {
                     ok: true,
                     trace: Some(cudaw_control::TraceWritten {
@@ -346,7 +689,11 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
             };
         }
     };
-    match pause::handle(req, report) {
+    let outcome = match file {
+        Some(f) => crate::image::with_passed_file(f, || pause::handle(req, report)),
+        None => pause::handle(req, report),
+    };
+    match outcome {
         Ok(out) => {
             let mut r = Reply {
                 ok: true,
@@ -364,8 +711,20 @@ pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
     }
 }
 
-/// The process's state and memory now.
+/// The process's state and memory now; while a queued request runs on the control thread,
+/// without waiting for it (the state from the pause gate, `busy` naming the request).
 pub fn status() -> Status {
+    match EXEC.try_lock() {
+        Some(_idle) => status_now(None),
+        None => {
+            let busy = (*RUNNING.lock())
+                .map(|(name, since)| format!("{name}, for {:.1} s", since.elapsed().as_secs_f64()));
+            status_now(Some(busy.unwrap_or_else(|| "a request".to_owned())))
+        }
+    }
+}
+
+fn status_now(busy: Option<String>) -> Status {
     let (arena, arena_building) = crate::staging::arena_bytes();
     // Devices with cudaw's allocations or a budget (memory taken through the driver alone,
     // as PyTorch's expandable segments do, has a budget and no VMM).
@@ -420,7 +779,8 @@ pub fn status() -> Status {
         .collect();
     Status {
         pid: std::process::id(),
-        state: if pause::is_paused() {
+        state: if busy.is_some() && crate::gate::is_paused() || busy.is_none() && pause::is_paused()
+        {
             State::Paused
         } else {
             State::Running
@@ -430,10 +790,15 @@ pub fn status() -> Status {
             config::Addressing::Translated => "translated",
         }
         .to_owned(),
-        image: pause::image_path().map(|p| p.to_string_lossy().into_owned()),
+        image: if busy.is_some() {
+            None
+        } else {
+            pause::image_path().map(|p| p.to_string_lossy().into_owned())
+        },
         kept_host: crate::staging::kept_host() as u64,
         arena,
         arena_building,
         devices,
+        busy,
     }
 }

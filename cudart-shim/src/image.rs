@@ -4,13 +4,19 @@
 //! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
 //! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
 //! bytes a previous dump left in an image, from that image one chunk at a time. The image is
-//! written to a temporary file beside `path` (mode 0600), synced and renamed into place, so
-//! a failed dump never leaves a partial image under the name asked for. Then either resume
+//! written to a temporary file beside `path` ([`cudaw_files::NewFile`]: exclusive,
+//! no-follow, mode 0600, a random name), synced and renamed into place, so a failed dump
+//! never leaves a partial image under the name asked for, and a `path` that is a link, a
+//! FIFO or a device node is refused, never replaced. When `cudaw-ckpt` passed the file
+//! itself (created beside `path` by the client, as the requesting user), the image is
+//! written into it and the client renames it. Then either resume
 //! (`--leave-running`), or mark every allocation as held in the image
 //! ([`vmm::Vmm::mark_in_file`]), which frees the host copies: a later resume reads the
 //! image. A failed dump leaves the process as it was (a pause it began with is undone).
 //!
-//! **Restore** (`cudaw-ckpt restore`): open the image (format, checksums of header and
+//! **Restore** (`cudaw-ckpt restore`): open the image — the one the client passed, or
+//! `path` opened without following a link or blocking, a regular file only — (format,
+//! checksums of header and
 //! metadata, table, length), pause if running, compare its allocation table with the
 //! process's (ids, addresses, sizes, creation order), its addressing mode and its producer
 //! (this PID on this host, unless forced), then read every chunk and the image digest —
@@ -29,10 +35,10 @@ use ckpt::{
     WriterOptions,
 };
 use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored, State};
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::BufWriter;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 use vmm::{Allocation, AllocationId, Residency, VmmError};
 
@@ -232,70 +238,123 @@ fn image_failure(path: &Path, what: &str, e: ImageError) -> Failure {
         ImageError::Io { .. } => {
             Failure::new(ErrorKind::Io, format!("{what} {}: {e}", path.display()))
         }
-        e => Failure::new(ErrorKind::BadImage, format!("{}: {e}", path.display())),
+        // The process may read files its requester cannot: no byte of the file is quoted.
+        e => Failure::new(
+            ErrorKind::BadImage,
+            format!("{}: {}", path.display(), e.message_without_content()),
+        ),
     }
 }
 
-/// Opens an image and checks everything but the data.
+thread_local! {
+    /// The file the client passed with the request being carried out on this thread.
+    static PASSED: RefCell<Option<File>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` (a dump or restore through [`pause::handle`]) with `file`, the file the client
+/// passed with the request: the image to write (created by the client beside the path it
+/// names) or the image to read. Taken by the first dump or restore `f` runs.
+pub(crate) fn with_passed_file<R>(file: File, f: impl FnOnce() -> R) -> R {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            PASSED.with(|p| p.borrow_mut().take());
+        }
+    }
+    PASSED.with(|p| *p.borrow_mut() = Some(file));
+    let _clear = Clear;
+    f()
+}
+
+fn take_passed() -> Option<File> {
+    PASSED.with(|p| p.borrow_mut().take())
+}
+
+/// An image file failure: the file system's reason, or the refusal of a path that is not
+/// a regular file.
+fn file_failure(what: &str, path: &Path, e: cudaw_files::FileError) -> Failure {
+    match e {
+        cudaw_files::FileError::Io { source, .. } => Failure::new(
+            ErrorKind::Io,
+            format!("cannot {what} {}: {source}", path.display()),
+        ),
+        e => Failure::new(ErrorKind::Io, format!("cannot {what}: {e}")),
+    }
+}
+
+/// Opens an image and checks everything but the data: the file the client passed, or
+/// `path`, opened without following a link or blocking on a FIFO, a regular file only.
 fn open_image(path: &Path) -> Result<ImageReader<File>, Failure> {
-    let f = File::open(path).map_err(|e| {
+    let f = match take_passed() {
+        Some(f) => {
+            cudaw_files::check_input(&f, path)
+                .map_err(|e| file_failure("open the image", path, e))?;
+            f
+        }
+        None => cudaw_files::open_input(path, cudaw_files::Follow::No)
+            .map_err(|e| file_failure("open the image", path, e))?,
+    };
+    read_image(f, path)
+}
+
+fn read_image(mut f: File, path: &Path) -> Result<ImageReader<File>, Failure> {
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(|e| {
         Failure::new(
             ErrorKind::Io,
-            format!("cannot open the image {}: {e}", path.display()),
+            format!("cannot read the image {}: {e}", path.display()),
         )
     })?;
-    if f.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(Failure::new(
-            ErrorKind::Io,
-            format!("{} is a folder, not an image", path.display()),
-        ));
-    }
     ImageReader::open(f).map_err(|e| image_failure(path, "reading", e))
 }
 
-/// A temporary file beside `path`, created for writing (mode 0600).
-fn create_temporary(path: &Path) -> Result<(PathBuf, File), Failure> {
-    let io = |msg: String| Failure::new(ErrorKind::Io, msg);
-    if !path.is_absolute() {
-        return Err(Failure::new(
-            ErrorKind::Request,
-            format!("the image path {} is not absolute", path.display()),
-        ));
+/// Where a dump writes: a temporary beside the path, renamed into place once written, or
+/// the file the client passed (which it renames).
+enum Output {
+    New(cudaw_files::NewFile),
+    Passed(File),
+}
+
+impl Output {
+    fn create(path: &Path) -> Result<Output, Failure> {
+        if let Some(f) = take_passed() {
+            let fail = |e: std::io::Error| {
+                Failure::new(
+                    ErrorKind::Io,
+                    format!("cannot write the image {}: {e}", path.display()),
+                )
+            };
+            cudaw_files::check_input(&f, path)
+                .map_err(|e| file_failure("write the image", path, e))?;
+            f.set_len(0).map_err(fail)?;
+            return Ok(Output::Passed(f));
+        }
+        if !path.is_absolute() {
+            return Err(Failure::new(
+                ErrorKind::Request,
+                format!("the image path {} is not absolute", path.display()),
+            ));
+        }
+        cudaw_files::NewFile::create(path)
+            .map(Output::New)
+            .map_err(|e| file_failure("create the image", path, e))
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| io(format!("{} names no file", path.display())))?;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(io(format!("{} is not a folder", dir.display()))),
-        Err(e) => {
-            return Err(io(format!(
-                "cannot write {}: the folder {}: {e}",
-                path.display(),
-                dir.display()
-            )))
+
+    fn file(&self) -> &File {
+        match self {
+            Output::New(n) => n.file(),
+            Output::Passed(f) => f,
         }
     }
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(io(format!(
-            "{} is a folder; name the image file to write",
-            path.display()
-        )));
+
+    /// The image, written: renamed into place (or left to the client), open for reading.
+    fn finish(self, path: &Path) -> Result<File, Failure> {
+        match self {
+            Output::New(n) => n
+                .commit()
+                .map_err(|e| file_failure("write the image", path, e)),
+            Output::Passed(f) => Ok(f),
+        }
     }
-    let tmp = dir.join(format!(
-        ".{}.cudaw-{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| io(format!("cannot create the image {}: {e}", path.display())))?;
-    Ok((tmp, f))
 }
 
 /// Writes the image of `dev`'s allocations into `file`. Returns the allocation count and
@@ -484,7 +543,8 @@ pub(crate) fn dump(
             ),
         ));
     }
-    let (tmp, file) = create_temporary(path)?;
+    // Dropped on any failure below: the temporary goes with it.
+    let output = Output::create(path)?;
     let we_paused = !ctl.paused;
     let pause_moved = if we_paused {
         match pause::pause(report) {
@@ -492,10 +552,7 @@ pub(crate) fn dump(
                 ctl.paused = true;
                 m
             }
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         }
     } else {
         Moved::default()
@@ -503,27 +560,25 @@ pub(crate) fn dump(
     let write_started = Instant::now();
     let written = single_device().and_then(|dev| {
         let old = ctl.image.as_mut().map(|h| &mut h.reader);
+        let file = output
+            .file()
+            .try_clone()
+            .map_err(|e| Failure::new(ErrorKind::Io, format!("writing {}: {e}", path.display())))?;
         let n = write_image(file, path, dev, old, report)?;
-        std::fs::rename(&tmp, path).map_err(|e| {
-            Failure::new(
-                ErrorKind::Io,
-                format!("renaming {} to {}: {e}", tmp.display(), path.display()),
-            )
-        })?;
-        Ok((dev, n))
+        let f = output.finish(path)?;
+        Ok((dev, n, f))
     });
-    let (dev, (allocations, bytes)) = match written {
+    let (dev, (allocations, bytes), file) = match written {
         Ok(v) => v,
         Err(mut e) => {
-            let _ = std::fs::remove_file(&tmp);
             e.message.push_str(undo_pause(ctl, we_paused));
             log::error(format_args!("dump: {}", e.message));
             return Err(e);
         }
     };
     let write_ms = ms(write_started);
-    // Reopened: what later resumes read, checked as written.
-    let reader = match open_image(path) {
+    // Read back through the same file: what later resumes read, checked as written.
+    let reader = match read_image(file, path) {
         Ok(r) => r,
         Err(mut e) => {
             e.message = format!("the image just written does not read back: {}", e.message);

@@ -1106,8 +1106,38 @@ pub struct Written {
     pub dropped: u64,
 }
 
-/// Writes the timeline so far to `path` (through a temporary file renamed into place).
+/// Writes the timeline so far to `path`, the safe way ([`cudaw_files::NewFile`]: a
+/// temporary beside it, created exclusive, no-follow, mode 0600, under a random name,
+/// synced and renamed into place; a `path` that is a link, a FIFO or a device is refused).
 pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
+    let t = timeline_tracer()?;
+    let events = cudaw_files::write_file(path, |f| write_events(t, f))
+        .map_err(|e| format!("writing the timeline: {e}"))?;
+    Ok(written(
+        t,
+        events,
+        std::fs::symlink_metadata(path).map_or(0, |m| m.len()),
+    ))
+}
+
+/// Writes the timeline so far into `file`, a file a client created and passed (it renames
+/// it to `path` afterwards): from its start, replacing what it held, then synced.
+pub fn write_timeline_into(
+    file: &std::fs::File,
+    path: &std::path::Path,
+) -> Result<Written, String> {
+    let t = timeline_tracer()?;
+    let fail = |e: std::io::Error| format!("writing the timeline to {}: {e}", path.display());
+    cudaw_files::check_input(file, path).map_err(|e| format!("writing the timeline: {e}"))?;
+    file.set_len(0).map_err(fail)?;
+    let mut f = file;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(fail)?;
+    let events = write_events(t, file).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
+    Ok(written(t, events, file.metadata().map_or(0, |m| m.len())))
+}
+
+fn timeline_tracer() -> Result<&'static cudaw_trace::Tracer, String> {
     let Some(t) = cudaw_trace::get() else {
         return Err(stats(0).err().unwrap_or_default());
     };
@@ -1117,37 +1147,24 @@ pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
             std::process::id()
         ));
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{} names no file", path.display()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<u64> {
-        let f = std::fs::File::create(&tmp)?;
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-        let n =
-            t.write_timeline_with(&mut w, std::process::id(), &process_name(), pending_calls)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        Ok(n)
-    })();
-    match result {
-        Ok(events) => Ok(Written {
-            events,
-            bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
-            dropped: t
-                .stats(std::process::id(), 0)
-                .timeline
-                .map_or(0, |s| s.dropped),
-        }),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(format!("writing the timeline to {}: {e}", path.display()))
-        }
+    Ok(t)
+}
+
+fn write_events(t: &cudaw_trace::Tracer, f: &std::fs::File) -> std::io::Result<u64> {
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let n = t.write_timeline_with(&mut w, std::process::id(), &process_name(), pending_calls)?;
+    std::io::Write::flush(&mut w)?;
+    Ok(n)
+}
+
+fn written(t: &cudaw_trace::Tracer, events: u64, bytes: u64) -> Written {
+    Written {
+        events,
+        bytes,
+        dropped: t
+            .stats(std::process::id(), 0)
+            .timeline
+            .map_or(0, |s| s.dropped),
     }
 }
 

@@ -13,6 +13,7 @@ mod ckpt_progress;
 #[allow(dead_code)]
 mod failure;
 
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -337,7 +338,17 @@ fn mib(bytes: u64) -> String {
 }
 
 /// Sends `req` (asking for progress when bars are drawn) and returns the reply.
-fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Reply> {
+fn with_bars(pid: u32, req: Request, json: bool) -> Result<cudaw_control::Reply> {
+    with_bars_and_file(pid, req, None, json)
+}
+
+/// [`with_bars`], passing `file` with the request.
+fn with_bars_and_file(
+    pid: u32,
+    mut req: Request,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+    json: bool,
+) -> Result<cudaw_control::Reply> {
     let mut bars = Bars::new(json);
     if bars.wanted() {
         match &mut req {
@@ -351,7 +362,7 @@ fn with_bars(pid: u32, mut req: Request, json: bool) -> Result<cudaw_control::Re
             | Request::Tracing { .. } => {}
         }
     }
-    let r = request(pid, &req, &mut |p| bars.update(p));
+    let r = ckpt_client::request_with_file(pid, &req, file, &mut |p| bars.update(p));
     bars.finish();
     r
 }
@@ -425,12 +436,37 @@ fn check_output(path: &Path) -> Result<()> {
 fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> {
     let path = absolute(output)?;
     check_output(&path)?;
+    // Created here, as the user, beside the target (exclusive, no-follow, 0600); the
+    // process writes into it; renamed into place once the reply says it is complete.
+    let mut image = cudaw_files::NewFile::create(&path)
+        .map_err(|e| ckpt_client::file_failure("create the image", &path, e))?;
     let req = Request::Dump {
         path: utf8(&path)?,
         leave_running,
+        fd: true,
         progress: false,
     };
-    let reply = with_bars(pid, req, json)?;
+    let reply = with_bars_and_file(pid, req, Some(image.file().as_fd()), json)?;
+    if !leave_running {
+        // The process holds its memory in this file now: never removed, even if the
+        // rename fails.
+        image.keep();
+    }
+    let tmp = image.temporary();
+    image.commit().map_err(|e| {
+        fail(
+            Kind::Io,
+            format!(
+                "the image is written to {}, but renaming it into place failed: {e}{}",
+                tmp.display(),
+                if leave_running {
+                    ""
+                } else {
+                    " (the process holds its memory in that file: keep it)"
+                }
+            ),
+        )
+    })?;
     let d = carried(reply.dump, "dump result")?;
     if json {
         outln!("{}", serde_json::to_string(&d)?)?;
@@ -477,6 +513,11 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
             format!("no process with PID {pid}: nothing to restore into{also}"),
         ));
     }
+    // Opened here, as the user (a FIFO or a device refused at once), and passed to the
+    // process: it reads no file the user could not.
+    let file = cudaw_files::open_input(&path, cudaw_files::Follow::Yes).map_err(|e| {
+        ckpt_client::file_failure("open", &path, e).context(format!("process {pid} left unchanged"))
+    })?;
     // A file that is no readable image is refused before the process is asked (which
     // checks it again, and everything else, itself).
     if let Err(e) = image {
@@ -487,9 +528,10 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
     let req = Request::Restore {
         path: utf8(&path)?,
         force,
+        fd: true,
         progress: false,
     };
-    let reply = with_bars(pid, req, json)?;
+    let reply = with_bars_and_file(pid, req, Some(file.as_fd()), json)?;
     let r = carried(reply.restore, "restore result")?;
     if json {
         outln!("{}", serde_json::to_string(&r)?)?;
@@ -528,7 +570,17 @@ fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {
 fn trace(pid: u32, output: &Path, json: bool) -> Result<()> {
     let path = absolute(output)?;
     check_output(&path)?;
-    let reply = request(pid, &Request::Trace { path: utf8(&path)? }, &mut |_| {})?;
+    let timeline = cudaw_files::NewFile::create(&path)
+        .map_err(|e| ckpt_client::file_failure("create", &path, e))?;
+    let req = Request::Trace {
+        path: utf8(&path)?,
+        fd: true,
+    };
+    let reply =
+        ckpt_client::request_with_file(pid, &req, Some(timeline.file().as_fd()), &mut |_| {})?;
+    timeline
+        .commit()
+        .map_err(|e| ckpt_client::file_failure("write the timeline", &path, e))?;
     let t = carried(reply.trace, "trace result")?;
     if json {
         outln!("{}", serde_json::to_string(&t)?)?;
@@ -655,9 +707,13 @@ fn sockets(dir: &Path) -> Result<Vec<u32>> {
 fn status_all(json: bool) -> Result<()> {
     let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
-    // Sockets that did not answer: (PID, why, what became of the socket).
-    let mut stale: Vec<(u32, String, Result<Option<String>, String>)> = Vec::new();
-    for pid in sockets(&dir)? {
+    // Sockets that did not answer: (PID, why, their folder, what became of the socket).
+    let mut stale: Vec<(u32, String, PathBuf, Result<Option<String>, String>)> = Vec::new();
+    let mut found = Vec::new();
+    for d in ckpt_client::run_dirs()? {
+        found.extend(sockets(&d)?.into_iter().map(|pid| (d.clone(), pid)));
+    }
+    for (dir, pid) in found {
         let path = cudaw_control::socket_path(&dir, pid);
         let reply = UnixStream::connect(&path)
             .map_err(anyhow::Error::from)
@@ -671,7 +727,7 @@ fn status_all(json: bool) -> Result<()> {
             Err(e) => format!("{e:#}"),
         };
         let removed = ckpt_client::remove_stale_socket(&dir, pid);
-        stale.push((pid, why, removed));
+        stale.push((pid, why, dir, removed));
     }
     if json {
         let v = serde_json::json!({
@@ -692,8 +748,8 @@ fn status_all(json: bool) -> Result<()> {
             print_status(s)?;
         }
     }
-    for (pid, why, removed) in &stale {
-        let path = cudaw_control::socket_path(&dir, *pid);
+    for (pid, why, dir, removed) in &stale {
+        let path = cudaw_control::socket_path(dir, *pid);
         match removed {
             Ok(Some(gone)) => errln!(
                 "cudaw-ckpt: removed stale socket {} ({gone}; connecting: {why})",

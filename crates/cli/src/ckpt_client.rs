@@ -2,7 +2,8 @@
 //! socket, sending one request, reading progress lines and the reply (its failures are
 //! [`crate::failure`]'s kinds).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -19,9 +20,17 @@ pub fn my_uid() -> anyhow::Result<u32> {
         .uid())
 }
 
-/// The run folder, as the processes under cudaw see it.
-pub fn run_dir() -> anyhow::Result<PathBuf> {
-    Ok(cudaw_control::run_dir_from_env(my_uid()?))
+/// The run folders the processes under cudaw may use, in their order of preference
+/// ([`cudaw_control::find_run_dirs`]): `CUDAW_RUN_DIR` alone when set, else those of
+/// `$XDG_RUNTIME_DIR/cudaw`, `/tmp/cudaw-UID` and the user's private `/tmp/cudaw-UID-*`
+/// that exist and are private.
+pub fn run_dirs() -> anyhow::Result<Vec<PathBuf>> {
+    cudaw_control::find_run_dirs(
+        |k| std::env::var(k).ok(),
+        my_uid()?,
+        Path::new(cudaw_control::TMP),
+    )
+    .map_err(|e| fail(Kind::Request, e))
 }
 
 /// Whether a process `pid` exists (as /proc shows it: also another user's).
@@ -29,9 +38,24 @@ pub fn process_exists(pid: u32) -> bool {
     pid != 0 && std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok()
 }
 
-/// Connects to `pid`'s socket, or explains why not.
+/// The run folder named in messages: the first of [`run_dirs`], else the first place a
+/// process would use.
+pub fn run_dir() -> anyhow::Result<PathBuf> {
+    Ok(match run_dirs()?.into_iter().next() {
+        Some(d) => d,
+        None => cudaw_control::run_dir_from_env(my_uid()?),
+    })
+}
+
+/// Connects to `pid`'s socket, or explains why not. The socket must be served by process
+/// `pid` itself (`SO_PEERCRED`): a file passed with a request goes to no one else.
 pub fn connect(pid: u32) -> anyhow::Result<UnixStream> {
-    let dir = run_dir()?;
+    let dirs = run_dirs()?;
+    let dir = dirs
+        .iter()
+        .find(|d| cudaw_control::socket_path(d, pid).exists())
+        .cloned()
+        .map_or_else(run_dir, Ok)?;
     let path = cudaw_control::socket_path(&dir, pid);
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let owner = std::fs::metadata(&proc_dir).ok().map(|m| m.uid());
@@ -50,7 +74,25 @@ pub fn connect(pid: u32) -> anyhow::Result<UnixStream> {
         ));
     };
     match UnixStream::connect(&path) {
-        Ok(s) => Ok(s),
+        Ok(s) => {
+            let peer = rustix::net::sockopt::socket_peercred(&s).map_err(|e| {
+                fail(
+                    Kind::Connection,
+                    format!("{}: SO_PEERCRED: {e}", path.display()),
+                )
+            })?;
+            if peer.pid.as_raw_nonzero().get() as u32 != pid {
+                return Err(fail(
+                    Kind::NotUnderCudaw,
+                    format!(
+                        "{} is served by process {}, not by process {pid}; not using it",
+                        path.display(),
+                        peer.pid.as_raw_nonzero()
+                    ),
+                ));
+            }
+            Ok(s)
+        }
         Err(e) => {
             let me = my_uid()?;
             Err(match e.kind() {
@@ -83,8 +125,18 @@ pub fn request(
     req: &Request,
     on_progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<Reply> {
+    request_with_file(pid, req, None, on_progress)
+}
+
+/// [`request`], passing `file` with it (the request says `"fd":true`).
+pub fn request_with_file(
+    pid: u32,
+    req: &Request,
+    file: Option<BorrowedFd<'_>>,
+    on_progress: &mut dyn FnMut(Progress),
+) -> anyhow::Result<Reply> {
     let stream = connect(pid)?;
-    exchange(stream, req, on_progress).map_err(|e| {
+    exchange_with(stream, req, file, on_progress).map_err(|e| {
         let kind = kind_of(&e);
         fail(kind, format!("process {pid}: {e}"))
     })
@@ -92,8 +144,18 @@ pub fn request(
 
 /// Sends `req` on `stream` and reads until the reply.
 pub fn exchange(
-    mut stream: UnixStream,
+    stream: UnixStream,
     req: &Request,
+    on_progress: &mut dyn FnMut(Progress),
+) -> anyhow::Result<Reply> {
+    exchange_with(stream, req, None, on_progress)
+}
+
+/// Sends `req` (with `file`, if any) on `stream` and reads until the reply.
+pub fn exchange_with(
+    stream: UnixStream,
+    req: &Request,
+    file: Option<BorrowedFd<'_>>,
     on_progress: &mut dyn FnMut(Progress),
 ) -> anyhow::Result<Reply> {
     // Pausing, dumping or restoring a large process takes a while (progress lines, when
@@ -106,7 +168,7 @@ pub fn exchange(
     stream.set_write_timeout(Some(Duration::from_secs(10)))?;
     // A server that refuses us (another user's process) replies without reading the
     // request: read its reply even when sending failed.
-    let sent = stream.write_all(req.to_line().as_bytes());
+    let sent = cudaw_control::send_request(&stream, req, file);
     let mut lines = BufReader::new(stream);
     loop {
         let mut line = String::new();
@@ -257,5 +319,27 @@ pub fn remove_stale_socket(dir: &Path, pid: u32) -> Result<Option<String>, Strin
         // Removed meanwhile (by the process's successor, or another cudaw-ckpt).
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(why)),
         Err(e) => Err(format!("removing {}: {e}", path.display())),
+    }
+}
+
+/// A file error as a failure: `Permission` when the system said so, `Io` otherwise.
+pub fn file_failure(what: &str, path: &Path, e: cudaw_files::FileError) -> anyhow::Error {
+    let kind = if e.io_kind() == Some(std::io::ErrorKind::PermissionDenied) {
+        Kind::Permission
+    } else {
+        Kind::Io
+    };
+    match e {
+        cudaw_files::FileError::Io { .. } if kind == Kind::Permission => fail(
+            kind,
+            format!(
+                "cannot {what} {}: permission denied (a process under cudaw reads and writes files only as you could)",
+                path.display()
+            ),
+        ),
+        cudaw_files::FileError::Io { source, .. } => {
+            fail(kind, format!("cannot {what} {}: {source}", path.display()))
+        }
+        e => fail(kind, format!("cannot {what}: {e}")),
     }
 }

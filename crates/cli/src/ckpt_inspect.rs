@@ -21,20 +21,15 @@ pub fn image_error(path: &Path, e: ImageError) -> anyhow::Error {
 
 /// Opens `path` and checks its header, metadata, table and trailer.
 pub fn open(path: &Path) -> anyhow::Result<ImageReader<File>> {
-    let f = File::open(path).map_err(|e| {
-        let kind = if e.kind() == std::io::ErrorKind::PermissionDenied {
-            Kind::Permission
-        } else {
-            Kind::Io
-        };
-        fail(kind, format!("cannot open {}: {e}", path.display()))
-    })?;
-    if f.metadata().is_ok_and(|m| m.is_dir()) {
+    if path.is_dir() {
         return Err(fail(
             Kind::Io,
             format!("{} is a folder, not an image", path.display()),
         ));
     }
+    // A regular file only: a FIFO or a device is refused instead of blocking.
+    let f = cudaw_files::open_input(path, cudaw_files::Follow::Yes)
+        .map_err(|e| crate::ckpt_client::file_failure("open", path, e))?;
     ImageReader::open(f).map_err(|e| image_error(path, e))
 }
 

@@ -575,6 +575,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Dump {
             path: image_s.clone(),
             leave_running: false,
+            fd: false,
             progress: true,
         },
         out,
@@ -602,6 +603,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Restore {
             path: image_s,
             force: false,
+            fd: false,
             progress: true,
         },
         out,

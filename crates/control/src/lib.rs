@@ -24,12 +24,21 @@
 //! ← {"ok":false,"kind":"request","error":"malformed request ..."}
 //! ```
 //!
+//! `dump`, `restore` and `trace` requests may carry the file itself (`"fd":true`): the
+//! client opens the image to restore, or creates the file to write beside its target
+//! ([`cudaw_files::NewFile`]), and passes the open descriptor with the request line's
+//! first byte (`SCM_RIGHTS`, [`send_request`]). Paths are then resolved, and permissions
+//! checked, by the client as the requesting user in his own mount namespace and working
+//! folder; the process only reads or writes the descriptor, and the client renames a
+//! written file into place once the reply says it is complete.
+//!
 //! Requests of the first version (`{"cmd":"pause"}`, `{"cmd":"resume"}`,
 //! `{"cmd":"status"}`) stay valid and get exactly one reply line. A client tells a
 //! progress line from the reply by [`Line::parse`]: a progress line has a `progress` key
 //! and no `ok` key.
 //!
-//! Pure: no I/O beyond reading the variables it is given.
+//! Its I/O: passing a descriptor over the socket ([`send_request`], [`recv_with_fds`]), and
+//! finding or creating the private run folder ([`open_run_dir`], [`find_run_dirs`]).
 
 #![forbid(unsafe_code)]
 
@@ -72,6 +81,10 @@ pub enum Request {
         /// Resume once the image is written (the host copies are loaded back).
         #[serde(default, skip_serializing_if = "is_false")]
         leave_running: bool,
+        /// The client passed the file to write (created beside `path`, open for reading
+        /// and writing) with the request; it renames it to `path` after the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        fd: bool,
         /// Stream [`Progress`] lines before the reply.
         #[serde(default, skip_serializing_if = "is_false")]
         progress: bool,
@@ -86,6 +99,9 @@ pub enum Request {
         /// Accept an image another process made when its allocation table matches.
         #[serde(default, skip_serializing_if = "is_false")]
         force: bool,
+        /// The client passed the image, open for reading, with the request.
+        #[serde(default, skip_serializing_if = "is_false")]
+        fd: bool,
         /// Stream [`Progress`] lines before the reply.
         #[serde(default, skip_serializing_if = "is_false")]
         progress: bool,
@@ -103,6 +119,10 @@ pub enum Request {
     Trace {
         /// The file's absolute path.
         path: String,
+        /// The client passed the file to write (created beside `path`) with the request;
+        /// it renames it to `path` after the reply.
+        #[serde(default, skip_serializing_if = "is_false")]
+        fd: bool,
     },
     /// Switch tracing on or off in the running process (which started with
     /// `CUDAW_TRACE=metrics` or `timeline`): off, calls take the untraced paths and nothing
@@ -150,6 +170,16 @@ impl Request {
             Request::Stats { .. } => "stats",
             Request::Trace { .. } => "trace",
             Request::Tracing { .. } => "tracing",
+        }
+    }
+
+    /// Whether the request says a descriptor comes with it.
+    pub fn passes_fd(&self) -> bool {
+        match self {
+            Request::Dump { fd, .. } | Request::Restore { fd, .. } | Request::Trace { fd, .. } => {
+                *fd
+            }
+            _ => false,
         }
     }
 
@@ -521,6 +551,11 @@ pub struct Status {
     pub arena_building: u64,
     /// Every device cudaw manages memory on.
     pub devices: Vec<DeviceStatus>,
+    /// The request the process is carrying out now, when the status was taken while it
+    /// ran (`dump, for 3.2 s`): `state` is then the pause gate's (paused while the
+    /// request holds calls), and `image` is not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<String>,
 }
 
 /// The forms [`parse_timeout`] takes, for messages.
@@ -551,21 +586,10 @@ pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
         .then(|| Some(std::time::Duration::from_secs_f64(secs)))
 }
 
-/// The run folder: `CUDAW_RUN_DIR`, else `$XDG_RUNTIME_DIR/cudaw`, else `/tmp/cudaw-UID`.
-pub fn run_dir(get: impl Fn(&str) -> Option<String>, uid: u32) -> PathBuf {
-    if let Some(d) = get("CUDAW_RUN_DIR").filter(|v| !v.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = get("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        return Path::new(&d).join("cudaw");
-    }
-    PathBuf::from(format!("/tmp/cudaw-{uid}"))
-}
-
-/// The run folder from this process's environment.
-pub fn run_dir_from_env(uid: u32) -> PathBuf {
-    run_dir(|k| std::env::var(k).ok(), uid)
-}
+mod fd_pass;
+mod run_dir;
+pub use fd_pass::{recv_with_fds, send_request, MAX_FDS};
+pub use run_dir::{find_run_dirs, open_run_dir, run_dir, run_dir_from_env, OpenedRunDir, TMP};
 
 /// Process `pid`'s socket in `dir`.
 pub fn socket_path(dir: &Path, pid: u32) -> PathBuf {
@@ -595,17 +619,20 @@ mod tests {
             Request::Dump {
                 path: "/a b/c.img".into(),
                 leave_running: true,
+                fd: true,
                 progress: true,
             },
             Request::Restore {
                 path: "/x.img".into(),
                 force: true,
+                fd: false,
                 progress: false,
             },
             Request::Stats { top: None },
             Request::Stats { top: Some(3) },
             Request::Trace {
                 path: "/t.json".into(),
+                fd: false,
             },
             Request::Tracing { on: false },
             Request::Tracing { on: true },
@@ -626,6 +653,7 @@ mod tests {
             Request::Dump {
                 path: "/j.img".into(),
                 leave_running: false,
+                fd: false,
                 progress: false
             }
             .to_line(),
@@ -649,6 +677,7 @@ mod tests {
             Ok(Request::Dump {
                 path: "/p".into(),
                 leave_running: false,
+                fd: false,
                 progress: true
             })
         );
@@ -718,6 +747,7 @@ mod tests {
                     handles: 2,
                     held: 0,
                 }],
+                busy: None,
             }),
             ..Reply::default()
         };

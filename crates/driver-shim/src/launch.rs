@@ -566,11 +566,12 @@ extern "C" fn at_exit() {
             }
             text.push_str(&format!("# graph launches {}\n", graph_launches()));
             text.push_str(&format!("# modules loaded {}\n", modules_loaded()));
-            if let Err(e) = std::fs::write(&path, text) {
-                crate::log::warn(format_args!(
-                    "cannot write the kernel counts to {}: {e}",
-                    std::path::Path::new(&path).display()
-                ));
+            // The safe way (no link followed, no FIFO or device replaced).
+            let path = std::path::Path::new(&path);
+            if let Err(e) = cudaw_files::write_file(path, |mut f| {
+                std::io::Write::write_all(&mut f, text.as_bytes())
+            }) {
+                crate::log::warn(format_args!("cannot write the kernel counts: {e}"));
             }
         }
     })
