@@ -512,7 +512,7 @@ fn a_run_folder_that_is_not_absolute_and_private_is_refused() {
         "{err}"
     );
     assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
-    // Readable by others and holding other files (as /etc): used, with a warning.
+    // Readable by others and holding other files (as /etc): refused, nothing left there.
     let shared = d.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -520,9 +520,10 @@ fn a_run_folder_that_is_not_absolute_and_private_is_refused() {
     let (out, _) = short_run(&[("CUDAW_RUN_DIR", shared.to_str().unwrap())], d.path());
     let err = text(&out.stderr);
     assert!(
-        err.contains("holds files that are not cudaw's (such as passwd)"),
+        err.contains("holds files that are not cudaw's (such as passwd); refusing to use it"),
         "{err}"
     );
+    assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 1);
     // A link to a private folder: refused.
     let private = d.path().join("private");
     std::fs::create_dir(&private).unwrap();

@@ -33,6 +33,10 @@ fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cudaw-trace-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("creating the scratch folder");
+    // Private: it is also the run folder, which holds other files (the traces).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+        .expect("making the scratch folder private");
     d
 }
 

@@ -80,7 +80,8 @@ static RUN_DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 /// The run folder (once per process; see [`cudaw_control::open_run_dir`]): `CUDAW_RUN_DIR`
 /// (absolute and private, else refused), else `$XDG_RUNTIME_DIR/cudaw`, else
 /// `/tmp/cudaw-UID`, else a private `/tmp/cudaw-UID-…` when that is another user's.
-/// Created 0700 if missing. The control socket and the node ledgers live there.
+/// Created 0700 if missing. The control socket lives there (the node ledger has a folder
+/// of its own, `CUDAW_NODE_DIR`).
 pub fn run_dir() -> Result<PathBuf, String> {
     RUN_DIR
         .get_or_init(|| {

@@ -704,11 +704,20 @@ fn sockets(dir: &Path) -> Result<Vec<u32>> {
     Ok(pids)
 }
 
+/// A socket that did not answer: its PID, why, its folder, and what became of it
+/// ([`ckpt_client::remove_stale_socket`]).
+type Stale = (
+    u32,
+    String,
+    PathBuf,
+    std::result::Result<Option<String>, String>,
+);
+
 fn status_all(json: bool) -> Result<()> {
     let dir = ckpt_client::run_dir()?;
     let mut live = Vec::new();
     // Sockets that did not answer: (PID, why, their folder, what became of the socket).
-    let mut stale: Vec<(u32, String, PathBuf, Result<Option<String>, String>)> = Vec::new();
+    let mut stale: Vec<Stale> = Vec::new();
     let mut found = Vec::new();
     for d in ckpt_client::run_dirs()? {
         found.extend(sockets(&d)?.into_iter().map(|pid| (d.clone(), pid)));

@@ -505,6 +505,16 @@ pub enum DirError {
         /// Its permission bits.
         mode: u32,
     },
+    /// Others may read it, and it holds files that are not cudaw's (`/etc`, a home
+    /// folder): not a folder of cudaw's own.
+    Shared {
+        /// The path.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// One of the other files.
+        other: String,
+    },
     /// The system refused.
     Io {
         /// The path.
@@ -551,6 +561,11 @@ impl fmt::Display for DirError {
                 path.display(),
                 path.display()
             ),
+            DirError::Shared { path, mode, other } => write!(
+                f,
+                "{} may be read by others (mode {mode:04o}) and holds files that are not cudaw's (such as {other}); refusing to use it: give cudaw a private folder of its own (mkdir -m 700 DIR)",
+                path.display()
+            ),
             DirError::Io {
                 path,
                 doing,
@@ -595,18 +610,19 @@ fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
     if mode & 0o077 == 0 {
         return Ok(None);
     }
-    // Readable by others: used (a working folder that also holds a job's logs is common),
-    // with a warning, louder when it holds other files (/etc, a home folder).
-    Ok(Some(match foreign_entry(path) {
-        Some(other) => format!(
-            "{} may be read by others (mode {mode:04o}) and holds files that are not cudaw's (such as {other}); give cudaw a private folder of its own (mkdir -m 700 DIR)",
-            path.display()
-        ),
-        None => format!(
-            "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
-            path.display()
-        ),
-    }))
+    // Readable by others and holding other files (/etc, a home folder): not cudaw's own
+    // folder, refused. Readable but cudaw's alone: used, with a warning.
+    if let Some(other) = foreign_entry(path) {
+        return Err(DirError::Shared {
+            path: path.to_path_buf(),
+            mode,
+            other,
+        });
+    }
+    Ok(Some(format!(
+        "{} may be read by its group or others (mode {mode:04o}); chmod 700 it to keep the sockets' names private",
+        path.display()
+    )))
 }
 
 /// An entry of `dir` that is not cudaw's (a socket `PID.sock`, a ledger, a hidden

@@ -287,12 +287,13 @@ fn private_folders() {
         .unwrap()
         .unwrap()
         .contains("chmod 700"));
-    // Louder when it holds other files too (/etc, a home folder).
+    // Refused when it holds other files too (/etc, a home folder).
     std::fs::write(p.join("passwd"), "").unwrap();
-    let note = private_dir(&p, uid, true).unwrap().unwrap();
+    let e = private_dir(&p, uid, true).unwrap_err();
     assert!(
-        note.contains("holds files that are not cudaw's (such as passwd)"),
-        "{note}"
+        e.to_string()
+            .contains("holds files that are not cudaw's (such as passwd); refusing to use it"),
+        "{e}"
     );
     std::fs::remove_file(p.join("passwd")).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
