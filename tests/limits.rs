@@ -34,8 +34,12 @@ const GRANULE: u64 = 2 * M;
 /// A private folder of the test's own, removed when dropped: the run folder (control
 /// sockets, logs) and, unless the test says otherwise, the node ledger's folder.
 fn run_dir(name: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
     tempfile::Builder::new()
         .prefix(&format!("cudaw-limits-{name}-"))
+        // Private: a run folder that others may read and that holds other files (the
+        // logs) is refused.
+        .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
         .expect("creating the run folder")
 }
