@@ -2,9 +2,10 @@
 """A PyTorch training job paused while it finishes must still exit (issue #24's GPU check).
 
 RUNS times: examples/torch_train.py (a few steps, a held buffer) runs under `cudaw run`;
-once it prints its final line, the job is paused — odd runs with `kill -USR1` in a tight
-loop (every millisecond) until it exits, even runs with one `kill -USR1` at a random
-instant in the next 300 ms — and never resumed. Each run must exit by itself within
+once it prints its final line, the job is paused, in turn: with one `kill -USR1` at a
+random instant in the next 300 ms; with `kill -USR1` in a tight loop (every millisecond)
+until it exits; or with `cudaw-ckpt pause` at once (a pause taken before the interpreter
+shuts down, which must be undone at exit). It is never resumed. Each run must exit by itself within
 EXIT_LIMIT seconds with status 0, and afterwards no process of it may be left on the GPU
 (nvidia-smi's compute-apps list) and the GPU's memory in use must be back to what it was
 before the run (within 64 MiB).
@@ -62,7 +63,7 @@ def main():
     failures, undone, refused, times = [], 0, 0, []
     log = open(args.log, "w")
     for run in range(args.runs):
-        mode = "loop" if run % 2 else "once"
+        mode = ("once", "loop", "held")[run % 3]
         errf = f"{args.log}.{run}.err"
         proc = subprocess.Popen([cudaw, "run", "--", *train], stdout=subprocess.PIPE,
                                 stderr=open(errf, "w"), env=env, text=True)
@@ -76,6 +77,9 @@ def main():
                 os.kill(proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
+        elif mode == "held":
+            subprocess.run([os.path.join(args.dist, "bin", "cudaw-ckpt"), "pause", str(proc.pid)],
+                           capture_output=True, text=True, timeout=EXIT_LIMIT)
         else:
             while proc.poll() is None and time.monotonic() - t0 < EXIT_LIMIT:
                 try:
