@@ -19,10 +19,11 @@ mod ckpt_common;
 use ckpt_common::{temp_dir, text, Target};
 use cudaw_tests::{
     command_under_cudaw, compile_program, compile_text, cudaw_ckpt, expected, nvcc, wait_timeout,
-    Addressing, KillOnDrop,
+    Addressing, KillOnDrop, Rng,
 };
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a process that must exit may take at most (it takes milliseconds).
@@ -33,20 +34,43 @@ fn kill(pid: u32, sig: i32) {
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
-/// xorshift64*.
-struct Rng(u64);
+/// `cudaw-ckpt ARGS` with `run_dir` as the run folder.
+fn ckpt(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(cudaw_ckpt())
+        .args(args)
+        .env("CUDAW_RUN_DIR", run_dir)
+        .output()
+        .expect("running cudaw-ckpt")
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
+/// `cudaw-ckpt ARGS`, which must succeed.
+fn ckpt_ok(run_dir: &Path, args: &[&str]) {
+    let o = ckpt(run_dir, args);
+    assert!(
+        o.status.success(),
+        "cudaw-ckpt {args:?}: {}",
+        text(&o.stderr)
+    );
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+/// The state `cudaw-ckpt status PID --json` reports.
+fn state(run_dir: &Path, pid: &str) -> serde_json::Value {
+    let st = ckpt(run_dir, &["status", pid, "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status --json");
+    st["state"].clone()
+}
+
+/// Waits for `child` to exit (within [`EXIT_LIMIT`], else `what` fails the test); returns
+/// its status, the rest of its output (`out`) and its standard error.
+fn finish(child: &mut KillOnDrop, out: &mut impl Read, what: &str) -> (ExitStatus, String, String) {
+    let status = wait_timeout(child, EXIT_LIMIT).unwrap_or_else(|| panic!("{what} did not exit"));
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut err).unwrap();
     }
+    (status, rest, err)
 }
 
 fn seed() -> u64 {
@@ -192,23 +216,11 @@ fn exit_while_paused_undoes_the_pause() {
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
     let pid = child.id().to_string();
-    let paused = Command::new(cudaw_ckpt())
-        .args(["pause", &pid])
-        .env("CUDAW_RUN_DIR", dir.0.join("run"))
-        .output()
-        .unwrap();
-    assert!(paused.status.success(), "{}", text(&paused.stderr));
-    let status = wait_timeout(&mut child, EXIT_LIMIT);
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    ckpt_ok(&dir.0.join("run"), &["pause", &pid]);
+    let (status, _, log) = finish(&mut child, &mut out, "exit_race paused before exit");
     assert!(
-        status.is_some_and(|s| s.success()),
-        "exit_race paused before exit: {status:?}; its log:\n{log}"
+        status.success(),
+        "exit_race paused before exit: {status}; its log:\n{log}"
     );
     assert!(
         log.contains("exiting while paused: the pause was undone (524288 bytes restored)"),
@@ -268,28 +280,10 @@ print("late_start: %x" % h.value, flush=True)
         assert!(Instant::now() < deadline, "no socket {}", socket.display());
         std::thread::sleep(Duration::from_millis(5));
     }
-    let ckpt = |args: &[&str]| {
-        Command::new(cudaw_ckpt())
-            .args(args)
-            .env("CUDAW_RUN_DIR", &run_dir)
-            .output()
-            .unwrap()
-    };
-    let st = ckpt(&["status", &pid.to_string(), "--json"]);
-    let st: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status --json");
-    assert_eq!(st["state"], "paused", "{st}");
-    let r = ckpt(&["resume", &pid.to_string()]);
-    assert!(r.status.success(), "{}", text(&r.stderr));
-    let status = wait_timeout(&mut child, EXIT_LIMIT).expect("late_start exits once resumed");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let pid = pid.to_string();
+    assert_eq!(state(&run_dir, &pid), "paused");
+    ckpt_ok(&run_dir, &["resume", &pid]);
+    let (status, rest, log) = finish(&mut child, &mut out, "late_start, resumed");
     assert!(status.success(), "{status}: {log}");
     assert_eq!(rest, "late_start: 1010101\n", "{log}");
     assert!(
@@ -323,16 +317,7 @@ fn a_process_that_never_calls_cuda_survives_a_pause() {
     kill(pid, libc::SIGUSR1);
     kill(pid, libc::SIGUSR2);
     writeln!(child.stdin.as_mut().unwrap(), "here").unwrap();
-    let status = wait_timeout(&mut child, EXIT_LIMIT).expect("sh exits");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (status, rest, err) = finish(&mut child, &mut out, "sh");
     assert!(
         status.success(),
         "sh under cudaw died of a pause: {status}: {err}"
@@ -428,15 +413,7 @@ int main() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "fork_child: ready\n");
-    let ckpt = |args: &[&str]| {
-        Command::new(cudaw_ckpt())
-            .args(args)
-            .env("CUDAW_RUN_DIR", &run_dir)
-            .output()
-            .unwrap()
-    };
-    let p = ckpt(&["pause", &pid]);
-    assert!(p.status.success(), "{}", text(&p.stderr));
+    ckpt_ok(&run_dir, &["pause", &pid]);
     let stdin = child.stdin.as_mut().unwrap();
     writeln!(stdin, "fork").unwrap();
     stdin.flush().unwrap();
@@ -455,21 +432,9 @@ int main() {
     out.read_line(&mut line).unwrap();
     assert_eq!(line, "fork_child: child exited 0\n");
     // The parent is still paused: the child's resume signal did not reach it.
-    let st = ckpt(&["status", &pid, "--json"]);
-    let st: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status --json");
-    assert_eq!(st["state"], "paused", "{st}");
-    let r = ckpt(&["resume", &pid]);
-    assert!(r.status.success(), "{}", text(&r.stderr));
-    let status = wait_timeout(&mut child, EXIT_LIMIT).expect("fork_child exits");
-    let mut rest = String::new();
-    out.read_to_string(&mut rest).unwrap();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    assert_eq!(state(&run_dir, &pid), "paused");
+    ckpt_ok(&run_dir, &["resume", &pid]);
+    let (status, rest, log) = finish(&mut child, &mut out, "fork_child");
     assert!(status.success(), "{status}: {log}");
     assert_eq!(rest, "fork_child: 1010101\n", "{log}");
     let parent_pauses = log.matches(&format!("cudaw[{pid}] info: paused: ")).count();

@@ -23,7 +23,7 @@
 mod ckpt_common;
 
 use ckpt_common::{images, raw, temp_dir, text, TempDir};
-use cudaw_tests::{command_under_cudaw, compile_program, cudaw_ckpt, nvcc, Addressing};
+use cudaw_tests::{command_under_cudaw, compile_program, cudaw_ckpt, nvcc, Addressing, Rng};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -35,26 +35,6 @@ use std::time::{Duration, Instant};
 const THREADS: usize = 4;
 /// Iterations each thread is allowed per cycle ("run K").
 const PER_CYCLE: u32 = 2;
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn sleep_us(&mut self, max: u64) {
-        std::thread::sleep(Duration::from_micros(self.below(max)));
-    }
-}
 
 /// The shim's log, shared with the thread reading it.
 #[derive(Default)]

@@ -442,3 +442,26 @@ pub fn wait_timeout(
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+/// The tests' seeded random choices (xorshift64*): a printed seed replays them.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Sleeps up to `max` microseconds.
+    pub fn sleep_us(&mut self, max: u64) {
+        std::thread::sleep(std::time::Duration::from_micros(self.below(max)));
+    }
+}
