@@ -206,17 +206,9 @@ fn drive(addressing: Addressing, tag: &str) {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         // A copy of cudaw-ckpt that user can run: the clone may sit in a private folder.
-        let bin = run_dir(&format!("{tag}-bin"));
-        let nobody_ckpt = bin.0.join("cudaw-ckpt");
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::create_dir_all(&bin.0).unwrap();
-            std::fs::set_permissions(&bin.0, std::fs::Permissions::from_mode(0o755)).unwrap();
-            std::fs::copy(cudaw_ckpt(), &nobody_ckpt).unwrap();
-            std::fs::set_permissions(&nobody_ckpt, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
+        let nobody_ckpt = cudaw_tests::cudaw_ckpt_for_others(tag);
         let as_nobody = |args: &[&str]| {
-            Command::new(&nobody_ckpt)
+            Command::new(&nobody_ckpt.exe)
                 .args(args)
                 .env("CUDAW_RUN_DIR", &dir)
                 .uid(65534)

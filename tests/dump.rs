@@ -581,11 +581,13 @@ fn clear_failures_for_paths_pids_and_usage() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         use std::os::unix::process::CommandExt;
+        // A copy that user can run: the clone may sit in a private folder.
+        let nobody_ckpt = cudaw_tests::cudaw_ckpt_for_others("dump");
         for args in [
             ["dump", &pid, "-o", "/tmp/x.img"],
             ["restore", &pid, "-i", s(&t.path("good.img"))],
         ] {
-            let out = std::process::Command::new(cudaw_tests::cudaw_ckpt())
+            let out = std::process::Command::new(&nobody_ckpt.exe)
                 .args(args)
                 .env("CUDAW_RUN_DIR", &t.run_dir)
                 .uid(65534)

@@ -465,3 +465,30 @@ impl Rng {
         std::thread::sleep(std::time::Duration::from_micros(self.below(max)));
     }
 }
+
+/// A copy of `cudaw-ckpt` that another user can run (the clone may sit in a private
+/// folder that user cannot enter), in a 0755 folder of its own, removed when dropped.
+pub struct CkptForOthers {
+    dir: PathBuf,
+    /// The copy.
+    pub exe: PathBuf,
+}
+
+impl Drop for CkptForOthers {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Copies `cudaw-ckpt` where every user can run it ([`CkptForOthers`]).
+pub fn cudaw_ckpt_for_others(tag: &str) -> CkptForOthers {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("cudaw-ckpt-bin-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a folder for the copy");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let exe = dir.join("cudaw-ckpt");
+    std::fs::copy(cudaw_ckpt(), &exe).expect("copying cudaw-ckpt");
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    CkptForOthers { dir, exe }
+}
