@@ -41,6 +41,8 @@ static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
 /// The write end's inode: the handler writes only while the descriptor is still the pipe
 /// (a program that closes every descriptor and opens a file must not get our bytes).
 static PIPE_INODE: AtomicU64 = AtomicU64::new(0);
+/// The read end's inode, checked likewise before cudaw reads from or closes it.
+static READ_INODE: AtomicU64 = AtomicU64::new(0);
 /// The configured signals, as the handler compares them (0: none).
 static PAUSE_SIGNAL: AtomicI32 = AtomicI32::new(0);
 static RESUME_SIGNAL: AtomicI32 = AtomicI32::new(0);
@@ -63,11 +65,6 @@ pub fn is_exiting() -> bool {
 /// Whether this process is the child of a fork taken after cudaw had initialised.
 pub fn forked_after_init() -> bool {
     FORKED_AFTER_INIT.load(Ordering::SeqCst)
-}
-
-/// The self-pipe's read end (-1 when it could not be created).
-pub(crate) fn pipe_read_end() -> i32 {
-    PIPE_READ.load(Ordering::SeqCst)
 }
 
 /// The configured pause and resume signals, once the handlers are installed.
@@ -147,27 +144,85 @@ thread_local! {
     static MAIN_SENTINEL: MainSentinel = const { MainSentinel };
 }
 
-fn create_pipe() -> Result<(), String> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return Err(format!("pipe2: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fds[1] is the pipe we just created; `st` is a live local.
-    if unsafe { libc::fstat(fds[1], &mut st) } != 0 {
-        return Err(format!("fstat: {}", std::io::Error::last_os_error()));
-    }
-    PIPE_INODE.store(st.st_ino, Ordering::SeqCst);
-    PIPE_READ.store(fds[0], Ordering::SeqCst);
-    PIPE_WRITE.store(fds[1], Ordering::SeqCst);
+/// Creates the self-pipe: a socket pair, so that a byte sent to it never raises `SIGPIPE`
+/// (`MSG_NOSIGNAL`) even if the program closed the other end.
+pub(crate) fn create_pipe() -> Result<(), String> {
+    let fds =
+        new_pair().ok_or_else(|| format!("socketpair: {}", std::io::Error::last_os_error()))?;
+    install_pair(fds);
     Ok(())
 }
 
-/// Installs the pause and resume handlers (`CUDAW_PAUSE_SIGNAL`, `CUDAW_RESUME_SIGNAL`).
-/// At load, a handler of the program's cannot exist yet; at initialisation (`again`), one
-/// the program installed meanwhile is replaced, with a warning.
+/// A non-blocking, close-on-exec socket pair and each end's inode; async-signal-safe.
+fn new_pair() -> Option<[(i32, u64); 2]> {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some([(fds[0], inode(fds[0])?), (fds[1], inode(fds[1])?)])
+}
+
+fn install_pair([(r, r_ino), (w, w_ino)]: [(i32, u64); 2]) {
+    READ_INODE.store(r_ino, Ordering::SeqCst);
+    PIPE_INODE.store(w_ino, Ordering::SeqCst);
+    PIPE_READ.store(r, Ordering::SeqCst);
+    PIPE_WRITE.store(w, Ordering::SeqCst);
+}
+
+/// The inode of socket `fd`, if it is one. Async-signal-safe.
+fn inode(fd: i32) -> Option<u64> {
+    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into a live local; a closed descriptor only fails.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    (ok && st.st_mode & libc::S_IFMT == libc::S_IFSOCK).then_some(st.st_ino)
+}
+
+/// Whether `fd` is still the self-pipe's end whose inode is `ino` (a program that closes
+/// every descriptor may have reused the number). Async-signal-safe.
+fn still_ours(fd: i32, ino: &AtomicU64) -> bool {
+    fd >= 0 && inode(fd) == Some(ino.load(Ordering::SeqCst))
+}
+
+/// The self-pipe's read end, made again if the program closed or reused either end since
+/// the library loaded (-1 if it cannot be made).
+pub(crate) fn checked_read_end() -> i32 {
+    let (r, w) = (
+        PIPE_READ.load(Ordering::SeqCst),
+        PIPE_WRITE.load(Ordering::SeqCst),
+    );
+    if still_ours(r, &READ_INODE) && still_ours(w, &PIPE_INODE) {
+        return r;
+    }
+    // Not ours any more: leave those numbers to the program, and make a new pair.
+    PIPE_WRITE.store(-1, Ordering::SeqCst);
+    PIPE_READ.store(-1, Ordering::SeqCst);
+    match create_pipe() {
+        Ok(()) => {
+            log::warn(format_args!(
+                "the pause/resume self-pipe was closed by the program; made again (signals sent meanwhile are lost)"
+            ));
+            PIPE_READ.load(Ordering::SeqCst)
+        }
+        Err(e) => {
+            log::warn(format_args!("pause/resume signals: {e}"));
+            -1
+        }
+    }
+}
+
+/// Installs the pause and resume handlers (`CUDAW_PAUSE_SIGNAL`, `CUDAW_RESUME_SIGNAL`),
+/// at load and again at initialisation (`again`): a handler of the program's (one it set
+/// before loading the runtime with `dlopen`, or since) is replaced, with a warning.
 pub(crate) fn install_handlers(again: bool) -> Result<(), String> {
     let cfg = crate::config::get();
     let Some((pause, resume)) = cfg.pause_signal.zip(cfg.resume_signal) else {
@@ -198,8 +253,7 @@ pub(crate) fn install_handlers(again: bool) -> Result<(), String> {
             ));
         }
         let ours = on_signal as extern "C" fn(libc::c_int) as usize;
-        if again
-            && old.sa_sigaction != ours
+        if old.sa_sigaction != ours
             && old.sa_sigaction != libc::SIG_DFL
             && old.sa_sigaction != libc::SIG_IGN
         {
@@ -232,34 +286,35 @@ extern "C" fn on_signal(sig: libc::c_int) {
     HANDLERS_ACTIVE.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Writes one request byte to the self-pipe, if it is still ours. Async-signal-safe.
+/// Sends one request byte to the self-pipe, if it is still ours. Async-signal-safe.
 fn write_byte(b: u8) -> bool {
     let fd = PIPE_WRITE.load(Ordering::SeqCst);
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into a live local; a closed descriptor only fails.
-    let same = unsafe { libc::fstat(fd, &mut st) } == 0
-        && st.st_ino == PIPE_INODE.load(Ordering::SeqCst)
-        && st.st_mode & libc::S_IFMT == libc::S_IFIFO;
-    // SAFETY: writes one byte from a live local to our pipe; a full pipe (requests piling
-    // up) drops the byte (O_NONBLOCK): the requests already queued say the same.
-    same && unsafe { libc::write(fd, (&b as *const u8).cast(), 1) } == 1
+    // SAFETY: sends one byte from a live local on our socket; never raises SIGPIPE
+    // (MSG_NOSIGNAL), never blocks (a full buffer drops the byte: the requests already
+    // queued say the same).
+    still_ours(fd, &PIPE_INODE)
+        && unsafe {
+            libc::send(
+                fd,
+                (&b as *const u8).cast(),
+                1,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        } == 1
 }
 
 // ---- fork ----
 
 extern "C" fn in_forked_child() {
-    // Async-signal-safe only: atomics, close(2), pipe2(2), fstat(2).
+    // Async-signal-safe only: atomics, fstat(2), close(2), socketpair(2).
     let (r, w) = (
         PIPE_READ.swap(-1, Ordering::SeqCst),
         PIPE_WRITE.swap(-1, Ordering::SeqCst),
     );
-    for fd in [r, w] {
-        if fd >= 0 {
-            // SAFETY: our own descriptors, copies of the parent's; the parent keeps its own.
+    for (fd, ino) in [(r, &READ_INODE), (w, &PIPE_INODE)] {
+        if still_ours(fd, ino) {
+            // SAFETY: our own descriptor (checked), a copy of the parent's; the parent
+            // keeps its own.
             unsafe { libc::close(fd) };
         }
     }
@@ -272,19 +327,9 @@ extern "C" fn in_forked_child() {
         return;
     }
     // A child that has not used CUDA yet may: it gets a pipe of its own.
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return;
+    if let Some(pair) = new_pair() {
+        install_pair(pair);
     }
-    // SAFETY: an all-zero `stat` is a valid value for fstat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fds[1] is the pipe just created; `st` is a live local.
-    if unsafe { libc::fstat(fds[1], &mut st) } == 0 {
-        PIPE_INODE.store(st.st_ino, Ordering::SeqCst);
-    }
-    PIPE_READ.store(fds[0], Ordering::SeqCst);
-    PIPE_WRITE.store(fds[1], Ordering::SeqCst);
 }
 
 // ---- exit ----
@@ -331,6 +376,10 @@ pub fn mark_exiting(why: &str) {
     log::debug(format_args!(
         "exiting ({why}): pause requests are refused from now on"
     ));
+    if crate::pause::is_cudaw_thread() {
+        // The control thread itself (or a helper of it): nothing to wait for.
+        return;
+    }
     if !CONTROL_RUNNING.load(Ordering::SeqCst) || !write_byte(BYTE_EXIT) {
         // No control thread to hold the process paused (or none to ask): let every
         // thread go.

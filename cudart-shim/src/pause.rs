@@ -194,7 +194,10 @@ fn install() -> Result<(), String> {
         log::info(format_args!("pause/resume signals disabled"));
     }
     lifecycle::register_exit_handler();
-    let fd = lifecycle::pipe_read_end();
+    // Looked up here, once: the control thread must never call dlsym, whose lock this
+    // thread may hold (a first CUDA call made by a constructor inside dlopen).
+    let _ = lifecycle::interpreter_finalizing();
+    let fd = lifecycle::checked_read_end();
     if fd < 0 && listener.is_none() {
         return Ok(());
     }
@@ -206,7 +209,7 @@ fn install() -> Result<(), String> {
     } else {
         None
     };
-    let held = first == Some(Request::Pause);
+    let held = first == Some(Request::Pause) && !lifecycle::is_exiting();
     if held {
         log::info(format_args!(
             "a pause arrived before the first CUDA call: CUDA calls wait for the resume"
@@ -222,8 +225,15 @@ fn install() -> Result<(), String> {
                 crate::boundary::guard("the control thread", (), || {
                     let _ = handle(req, &mut |_| {});
                 });
+                // A first pause refused (the process exiting) or failed leaves no gate
+                // closed behind it.
+                if held && !CTL.lock().paused {
+                    gate::open();
+                }
             }
-            control_loop(fd, listener)
+            control_loop(fd, listener);
+            // Nobody serves the pipe any more: an exit must not wait for an answer.
+            lifecycle::CONTROL_RUNNING.store(false, Ordering::SeqCst);
         })
         .map_err(|e| {
             if held {
@@ -923,6 +933,17 @@ pub(crate) fn pause(report: Report<'_>) -> Result<Moved, Failure> {
             )
         })
         .and_then(|()| synchronise_all(deadline));
+    // Exit began while the pause waited: give it up, never evict under a teardown.
+    let waited = waited.and_then(|()| {
+        if lifecycle::is_exiting() {
+            Err(Failure::new(
+                ErrorKind::Failed,
+                "the process began to exit during the pause",
+            ))
+        } else {
+            Ok(())
+        }
+    });
     if let Err(mut e) = waited {
         if e.kind == ErrorKind::Timeout {
             let secs = timeout.map_or(0.0, |t| t.as_secs_f64());

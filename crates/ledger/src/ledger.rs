@@ -216,8 +216,20 @@ pub fn trusted_dir(dir: &Path) -> Result<PathBuf, LedgerError> {
     }
     if std::fs::symlink_metadata(dir).is_err() {
         match std::fs::create_dir(dir) {
-            Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
-                .map_err(io_err(dir, "setting mode 1777 on"))?,
+            Ok(()) => {
+                // Through a descriptor of the folder itself, never a link put in its place.
+                let fd = rustix::fs::open(
+                    dir,
+                    rustix::fs::OFlags::DIRECTORY
+                        | rustix::fs::OFlags::NOFOLLOW
+                        | rustix::fs::OFlags::RDONLY
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_err(|e| io_err(dir, "opening the new folder")(e.into()))?;
+                rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o1777))
+                    .map_err(|e| io_err(dir, "setting mode 1777 on")(e.into()))?;
+            }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_err(dir, "creating")(e)),
         }
@@ -864,9 +876,14 @@ impl Ledger {
             let held = others.held();
             let all = want.saturating_add(held);
             if all.saturating_add(others.claimed()) <= self.capacity {
+                let before = (self.used, self.peak);
                 self.used = want;
                 self.peak = self.peak.max(want);
-                self.write(0)?;
+                if let Err(e) = self.write(0) {
+                    // Not granted: what this process holds is what it held.
+                    (self.used, self.peak) = before;
+                    return Err(e);
+                }
                 return Ok(Grant::Granted);
             }
             self.write(0)?;

@@ -136,14 +136,13 @@ pub fn verdict(id: ProcessId, writer: u32) -> Verdict {
     if start != id.start {
         return Verdict::Gone;
     }
-    if matches!(state, 'Z' | 'X' | 'x') {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", id.pid)).ok();
+    // A process whose main thread has exited shows as a zombie while its other threads
+    // still run (and hold memory): only one with no thread left is gone.
+    if matches!(state, 'Z' | 'X' | 'x') && threads(status.as_deref()).is_none_or(|n| n <= 1) {
         return Verdict::Zombie;
     }
-    let Some((real, effective)) = std::fs::read_to_string(format!("/proc/{}/status", id.pid))
-        .ok()
-        .as_deref()
-        .and_then(parse_uids)
-    else {
+    let Some((real, effective)) = status.as_deref().and_then(parse_uids) else {
         return Verdict::Hidden;
     };
     if writer != real && writer != effective {
@@ -153,6 +152,16 @@ pub fn verdict(id: ProcessId, writer: u32) -> Verdict {
         };
     }
     Verdict::Live
+}
+
+/// The `Threads:` count of a `/proc/PID/status` text.
+fn threads(status: Option<&str>) -> Option<u64> {
+    status?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
