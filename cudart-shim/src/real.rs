@@ -91,33 +91,7 @@ pub fn discover() -> Vec<PathBuf> {
     if let Ok(v) = std::env::var("LD_LIBRARY_PATH") {
         dirs.extend(v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
     }
-    for pattern_root in ["/usr/local"] {
-        if let Ok(rd) = std::fs::read_dir(pattern_root) {
-            let mut cuda: Vec<PathBuf> = rd
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("cuda"))
-                })
-                .collect();
-            cuda.sort();
-            for c in cuda {
-                dirs.push(c.join("lib64"));
-                dirs.push(c.join("targets/x86_64-linux/lib"));
-            }
-        }
-    }
-    dirs.extend(
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib64",
-            "/usr/lib",
-            "/lib/x86_64-linux-gnu",
-        ]
-        .into_iter()
-        .map(PathBuf::from),
-    );
+    dirs.extend(driver::locate::runtime_dirs());
     for site in python_site_dirs() {
         if let Ok(rd) = std::fs::read_dir(site.join("nvidia")) {
             let mut subs: Vec<PathBuf> = rd.flatten().map(|e| e.path().join("lib")).collect();

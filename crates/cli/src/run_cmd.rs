@@ -272,38 +272,6 @@ fn lib_dir(args: &Args, major: u32) -> Result<PathBuf> {
     )
 }
 
-/// Every folder the real runtime is looked for in, beyond the program's own (as the
-/// drop-in runtime itself would look): CUDA's folders, the system's, Python's `nvidia`
-/// packages.
-fn runtime_folders() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/usr/local") {
-        let mut cuda: Vec<PathBuf> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("cuda"))
-            })
-            .collect();
-        cuda.sort();
-        for c in cuda {
-            dirs.push(c.join("lib64"));
-            dirs.push(c.join("targets/x86_64-linux/lib"));
-        }
-    }
-    dirs.extend(
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib64",
-            "/usr/lib",
-            "/lib/x86_64-linux-gnu",
-        ]
-        .map(PathBuf::from),
-    );
-    dirs
-}
-
 /// The real runtime of `major` for a program with `rpaths`: $CUDAW_REAL_CUDART, else where
 /// the dynamic linker would find it, CUDA's and the system's folders, the `nvidia` runtime
 /// package of `python3`. `Err` lists where it looked.
@@ -320,7 +288,7 @@ pub fn real_cudart(major: u32, rpaths: &[PathBuf]) -> std::result::Result<PathBu
     if let Some(p) = find_library(name, rpaths) {
         return Ok(p);
     }
-    if let Some(p) = runtime_folders()
+    if let Some(p) = driver::locate::runtime_dirs()
         .into_iter()
         .map(|d| d.join(name))
         .find(|p| p.is_file())

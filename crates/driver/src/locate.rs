@@ -26,6 +26,38 @@ pub const DRIVER_DIRS: [&str; 7] = [
     "/lib64",
 ];
 
+/// The usual folders of CUDA's runtime libraries (`libcudart.so.N`), best first: each
+/// `/usr/local/cuda*` installation's (sorted by name), then the system's. The drop-in
+/// runtime looks there for the real one, and `cudaw run` for whether there is one.
+pub fn runtime_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/usr/local") {
+        let mut cuda: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("cuda"))
+            })
+            .collect();
+        cuda.sort();
+        for c in cuda {
+            dirs.push(c.join("lib64"));
+            dirs.push(c.join("targets/x86_64-linux/lib"));
+        }
+    }
+    dirs.extend(
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib",
+            "/lib/x86_64-linux-gnu",
+        ]
+        .map(PathBuf::from),
+    );
+    dirs
+}
+
 /// Candidate paths for the real driver, best first, without duplicates.
 pub fn candidates() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
