@@ -33,7 +33,7 @@ FORMS
   fi
 done
 # The hand-made regression inputs of the robustness test, if any.
-if [ -d "$root/fatbin/tests/regressions" ]; then
-  cp "$root"/fatbin/tests/regressions/* "$out"/ 2>/dev/null || true
+if [ -d "$root/crates/fatbin/tests/regressions" ]; then
+  cp "$root"/crates/fatbin/tests/regressions/* "$out"/ 2>/dev/null || true
 fi
 echo "seed.sh: $n seeds in $out"

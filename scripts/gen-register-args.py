@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates cudart-shim/exports/register-args.txt: the runtime's exports whose arguments
+"""Generates crates/cudart-shim/exports/register-args.txt: the runtime's exports whose arguments
 all travel in registers under the x86-64 System V ABI, and that return a cudaError_t.
 
 The tracing fast path (shim-build's trace_fast_path) calls those exports from its own
@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPORTS = os.path.join(ROOT, "cudart-shim/exports")
+EXPORTS = os.path.join(ROOT, "crates/cudart-shim/exports")
 OUT = os.path.join(EXPORTS, "register-args.txt")
 
 PROGRAM_HEAD = r"""

@@ -300,7 +300,7 @@ if want bench && [ -x "$WORK/launch_loop" ]; then
   if num "$call" && le "$call" 2; then st=PASS; else st=FAIL; fi
   row "bench: cost of one forwarded call, in-process A/B" $st "+$call ns per cudaPeekAtLastError (runs: ${ab_call[*]}); goal <= 2 ns"
   # The runtime's launch exports go straight to the real runtime once the driver layer is
-  # seen to mark their launches (cudart-shim/src/launch_bypass.rs): its log line says so.
+  # seen to mark their launches (crates/cudart-shim/src/launch_bypass.rs): its log line says so.
   if [ -x "$WORK/launch_ab" ]; then
     CUDAW_LOG=info taskset -c 3 timeout 120 "$CUDAW" run -- "$WORK/launch_ab" 5 </dev/null >/dev/null 2>"$OUT/launch_bypass.log"
     straight=$(grep -o "cudaLaunchKernel: the real runtime's launches reach cudaw's driver layer" "$OUT/launch_bypass.log" | head -1)

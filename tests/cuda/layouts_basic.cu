@@ -1,4 +1,4 @@
-// Parameter-layout fixtures for the fatbin crate's tests (fatbin/tests/nvcc.rs): every kind
+// Parameter-layout fixtures for the fatbin crate's tests (crates/fatbin/tests/nvcc.rs): every kind
 // of kernel parameter nvcc can produce. Compiled, never run; `main` exists only so that the
 // file links into an executable.
 // (__half is left out: cuda_fp16.h needs the CCCL headers the pip wheels do not ship;

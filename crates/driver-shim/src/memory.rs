@@ -3,7 +3,7 @@
 //!
 //! `cuMemAlloc`, `cuMemAllocPitch`, `cuMemAllocAsync` and `cuMemAllocFromPoolAsync` come,
 //! when the runtime shim is in the process and its addressing is mapped, from cudaw's VMM
-//! (through [`driver::hooks::MemoryHooks`], `cudart-shim/src/hooks.rs`), the same path as
+//! (through [`driver::hooks::MemoryHooks`], `crates/cudart-shim/src/hooks.rs`), the same path as
 //! `cudaMalloc`: the pointer is the VMM's device address, which the caller uses directly;
 //! a pause evicts the memory and a checkpoint holds it; the VMM charges it to the device's
 //! budget (granule rounding included). The stream-ordered calls take the memory at once
@@ -32,7 +32,7 @@
 //! `cuMemRelease`, `cuMemSetAccess`, `cuMemGetAllocationPropertiesFromHandle`,
 //! `cuMemExportToShareableHandle`, `cuMemImportFromShareableHandle`,
 //! `cuMemRetainAllocationHandle`, `cuMulticastBindMem*`) go, when the runtime shim is in the
-//! process, to its handle table (`cudart-shim/src/handles.rs`, through
+//! process, to its handle table (`crates/cudart-shim/src/handles.rs`, through
 //! [`driver::hooks::HandleHooks`]): the handles are virtual, and a pause evicts the memory
 //! behind them. Without a runtime shim they are forwarded, `cuMemCreate` tallied.
 

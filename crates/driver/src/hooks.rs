@@ -70,7 +70,7 @@ unsafe impl Send for RuntimeHooks {}
 /// A table of its own (beside [`RuntimeHooks`]), so that either grows alone.
 pub const RUNTIME_HANDLES_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_handles_v1";
 
-/// The runtime shim's handle table (`cudart-shim/src/handles.rs`): the driver shim's
+/// The runtime shim's handle table (`crates/cudart-shim/src/handles.rs`): the driver shim's
 /// `cuMemCreate` and every call that takes such a handle go through it, so that the
 /// handles the program sees are virtual and a pause can evict the memory behind them.
 /// Each function has the driver function's C signature (cuda.h) and returns its
@@ -122,7 +122,7 @@ pub const RUNTIME_MEMORY_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_memory_v1";
 pub const NOT_MINE: u32 = u32::MAX;
 
 /// The runtime shim's device memory for the driver shim's `cuMemAlloc*` / `cuMemFree*` and
-/// pointer queries (`cudart-shim/src/hooks.rs`): in mapped addressing the memory comes from
+/// pointer queries (`crates/cudart-shim/src/hooks.rs`): in mapped addressing the memory comes from
 /// cudaw's VMM, as `cudaMalloc`'s does, so a pause evicts it and a checkpoint holds it.
 /// The allocations take the device ordinal of the caller's current context; each function
 /// returns a `CUresult` or [`NOT_MINE`]. The struct only grows; `size` says how many fields a
@@ -204,7 +204,7 @@ pub struct TraceLaunch {
     pub words_len: usize,
 }
 
-/// The runtime shim's tracing store (`cudart-shim/src/hooks.rs`, `crates/trace`), for the
+/// The runtime shim's tracing store (`crates/cudart-shim/src/hooks.rs`, `crates/trace`), for the
 /// launches and copies made through the driver by callers other than cudaw's runtime
 /// (cuBLAS, cuDNN, Triton). The struct only grows; `size` says how many fields a library has.
 #[repr(C)]

@@ -446,7 +446,7 @@ pub const TRACE_EVENT: usize = 24;
 pub const TRACE_ALWAYS: u64 = 1 << 63;
 /// Bit of an export's `timed` counter that makes the fast path *call* it when timed,
 /// instead of swapping the caller's return address for its thunk's: for exports whose
-/// arguments all travel in registers (`cudart-shim/exports/register-args.txt`), which
+/// arguments all travel in registers (`crates/cudart-shim/exports/register-args.txt`), which
 /// therefore read nothing of their caller's frame. The call and its return pair up, so
 /// the processor predicts both returns (a swapped return address costs two mispredicted
 /// jumps a call); the export's event is written when it returns, or, when its buffer has

@@ -9,9 +9,9 @@ use std::process::Command;
 
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root")
 }
 
 pub struct Tools {

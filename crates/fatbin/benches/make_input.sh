@@ -5,7 +5,7 @@
 # the file reaches SIZE_MB (default 300, like libtorch_cuda.so's .nv_fatbin).
 # Output: target/fatbin-bench/large.fatbin (not committed).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 bin=$(dirname "$(readlink -f "${CUDAW_CUDA_BIN:-$root/target/cuda/bin}/nvcc")")
 kernels=${KERNELS:-450}
 size_mb=${SIZE_MB:-300}

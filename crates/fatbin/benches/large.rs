@@ -2,7 +2,7 @@
 //! `.nv_fatbin` is 297 MB). Make the input first (once):
 //!
 //! ```text
-//! fatbin/benches/make_input.sh            # writes target/fatbin-bench/large.fatbin
+//! crates/fatbin/benches/make_input.sh            # writes target/fatbin-bench/large.fatbin
 //! CARGO_TARGET_DIR=target/h-fatbin cargo bench -p fatbin --bench large
 //! ```
 //!
@@ -23,13 +23,13 @@ fn input() -> Option<(PathBuf, Vec<u8>)> {
     let path = std::env::var_os("FATBIN_BENCH_INPUT")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/fatbin-bench/large.fatbin")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/fatbin-bench/large.fatbin")
         });
     match std::fs::read(&path) {
         Ok(data) => Some((path, data)),
         Err(e) => {
             eprintln!(
-                "SKIPPED: {}: {e}; run fatbin/benches/make_input.sh first",
+                "SKIPPED: {}: {e}; run crates/fatbin/benches/make_input.sh first",
                 path.display()
             );
             None
