@@ -15,8 +15,9 @@
 // Wrappers mirror the C signatures of the runtime API.
 #![allow(clippy::too_many_arguments)]
 
-pub mod boundary;
-pub mod config;
+pub use cudaw_config as config;
+pub use cudaw_shim_core::{boundary, log};
+
 pub mod control;
 pub mod dispatch;
 pub mod entry_points;
@@ -27,7 +28,6 @@ pub mod image;
 pub mod inflight;
 pub mod launch_bypass;
 pub mod lifecycle;
-pub mod log;
 pub mod memory;
 pub mod pause;
 pub mod real;

@@ -1,8 +1,41 @@
-//! Configuration, read once from the environment into one typed struct.
+//! cudaw's configuration: every `CUDAW_*` variable, read once from the environment into one
+//! typed struct ([`Config`], [`get`]) shared by the engine, both shims and `cudaw run`.
+//! A value that cannot be used is replaced by its default and reported in
+//! [`Config::warnings`], never ignored silently.
 
-use crate::log::Level;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+/// Log levels, most severe first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Level {
+    /// Something failed.
+    Error = 1,
+    /// Something is off but cudaw carries on.
+    Warn = 2,
+    /// What cudaw did, once per event.
+    Info = 3,
+    /// Details for developers.
+    Debug = 4,
+    /// Every call.
+    Trace = 5,
+}
+
+impl Level {
+    /// Parses a level name; `None` for an unknown one.
+    pub fn parse(s: &str) -> Option<Level> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "error" => Level::Error,
+            "warn" | "warning" => Level::Warn,
+            "info" => Level::Info,
+            "debug" => Level::Debug,
+            "trace" => Level::Trace,
+            "off" | "none" => return Some(Level::Error),
+            _ => return None,
+        })
+    }
+}
 
 /// How device pointers relate to device addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +150,7 @@ pub struct Config {
     pub trace_direct: bool,
     /// `CUDAW_DIRECT_LAUNCHES` (default on; `off` keeps the runtime layer's thin wrapper on
     /// the launch exports even where the driver layer marks the launches:
-    /// [`crate::launch_bypass`]).
+    /// the runtime shim's `launch_bypass` module).
     pub direct_launches: bool,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,

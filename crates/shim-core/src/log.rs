@@ -1,42 +1,28 @@
-//! One logging facade. The level comes from `CUDAW_LOG` (`error`, `warn`, `info`, `debug`,
-//! `trace`; default `warn`), read once. Lines go to standard error, prefixed `cudaw[PID]`.
+//! One logging facade for both shims and the engine. The level comes from `CUDAW_LOG`
+//! (`error`, `warn`, `info`, `debug`, `trace`; default `warn`), read once. Lines go to
+//! standard error, prefixed `cudaw[PID]` and the library's origin, if it set one
+//! ([`set_origin`]: the driver layer's lines read `cudaw[PID] driver warn: ...`).
 
 use std::fmt::Arguments;
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Log levels, most severe first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Level {
-    /// Something failed.
-    Error = 1,
-    /// Something is off but cudaw carries on.
-    Warn = 2,
-    /// What cudaw did, once per event.
-    Info = 3,
-    /// Details for developers.
-    Debug = 4,
-    /// Every call.
-    Trace = 5,
-}
-
-impl Level {
-    /// Parses a level name; `None` for an unknown one.
-    pub fn parse(s: &str) -> Option<Level> {
-        Some(match s.trim().to_ascii_lowercase().as_str() {
-            "error" => Level::Error,
-            "warn" | "warning" => Level::Warn,
-            "info" => Level::Info,
-            "debug" => Level::Debug,
-            "trace" => Level::Trace,
-            "off" | "none" => return Some(Level::Error),
-            _ => return None,
-        })
-    }
-}
+pub use cudaw_config::Level;
 
 static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// The library's name in its lines (empty for the runtime shim). Each cdylib links its
+/// own copy of this crate, so each has its own.
+static ORIGIN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names the library in every line it logs from now on (`"driver"`); the first call wins.
+pub fn set_origin(origin: &'static str) {
+    let _ = ORIGIN.set(origin);
+}
+
+fn origin() -> &'static str {
+    ORIGIN.get().copied().unwrap_or("")
+}
 
 /// The level in force (reads `CUDAW_LOG` on first use).
 pub fn level() -> Level {
@@ -50,7 +36,7 @@ pub fn level() -> Level {
             _ => Level::Trace,
         };
     }
-    let lv = crate::config::get().log_level;
+    let lv = cudaw_config::get().log_level;
     LEVEL.store(lv as u8, Ordering::Relaxed);
     lv
 }
@@ -72,7 +58,10 @@ pub fn write(l: Level, args: Arguments<'_>) {
         Level::Debug => "debug",
         Level::Trace => "trace",
     };
-    let line = format!("cudaw[{}] {tag}: {args}\n", std::process::id());
+    let line = match origin() {
+        "" => format!("cudaw[{}] {tag}: {args}\n", std::process::id()),
+        o => format!("cudaw[{}] {o} {tag}: {args}\n", std::process::id()),
+    };
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
@@ -82,7 +71,10 @@ pub fn warn_plain(args: Arguments<'_>) {
     if !enabled(Level::Warn) {
         return;
     }
-    let line = format!("cudaw[{}] {args}\n", std::process::id());
+    let line = match origin() {
+        "" => format!("cudaw[{}] {args}\n", std::process::id()),
+        o => format!("cudaw[{}] {o} {args}\n", std::process::id()),
+    };
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
