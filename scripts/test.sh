@@ -12,3 +12,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The three drop-in runtimes (one per CUDA major) that the export tests compare.
 scripts/build-shims.sh
 cargo test --workspace
+# The docs: the book (mdbook, installed once into target/tools) and the API docs, warnings
+# denied.
+mdbook=target/tools/bin/mdbook
+if ! "$mdbook" --version 2>/dev/null | grep -qx 'mdbook v0.5.4'; then
+  cargo install mdbook --version 0.5.4 --locked --no-default-features --features search \
+    --root target/tools
+fi
+"$mdbook" build docs
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps

@@ -3,11 +3,11 @@
 //! `println!` panics when standard output is a pipe whose reader has gone
 //! (`cudaw-ckpt inspect x.img | head -1`): Rust ignores `SIGPIPE`, so the write fails with
 //! `EPIPE` instead of killing the process. Here every write to standard output goes
-//! through [`outln!`] / [`out!`], which return the failure as an error of its own
+//! through `outln!` / `out!`, which return the failure as an error of its own
 //! ([`StdoutClosed`]); `main` then exits 0 quietly, as Unix tools do when their reader
 //! stops reading — after the error has unwound through the command, so that destructors
 //! still run (`cudaw demo` kills the example it started). Messages to standard error go
-//! through [`errln!`], which ignores a failed write (there is nowhere left to report it).
+//! through `errln!`, which ignores a failed write (there is nowhere left to report it).
 
 use std::fmt;
 use std::io::Write;

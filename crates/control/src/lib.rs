@@ -1,9 +1,23 @@
 //! The control socket's protocol, one definition for both sides: the drop-in runtime
 //! (`cudart-shim`, which serves `$CUDAW_RUN_DIR/PID.sock`) and `cudaw-ckpt` (which connects).
 //!
+//! # The socket
+//!
+//! A process under cudaw listens on a Unix stream socket named `PID.sock` ([`socket_path`])
+//! in its run folder ([`open_run_dir`]: `$CUDAW_RUN_DIR`, else `$XDG_RUNTIME_DIR/cudaw`,
+//! else `/tmp/cudaw-UID`; private, 0700). The socket is mode 0600 and removed at exit; one
+//! left by a dead process of the same PID is replaced. The server checks the peer's uid
+//! (`SO_PEERCRED`): only the process's owner or root may use it; anyone else gets a
+//! `request` error naming both uids. `CUDAW_CONTROL_SOCKET=off` serves no socket.
+//! `cudaw-ckpt` finds sockets in every folder a process may have used ([`find_run_dirs`]).
+//!
+//! # One exchange per connection
+//!
 //! One request line of JSON → zero or more progress lines (only when the request asks
 //! with `"progress":true`) → one reply line of JSON; then the server closes the
-//! connection:
+//! connection. Lines end in `\n`; a request line may be at most [`MAX_REQUEST`] bytes. The
+//! server gives a client 2 s to send its request line and 2 s to take each line it writes;
+//! a client that goes away during a long request does not stop it.
 //!
 //! ```text
 //! → {"cmd":"pause"}
@@ -24,18 +38,78 @@
 //! ← {"ok":false,"kind":"request","error":"malformed request ..."}
 //! ```
 //!
+//! # Requests and replies
+//!
+//! A request is a [`Request`], tagged by `cmd`; unknown fields are refused. Fields left
+//! out take the defaults shown (`false`, or [`DEFAULT_TOP`]). Paths must be absolute: the
+//! process's working folder is not the client's. A reply is a [`Reply`]: `ok`, and on
+//! success the one field named after the command.
+//!
+//! | request | reply on success |
+//! | --- | --- |
+//! | `{"cmd":"pause","progress":false}` | `"pause"`: [`Moved`] (`allocations`, `bytes`, `ms`, `changed`) |
+//! | `{"cmd":"resume","progress":false}` | `"resume"`: [`Moved`] |
+//! | `{"cmd":"status"}` | `"status"`: [`Status`] (`pid`, `state`, `addressing`, `image`?, `kept_host`, `arena`, `arena_building`, `devices`: a list of [`DeviceStatus`], `busy`?) |
+//! | `{"cmd":"dump","path":P,"leave_running":false,"fd":false,"progress":false}` | `"dump"`: [`Dumped`] |
+//! | `{"cmd":"restore","path":P,"force":false,"fd":false,"progress":false}` | `"restore"`: [`Restored`] |
+//! | `{"cmd":"stats","top":10}` | `"stats"`: [`Stats`] (fails with `failed` when tracing is off) |
+//! | `{"cmd":"trace","path":P,"fd":false}` | `"trace"`: [`TraceWritten`] (needs `CUDAW_TRACE=timeline`) |
+//! | `{"cmd":"tracing","on":B}` | `"tracing"`: [`TracingSwitched`] (needs `CUDAW_TRACE` at start) |
+//!
+//! `status`, `stats` and `trace` are answered at once, also while a long request runs
+//! (`status` then names it in `busy`); `pause`, `resume`, `dump`, `restore` and `tracing`
+//! run one at a time on the process's control thread, in the order they came, as the
+//! pause and resume signals do. A pause while paused, or a resume while running, succeeds
+//! with `changed: false`.
+//!
+//! # Progress lines
+//!
+//! When a `pause`, `resume`, `dump` or `restore` request says `"progress":true`, the server
+//! sends [`Progress`] lines before the reply:
+//! `{"progress":{"phase":"evict"|"write"|"verify"|"load","done":BYTES,"total":BYTES}}`,
+//! at most about ten a second per phase, the first of a phase with `done` 0 and the last
+//! with `done` = `total` ([`Phase`]). A client tells a progress line from the reply with
+//! [`Line::parse`]: a progress line has a `progress` key and no `ok` key.
+//!
+//! # Passing files
+//!
 //! `dump`, `restore` and `trace` requests may carry the file itself (`"fd":true`): the
 //! client opens the image to restore, or creates the file to write beside its target
 //! ([`cudaw_files::NewFile`]), and passes the open descriptor with the request line's
-//! first byte (`SCM_RIGHTS`, [`send_request`]). Paths are then resolved, and permissions
-//! checked, by the client as the requesting user in his own mount namespace and working
-//! folder; the process only reads or writes the descriptor, and the client renames a
-//! written file into place once the reply says it is complete.
+//! first byte (`SCM_RIGHTS`, [`send_request`]; the server reads it with
+//! [`recv_with_fds`]). Paths are then resolved, and permissions checked, by the client as
+//! the requesting user in his own mount namespace and working folder; the process only
+//! reads or writes the descriptor, and the client renames a written file into place once
+//! the reply says it is complete. A request that says `"fd":true` without a descriptor, or
+//! that comes with descriptors it does not take, is refused (`request`). Without `fd`, the
+//! process opens `path` itself, as its owner: it writes through a temporary file beside
+//! it, renamed into place, and reads only a regular file, never following a link.
+//!
+//! # Errors
+//!
+//! A failed request gets `{"ok":false,"kind":KIND,"error":MESSAGE}` ([`Reply::error`]);
+//! the message says what, where and why. The kinds ([`ErrorKind`]), and the exit status
+//! `cudaw-ckpt` gives for them:
+//!
+//! | `kind` | meaning | exit |
+//! | --- | --- | --- |
+//! | `request` | malformed request, no request line in time, a descriptor missing or extra, or permission denied (another user) | 1 |
+//! | `bad_image` | not a readable cudaw image: not one at all, another format version, truncated, or corrupt | 3 |
+//! | `mismatch` | a sound image, but not this process's (allocation table, addressing mode, producer) | 3 |
+//! | `io` | the file system refused: the file cannot be created, written or read | 1 |
+//! | `failed` | the process cannot do it now (memory on several devices, tracing off) or a device operation failed | 1 |
+//! | `unsupported` | a dump of a process holding driver-level handles a pause cannot evict | 1 |
+//! | `timeout` | a pause gave up at its deadline (`CUDAW_PAUSE_TIMEOUT`); the process runs on as before | 1 |
+//!
+//! A refused or failed request leaves the process as it was: a pause it began with is
+//! undone, a paused process stays paused with its memory where it was.
+//!
+//! # Compatibility
 //!
 //! Requests of the first version (`{"cmd":"pause"}`, `{"cmd":"resume"}`,
-//! `{"cmd":"status"}`) stay valid and get exactly one reply line. A client tells a
-//! progress line from the reply by [`Line::parse`]: a progress line has a `progress` key
-//! and no `ok` key.
+//! `{"cmd":"status"}`) stay valid and get exactly one reply line; replies and statuses
+//! of earlier servers, without the fields added since, still parse (those fields take
+//! their defaults).
 //!
 //! Its I/O: passing a descriptor over the socket ([`send_request`], [`recv_with_fds`]), and
 //! finding or creating the private run folder ([`open_run_dir`], [`find_run_dirs`]).
@@ -362,7 +436,8 @@ pub enum ErrorKind {
     /// are nowhere), or a device operation failed.
     Failed,
     /// The process holds memory the request cannot cover: a dump of a process with
-    /// driver-level handles (`cuMemCreate`), which the image format cannot hold.
+    /// driver-level handles (`cuMemCreate`) that a pause cannot evict (exported, imported,
+    /// bound to a multicast object, or not mapped over their whole size).
     Unsupported,
     /// A pause gave up at its deadline (`CUDAW_PAUSE_TIMEOUT`): calls in flight or the
     /// device's work did not finish; the process runs on as before.

@@ -3,7 +3,7 @@
 //! `build.rs` writes `names.rs` (every runtime export of every major, sorted, with an index
 //! constant per name) and `trampolines.s` (one exported function per name of this build's
 //! major). A trampoline tests [`crate::gate::GATE`] and jumps through [`TABLE`]; the slow
-//! path saves the argument registers, calls [`slow_resolve`], restores them and jumps to
+//! path saves the argument registers, calls `slow_resolve`, restores them and jumps to
 //! what it returned, so any signature (varargs and structs by value included) passes
 //! through untouched. With tracing on ([`gate::TRACING`]) every call takes the slow path:
 //! when the gate word is exactly `TRACING` (metrics), `shim-build`'s assembly

@@ -1,6 +1,6 @@
 //! Dump and restore: the process writes its own checkpoint image, and checks and loads one.
 //!
-//! **Dump** (`cudaw-ckpt dump`): pause if running ([`pause::pause`]), then stream every
+//! **Dump** (`cudaw-ckpt dump`): pause if running (`pause::pause`), then stream every
 //! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
 //! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
 //! bytes a previous dump left in an image, from that image one chunk at a time. The image is

@@ -1,6 +1,6 @@
 //! Launches that need no wrapper of this library: with mapped addressing and no tracing, a
 //! launch export only has to be marked in flight, so that a pause waits for it
-//! ([`crate::inflight::marked`]). When the real runtime's launches reach cudaw's driver
+//! (`crate::inflight::marked`). When the real runtime's launches reach cudaw's driver
 //! layer (`crates/driver-shim`, loaded as `libcuda.so.1` by `cudaw run`), that layer's
 //! launch wrappers already mark them, through this library's gate: the export can then go
 //! straight to the real runtime (its plain trampoline still tests the gate), and the

@@ -15,7 +15,7 @@
 //! requests and signals go through [`handle`] one at a time. Dump and restore
 //! ([`crate::image`]) build on pause and resume: after a dump without `--leave-running`
 //! the allocations' bytes live only in the image ([`vmm::Residency::InFile`]) and a
-//! resume loads them from it ([`Load`]).
+//! resume loads them from it (`Load`).
 //!
 //! Calls in flight: pause waits for every call that can enqueue device work, whichever
 //! library makes it — cudaw's wrapped calls ([`enter`]) and the exports with in-flight

@@ -32,7 +32,7 @@ macro_rules! call_real {
 /// `marked` first (`variants!(marked impl_fn => ...)`), for calls that can enqueue device
 /// work and whose trampolines leave the marking to their wrappers (the launches:
 /// `build.rs`), marked in flight on the calling thread instead
-/// ([`crate::inflight::marked`]: a word of the thread's own, no shared counter), as the
+/// (`crate::inflight::marked`: a word of the thread's own, no shared counter), as the
 /// untraced launches' thin wrappers are.
 #[macro_export]
 macro_rules! variants {

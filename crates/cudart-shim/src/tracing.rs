@@ -6,7 +6,7 @@
 //! the [`gate::TRACING`] bit, so every call takes the trampolines' slow path. With the
 //! word exactly `TRACING` (metrics, not paused), that is `shim-build`'s assembly
 //! `trace_fast_path`: it pushes `(slot, return address, index, rdtsc)` on the thread's
-//! shadow stack ([`Block`], reached through static TLS words, [`TraceTls`]), replaces the
+//! shadow stack (`Block`, reached through static TLS words, `TraceTls`), replaces the
 //! return address with its thunk and jumps to the target; the thunk reads the TSC, pops the
 //! frame, adds to the thread's counters (`ThreadCounters::flat_calls`, plain adds) and jumps
 //! back. With `CUDAW_TRACE_SAMPLE=N`, one call in N of each export is timed and the others
@@ -15,12 +15,12 @@
 //! `count`: a plain add to the export's counter, no call), and jumps through its own table
 //! entry; the others go on to the fast path. Under the
 //! timeline every call is timed and the thunk also writes `(start, ticks, index)` into the
-//! thread's call buffer ([`Block::events`]); when that is full the call takes the Rust
-//! path, which moves the buffer's calls into the ring in one batch ([`flush_calls`]), and
-//! readers of the timeline add what the buffers hold ([`pending_calls`]).
+//! thread's call buffer (`Block::events`); when that is full the call takes the Rust
+//! path, which moves the buffer's calls into the ring in one batch (`flush_calls`), and
+//! readers of the timeline add what the buffers hold (`pending_calls`).
 //! Anything else (a pause, a thread's first call, a full stack, a frame a `longjmp` left
 //! behind, a full call buffer) takes the Rust path: [`enter`] pushes the same frame with
-//! [`cudaw_trace_return`] as the thunk, which saves the return registers, calls [`exit`]
+//! `cudaw_trace_return` as the thunk, which saves the return registers, calls `exit`
 //! (time, counters, timeline) and jumps to the saved address. Nested calls (a callback
 //! calling CUDA) stack up; frames a `longjmp` skipped are dropped when a shallower frame
 //! returns or enters. The in-flight trampolines chain: their thunk is the return address
@@ -960,7 +960,7 @@ pub(crate) fn sampled_words(
 ///
 /// Under `metrics`, the first launch through export `index` while it is still to be
 /// observed ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when
-/// the real runtime's launch reaches it ([`driver_layer_counts_launches`]; the export goes
+/// the real runtime's launch reaches it (`driver_layer_counts_launches`; the export goes
 /// straight to the real runtime from then on); this layer records it only when it did not.
 #[inline]
 #[allow(clippy::too_many_arguments)]

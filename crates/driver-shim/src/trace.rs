@@ -3,7 +3,7 @@
 //! runtime shim's tracing store, through its tracing table
 //! ([`driver::hooks::TraceHooks`], `cudaw_runtime_trace_v1`).
 //!
-//! The mode is read once, when this library initialises, into [`MODE`]: with tracing off
+//! The mode is read once, when this library initialises, into `MODE`: with tracing off
 //! a launch wrapper pays one predictable branch on it, and the copy wrappers are not even
 //! installed. A call made by a thread the runtime shim accounts for (inside one of its
 //! wrapped calls, which record the launch or copy themselves) is not recorded again.

@@ -244,7 +244,7 @@ unsafe fn device_properties(prop: *mut c_void, dev: c_int) -> RtResult<()> {
 // from one export to another would go through the dynamic linker and reach cudaw's
 // wrapper when cudaw is preloaded, which the real runtime never does.
 
-/// `cudaGetDeviceProperties`: see [`device_properties`].
+/// `cudaGetDeviceProperties`: see `device_properties`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut c_void, dev: c_int) -> cudaError_t {
     // SAFETY: the export's contract.
@@ -315,7 +315,7 @@ unsafe fn driver_entry_point(
     Ok(())
 }
 
-/// `cudaGetDriverEntryPoint`: see [`driver_entry_point`].
+/// `cudaGetDriverEntryPoint`: see `driver_entry_point`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDriverEntryPoint(
     symbol: *const c_char,

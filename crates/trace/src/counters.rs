@@ -74,13 +74,13 @@ const DIRECT: u64 = 1 << 62;
 
 impl CallSlot {
     /// Marks this function's calls to be timed every time (a host library that samples
-    /// reads the mark: see [`ALWAYS`]).
+    /// reads the mark: see `ALWAYS`).
     pub fn time_always(&self) {
         self.timed.fetch_or(ALWAYS, Ordering::Relaxed);
     }
 
     /// Marks this function as one a host library's fast path calls from its own frame
-    /// (its arguments all in registers): see [`DIRECT`].
+    /// (its arguments all in registers): see `DIRECT`.
     pub fn call_direct(&self) {
         self.timed.fetch_or(DIRECT, Ordering::Relaxed);
     }

@@ -2,7 +2,7 @@
 //!
 //! Address space is cut into *units* (the physical granularity in mapped addressing, 2 MiB
 //! in translated addressing) and every region the VMM hands addresses from (a reservation,
-//! or the translated range) has a flat directory with one 16-byte [`Entry`] per unit,
+//! or the translated range) has a flat directory with one 16-byte `Entry` per unit,
 //! indexed by `(ptr - region base) >> unit shift`. A unit is either empty, covered by one
 //! allocation with a chunk of its own ("large"), or part of a shared chunk cut into slots of
 //! one size class ("slab"). A lookup is one shift and one index into the directory, then
