@@ -1235,7 +1235,7 @@ mod tests {
     //! its own binary again): the dispatch table points a few exports at functions of the
     //! test, which nest calls, so that the counts and times can be checked exactly.
 
-    use crate::dispatch::{self, idx, TABLE};
+    use crate::dispatch::{self, idx, DISPATCH};
     use std::process::Command;
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
@@ -1405,7 +1405,7 @@ mod tests {
             (idx::cudaEventElapsedTime, pair as *const () as usize),
             (idx::cudaEventQuery, float as *const () as usize),
         ] {
-            TABLE[i].store(f, Ordering::Release);
+            DISPATCH.set(i, f);
         }
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -1433,8 +1433,8 @@ mod tests {
         if super::mode() == cudaw_trace::Mode::Timeline {
             // A call from the fast path's frame that returns to a full buffer hands its
             // event to Rust (check_timeline below finds it with the others).
-            TABLE[idx::cudaEventSynchronize].store(fill as *const () as usize, Ordering::Release);
-            TABLE[idx::cudaStreamQuery].store(inner as *const () as usize, Ordering::Release);
+            DISPATCH.set(idx::cudaEventSynchronize, fill as *const () as usize);
+            DISPATCH.set(idx::cudaStreamQuery, inner as *const () as usize);
             // This thread's first traced call makes its block (on the Rust path).
             // SAFETY: the trampoline goes to `inner`.
             unsafe { cudaStreamQuery() };

@@ -1271,6 +1271,6 @@ pub(crate) fn switch_launch_entries(traced: bool) {
         return;
     }
     for (i, f) in launch_entries(traced) {
-        crate::dispatch::TABLE[i].store(f, std::sync::atomic::Ordering::Release);
+        crate::dispatch::DISPATCH.set(i, f);
     }
 }
