@@ -149,3 +149,5 @@ impl From<Dim3> for [u32; 3] {
         [d.x, d.y, d.z]
     }
 }
+
+driver::abi_struct!(Dim3, cudaExtent, cudaPitchedPtr);

@@ -169,12 +169,15 @@ pub fn real(index: usize) -> Option<usize> {
     DISPATCH.real(index)
 }
 
-/// Calls the real driver's `NAME` with a signature from `cuda.h`, or returns
+/// Calls the real driver's `NAME` with a signature from `cuda.h` (checked against the
+/// header's at compile time: `driver::check_signature!`), or returns
 /// `CUDA_ERROR_NOT_SUPPORTED` when the real driver lacks it:
 /// `forward!(cuMemFree_v2: fn(u64), ptr)`.
 #[macro_export]
 macro_rules! forward {
-    ($name:ident : fn($($t:ty),* $(,)?) $(, $arg:expr)* $(,)?) => {
+    ($name:ident : fn($($t:ty),* $(,)?) $(, $arg:expr)* $(,)?) => {{
+        // The signature written here is cuda.h's (scripts/gen-signatures.py).
+        driver::check_signature!(driver, $name, unsafe extern "C" fn($($t),*) -> u32);
         match $crate::dispatch::real($crate::dispatch::idx::$name) {
             Some(p) => {
                 // SAFETY: `p` is the real driver's exported `$name`, whose C signature
@@ -188,7 +191,7 @@ macro_rules! forward {
             }
             None => $crate::dispatch::CUDA_ERROR_NOT_SUPPORTED,
         }
-    };
+    }};
 }
 
 #[cfg(test)]
