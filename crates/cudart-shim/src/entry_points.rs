@@ -16,7 +16,6 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::guard;
-use crate::dispatch::idx;
 use crate::handles;
 use crate::memory::{self, tag};
 use crate::types::*;
@@ -486,28 +485,6 @@ crate::variants!(entry_point_impl => cudaGetDriverEntryPoint, cudaGetDriverEntry
     (symbol: *const i8, func: *mut *mut c_void, flags: u64, status: *mut i32));
 crate::variants!(entry_point_by_version_impl => cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz;
     (symbol: *const i8, func: *mut *mut c_void, version: u32, flags: u64, status: *mut i32));
-
-/// The entry-point queries cudaw replaces.
-pub fn table() -> Vec<(usize, usize)> {
-    vec![
-        (
-            idx::cudaGetDriverEntryPoint,
-            cudaGetDriverEntryPoint as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPoint_ptsz,
-            cudaGetDriverEntryPoint_ptsz as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPointByVersion,
-            cudaGetDriverEntryPointByVersion as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPointByVersion_ptsz,
-            cudaGetDriverEntryPointByVersion_ptsz as *const () as usize,
-        ),
-    ]
-}
 
 #[cfg(test)]
 mod tests {

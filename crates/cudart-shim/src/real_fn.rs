@@ -63,7 +63,7 @@ macro_rules! variant {
     (@wrap $name:ident, ($($a:ident : $t:ty),*), $body:block) => {
         // The wrapper takes what the real function takes (scripts/gen-signatures.py).
         driver::check_signature!(runtime, $name, extern "C" fn($($t),*) -> $crate::types::cudaError_t);
-        extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
             $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || $body)
         }
     };

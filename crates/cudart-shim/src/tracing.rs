@@ -31,7 +31,7 @@
 //! launch receives (from the parameter layouts), copy directions and sizes, allocations and
 //! frees with the calling library, pauses and resumes.
 
-use crate::dispatch::{idx, ALL_NAMES};
+use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
 // The tick source: the time stamp counter (constant rate on every x86-64 CPU that runs
@@ -790,17 +790,9 @@ fn library_of(addr: usize) -> Option<String> {
 // ------------------------------------------------------------------ what wrappers record
 
 /// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says: those that make
-/// allocations, whose creation site is the caller's return address on the shadow stack.
-const ALWAYS_TIMED: [usize; 8] = [
-    idx::cudaMalloc,
-    idx::cudaMallocPitch,
-    idx::cudaMalloc3D,
-    idx::cudaMallocAsync,
-    idx::cudaMallocAsync_ptsz,
-    idx::cudaMallocFromPoolAsync,
-    idx::cudaMallocFromPoolAsync_ptsz,
-    idx::cudaMallocManaged,
-];
+/// allocations, whose creation site is the caller's return address on the shadow stack
+/// (`exports/wrapped.txt`'s `timed` group).
+const ALWAYS_TIMED: [usize; crate::wrappers::list::TIMED.len()] = crate::wrappers::list::TIMED;
 
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {

@@ -654,7 +654,20 @@ mod marked_launches {
     use super::*;
 
     macro_rules! marked {
-        ($($name:ident ($($a:ident : $t:ty),*);)+) => { $(
+        ($($name:ident ($($a:ident : $t:ty),*);)+) => {
+            // One thin wrapper per name of the list's `launch` group, and no other.
+            const _: () = assert!(
+                crate::types::same_set(&super::list::LAUNCH, &[$(idx::$name),+]),
+                "the thin launch wrappers and exports/wrapped.txt's `launch` group differ"
+            );
+            /// (index, thin wrapper), in the order of the list's `launch` group.
+            pub(super) fn table() -> [(usize, usize); super::list::LAUNCH.len()] {
+                let mine = [$((idx::$name, $name as *const () as usize)),+];
+                super::list::LAUNCH.map(|i| {
+                    mine.iter().find(|(j, _)| *j == i).copied().unwrap_or((i, crate::dispatch::real_or_stub(i)))
+                })
+            }
+            $(
             pub(super) extern "C" fn $name($($a: $t),*) -> cudaError_t {
                 guard(stringify!($name), ERROR_UNKNOWN, || {
                     let launch = || {
@@ -1140,74 +1153,16 @@ fn ipc_get_mem_handle_impl(i: usize, handle: *mut c_void, dev_ptr: *mut c_void) 
 }
 variants!(ipc_get_mem_handle_impl => cudaIpcGetMemHandle; (handle: *mut c_void, dev_ptr: *mut c_void));
 
-/// `(index, function)` for each name: `name` or `module::{names}`.
-macro_rules! entries {
-    ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-    ($m:ident :: { $($name:ident),* $(,)? }) => {
-        vec![$((idx::$name, $m::$name as *const () as usize)),*]
-    };
+/// The one list of wrapped calls, `exports/wrapped.txt`, as `build.rs` writes it: per group
+/// (`always`, `launch`, `traced`, `timed`) the indices and `(index, wrapper)` pairs.
+pub mod list {
+    use crate::dispatch::idx;
+    include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
-    let mut v = entries![
-        cudaMalloc,
-        cudaFree,
-        cudaMallocPitch,
-        cudaMalloc3D,
-        cudaMallocAsync,
-        cudaMallocAsync_ptsz,
-        cudaMallocFromPoolAsync,
-        cudaMallocFromPoolAsync_ptsz,
-        cudaFreeAsync,
-        cudaFreeAsync_ptsz,
-        cudaMemGetInfo,
-        cudaGetDeviceProperties,
-        cudaGetDeviceProperties_v2,
-        cudaMallocManaged,
-        __cudaRegisterFatBinary,
-        __cudaUnregisterFatBinary,
-        __cudaRegisterFunction,
-        __cudaGetKernel,
-        // Copies and sets are wrapped in both addressings so that pause waits for them
-        // (one atomic pair each); launches stay forwarded in mapped addressing.
-        cudaMemcpy,
-        cudaMemcpy_ptds,
-        cudaMemcpyAsync,
-        cudaMemcpyAsync_ptsz,
-        cudaMemset,
-        cudaMemset_ptds,
-        cudaMemsetAsync,
-        cudaMemsetAsync_ptsz,
-        cudaMemcpy2D,
-        cudaMemcpy2D_ptds,
-        cudaMemcpy2DAsync,
-        cudaMemcpy2DAsync_ptsz,
-        cudaMemset2D,
-        cudaMemset2D_ptds,
-        cudaMemset2DAsync,
-        cudaMemset2DAsync_ptsz,
-        cudaMemcpy3D,
-        cudaMemcpy3D_ptds,
-        cudaMemcpy3DAsync,
-        cudaMemcpy3DAsync_ptsz,
-        cudaMemset3D,
-        cudaMemset3D_ptds,
-        cudaMemset3DAsync,
-        cudaMemset3DAsync_ptsz,
-        cudaMemcpyPeer,
-        cudaMemcpyPeerAsync,
-        cudaMemcpyToSymbol,
-        cudaMemcpyToSymbol_ptds,
-        cudaMemcpyFromSymbol,
-        cudaMemcpyFromSymbol_ptds,
-        cudaMemcpyToSymbolAsync,
-        cudaMemcpyToSymbolAsync_ptsz,
-        cudaMemcpyFromSymbolAsync,
-        cudaMemcpyFromSymbolAsync_ptsz,
-        cudaIpcGetMemHandle,
-    ];
-    v.extend(crate::entry_points::table());
+    let mut v = list::always_wrappers().to_vec();
     v.extend(launch_entries(translated() || tracing::enabled()));
     v
 }
@@ -1218,31 +1173,10 @@ pub fn table() -> Vec<(usize, usize)> {
 /// build.rs) — or to the real runtime too once the driver layer is seen to mark them
 /// ([`crate::launch_bypass`]).
 fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
-    // The launches, from module `$m` (this one: the full wrappers).
-    macro_rules! launches {
-        ($m:ident) => {
-            entries![$m::{
-                cudaLaunchKernel,
-                cudaLaunchKernel_ptsz,
-                cudaLaunchCooperativeKernel,
-                cudaLaunchCooperativeKernel_ptsz,
-                __cudaLaunchKernel,
-                __cudaLaunchKernel_ptsz,
-                cudaLaunchKernelExC,
-                cudaLaunchKernelExC_ptsz,
-            }]
-        };
-    }
-    let others = entries![
-        cudaGraphAddKernelNode,
-        cudaGraphKernelNodeSetParams,
-        cudaGraphExecKernelNodeSetParams,
-        cudaPointerGetAttributes,
-    ];
-    let mut v = if wrapped {
-        launches!(self)
+    let mut v: Vec<(usize, usize)> = if wrapped {
+        list::launch_wrappers().to_vec()
     } else {
-        launches!(marked_launches)
+        marked_launches::table().to_vec()
     };
     // The launches seen to reach the driver layer need no wrapper of this library untraced,
     // nor under `metrics`, which leaves them to that layer.
@@ -1254,12 +1188,12 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
         }
     }
     if wrapped {
-        v.extend(others);
+        v.extend(list::traced_wrappers());
     } else {
         v.extend(
-            others
+            list::TRACED
                 .into_iter()
-                .map(|(i, _)| (i, crate::dispatch::real_or_stub(i))),
+                .map(|i| (i, crate::dispatch::real_or_stub(i))),
         );
     }
     v
