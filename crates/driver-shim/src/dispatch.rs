@@ -149,12 +149,20 @@ fn initialise() {
     }
 }
 
-/// cudaw's wrappers: (index, function).
+/// The one list of wrapped functions, `data/wrapped.txt`, as `build.rs` writes it: per
+/// group (`always`, `launch`, `traced`) the indices and `(index, wrapper)` pairs.
+pub mod list {
+    use super::idx;
+    include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
+}
+
+/// cudaw's wrappers: (index, function); the copies only while tracing is on, so that with
+/// tracing off a copy goes straight to the real driver.
 fn wrappers() -> Vec<(usize, usize)> {
-    let mut w = crate::proc_address::table();
-    w.extend(crate::launch::table());
-    w.extend(crate::memory::table());
-    w.extend(crate::trace::table());
+    let mut w = list::always_wrappers().to_vec();
+    if crate::trace::on() {
+        w.extend(list::traced_wrappers());
+    }
     w
 }
 

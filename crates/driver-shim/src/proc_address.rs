@@ -9,7 +9,7 @@
 //! through untouched, as does the symbol-status out-parameter.
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
-use crate::dispatch::{self, idx, ALL_NAMES, DISPATCH};
+use crate::dispatch::{self, ALL_NAMES, DISPATCH};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -54,7 +54,7 @@ unsafe fn substitute(pfn: *mut *mut c_void) {
     }
 }
 
-extern "C" fn cuGetProcAddress(
+pub(crate) extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
@@ -76,7 +76,7 @@ extern "C" fn cuGetProcAddress(
     })
 }
 
-extern "C" fn cuGetProcAddress_v2(
+pub(crate) extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
@@ -98,18 +98,4 @@ extern "C" fn cuGetProcAddress_v2(
         }
         rc
     })
-}
-
-/// The wrappers of this module: (index, function).
-pub fn table() -> Vec<(usize, usize)> {
-    vec![
-        (
-            idx::cuGetProcAddress,
-            cuGetProcAddress as *const () as usize,
-        ),
-        (
-            idx::cuGetProcAddress_v2,
-            cuGetProcAddress_v2 as *const () as usize,
-        ),
-    ]
 }
