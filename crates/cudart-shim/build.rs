@@ -5,8 +5,9 @@
 //! SONAME's version node (`shim-build` writes all three). Nothing here is edited by hand.
 
 use shim_build::{
-    in_flight_support_traced, link_cdylib, marked_by_trampoline, names_rs, read_list, slow_path,
-    trace_fast_path, trampolines, version_script, GateWord, InFlight,
+    in_flight_support_traced, in_group, link_cdylib, marked_by_trampoline, names_rs, read_list,
+    read_wrapped, slow_path, trace_fast_path, trampolines, version_script, wrapped_rs, GateWord,
+    InFlight,
 };
 
 /// `gate::TRACING`: the gate word's value when tracing takes the assembly fast path.
@@ -57,6 +58,15 @@ fn main() {
     let all: Vec<String> = all.into_iter().collect();
     let exported = read_list(&exports_dir.join(sel_file));
 
+    // The one list of wrapped calls and their groups (`exports/wrapped.txt`).
+    let wrapped = read_wrapped(&exports_dir.join("wrapped.txt"), &GROUPS, &all);
+    fs::write(out.join("wrapped.rs"), wrapped_rs(&wrapped, &GROUPS)).unwrap();
+    // The launches: they can enqueue device work, but cudaw always wraps them, and the
+    // wrappers mark them in flight themselves (`inflight::marked`, or the wrapped calls'
+    // count), so their trampolines are the plain kind: the return goes straight back to
+    // the caller instead of through a thunk.
+    let marked_by_wrapper = in_group(&wrapped, "launch");
+
     // The exports whose arguments all travel in registers (scripts/gen-register-args.py):
     // the tracing fast path calls them from its own frame (shim-build's TRACE_DIRECT).
     let register_args: BTreeSet<String> = read_list(&exports_dir.join("register-args.txt"))
@@ -93,7 +103,7 @@ fn main() {
             None,
             Some(InFlight {
                 prefix: "cudaw_rt",
-                marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
+                marked: &|name| marked_by_trampoline(name, &marked_by_wrapper),
             }),
             Some(TRACING),
         ),
@@ -112,17 +122,5 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 }
 
-/// The launches: they can enqueue device work, but cudaw always wraps them (`wrappers.rs`),
-/// and the wrappers mark them in flight themselves (`inflight::marked`, or the wrapped
-/// calls' count), so their trampolines are the plain kind: the return goes straight back
-/// to the caller instead of through a thunk.
-const MARKED_BY_WRAPPER: [&str; 8] = [
-    "cudaLaunchKernel",
-    "cudaLaunchKernel_ptsz",
-    "cudaLaunchCooperativeKernel",
-    "cudaLaunchCooperativeKernel_ptsz",
-    "__cudaLaunchKernel",
-    "__cudaLaunchKernel_ptsz",
-    "cudaLaunchKernelExC",
-    "cudaLaunchKernelExC_ptsz",
-];
+/// The groups of `exports/wrapped.txt` (described there).
+const GROUPS: [&str; 4] = ["always", "launch", "traced", "timed"];

@@ -6,8 +6,8 @@
 //! NVIDIA's driver exports its functions; SONAME `libcuda.so.1`). Nothing is edited by hand.
 
 use shim_build::{
-    in_flight_support, link_cdylib, marked_by_trampoline, names_rs, read_list, slow_path,
-    trampolines, version_script, GateWord, InFlight,
+    in_flight_support, in_group, link_cdylib, marked_by_trampoline, names_rs, read_list,
+    read_wrapped, slow_path, trampolines, version_script, wrapped_rs, GateWord, InFlight,
 };
 use std::env;
 use std::fs;
@@ -31,6 +31,11 @@ fn main() {
     let mut all = read_list(&manifest.join("data/cuda-13.driver-functions"));
     all.sort();
     all.dedup();
+    // The one list of wrapped functions and their groups (`data/wrapped.txt`); the
+    // launches' wrappers mark them in flight themselves, so their trampolines are plain.
+    let wrapped = read_wrapped(&manifest.join("data/wrapped.txt"), &GROUPS, &all);
+    fs::write(out.join("wrapped.rs"), wrapped_rs(&wrapped, &GROUPS)).unwrap();
+    let marked_by_wrapper = in_group(&wrapped, "launch");
     fs::write(
         out.join("names.rs"),
         names_rs(&all, all.len(), "function the driver exports", ""),
@@ -45,7 +50,7 @@ fn main() {
             Some("cudaw_driver_trampolines"),
             Some(InFlight {
                 prefix: "cudaw_drv",
-                marked: &|name| marked_by_trampoline(name, &MARKED_BY_WRAPPER),
+                marked: &|name| marked_by_trampoline(name, &marked_by_wrapper),
             }),
             None,
         ),
@@ -59,16 +64,8 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
 }
 
-/// The launches: they can enqueue device work, but their wrappers (`launch.rs`) mark them
-/// in flight themselves (`inflight::marked`), so their trampolines are the plain kind.
-const MARKED_BY_WRAPPER: [&str; 6] = [
-    "cuLaunchKernel",
-    "cuLaunchKernel_ptsz",
-    "cuLaunchKernelEx",
-    "cuLaunchKernelEx_ptsz",
-    "cuLaunchCooperativeKernel",
-    "cuLaunchCooperativeKernel_ptsz",
-];
+/// The groups of `data/wrapped.txt` (described there).
+const GROUPS: [&str; 3] = ["always", "launch", "traced"];
 
 /// The gate bit the driver's trampolines test: the runtime shim's "paused" bit (its
 /// "uninitialised" bit is the runtime's own business); `driver::hooks::GATE_PAUSED`,

@@ -14,23 +14,59 @@
 //! ([`crate::inflight`]), so that pause waits for them.
 
 use crate::gate;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
+use cudaw_shim_core::{Dispatch, Library};
+use std::sync::atomic::Ordering;
 
 include!(concat!(env!("OUT_DIR"), "/names.rs"));
 
 /// Number of names in the dispatch table.
 pub const N: usize = ALL_NAMES.len();
 
-/// Where each export goes: a wrapper of cudaw's, the real function, or a stub.
-pub static TABLE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
-/// The real runtime's function for each name (0: the real runtime lacks it).
-pub static REAL: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+/// Where each export goes (a wrapper of cudaw's, the real function, or a stub), and the
+/// real runtime's function for each name.
+pub static DISPATCH: Dispatch<N> = Dispatch::new(&ALL_NAMES, initialise);
 
+/// The runtime shim, as the shared plumbing sees it.
+pub struct Runtime;
+
+impl Library for Runtime {
+    const SLOW_PATH: &'static str = "the export slow path";
+    const IN_FLIGHT_SLOW_PATH: &'static str = "the in-flight slow path";
+    const IN_FLIGHT_ADMISSION: &'static str = "the in-flight admission";
+
+    fn ensure_initialised() {
+        DISPATCH.ensure_initialised();
+    }
+    fn target(index: u32) -> usize {
+        DISPATCH.target(index)
+    }
+    fn wait_while_paused() {
+        gate::wait_while_paused();
+    }
+    #[inline(always)]
+    fn block() -> &'static driver::inflight::Block {
+        crate::inflight::block()
+    }
+    fn return_thunk() -> usize {
+        crate::inflight::return_thunk()
+    }
+    fn with_gate<R>(f: impl FnOnce(&driver::inflight::Gate<'_>) -> R) -> R {
+        crate::inflight::with_gate(f)
+    }
+    unsafe fn entered(index: u32, slot: *mut usize) {
+        if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
+            // SAFETY: the caller's contract: `slot` is this export call's return-address
+            // slot, and the call jumps to its target next.
+            unsafe { crate::tracing::enter(index, slot) };
+        }
+    }
+}
+
+// `{table}` is the dispatch table: the first field of `DISPATCH` (`repr(C)`).
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym gate::GATE,
-    table = sym TABLE,
+    table = sym DISPATCH,
     slow = sym cudaw_rt_trace_enter,
     options(att_syntax)
 );
@@ -41,7 +77,7 @@ std::arch::global_asm!(
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trace.s")),
     gate = sym gate::GATE,
-    table = sym TABLE,
+    table = sym DISPATCH,
     full = sym cudaw_slow_entry,
     slow_return = sym crate::tracing::cudaw_trace_return,
     direct_full = sym crate::tracing::direct_full,
@@ -75,59 +111,28 @@ extern "C" {
     fn cudaw_rt_trace_enter();
 }
 
-static INIT: Once = Once::new();
-
-/// The slow path of every export: initialise once, wait while paused, start timing the
-/// call when tracing, return the target. `slot` is where the caller's return address is.
+/// The slow path of every export ([`cudaw_shim_core::dispatch::slow_resolve`]).
 extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
-    crate::boundary::guard(
-        "the export slow path",
-        unsupported as *const () as usize,
-        || {
-            INIT.call_once(initialise);
-            // A thread inside a call in flight is already waited for: never hold it.
-            if !crate::inflight::active() {
-                gate::wait_while_paused();
-            }
-            let target = target(index);
-            if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
-                // SAFETY: the assembly passes the address of this export call's return
-                // address, and jumps to `target` next.
-                unsafe { crate::tracing::enter(index, slot) };
-            }
-            target
-        },
-    )
+    // SAFETY: the assembly passes the address of this export call's return address, and
+    // jumps to the result next.
+    unsafe { cudaw_shim_core::dispatch::slow_resolve::<Runtime>(index, slot) }
 }
 
 /// Whether the shim has initialised (or begun to).
 pub(crate) fn initialised() -> bool {
-    INIT.is_completed()
+    DISPATCH.initialised()
 }
 
 /// Initialises the shim (once).
 pub(crate) fn ensure_initialised() {
-    INIT.call_once(initialise);
+    DISPATCH.ensure_initialised();
 }
 
-/// Marks the shim initialised without loading a runtime: for tests that fill [`TABLE`]
+/// Marks the shim initialised without loading a runtime: for tests that fill the table
 /// themselves (in a process of their own).
 #[cfg(test)]
 pub(crate) fn skip_initialise_for_test() {
-    INIT.call_once(|| {});
-}
-
-/// Where export `index` goes now.
-pub(crate) fn target(index: u32) -> usize {
-    match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {
-        Some(0) | None => unsupported_address(),
-        Some(target) => target,
-    }
-}
-
-/// The stub returning `cudaErrorNotSupported`.
-pub(crate) fn unsupported_address() -> usize {
-    unsupported as *const () as usize
+    DISPATCH.skip_initialise_for_test();
 }
 
 /// Loads the real runtime and fills the tables.
@@ -136,27 +141,13 @@ fn initialise() {
     for w in &cfg.warnings {
         crate::log::warn(format_args!("{w}"));
     }
-    let mut missing = Vec::new();
     // Before the table is filled: tracing adds the launch wrappers.
     crate::tracing::init();
     match crate::real::load() {
         Ok(real) => {
-            for (i, name) in ALL_NAMES.iter().enumerate() {
-                match real.symbol(name) {
-                    Some(p) => {
-                        REAL[i].store(p, Ordering::Release);
-                        TABLE[i].store(p, Ordering::Release);
-                    }
-                    None => {
-                        TABLE[i].store(stub_for(name), Ordering::Release);
-                        missing.push(*name);
-                    }
-                }
-            }
+            let missing = DISPATCH.fill(|name| real.symbol(name), stub_for);
             // cudaw's own versions of the calls it must see replace the real ones.
-            for (i, f) in crate::wrappers::table() {
-                TABLE[i].store(f, Ordering::Release);
-            }
+            DISPATCH.install(crate::wrappers::table());
             crate::log::info(format_args!(
                 "forwarding {} exports ({SONAME}) to {}",
                 EXPORTED_COUNT,
@@ -169,14 +160,10 @@ fn initialise() {
                     missing.join(" ")
                 ));
             }
-            // The real runtime stays loaded for the life of the process.
-            std::mem::forget(real);
         }
         Err(e) => {
             crate::log::error(format_args!("{e}; every CUDA call will fail"));
-            for (i, name) in ALL_NAMES.iter().enumerate() {
-                TABLE[i].store(stub_for(name), Ordering::Release);
-            }
+            DISPATCH.fill_stubs(stub_for);
         }
     }
     crate::memory::log_summary_at_exit_once();
@@ -188,26 +175,19 @@ fn initialise() {
 /// The real runtime's function `index`, or the stub for a name it lacks: where the export
 /// goes when cudaw does not wrap it.
 pub(crate) fn real_or_stub(index: usize) -> usize {
-    match REAL[index].load(Ordering::Acquire) {
+    match DISPATCH.real_now(index) {
         0 => stub_for(ALL_NAMES[index]),
         p => p,
     }
 }
 
 /// The stub for a name the real runtime lacks: a typed one where the return type is not a
-/// `cudaError_t`, else [`unsupported`].
+/// `cudaError_t`, else the one returning `cudaErrorNotSupported`.
 fn stub_for(name: &str) -> usize {
     match name {
         "cudaGetErrorString" | "cudaGetErrorName" => error_string_stub as *const () as usize,
-        _ => unsupported as *const () as usize,
+        _ => cudaw_shim_core::dispatch::unsupported_address(),
     }
-}
-
-/// `cudaErrorNotSupported`: what a call the real runtime lacks returns.
-pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
-
-extern "C" fn unsupported() -> u32 {
-    CUDA_ERROR_NOT_SUPPORTED
 }
 
 extern "C" fn error_string_stub() -> *const std::ffi::c_char {
@@ -216,27 +196,13 @@ extern "C" fn error_string_stub() -> *const std::ffi::c_char {
 
 /// The index of `name` in [`ALL_NAMES`].
 pub fn index_of(name: &str) -> Option<usize> {
-    ALL_NAMES.binary_search(&name).ok()
+    DISPATCH.index_of(name)
 }
 
 /// The real runtime's function for `index`, if it has one (initialising first).
 #[inline]
 pub fn real(index: usize) -> Option<usize> {
-    // Filled before any wrapper is reachable: a wrapper's forward finds it on the first
-    // load, without the initialisation's `Once` (as the driver layer's `dispatch::real`).
-    match REAL.get(index)?.load(Ordering::Acquire) {
-        0 => real_initialised(index),
-        p => Some(p),
-    }
-}
-
-#[cold]
-fn real_initialised(index: usize) -> Option<usize> {
-    INIT.call_once(initialise);
-    match REAL.get(index)?.load(Ordering::Acquire) {
-        0 => None,
-        p => Some(p),
-    }
+    DISPATCH.real(index)
 }
 
 #[cfg(test)]

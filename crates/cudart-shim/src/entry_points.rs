@@ -16,7 +16,6 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::guard;
-use crate::dispatch::idx;
 use crate::handles;
 use crate::memory::{self, tag};
 use crate::types::*;
@@ -86,15 +85,18 @@ fn real(i: usize) -> Option<usize> {
     }
 }
 
+/// Calls the real driver function behind `NAMES[$i]`, `$name` in cuda.h, with the C
+/// signature `fn($t...) -> CUresult` (checked against the header's at compile time).
 macro_rules! drv_forward {
-    ($i:expr, fn($($t:ty),*), $($arg:expr),*) => {
+    ($i:expr, $name:ident : fn($($t:ty),*), $($arg:expr),*) => {{
+        driver::check_signature!(driver, $name, unsafe extern "C" fn($($t),*) -> u32);
         match real($i) {
             // SAFETY: the address the driver's entry point returned for this name, whose
             // C signature (cuda.h) is written here; the application's arguments unchanged.
             Some(p) => unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> u32>(p)($($arg),*) },
             None => CU_ERROR_NOT_SUPPORTED,
         }
-    };
+    }};
 }
 
 pub(crate) fn to_cu(rc: cudaError_t) -> u32 {
@@ -135,7 +137,7 @@ extern "C" fn cuMemFree(ptr: u64) -> u32 {
         }
         Some(_) => CU_ERROR_INVALID_VALUE,
         None => {
-            let rc = drv_forward!(1, fn(u64), ptr);
+            let rc = drv_forward!(1, cuMemFree_v2: fn(u64), ptr);
             if rc == CU_SUCCESS {
                 memory::freed_managed(ptr);
             }
@@ -158,7 +160,7 @@ extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
             to_cu(mem.free_on_stream(ptr, stream))
         }
         Some(_) => CU_ERROR_INVALID_VALUE,
-        None => drv_forward!(3, fn(u64, cudaStream_t), ptr, stream),
+        None => drv_forward!(3, cuMemFreeAsync: fn(u64, cudaStream_t), ptr, stream),
     })
 }
 
@@ -258,7 +260,7 @@ extern "C" fn cuMemAddressReserve(
 ) -> u32 {
     guard("cuMemAddressReserve", 999, || {
         let rc = drv_forward!(
-            8,
+            8, cuMemAddressReserve:
             fn(*mut u64, usize, usize, u64, u64),
             out,
             size,
@@ -277,7 +279,7 @@ extern "C" fn cuMemAddressReserve(
 
 extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> u32 {
     guard("cuMemAddressFree", 999, || {
-        let rc = drv_forward!(9, fn(u64, usize), ptr, size);
+        let rc = drv_forward!(9, cuMemAddressFree: fn(u64, usize), ptr, size);
         if rc == CU_SUCCESS {
             tracked().lock().reservations.remove(&ptr);
         }
@@ -288,14 +290,14 @@ extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> u32 {
 extern "C" fn cuMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
     guard("cuMemGetInfo", 999, || {
         if free.is_null() || total.is_null() {
-            return drv_forward!(10, fn(*mut usize, *mut usize), free, total);
+            return drv_forward!(10, cuMemGetInfo_v2: fn(*mut usize, *mut usize), free, total);
         }
         let dev = memory::current_device();
         if let Ok(d) = dev {
             memory::reap_completed(d);
         }
         let (mut f, mut t) = (0usize, 0usize);
-        let rc = drv_forward!(10, fn(*mut usize, *mut usize), &mut f, &mut t);
+        let rc = drv_forward!(10, cuMemGetInfo_v2: fn(*mut usize, *mut usize), &mut f, &mut t);
         if rc != CU_SUCCESS {
             return rc;
         }
@@ -314,7 +316,7 @@ extern "C" fn cuMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
 
 extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: i32) -> u32 {
     guard("cuDeviceTotalMem", 999, || {
-        let rc = drv_forward!(11, fn(*mut usize, i32), bytes, dev);
+        let rc = drv_forward!(11, cuDeviceTotalMem_v2: fn(*mut usize, i32), bytes, dev);
         if rc == CU_SUCCESS && !bytes.is_null() && memory::has_limit(dev) {
             if let Some(limit) = memory::budget(dev).ok().and_then(|b| b.limit()) {
                 // SAFETY: the driver wrote the total through the caller's non-null pointer.
@@ -328,7 +330,7 @@ extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: i32) -> u32 {
 extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) -> u32 {
     guard("cuMemAllocManaged", 999, || {
         if dptr.is_null() || size == 0 {
-            return drv_forward!(12, fn(*mut u64, usize, u32), dptr, size, flags);
+            return drv_forward!(12, cuMemAllocManaged: fn(*mut u64, usize, u32), dptr, size, flags);
         }
         let dev = match memory::current_device() {
             Ok(d) => d,
@@ -338,7 +340,7 @@ extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) -> u32 
             Ok(c) => c,
             Err(e) => return to_cu(e),
         };
-        let rc = drv_forward!(12, fn(*mut u64, usize, u32), dptr, size, flags);
+        let rc = drv_forward!(12, cuMemAllocManaged: fn(*mut u64, usize, u32), dptr, size, flags);
         if rc == CU_SUCCESS {
             // SAFETY: the driver wrote the pointer through the caller's non-null pointer.
             memory::record_managed(unsafe { dptr.read() }, dev, charged);
@@ -443,13 +445,13 @@ fn entry_point_impl(
     flags: u64,
     status: *mut i32,
 ) -> cudaError_t {
-    let rc = crate::wrappers::forward_raw(
-        i,
-        |f: unsafe extern "C" fn(*const i8, *mut *mut c_void, u64, *mut i32) -> cudaError_t| {
-            // SAFETY: forwarding the caller's arguments to the real entry-point query.
-            unsafe { f(symbol, func, flags, status) }
-        },
-    );
+    type EntryPoint =
+        unsafe extern "C" fn(*const i8, *mut *mut c_void, u64, *mut i32) -> cudaError_t;
+    driver::check_signature!(runtime, cudaGetDriverEntryPoint, EntryPoint);
+    let rc = crate::wrappers::forward_raw(i, |f: EntryPoint| {
+        // SAFETY: forwarding the caller's arguments to the real entry-point query.
+        unsafe { f(symbol, func, flags, status) }
+    });
     if rc == SUCCESS {
         // SAFETY: the caller's name and out-pointer, as the API requires.
         unsafe { substitute(symbol, func) };
@@ -465,19 +467,13 @@ fn entry_point_by_version_impl(
     flags: u64,
     status: *mut i32,
 ) -> cudaError_t {
-    let rc = crate::wrappers::forward_raw(
-        i,
-        |f: unsafe extern "C" fn(
-            *const i8,
-            *mut *mut c_void,
-            u32,
-            u64,
-            *mut i32,
-        ) -> cudaError_t| {
-            // SAFETY: forwarding the caller's arguments to the real entry-point query.
-            unsafe { f(symbol, func, version, flags, status) }
-        },
-    );
+    type EntryPoint =
+        unsafe extern "C" fn(*const i8, *mut *mut c_void, u32, u64, *mut i32) -> cudaError_t;
+    driver::check_signature!(runtime, cudaGetDriverEntryPointByVersion, EntryPoint);
+    let rc = crate::wrappers::forward_raw(i, |f: EntryPoint| {
+        // SAFETY: forwarding the caller's arguments to the real entry-point query.
+        unsafe { f(symbol, func, version, flags, status) }
+    });
     if rc == SUCCESS {
         // SAFETY: the caller's name and out-pointer, as the API requires.
         unsafe { substitute(symbol, func) };
@@ -489,28 +485,6 @@ crate::variants!(entry_point_impl => cudaGetDriverEntryPoint, cudaGetDriverEntry
     (symbol: *const i8, func: *mut *mut c_void, flags: u64, status: *mut i32));
 crate::variants!(entry_point_by_version_impl => cudaGetDriverEntryPointByVersion, cudaGetDriverEntryPointByVersion_ptsz;
     (symbol: *const i8, func: *mut *mut c_void, version: u32, flags: u64, status: *mut i32));
-
-/// The entry-point queries cudaw replaces.
-pub fn table() -> Vec<(usize, usize)> {
-    vec![
-        (
-            idx::cudaGetDriverEntryPoint,
-            cudaGetDriverEntryPoint as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPoint_ptsz,
-            cudaGetDriverEntryPoint_ptsz as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPointByVersion,
-            cudaGetDriverEntryPointByVersion as *const () as usize,
-        ),
-        (
-            idx::cudaGetDriverEntryPointByVersion_ptsz,
-            cudaGetDriverEntryPointByVersion_ptsz as *const () as usize,
-        ),
-    ]
-}
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,8 @@
 //! library's and the driver shim's (registered through the hooks) — which pause reads
 //! (`wait_idle`).
 
-use crate::{dispatch, gate, pause};
+use crate::dispatch::Runtime;
+use crate::{gate, pause};
 use driver::inflight::{self, Block, Gate, Registry};
 use std::sync::atomic::Ordering;
 
@@ -19,7 +20,7 @@ extern "C" {
 
 /// The calling thread's block ([`driver::inflight_block`]).
 #[inline(always)]
-fn block() -> &'static Block {
+pub(crate) fn block() -> &'static Block {
     driver::inflight_block!("cudaw_rt_inflight_tls")
 }
 
@@ -63,8 +64,13 @@ pub fn register_foreign(b: *const Block) {
     REGISTRY.register(b);
 }
 
+/// The return thunk's address.
+pub(crate) fn return_thunk() -> usize {
+    cudaw_rt_inflight_return as *const () as usize
+}
+
 /// Runs `f` with this library's gate.
-fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+pub(crate) fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
     let paused = gate::is_paused;
     let may_pass = || pause::in_wrapped_call() || pause::is_cudaw_thread();
     let register =
@@ -83,49 +89,17 @@ fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
 /// tracing bits do not matter here: the launches' traced wrappers are marked this way too).
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
-    inflight::marked(
-        block(),
+    cudaw_shim_core::inflight::marked::<Runtime, R>(
         || gate::GATE.load(Ordering::Relaxed) & (gate::PAUSED | gate::UNINITIALISED) == 0,
-        admit,
         f,
     )
 }
 
-/// [`marked`]'s slow path.
-fn admit(b: &Block) -> bool {
-    crate::boundary::guard("the in-flight admission", false, || {
-        dispatch::ensure_initialised();
-        with_gate(|g| inflight::admit(b, g))
-    })
-}
-
-/// The slow path of the in-flight trampolines: `index` is the export's, `slot` the address
-/// of the caller's return address.
+/// The slow path of the in-flight trampolines ([`cudaw_shim_core::inflight::resolve`]).
 pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
-    let b = block();
-    let entered = std::cell::Cell::new(false);
-    let target = crate::boundary::guard(
-        "the in-flight slow path",
-        dispatch::unsupported_address(),
-        || {
-            dispatch::ensure_initialised();
-            let thunk = cudaw_rt_inflight_return as *const () as usize;
-            // SAFETY: the trampoline passes this call's return-address slot, and jumps to
-            // the target next; `b` is this thread's block.
-            entered.set(with_gate(|g| unsafe { inflight::enter(b, slot, thunk, g) }));
-            let target = dispatch::target(index);
-            if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
-                // SAFETY: as above; the trace thunk returns into ours.
-                unsafe { crate::tracing::enter(index, slot) };
-            }
-            target
-        },
-    );
-    if !entered.get() && b.in_flight() {
-        // A panic before the thunk was in place: nothing will clear the word but this.
-        b.word.store(inflight::IDLE, Ordering::SeqCst);
-    }
-    target
+    // SAFETY: the assembly passes the address of this export call's return address, and
+    // jumps to the result next.
+    unsafe { cudaw_shim_core::inflight::resolve::<Runtime>(index, slot) }
 }
 
 /// Threads registered (that made at least one call in flight).

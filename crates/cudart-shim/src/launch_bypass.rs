@@ -106,7 +106,7 @@ fn settle(index: usize, name: &str, launch: impl FnOnce() -> u32) -> (u32, bool)
     if count() > before {
         STATE[index].store(REACHES_DRIVER_LAYER, Ordering::Release);
         let direct = crate::tracing::when_direct(|| {
-            dispatch::TABLE[index].store(dispatch::real_or_stub(index), Ordering::Release)
+            dispatch::DISPATCH.set(index, dispatch::real_or_stub(index))
         });
         crate::log::info(format_args!(
             "{name}: the real runtime's launches reach cudaw's driver layer, which marks them \

@@ -4,13 +4,15 @@
 /// `real_fn!(cudaMemcpy: fn(*mut c_void, *const c_void, usize, i32) -> cudaError_t)`.
 #[macro_export]
 macro_rules! real_fn {
-    ($name:ident : fn($($t:ty),* $(,)?) -> $r:ty) => {
+    ($name:ident : fn($($t:ty),* $(,)?) -> $r:ty) => {{
+        // The signature written here is the header's (scripts/gen-signatures.py).
+        driver::check_signature!(runtime, $name, unsafe extern "C" fn($($t),*) -> $r);
         $crate::dispatch::real($crate::dispatch::idx::$name).map(|p| {
             // SAFETY: `p` is the address of the real runtime's exported `$name`, whose C
             // signature is the one written at this call site (from the CUDA headers).
             unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p) }
         })
-    };
+    }};
 }
 
 /// Calls the real runtime's `NAME`, or returns `cudaErrorNotSupported` when it lacks it.
@@ -59,7 +61,9 @@ macro_rules! variant {
         });
     };
     (@wrap $name:ident, ($($a:ident : $t:ty),*), $body:block) => {
-        extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
+        // The wrapper takes what the real function takes (scripts/gen-signatures.py).
+        driver::check_signature!(runtime, $name, extern "C" fn($($t),*) -> $crate::types::cudaError_t);
+        pub(crate) extern "C" fn $name($($a: $t),*) -> $crate::types::cudaError_t {
             $crate::boundary::guard(stringify!($name), $crate::types::ERROR_UNKNOWN, || $body)
         }
     };

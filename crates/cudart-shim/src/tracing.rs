@@ -31,7 +31,7 @@
 //! launch receives (from the parameter layouts), copy directions and sizes, allocations and
 //! frees with the calling library, pauses and resumes.
 
-use crate::dispatch::{idx, ALL_NAMES};
+use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
 // The tick source: the time stamp counter (constant rate on every x86-64 CPU that runs
@@ -790,17 +790,9 @@ fn library_of(addr: usize) -> Option<String> {
 // ------------------------------------------------------------------ what wrappers record
 
 /// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says: those that make
-/// allocations, whose creation site is the caller's return address on the shadow stack.
-const ALWAYS_TIMED: [usize; 8] = [
-    idx::cudaMalloc,
-    idx::cudaMallocPitch,
-    idx::cudaMalloc3D,
-    idx::cudaMallocAsync,
-    idx::cudaMallocAsync_ptsz,
-    idx::cudaMallocFromPoolAsync,
-    idx::cudaMallocFromPoolAsync_ptsz,
-    idx::cudaMallocManaged,
-];
+/// allocations, whose creation site is the caller's return address on the shadow stack
+/// (`exports/wrapped.txt`'s `timed` group).
+const ALWAYS_TIMED: [usize; crate::wrappers::list::TIMED.len()] = crate::wrappers::list::TIMED;
 
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {
@@ -1235,7 +1227,7 @@ mod tests {
     //! its own binary again): the dispatch table points a few exports at functions of the
     //! test, which nest calls, so that the counts and times can be checked exactly.
 
-    use crate::dispatch::{self, idx, TABLE};
+    use crate::dispatch::{self, idx, DISPATCH};
     use std::process::Command;
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
@@ -1405,7 +1397,7 @@ mod tests {
             (idx::cudaEventElapsedTime, pair as *const () as usize),
             (idx::cudaEventQuery, float as *const () as usize),
         ] {
-            TABLE[i].store(f, Ordering::Release);
+            DISPATCH.set(i, f);
         }
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -1433,8 +1425,8 @@ mod tests {
         if super::mode() == cudaw_trace::Mode::Timeline {
             // A call from the fast path's frame that returns to a full buffer hands its
             // event to Rust (check_timeline below finds it with the others).
-            TABLE[idx::cudaEventSynchronize].store(fill as *const () as usize, Ordering::Release);
-            TABLE[idx::cudaStreamQuery].store(inner as *const () as usize, Ordering::Release);
+            DISPATCH.set(idx::cudaEventSynchronize, fill as *const () as usize);
+            DISPATCH.set(idx::cudaStreamQuery, inner as *const () as usize);
             // This thread's first traced call makes its block (on the Rust path).
             // SAFETY: the trampoline goes to `inner`.
             unsafe { cudaStreamQuery() };

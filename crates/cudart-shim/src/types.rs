@@ -149,3 +149,27 @@ impl From<Dim3> for [u32; 3] {
         [d.x, d.y, d.z]
     }
 }
+
+driver::abi_struct!(Dim3, cudaExtent, cudaPitchedPtr);
+
+/// Whether `a` and `b` hold the same indices (each once): for compile-time checks that a
+/// set of wrappers is the list's.
+pub const fn same_set(a: &[usize], b: &[usize]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        let mut j = 0;
+        let mut found = false;
+        while j < b.len() {
+            found |= a[i] == b[j];
+            j += 1;
+        }
+        if !found {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}

@@ -37,16 +37,19 @@ pub(crate) fn forward_raw<F: Copy>(i: usize, call: impl FnOnce(F) -> cudaError_t
     }
 }
 
-/// Calls the real function at index `$i` with signature `fn($t...) -> cudaError_t`.
+/// Calls the real function at index `$i`, `$name` or one of its variants, with the C
+/// signature `fn($t...) -> cudaError_t`, checked against the header's for `$name` at compile
+/// time (`driver::check_signature!`).
 macro_rules! forward {
-    ($i:expr, fn($($t:ty),*), $($arg:expr),*) => {
+    ($i:expr, $name:ident : fn($($t:ty),*), $($arg:expr),*) => {{
+        driver::check_signature!(runtime, $name, unsafe extern "C" fn($($t),*) -> cudaError_t);
         // SAFETY: the signature is the runtime header's for the function at this index.
         match unsafe { real_as::<unsafe extern "C" fn($($t),*) -> cudaError_t>($i) } {
             // SAFETY: forwarding the application's arguments (translated where needed).
             Some(f) => unsafe { f($($arg),*) },
             None => ERROR_NOT_SUPPORTED,
         }
-    };
+    }};
 }
 
 use crate::variants;
@@ -75,7 +78,7 @@ variants!(malloc_impl => cudaMalloc; (out: *mut *mut c_void, size: usize));
 
 fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
     if ptr.is_null() {
-        return forward!(i, fn(*mut c_void), ptr);
+        return forward!(i, cudaFree: fn(*mut c_void), ptr);
     }
     match memory::lookup(ptr as u64) {
         Some((mem, a)) => {
@@ -93,7 +96,7 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
             }
         }
         None => {
-            let rc = forward!(i, fn(*mut c_void), ptr);
+            let rc = forward!(i, cudaFree: fn(*mut c_void), ptr);
             if rc == SUCCESS {
                 memory::freed_managed(ptr as u64);
             }
@@ -192,7 +195,7 @@ fn malloc_async_impl(
 ) -> cudaError_t {
     if capturing(stream) {
         return forward!(
-            i,
+            i, cudaMallocAsync:
             fn(*mut *mut c_void, usize, cudaStream_t),
             out,
             size,
@@ -227,7 +230,7 @@ fn malloc_from_pool_impl(
 ) -> cudaError_t {
     if capturing(stream) {
         return forward!(
-            i,
+            i, cudaMallocFromPoolAsync:
             fn(*mut *mut c_void, usize, *mut c_void, cudaStream_t),
             out,
             size,
@@ -247,21 +250,21 @@ fn free_async_impl(i: usize, ptr: *mut c_void, stream: cudaStream_t) -> cudaErro
             mem.free_on_stream(a.base, stream)
         }
         Some(_) => ERROR_INVALID_VALUE,
-        None => forward!(i, fn(*mut c_void, cudaStream_t), ptr, stream),
+        None => forward!(i, cudaFreeAsync: fn(*mut c_void, cudaStream_t), ptr, stream),
     }
 }
 variants!(free_async_impl => cudaFreeAsync, cudaFreeAsync_ptsz; (ptr: *mut c_void, stream: cudaStream_t));
 
 fn mem_get_info_impl(i: usize, free: *mut usize, total: *mut usize) -> cudaError_t {
     if free.is_null() || total.is_null() {
-        return forward!(i, fn(*mut usize, *mut usize), free, total);
+        return forward!(i, cudaMemGetInfo: fn(*mut usize, *mut usize), free, total);
     }
     let dev = memory::current_device();
     if let Ok(d) = dev {
         memory::reap_completed(d);
     }
     let (mut f, mut t) = (0usize, 0usize);
-    let rc = forward!(i, fn(*mut usize, *mut usize), &mut f, &mut t);
+    let rc = forward!(i, cudaMemGetInfo: fn(*mut usize, *mut usize), &mut f, &mut t);
     if rc != SUCCESS {
         return rc;
     }
@@ -281,7 +284,7 @@ variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut us
 /// `cudaGetDeviceProperties[_v2]`: `totalGlobalMem` is the device's memory limit, when
 /// it has one below the card's memory.
 fn get_device_properties_impl(i: usize, prop: *mut c_void, dev: i32) -> cudaError_t {
-    let rc = forward!(i, fn(*mut c_void, i32), prop, dev);
+    let rc = forward!(i, cudaGetDeviceProperties: fn(*mut c_void, i32), prop, dev);
     if rc != SUCCESS || prop.is_null() || !memory::has_limit(dev) {
         return rc;
     }
@@ -301,7 +304,7 @@ variants!(get_device_properties_impl => cudaGetDeviceProperties, cudaGetDevicePr
 /// against the current device's budget, rounded up to 2 MiB, until it is freed.
 fn malloc_managed_impl(i: usize, out: *mut *mut c_void, size: usize, flags: u32) -> cudaError_t {
     if out.is_null() || size == 0 {
-        return forward!(i, fn(*mut *mut c_void, usize, u32), out, size, flags);
+        return forward!(i, cudaMallocManaged: fn(*mut *mut c_void, usize, u32), out, size, flags);
     }
     let dev = match memory::current_device() {
         Ok(d) => d,
@@ -311,7 +314,7 @@ fn malloc_managed_impl(i: usize, out: *mut *mut c_void, size: usize, flags: u32)
         Ok(c) => c,
         Err(e) => return e,
     };
-    let rc = forward!(i, fn(*mut *mut c_void, usize, u32), out, size, flags);
+    let rc = forward!(i, cudaMallocManaged: fn(*mut *mut c_void, usize, u32), out, size, flags);
     if rc == SUCCESS {
         // SAFETY: the real runtime wrote the new pointer through the application's out-pointer.
         memory::record_managed(unsafe { out.read() } as u64, dev, charged);
@@ -326,12 +329,10 @@ variants!(malloc_managed_impl => cudaMallocManaged; (out: *mut *mut c_void, size
 
 extern "C" fn __cudaRegisterFatBinary(wrapper: *mut c_void) -> *mut *mut c_void {
     guard("__cudaRegisterFatBinary", std::ptr::null_mut(), || {
-        // SAFETY: the runtime header's signature.
-        let real = unsafe {
-            real_as::<unsafe extern "C" fn(*mut c_void) -> *mut *mut c_void>(
-                idx::__cudaRegisterFatBinary,
-            )
-        };
+        type F = unsafe extern "C" fn(*mut c_void) -> *mut *mut c_void;
+        driver::check_signature!(runtime, __cudaRegisterFatBinary, F);
+        // SAFETY: the runtime header's signature (checked above).
+        let real = unsafe { real_as::<F>(idx::__cudaRegisterFatBinary) };
         let Some(real) = real else {
             return std::ptr::null_mut();
         };
@@ -371,10 +372,10 @@ unsafe fn fatbin_bytes(wrapper: *const c_void) -> Option<&'static [u8]> {
 extern "C" fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
     guard("__cudaUnregisterFatBinary", (), || {
         registry::remove_fatbin(handle as usize);
-        // SAFETY: the runtime header's signature.
-        if let Some(real) = unsafe {
-            real_as::<unsafe extern "C" fn(*mut *mut c_void)>(idx::__cudaUnregisterFatBinary)
-        } {
+        type F = unsafe extern "C" fn(*mut *mut c_void);
+        driver::check_signature!(runtime, __cudaUnregisterFatBinary, F);
+        // SAFETY: the runtime header's signature (checked above).
+        if let Some(real) = unsafe { real_as::<F>(idx::__cudaUnregisterFatBinary) } {
             // SAFETY: forwarding the handle the real runtime gave out.
             unsafe { real(handle) }
         }
@@ -406,6 +407,7 @@ extern "C" fn __cudaRegisterFunction(
         *mut c_void,
         *mut i32,
     );
+    driver::check_signature!(runtime, __cudaRegisterFunction, F);
     guard("__cudaRegisterFunction", (), || {
         if !device_name.is_null() {
             // SAFETY: nvcc passes the kernel's mangled name, NUL-terminated, static.
@@ -414,7 +416,7 @@ extern "C" fn __cudaRegisterFunction(
                 .into_owned();
             registry::add_function(handle as usize, host_fun as usize, name);
         }
-        // SAFETY: the runtime header's signature.
+        // SAFETY: the runtime header's signature (checked above).
         if let Some(real) = unsafe { real_as::<F>(idx::__cudaRegisterFunction) } {
             // SAFETY: forwarding the compiler-generated arguments unchanged.
             unsafe {
@@ -436,7 +438,7 @@ extern "C" fn __cudaRegisterFunction(
 }
 
 fn get_kernel_impl(i: usize, out: *mut *mut c_void, host_fun: *const c_void) -> cudaError_t {
-    let rc = forward!(i, fn(*mut *mut c_void, *const c_void), out, host_fun);
+    let rc = forward!(i, __cudaGetKernel: fn(*mut *mut c_void, *const c_void), out, host_fun);
     if rc == SUCCESS && !out.is_null() {
         // SAFETY: the real runtime wrote the kernel handle through the application's pointer.
         let k = unsafe { out.read() };
@@ -574,7 +576,7 @@ fn forward_launch(
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     tracing::launch(i, rec, lookup_ticks, g.into(), b.into(), shm, args, || {
         forward!(
-            i,
+            i, cudaLaunchKernel:
             fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
             f,
             g,
@@ -632,7 +634,7 @@ fn launch_ex_impl(
     });
     tracing::launch(i, rec, lookup, g, b, shm, args, || {
         forward!(
-            i,
+            i, cudaLaunchKernelExC:
             fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
             cfg,
             f,
@@ -652,11 +654,24 @@ mod marked_launches {
     use super::*;
 
     macro_rules! marked {
-        ($($name:ident ($($a:ident : $t:ty),*);)+) => { $(
+        ($($name:ident ($($a:ident : $t:ty),*);)+) => {
+            // One thin wrapper per name of the list's `launch` group, and no other.
+            const _: () = assert!(
+                crate::types::same_set(&super::list::LAUNCH, &[$(idx::$name),+]),
+                "the thin launch wrappers and exports/wrapped.txt's `launch` group differ"
+            );
+            /// (index, thin wrapper), in the order of the list's `launch` group.
+            pub(super) fn table() -> [(usize, usize); super::list::LAUNCH.len()] {
+                let mine = [$((idx::$name, $name as *const () as usize)),+];
+                super::list::LAUNCH.map(|i| {
+                    mine.iter().find(|(j, _)| *j == i).copied().unwrap_or((i, crate::dispatch::real_or_stub(i)))
+                })
+            }
+            $(
             pub(super) extern "C" fn $name($($a: $t),*) -> cudaError_t {
                 guard(stringify!($name), ERROR_UNKNOWN, || {
                     let launch = || {
-                        crate::inflight::marked(|| forward!(idx::$name, fn($($t),*), $($a),*))
+                        crate::inflight::marked(|| forward!(idx::$name, $name: fn($($t),*), $($a),*))
                     };
                     if crate::launch_bypass::untested(idx::$name) {
                         return crate::launch_bypass::observe(idx::$name, stringify!($name), launch);
@@ -714,7 +729,7 @@ fn graph_add_kernel_node_impl(
     let t = translated_node(p);
     let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
     forward!(
-        i,
+        i, cudaGraphAddKernelNode:
         fn(*mut c_void, *mut c_void, *const c_void, usize, *const cudaKernelNodeParams),
         node,
         graph,
@@ -733,7 +748,7 @@ fn kernel_node_set_impl(
 ) -> cudaError_t {
     let t = translated_node(p);
     let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
-    forward!(i, fn(*mut c_void, *const cudaKernelNodeParams), node, pp)
+    forward!(i, cudaGraphKernelNodeSetParams: fn(*mut c_void, *const cudaKernelNodeParams), node, pp)
 }
 variants!(kernel_node_set_impl => cudaGraphKernelNodeSetParams; (node: *mut c_void, p: *const cudaKernelNodeParams));
 
@@ -746,7 +761,7 @@ fn exec_kernel_node_set_impl(
     let t = translated_node(p);
     let pp = t.as_ref().map_or(p, |(q, _)| q as *const _);
     forward!(
-        i,
+        i, cudaGraphExecKernelNodeSetParams:
         fn(*mut c_void, *mut c_void, *const cudaKernelNodeParams),
         exec,
         node,
@@ -770,7 +785,7 @@ fn rm(p: *mut c_void) -> *mut c_void {
 fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
     tracing::copy(k, n, d, s, || {
         forward!(
-            i,
+            i, cudaMemcpy:
             fn(*mut c_void, *const c_void, usize, i32),
             rm(d),
             r(s),
@@ -791,7 +806,7 @@ fn memcpy_async_impl(
 ) -> cudaError_t {
     tracing::copy(k, n, d, s, || {
         forward!(
-            i,
+            i, cudaMemcpyAsync:
             fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
             rm(d),
             r(s),
@@ -805,13 +820,13 @@ variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
     (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
 
 fn memset_impl(i: usize, d: *mut c_void, v: i32, n: usize) -> cudaError_t {
-    forward!(i, fn(*mut c_void, i32, usize), rm(d), v, n)
+    forward!(i, cudaMemset: fn(*mut c_void, i32, usize), rm(d), v, n)
 }
 variants!(memset_impl => cudaMemset, cudaMemset_ptds; (d: *mut c_void, v: i32, n: usize));
 
 fn memset_async_impl(i: usize, d: *mut c_void, v: i32, n: usize, st: cudaStream_t) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemsetAsync:
         fn(*mut c_void, i32, usize, cudaStream_t),
         rm(d),
         v,
@@ -833,7 +848,7 @@ fn memcpy_2d_impl(
 ) -> cudaError_t {
     tracing::copy(k, w.saturating_mul(h), d, s, || {
         forward!(
-            i,
+            i, cudaMemcpy2D:
             fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
             rm(d),
             dp,
@@ -862,7 +877,7 @@ fn memcpy_2d_async_impl(
 ) -> cudaError_t {
     tracing::copy(k, w.saturating_mul(h), d, s, || {
         forward!(
-            i,
+            i, cudaMemcpy2DAsync:
             fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
             rm(d),
             dp,
@@ -880,7 +895,7 @@ variants!(memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
 
 fn memset_2d_impl(i: usize, d: *mut c_void, p: usize, v: i32, w: usize, h: usize) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemset2D:
         fn(*mut c_void, usize, i32, usize, usize),
         rm(d),
         p,
@@ -901,7 +916,7 @@ fn memset_2d_async_impl(
     st: cudaStream_t,
 ) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemset2DAsync:
         fn(*mut c_void, usize, i32, usize, usize, cudaStream_t),
         rm(d),
         p,
@@ -928,20 +943,20 @@ fn translated_3d(p: *const cudaMemcpy3DParms) -> Option<cudaMemcpy3DParms> {
 fn memcpy_3d_impl(i: usize, p: *const cudaMemcpy3DParms) -> cudaError_t {
     let q = translated_3d(p);
     let pp = q.as_ref().map_or(p, |q| q as *const _);
-    forward!(i, fn(*const cudaMemcpy3DParms), pp)
+    forward!(i, cudaMemcpy3D: fn(*const cudaMemcpy3DParms), pp)
 }
 variants!(memcpy_3d_impl => cudaMemcpy3D, cudaMemcpy3D_ptds; (p: *const cudaMemcpy3DParms));
 
 fn memcpy_3d_async_impl(i: usize, p: *const cudaMemcpy3DParms, st: cudaStream_t) -> cudaError_t {
     let q = translated_3d(p);
     let pp = q.as_ref().map_or(p, |q| q as *const _);
-    forward!(i, fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
+    forward!(i, cudaMemcpy3DAsync: fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
 }
 variants!(memcpy_3d_async_impl => cudaMemcpy3DAsync, cudaMemcpy3DAsync_ptsz; (p: *const cudaMemcpy3DParms, st: cudaStream_t));
 
 fn memset_3d_impl(i: usize, mut p: cudaPitchedPtr, v: i32, e: cudaExtent) -> cudaError_t {
     p.ptr = rm(p.ptr);
-    forward!(i, fn(cudaPitchedPtr, i32, cudaExtent), p, v, e)
+    forward!(i, cudaMemset3D: fn(cudaPitchedPtr, i32, cudaExtent), p, v, e)
 }
 variants!(memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds; (p: cudaPitchedPtr, v: i32, e: cudaExtent));
 
@@ -954,7 +969,7 @@ fn memset_3d_async_impl(
 ) -> cudaError_t {
     p.ptr = rm(p.ptr);
     forward!(
-        i,
+        i, cudaMemset3DAsync:
         fn(cudaPitchedPtr, i32, cudaExtent, cudaStream_t),
         p,
         v,
@@ -975,7 +990,7 @@ fn memcpy_peer_impl(
 ) -> cudaError_t {
     tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
         forward!(
-            i,
+            i, cudaMemcpyPeer:
             fn(*mut c_void, i32, *const c_void, i32, usize),
             rm(d),
             dd,
@@ -998,7 +1013,7 @@ fn memcpy_peer_async_impl(
 ) -> cudaError_t {
     tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
         forward!(
-            i,
+            i, cudaMemcpyPeerAsync:
             fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
             rm(d),
             dd,
@@ -1021,7 +1036,7 @@ fn to_symbol_impl(
     k: i32,
 ) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemcpyToSymbol:
         fn(*const c_void, *const c_void, usize, usize, i32),
         sym,
         r(s),
@@ -1042,7 +1057,7 @@ fn from_symbol_impl(
     k: i32,
 ) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemcpyFromSymbol:
         fn(*mut c_void, *const c_void, usize, usize, i32),
         rm(d),
         sym,
@@ -1064,7 +1079,7 @@ fn to_symbol_async_impl(
     st: cudaStream_t,
 ) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemcpyToSymbolAsync:
         fn(*const c_void, *const c_void, usize, usize, i32, cudaStream_t),
         sym,
         r(s),
@@ -1087,7 +1102,7 @@ fn from_symbol_async_impl(
     st: cudaStream_t,
 ) -> cudaError_t {
     forward!(
-        i,
+        i, cudaMemcpyFromSymbolAsync:
         fn(*mut c_void, *const c_void, usize, usize, i32, cudaStream_t),
         rm(d),
         sym,
@@ -1106,7 +1121,7 @@ fn pointer_attributes_impl(
     p: *const c_void,
 ) -> cudaError_t {
     let rp = r(p);
-    let rc = forward!(i, fn(*mut cudaPointerAttributes, *const c_void), out, rp);
+    let rc = forward!(i, cudaPointerGetAttributes: fn(*mut cudaPointerAttributes, *const c_void), out, rp);
     if rc == SUCCESS && rp != p && !out.is_null() {
         // The application sees its own (virtual) pointer.
         // SAFETY: the real runtime filled the application's non-null out-pointer.
@@ -1125,7 +1140,7 @@ variants!(pointer_attributes_impl => cudaPointerGetAttributes; (out: *mut cudaPo
 /// back to the program, and the log says why, once (PyTorch's `torch.multiprocessing`
 /// sharing of CUDA tensors takes this path).
 fn ipc_get_mem_handle_impl(i: usize, handle: *mut c_void, dev_ptr: *mut c_void) -> cudaError_t {
-    let rc = forward!(i, fn(*mut c_void, *mut c_void), handle, dev_ptr);
+    let rc = forward!(i, cudaIpcGetMemHandle: fn(*mut c_void, *mut c_void), handle, dev_ptr);
     if rc != SUCCESS && memory::lookup(dev_ptr as u64).is_some() {
         static TOLD: std::sync::Once = std::sync::Once::new();
         TOLD.call_once(|| {
@@ -1138,74 +1153,16 @@ fn ipc_get_mem_handle_impl(i: usize, handle: *mut c_void, dev_ptr: *mut c_void) 
 }
 variants!(ipc_get_mem_handle_impl => cudaIpcGetMemHandle; (handle: *mut c_void, dev_ptr: *mut c_void));
 
-/// `(index, function)` for each name: `name` or `module::{names}`.
-macro_rules! entries {
-    ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-    ($m:ident :: { $($name:ident),* $(,)? }) => {
-        vec![$((idx::$name, $m::$name as *const () as usize)),*]
-    };
+/// The one list of wrapped calls, `exports/wrapped.txt`, as `build.rs` writes it: per group
+/// (`always`, `launch`, `traced`, `timed`) the indices and `(index, wrapper)` pairs.
+pub mod list {
+    use crate::dispatch::idx;
+    include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
-    let mut v = entries![
-        cudaMalloc,
-        cudaFree,
-        cudaMallocPitch,
-        cudaMalloc3D,
-        cudaMallocAsync,
-        cudaMallocAsync_ptsz,
-        cudaMallocFromPoolAsync,
-        cudaMallocFromPoolAsync_ptsz,
-        cudaFreeAsync,
-        cudaFreeAsync_ptsz,
-        cudaMemGetInfo,
-        cudaGetDeviceProperties,
-        cudaGetDeviceProperties_v2,
-        cudaMallocManaged,
-        __cudaRegisterFatBinary,
-        __cudaUnregisterFatBinary,
-        __cudaRegisterFunction,
-        __cudaGetKernel,
-        // Copies and sets are wrapped in both addressings so that pause waits for them
-        // (one atomic pair each); launches stay forwarded in mapped addressing.
-        cudaMemcpy,
-        cudaMemcpy_ptds,
-        cudaMemcpyAsync,
-        cudaMemcpyAsync_ptsz,
-        cudaMemset,
-        cudaMemset_ptds,
-        cudaMemsetAsync,
-        cudaMemsetAsync_ptsz,
-        cudaMemcpy2D,
-        cudaMemcpy2D_ptds,
-        cudaMemcpy2DAsync,
-        cudaMemcpy2DAsync_ptsz,
-        cudaMemset2D,
-        cudaMemset2D_ptds,
-        cudaMemset2DAsync,
-        cudaMemset2DAsync_ptsz,
-        cudaMemcpy3D,
-        cudaMemcpy3D_ptds,
-        cudaMemcpy3DAsync,
-        cudaMemcpy3DAsync_ptsz,
-        cudaMemset3D,
-        cudaMemset3D_ptds,
-        cudaMemset3DAsync,
-        cudaMemset3DAsync_ptsz,
-        cudaMemcpyPeer,
-        cudaMemcpyPeerAsync,
-        cudaMemcpyToSymbol,
-        cudaMemcpyToSymbol_ptds,
-        cudaMemcpyFromSymbol,
-        cudaMemcpyFromSymbol_ptds,
-        cudaMemcpyToSymbolAsync,
-        cudaMemcpyToSymbolAsync_ptsz,
-        cudaMemcpyFromSymbolAsync,
-        cudaMemcpyFromSymbolAsync_ptsz,
-        cudaIpcGetMemHandle,
-    ];
-    v.extend(crate::entry_points::table());
+    let mut v = list::always_wrappers().to_vec();
     v.extend(launch_entries(translated() || tracing::enabled()));
     v
 }
@@ -1216,31 +1173,10 @@ pub fn table() -> Vec<(usize, usize)> {
 /// build.rs) — or to the real runtime too once the driver layer is seen to mark them
 /// ([`crate::launch_bypass`]).
 fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
-    // The launches, from module `$m` (this one: the full wrappers).
-    macro_rules! launches {
-        ($m:ident) => {
-            entries![$m::{
-                cudaLaunchKernel,
-                cudaLaunchKernel_ptsz,
-                cudaLaunchCooperativeKernel,
-                cudaLaunchCooperativeKernel_ptsz,
-                __cudaLaunchKernel,
-                __cudaLaunchKernel_ptsz,
-                cudaLaunchKernelExC,
-                cudaLaunchKernelExC_ptsz,
-            }]
-        };
-    }
-    let others = entries![
-        cudaGraphAddKernelNode,
-        cudaGraphKernelNodeSetParams,
-        cudaGraphExecKernelNodeSetParams,
-        cudaPointerGetAttributes,
-    ];
-    let mut v = if wrapped {
-        launches!(self)
+    let mut v: Vec<(usize, usize)> = if wrapped {
+        list::launch_wrappers().to_vec()
     } else {
-        launches!(marked_launches)
+        marked_launches::table().to_vec()
     };
     // The launches seen to reach the driver layer need no wrapper of this library untraced,
     // nor under `metrics`, which leaves them to that layer.
@@ -1252,12 +1188,12 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
         }
     }
     if wrapped {
-        v.extend(others);
+        v.extend(list::traced_wrappers());
     } else {
         v.extend(
-            others
+            list::TRACED
                 .into_iter()
-                .map(|(i, _)| (i, crate::dispatch::real_or_stub(i))),
+                .map(|i| (i, crate::dispatch::real_or_stub(i))),
         );
     }
     v
@@ -1271,6 +1207,6 @@ pub(crate) fn switch_launch_entries(traced: bool) {
         return;
     }
     for (i, f) in launch_entries(traced) {
-        crate::dispatch::TABLE[i].store(f, std::sync::atomic::Ordering::Release);
+        crate::dispatch::DISPATCH.set(i, f);
     }
 }

@@ -9,10 +9,11 @@
 //! real driver, fills the tables and points `GATE_PTR` at the runtime shim's gate (or
 //! clears the local word when there is no runtime shim).
 
-use crate::boundary::guard;
+use cudaw_shim_core::{Dispatch, Library};
 use driver::hooks::GATE_PAUSED;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+pub use cudaw_shim_core::dispatch::CUDA_ERROR_NOT_SUPPORTED;
 
 include!(concat!(env!("OUT_DIR"), "/names.rs"));
 
@@ -22,10 +23,9 @@ pub const N: usize = ALL_NAMES.len();
 // build.rs's trampolines test bit 2: the runtime shim's "paused" bit.
 const _: () = assert!(GATE_PAUSED == 2);
 
-/// Where each function goes: a wrapper of cudaw's, the real function, or a stub.
-pub static TABLE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
-/// The real driver's function for each name (0: the real driver lacks it).
-pub static REAL: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
+/// Where each function goes (a wrapper of cudaw's, the real function, or a stub), and the
+/// real driver's function for each name.
+pub static DISPATCH: Dispatch<N> = Dispatch::new(&ALL_NAMES, initialise);
 
 /// This library's own gate word: "paused" until initialised (which sends every first call
 /// to the slow path), cleared then when no runtime shim shares its gate.
@@ -35,10 +35,40 @@ static LOCAL_GATE: AtomicU32 = AtomicU32::new(GATE_PAUSED);
 pub static GATE_PTR: AtomicPtr<AtomicU32> =
     AtomicPtr::new(&LOCAL_GATE as *const AtomicU32 as *mut AtomicU32);
 
+/// The driver shim, as the shared plumbing sees it.
+pub struct Driver;
+
+impl Library for Driver {
+    const SLOW_PATH: &'static str = "the driver slow path";
+    const IN_FLIGHT_SLOW_PATH: &'static str = "the driver's in-flight slow path";
+    const IN_FLIGHT_ADMISSION: &'static str = "the driver's in-flight admission";
+
+    fn ensure_initialised() {
+        ensure_initialised();
+    }
+    fn target(index: u32) -> usize {
+        DISPATCH.target(index)
+    }
+    fn wait_while_paused() {
+        crate::runtime::wait_if_paused();
+    }
+    #[inline(always)]
+    fn block() -> &'static driver::inflight::Block {
+        crate::inflight::block()
+    }
+    fn return_thunk() -> usize {
+        crate::inflight::return_thunk()
+    }
+    fn with_gate<R>(f: impl FnOnce(&driver::inflight::Gate<'_>) -> R) -> R {
+        crate::inflight::with_gate(f)
+    }
+}
+
+// `{table}` is the dispatch table: the first field of `DISPATCH` (`repr(C)`).
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym GATE_PTR,
-    table = sym TABLE,
+    table = sym DISPATCH,
     slow = sym cudaw_driver_slow_entry,
     options(att_syntax)
 );
@@ -70,79 +100,37 @@ pub fn trampoline(index: usize) -> usize {
     unsafe { cudaw_driver_trampolines[index] }
 }
 
-static INIT: Once = Once::new();
-
-/// The slow path of every export: initialise once, wait while paused, return the target.
-extern "C" fn slow_resolve(index: u32) -> usize {
-    guard(
-        "the driver slow path",
-        unsupported as *const () as usize,
-        || {
-            ensure_initialised();
-            // A thread inside a call in flight is already waited for: never hold it.
-            if !crate::inflight::active() {
-                crate::runtime::wait_if_paused();
-            }
-            target(index)
-        },
-    )
-}
-
-/// Where function `index` goes now.
-pub(crate) fn target(index: u32) -> usize {
-    match TABLE.get(index as usize).map(|t| t.load(Ordering::Acquire)) {
-        Some(0) | None => unsupported_address(),
-        Some(target) => target,
-    }
-}
-
-/// The stub returning `CUDA_ERROR_NOT_SUPPORTED`.
-pub(crate) fn unsupported_address() -> usize {
-    unsupported as *const () as usize
+/// The slow path of every export ([`cudaw_shim_core::dispatch::slow_resolve`]).
+extern "C" fn slow_resolve(index: u32, slot: *mut usize) -> usize {
+    // SAFETY: the assembly passes the address of this export call's return address, and
+    // jumps to the result next.
+    unsafe { cudaw_shim_core::dispatch::slow_resolve::<Driver>(index, slot) }
 }
 
 /// Initialises this library (once), then the runtime shim's pause machinery.
 pub fn ensure_initialised() {
-    INIT.call_once(initialise);
+    DISPATCH.ensure_initialised();
     crate::runtime::install_pause_once();
 }
 
 /// Loads the real driver and fills the tables.
 fn initialise() {
+    let stub = |_: &str| cudaw_shim_core::dispatch::unsupported_address();
     match crate::real::get() {
-        Some(real) => {
-            let mut missing = 0usize;
-            for (i, name) in ALL_NAMES.iter().enumerate() {
-                match real.symbol(name) {
-                    Some(p) => {
-                        REAL[i].store(p, Ordering::Release);
-                        TABLE[i].store(p, Ordering::Release);
-                    }
-                    None => {
-                        TABLE[i].store(unsupported as *const () as usize, Ordering::Release);
-                        missing += 1;
-                    }
-                }
-            }
+        Ok(real) => {
+            let missing = DISPATCH.fill(|name| real.symbol(name), stub);
             crate::proc_address::index_real_exports();
             crate::trace::init();
-            for (i, f) in wrappers() {
-                TABLE[i].store(f, Ordering::Release);
-            }
+            DISPATCH.install(wrappers());
             crate::log::info(format_args!(
-                "forwarding {N} driver functions to {} ({missing} absent there)",
-                real.path()
+                "forwarding {N} driver functions to {} ({} absent there)",
+                real.path().display(),
+                missing.len()
             ));
         }
-        None => {
-            crate::log::error(format_args!(
-                "cannot find the real libcuda.so.1 to forward to (set CUDAW_REAL_LIBCUDA); \
-                 tried: {}; every driver call will fail",
-                crate::real::tried()
-            ));
-            for t in &TABLE {
-                t.store(unsupported as *const () as usize, Ordering::Release);
-            }
+        Err(e) => {
+            crate::log::error(format_args!("{e}; every driver call will fail"));
+            DISPATCH.fill_stubs(stub);
         }
     }
     crate::launch::report_at_exit();
@@ -161,53 +149,43 @@ fn initialise() {
     }
 }
 
-/// cudaw's wrappers: (index, function).
-fn wrappers() -> Vec<(usize, usize)> {
-    let mut w = crate::proc_address::table();
-    w.extend(crate::launch::table());
-    w.extend(crate::memory::table());
-    w.extend(crate::trace::table());
-    w
+/// The one list of wrapped functions, `data/wrapped.txt`, as `build.rs` writes it: per
+/// group (`always`, `launch`, `traced`) the indices and `(index, wrapper)` pairs.
+pub mod list {
+    use super::idx;
+    include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
-/// `CUDA_ERROR_NOT_SUPPORTED`: what a function the real driver lacks returns.
-pub const CUDA_ERROR_NOT_SUPPORTED: u32 = 801;
-
-extern "C" fn unsupported() -> u32 {
-    CUDA_ERROR_NOT_SUPPORTED
+/// cudaw's wrappers: (index, function); the copies only while tracing is on, so that with
+/// tracing off a copy goes straight to the real driver.
+fn wrappers() -> Vec<(usize, usize)> {
+    let mut w = list::always_wrappers().to_vec();
+    if crate::trace::on() {
+        w.extend(list::traced_wrappers());
+    }
+    w
 }
 
 /// The index of `name` in [`ALL_NAMES`].
 pub fn index_of(name: &str) -> Option<usize> {
-    ALL_NAMES.binary_search(&name).ok()
+    DISPATCH.index_of(name)
 }
 
 /// The real driver's function `index`, if it has one (initialising first).
 #[inline]
 pub fn real(index: usize) -> Option<usize> {
-    // Filled before any wrapper is reachable: a wrapper's forward finds it on the first
-    // load, without the initialisation's `Once` (one cache line fewer on a launch).
-    match REAL.get(index)?.load(Ordering::Acquire) {
-        0 => real_initialised(index),
-        p => Some(p),
-    }
+    DISPATCH.real(index)
 }
 
-#[cold]
-fn real_initialised(index: usize) -> Option<usize> {
-    INIT.call_once(initialise);
-    match REAL.get(index)?.load(Ordering::Acquire) {
-        0 => None,
-        p => Some(p),
-    }
-}
-
-/// Calls the real driver's `NAME` with a signature from `cuda.h`, or returns
+/// Calls the real driver's `NAME` with a signature from `cuda.h` (checked against the
+/// header's at compile time: `driver::check_signature!`), or returns
 /// `CUDA_ERROR_NOT_SUPPORTED` when the real driver lacks it:
 /// `forward!(cuMemFree_v2: fn(u64), ptr)`.
 #[macro_export]
 macro_rules! forward {
-    ($name:ident : fn($($t:ty),* $(,)?) $(, $arg:expr)* $(,)?) => {
+    ($name:ident : fn($($t:ty),* $(,)?) $(, $arg:expr)* $(,)?) => {{
+        // The signature written here is cuda.h's (scripts/gen-signatures.py).
+        driver::check_signature!(driver, $name, unsafe extern "C" fn($($t),*) -> u32);
         match $crate::dispatch::real($crate::dispatch::idx::$name) {
             Some(p) => {
                 // SAFETY: `p` is the real driver's exported `$name`, whose C signature
@@ -221,7 +199,7 @@ macro_rules! forward {
             }
             None => $crate::dispatch::CUDA_ERROR_NOT_SUPPORTED,
         }
-    };
+    }};
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! hooks), whose pause waits until no registered thread has such a call in flight; with
 //! no runtime shim in the process there is no pause, and nothing is registered.
 
-use crate::{dispatch, runtime};
+use crate::dispatch::{self, Driver};
+use crate::runtime;
 use driver::inflight::{self, Block, Gate};
 use std::sync::atomic::Ordering;
 
@@ -31,9 +32,14 @@ fn unregister(b: *const Block) {
     }
 }
 
+/// The return thunk's address.
+pub(crate) fn return_thunk() -> usize {
+    cudaw_drv_inflight_return as *const () as usize
+}
+
 /// Runs `f` with this library's gate, as the runtime shim's hooks (or their absence) make
 /// it.
-fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+pub(crate) fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
     let hooks = runtime::hooks();
     let paused = runtime::is_paused;
     let may_pass = || hooks.is_none_or(|h| (h.may_pass)());
@@ -70,37 +76,12 @@ fn gate_closed() -> bool {
 /// return goes straight back to the caller: [`inflight::marked`] with this library's gate.
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
-    inflight::marked(block(), || !gate_closed(), admit, f)
+    cudaw_shim_core::inflight::marked::<Driver, R>(|| !gate_closed(), f)
 }
 
-/// [`marked`]'s slow path: the gate is closed, or the thread's block is unregistered.
-fn admit(b: &Block) -> bool {
-    crate::boundary::guard("the driver's in-flight admission", false, || {
-        dispatch::ensure_initialised();
-        with_gate(|g| inflight::admit(b, g))
-    })
-}
-
-/// The slow path of the in-flight trampolines: `index` is the function's, `slot` the
-/// address of the caller's return address.
+/// The slow path of the in-flight trampolines ([`cudaw_shim_core::inflight::resolve`]).
 pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
-    let b = block();
-    let entered = std::cell::Cell::new(false);
-    let target = crate::boundary::guard(
-        "the driver's in-flight slow path",
-        dispatch::unsupported_address(),
-        || {
-            dispatch::ensure_initialised();
-            let thunk = cudaw_drv_inflight_return as *const () as usize;
-            // SAFETY: the trampoline passes this call's return-address slot, and jumps to
-            // the target next; `b` is this thread's block.
-            entered.set(with_gate(|g| unsafe { inflight::enter(b, slot, thunk, g) }));
-            dispatch::target(index)
-        },
-    );
-    if !entered.get() && b.in_flight() {
-        // A panic before the thunk was in place: nothing will clear the word but this.
-        b.word.store(inflight::IDLE, Ordering::SeqCst);
-    }
-    target
+    // SAFETY: the assembly passes the address of this export call's return address, and
+    // jumps to the result next.
+    unsafe { cudaw_shim_core::inflight::resolve::<Driver>(index, slot) }
 }

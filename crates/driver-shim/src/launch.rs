@@ -15,7 +15,6 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
-use crate::dispatch::idx;
 use crate::trace::Dims;
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -591,7 +590,7 @@ pub fn report_at_exit() {
 /// driver's function of the same name.
 macro_rules! observed {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $before:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 $before;
                 crate::forward!($name: fn($($t),*) $(, $a)*)
@@ -607,7 +606,7 @@ macro_rules! observed {
 /// only when the launch is recorded), `$params` and `$extra` its arguments.
 macro_rules! launch {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $f:ident, $dims:expr, $params:expr, $extra:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 crate::trace::launch($f as usize, || $dims, $params, $extra, || {
                     crate::inflight::marked(|| crate::forward!($name: fn($($t),*) $(, $a)*))
@@ -651,7 +650,7 @@ observed!(cuGraphLaunch_ptsz(exec: Handle, stream: Handle)
 /// Defines a wrapper that forwards, then on success runs `$after`.
 macro_rules! then {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $after:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let rc = crate::forward!($name: fn($($t),*) $(, $a)*);
                 if rc == 0 {
@@ -733,34 +732,6 @@ then!(cuLibraryLoadFromFile(out: *mut usize, file: *const c_char, jit_options: *
     loaded();
     crate::modules::loaded_file(out, file);
 });
-
-/// The wrappers of this module: (index, function).
-pub fn table() -> Vec<(usize, usize)> {
-    macro_rules! entries {
-        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-    }
-    entries![
-        cuLaunchKernel,
-        cuLaunchKernel_ptsz,
-        cuLaunchKernelEx,
-        cuLaunchKernelEx_ptsz,
-        cuLaunchCooperativeKernel,
-        cuLaunchCooperativeKernel_ptsz,
-        cuGraphLaunch,
-        cuGraphLaunch_ptsz,
-        cuModuleGetFunction,
-        cuLibraryGetKernel,
-        cuKernelGetFunction,
-        cuModuleUnload,
-        cuLibraryUnload,
-        cuModuleLoad,
-        cuModuleLoadData,
-        cuModuleLoadDataEx,
-        cuModuleLoadFatBinary,
-        cuLibraryLoadData,
-        cuLibraryLoadFromFile,
-    ]
-}
 
 #[cfg(test)]
 mod tests {

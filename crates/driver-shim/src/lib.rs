@@ -93,14 +93,26 @@
 // Handles are opaque pointers handed to the real driver, never dereferenced here.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-pub mod boundary;
+pub use cudaw_shim_core::{boundary, log};
+
 pub mod dispatch;
 pub mod inflight;
 pub mod launch;
-pub mod log;
 pub mod memory;
 pub mod modules;
 pub mod proc_address;
 pub mod real;
 pub mod runtime;
 pub mod trace;
+
+// SAFETY (of the attribute): a function pointer placed in `.init_array` is called by the
+// dynamic loader with no arguments once the library is relocated; `name_the_log` takes
+// none, cannot unwind and touches nothing that needs `main` to have started.
+#[used]
+#[link_section = ".init_array"]
+static NAME_THE_LOG: extern "C" fn() = name_the_log;
+
+/// This library's log lines read `cudaw[PID] driver LEVEL: ...` from its first.
+extern "C" fn name_the_log() {
+    log::set_origin("driver");
+}

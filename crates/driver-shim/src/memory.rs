@@ -39,7 +39,6 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
-use crate::dispatch::idx;
 use driver::hooks::{MemoryHooks, CHARGED, NOT_MINE, REFUSED};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -204,7 +203,7 @@ fn written(out: *mut u64) -> Option<u64> {
 macro_rules! allocation {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => vmm $vmm:expr, bytes $bytes:expr,
         out $out:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 if let Some(rc) = from_vmm($vmm) {
                     return rc;
@@ -215,7 +214,7 @@ macro_rules! allocation {
         }
     };
     ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => bytes $bytes:expr, out $out:expr) => {
-        extern "C" fn $fn_name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $fn_name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let c = match charge($bytes as u64) {
                     Ok(c) => c,
@@ -248,7 +247,7 @@ fn forwarded(
 /// A free of `$key`.
 macro_rules! release {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => vmm $vmm:expr, key $key:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 if let Some(rc) = free_in_vmm($key, $vmm) {
                     return rc;
@@ -262,7 +261,7 @@ macro_rules! release {
         }
     };
     ($fn_name:ident = $name:ident ($($a:ident : $t:ty),* $(,)?) => $key:expr) => {
-        extern "C" fn $fn_name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $fn_name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let rc = crate::forward!($name: fn($($t),*) $(, $a)*);
                 if rc == 0 {
@@ -301,7 +300,7 @@ release!(forward_mem_release = cuMemRelease(handle: u64) => handle);
 /// shim's handle table when it is there (`$hook`), else forwarded (`$fallback`).
 macro_rules! handle_call {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $hook:ident, else $fallback:expr) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 match crate::runtime::handles() {
                     Some(h) => (h.$hook)($($a),*),
@@ -312,7 +311,12 @@ macro_rules! handle_call {
     };
 }
 
-extern "C" fn cuMemCreate(out: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
+pub(crate) extern "C" fn cuMemCreate(
+    out: *mut u64,
+    size: usize,
+    prop: *const c_void,
+    flags: u64,
+) -> u32 {
     guard("cuMemCreate", CUDA_ERROR_UNKNOWN, || {
         match crate::runtime::handles() {
             // Charged unless the runtime accounts for this thread (its own calls).
@@ -369,7 +373,11 @@ fn answerable(rc: u32) -> bool {
     rc == 0 || rc == crate::dispatch::CUDA_ERROR_NOT_SUPPORTED
 }
 
-extern "C" fn cuMemGetAddressRange_v2(base: *mut u64, size: *mut usize, ptr: u64) -> u32 {
+pub(crate) extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut u64,
+    size: *mut usize,
+    ptr: u64,
+) -> u32 {
     guard("cuMemGetAddressRange_v2", CUDA_ERROR_UNKNOWN, || {
         let rc = crate::forward!(cuMemGetAddressRange_v2: fn(*mut u64, *mut usize, u64), base,
             size, ptr);
@@ -411,7 +419,7 @@ fn range_attribute(data: *mut c_void, attribute: u32, ptr: u64) -> bool {
     true
 }
 
-extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> u32 {
+pub(crate) extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64) -> u32 {
     guard("cuPointerGetAttribute", CUDA_ERROR_UNKNOWN, || {
         let rc = crate::forward!(cuPointerGetAttribute: fn(*mut c_void, u32, u64), data,
             attribute, ptr);
@@ -422,7 +430,7 @@ extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: u32, ptr: u64)
     })
 }
 
-extern "C" fn cuPointerGetAttributes(
+pub(crate) extern "C" fn cuPointerGetAttributes(
     n: u32,
     attributes: *mut u32,
     data: *mut *mut c_void,
@@ -442,36 +450,4 @@ extern "C" fn cuPointerGetAttributes(
         }
         rc
     })
-}
-
-/// The wrappers of this module: (index, function).
-pub fn table() -> Vec<(usize, usize)> {
-    macro_rules! entries {
-        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-    }
-    entries![
-        cuMemAlloc_v2,
-        cuMemAllocPitch_v2,
-        cuMemAllocAsync,
-        cuMemAllocAsync_ptsz,
-        cuMemAllocFromPoolAsync,
-        cuMemAllocFromPoolAsync_ptsz,
-        cuMemCreate,
-        cuMemFree_v2,
-        cuMemFreeAsync,
-        cuMemFreeAsync_ptsz,
-        cuMemRelease,
-        cuMemMap,
-        cuMemUnmap,
-        cuMemSetAccess,
-        cuMemGetAllocationPropertiesFromHandle,
-        cuMemExportToShareableHandle,
-        cuMemImportFromShareableHandle,
-        cuMemRetainAllocationHandle,
-        cuMulticastBindMem,
-        cuMulticastBindMem_v2,
-        cuMemGetAddressRange_v2,
-        cuPointerGetAttribute,
-        cuPointerGetAttributes,
-    ]
 }

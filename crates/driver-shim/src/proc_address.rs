@@ -9,19 +9,18 @@
 //! through untouched, as does the symbol-status out-parameter.
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
-use crate::dispatch::{self, idx, ALL_NAMES, REAL};
+use crate::dispatch::{self, ALL_NAMES, DISPATCH};
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 /// (real driver's address, index), sorted by address.
 static BY_ADDRESS: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
 
-/// Indexes the real driver's exports by address (after [`REAL`] is filled).
+/// Indexes the real driver's exports by address (after the dispatch table is filled).
 pub fn index_real_exports() {
     BY_ADDRESS.get_or_init(|| {
         let mut v: Vec<(usize, usize)> = (0..ALL_NAMES.len())
-            .filter_map(|i| match REAL[i].load(Ordering::Acquire) {
+            .filter_map(|i| match DISPATCH.real_now(i) {
                 0 => None,
                 p => Some((p, i)),
             })
@@ -55,7 +54,7 @@ unsafe fn substitute(pfn: *mut *mut c_void) {
     }
 }
 
-extern "C" fn cuGetProcAddress(
+pub(crate) extern "C" fn cuGetProcAddress(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
@@ -77,7 +76,7 @@ extern "C" fn cuGetProcAddress(
     })
 }
 
-extern "C" fn cuGetProcAddress_v2(
+pub(crate) extern "C" fn cuGetProcAddress_v2(
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     version: c_int,
@@ -99,18 +98,4 @@ extern "C" fn cuGetProcAddress_v2(
         }
         rc
     })
-}
-
-/// The wrappers of this module: (index, function).
-pub fn table() -> Vec<(usize, usize)> {
-    vec![
-        (
-            idx::cuGetProcAddress,
-            cuGetProcAddress as *const () as usize,
-        ),
-        (
-            idx::cuGetProcAddress_v2,
-            cuGetProcAddress_v2 as *const () as usize,
-        ),
-    ]
 }

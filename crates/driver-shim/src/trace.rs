@@ -16,7 +16,6 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
-use crate::dispatch::idx;
 use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
@@ -570,7 +569,7 @@ fn copy(direction: i32, bytes: usize, dst: u64, src: u64, f: impl FnOnce() -> u3
 /// Defines a copy wrapper: `$dir`, the bytes argument, the destination and the source.
 macro_rules! copy_wrapper {
     ($name:ident ($($a:ident : $t:ty),* $(,)?) => $dir:expr, $n:ident, $dst:ident, $src:ident) => {
-        extern "C" fn $name($($a: $t),*) -> u32 {
+        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 copy($dir, $n, $dst as u64, $src as u64, || {
                     crate::forward!($name: fn($($t),*) $(, $a)*)
@@ -602,35 +601,6 @@ copy_wrapper!(cuMemcpy(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpy_ptds(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpyAsync(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
-
-/// The copy wrappers (index, function): installed only while tracing is on, so that with
-/// tracing off a copy goes straight to the real driver.
-pub fn table() -> Vec<(usize, usize)> {
-    if !on() {
-        return Vec::new();
-    }
-    macro_rules! entries {
-        ($($name:ident),* $(,)?) => { vec![$((idx::$name, $name as *const () as usize)),*] };
-    }
-    entries![
-        cuMemcpyHtoD_v2,
-        cuMemcpyHtoD_v2_ptds,
-        cuMemcpyHtoDAsync_v2,
-        cuMemcpyHtoDAsync_v2_ptsz,
-        cuMemcpyDtoH_v2,
-        cuMemcpyDtoH_v2_ptds,
-        cuMemcpyDtoHAsync_v2,
-        cuMemcpyDtoHAsync_v2_ptsz,
-        cuMemcpyDtoD_v2,
-        cuMemcpyDtoD_v2_ptds,
-        cuMemcpyDtoDAsync_v2,
-        cuMemcpyDtoDAsync_v2_ptsz,
-        cuMemcpy,
-        cuMemcpy_ptds,
-        cuMemcpyAsync,
-        cuMemcpyAsync_ptsz,
-    ]
-}
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
+pub mod abi;
 pub mod api;
 pub mod backend;
 pub mod error;

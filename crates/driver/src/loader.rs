@@ -16,10 +16,20 @@ pub const DEFAULT_LIBCUDA: &str = "libcuda.so.1";
 
 type Raw = *mut c_void;
 
+/// Checks that each symbol has the signature `fn $args -> CUresult` in cuda.h.
+macro_rules! check_symbols {
+    ($args:tt $($symbol:ident)+) => {
+        $( crate::check_signature!(driver, $symbol, unsafe extern "C" fn $args -> c_uint); )+
+    };
+}
+
 /// One list of the driver functions used: field, signature, symbol names to try in order.
-/// It expands into the lazily resolved function table.
+/// It expands into the lazily resolved function table; each symbol's signature is checked
+/// against cuda.h's at compile time ([`crate::check_signature!`], `scripts/gen-signatures.py`).
 macro_rules! driver_functions {
-    ($( $field:ident ( $($ty:ty),* ) = [$($symbol:literal),+]; )*) => {
+    ($( $field:ident ( $($ty:ty),* ) = [$($symbol:ident),+]; )*) => {
+        $( check_symbols!(($($ty),*) $($symbol)+); )*
+
         /// The resolved functions: `None` inside the cell means "looked for, not there".
         #[allow(non_snake_case)]
         #[derive(Default)]
@@ -32,13 +42,13 @@ macro_rules! driver_functions {
             $(
                 fn $field(&self) -> Result<unsafe extern "C" fn($($ty),*) -> c_uint> {
                     let resolved = self.functions.$field.get_or_init(|| {
-                        [$($symbol),+].into_iter().find_map(|symbol| {
+                        [$(stringify!($symbol)),+].into_iter().find_map(|symbol| {
                             // SAFETY: the symbol is the driver function of this signature
                             // (from the CUDA headers); the library stays loaded as long as
                             // `self`, which owns every copy of the pointer.
                             unsafe {
                                 self.library
-                                    .get::<unsafe extern "C" fn($($ty),*) -> c_uint>(symbol)
+                                    .get::<unsafe extern "C" fn($($ty),*) -> c_uint>(symbol.as_bytes())
                                     .ok()
                                     .map(|s| *s)
                             }
@@ -47,7 +57,7 @@ macro_rules! driver_functions {
                     resolved.ok_or_else(|| DriverError {
                         code: CUDA_ERROR_NOT_FOUND,
                         name: "CUDA_ERROR_NOT_FOUND".into(),
-                        call: [$($symbol),+][0],
+                        call: [$(stringify!($symbol)),+][0],
                     })
                 }
             )*
@@ -56,53 +66,53 @@ macro_rules! driver_functions {
 }
 
 driver_functions! {
-    cuInit(c_uint) = ["cuInit"];
-    cuDriverGetVersion(*mut c_int) = ["cuDriverGetVersion"];
-    cuGetErrorName(c_uint, *mut *const c_char) = ["cuGetErrorName"];
-    cuDeviceGetCount(*mut c_int) = ["cuDeviceGetCount"];
-    cuDeviceGet(*mut sys::CUdevice, c_int) = ["cuDeviceGet"];
-    cuDeviceGetAttribute(*mut c_int, sys::CUdevice_attribute, sys::CUdevice) = ["cuDeviceGetAttribute"];
-    cuDeviceGetName(*mut c_char, c_int, sys::CUdevice) = ["cuDeviceGetName"];
-    cuDeviceTotalMem(*mut usize, sys::CUdevice) = ["cuDeviceTotalMem_v2"];
-    cuDeviceGetUuid(*mut [u8; 16], sys::CUdevice) = ["cuDeviceGetUuid_v2", "cuDeviceGetUuid"];
-    cuDevicePrimaryCtxRetain(*mut Raw, sys::CUdevice) = ["cuDevicePrimaryCtxRetain"];
-    cuDevicePrimaryCtxRelease(sys::CUdevice) = ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"];
-    cuCtxSetCurrent(Raw) = ["cuCtxSetCurrent"];
-    cuCtxGetCurrent(*mut Raw) = ["cuCtxGetCurrent"];
-    cuCtxSynchronize() = ["cuCtxSynchronize"];
-    cuMemGetInfo(*mut usize, *mut usize) = ["cuMemGetInfo_v2"];
-    cuMemAddressReserve(*mut u64, usize, usize, u64, u64) = ["cuMemAddressReserve"];
-    cuMemAddressFree(u64, usize) = ["cuMemAddressFree"];
-    cuMemCreate(*mut u64, usize, *const sys::CUmemAllocationProp, u64) = ["cuMemCreate"];
-    cuMemRelease(u64) = ["cuMemRelease"];
-    cuMemMap(u64, usize, usize, u64, u64) = ["cuMemMap"];
-    cuMemUnmap(u64, usize) = ["cuMemUnmap"];
-    cuMemSetAccess(u64, usize, *const sys::CUmemAccessDesc, usize) = ["cuMemSetAccess"];
-    cuMemGetAllocationGranularity(*mut usize, *const sys::CUmemAllocationProp, sys::CUmemAllocationGranularity_flags) = ["cuMemGetAllocationGranularity"];
-    cuMemAlloc(*mut u64, usize) = ["cuMemAlloc_v2"];
-    cuMemFree(u64) = ["cuMemFree_v2"];
-    cuMemHostAlloc(*mut Raw, usize, c_uint) = ["cuMemHostAlloc"];
-    cuMemFreeHost(Raw) = ["cuMemFreeHost"];
-    cuMemHostRegister(Raw, usize, c_uint) = ["cuMemHostRegister_v2", "cuMemHostRegister"];
-    cuMemHostUnregister(Raw) = ["cuMemHostUnregister"];
-    cuMemcpyHtoD(u64, *const c_void, usize) = ["cuMemcpyHtoD_v2"];
-    cuMemcpyDtoH(Raw, u64, usize) = ["cuMemcpyDtoH_v2"];
-    cuMemcpyDtoD(u64, u64, usize) = ["cuMemcpyDtoD_v2"];
-    cuMemcpyHtoDAsync(u64, *const c_void, usize, Raw) = ["cuMemcpyHtoDAsync_v2"];
-    cuMemcpyDtoHAsync(Raw, u64, usize, Raw) = ["cuMemcpyDtoHAsync_v2"];
-    cuMemcpyDtoDAsync(u64, u64, usize, Raw) = ["cuMemcpyDtoDAsync_v2"];
-    cuMemsetD8(u64, u8, usize) = ["cuMemsetD8_v2"];
-    cuMemsetD8Async(u64, u8, usize, Raw) = ["cuMemsetD8Async"];
-    cuStreamCreate(*mut Raw, c_uint) = ["cuStreamCreate"];
-    cuStreamDestroy(Raw) = ["cuStreamDestroy_v2"];
-    cuStreamSynchronize(Raw) = ["cuStreamSynchronize"];
-    cuStreamQuery(Raw) = ["cuStreamQuery"];
-    cuEventCreate(*mut Raw, c_uint) = ["cuEventCreate"];
-    cuEventRecord(Raw, Raw) = ["cuEventRecord"];
-    cuEventSynchronize(Raw) = ["cuEventSynchronize"];
-    cuEventQuery(Raw) = ["cuEventQuery"];
-    cuEventElapsedTime(*mut f32, Raw, Raw) = ["cuEventElapsedTime_v2", "cuEventElapsedTime"];
-    cuEventDestroy(Raw) = ["cuEventDestroy_v2"];
+    cuInit(c_uint) = [cuInit];
+    cuDriverGetVersion(*mut c_int) = [cuDriverGetVersion];
+    cuGetErrorName(c_uint, *mut *const c_char) = [cuGetErrorName];
+    cuDeviceGetCount(*mut c_int) = [cuDeviceGetCount];
+    cuDeviceGet(*mut sys::CUdevice, c_int) = [cuDeviceGet];
+    cuDeviceGetAttribute(*mut c_int, sys::CUdevice_attribute, sys::CUdevice) = [cuDeviceGetAttribute];
+    cuDeviceGetName(*mut c_char, c_int, sys::CUdevice) = [cuDeviceGetName];
+    cuDeviceTotalMem(*mut usize, sys::CUdevice) = [cuDeviceTotalMem_v2];
+    cuDeviceGetUuid(*mut [u8; 16], sys::CUdevice) = [cuDeviceGetUuid_v2, cuDeviceGetUuid];
+    cuDevicePrimaryCtxRetain(*mut Raw, sys::CUdevice) = [cuDevicePrimaryCtxRetain];
+    cuDevicePrimaryCtxRelease(sys::CUdevice) = [cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease];
+    cuCtxSetCurrent(Raw) = [cuCtxSetCurrent];
+    cuCtxGetCurrent(*mut Raw) = [cuCtxGetCurrent];
+    cuCtxSynchronize() = [cuCtxSynchronize];
+    cuMemGetInfo(*mut usize, *mut usize) = [cuMemGetInfo_v2];
+    cuMemAddressReserve(*mut u64, usize, usize, u64, u64) = [cuMemAddressReserve];
+    cuMemAddressFree(u64, usize) = [cuMemAddressFree];
+    cuMemCreate(*mut u64, usize, *const sys::CUmemAllocationProp, u64) = [cuMemCreate];
+    cuMemRelease(u64) = [cuMemRelease];
+    cuMemMap(u64, usize, usize, u64, u64) = [cuMemMap];
+    cuMemUnmap(u64, usize) = [cuMemUnmap];
+    cuMemSetAccess(u64, usize, *const sys::CUmemAccessDesc, usize) = [cuMemSetAccess];
+    cuMemGetAllocationGranularity(*mut usize, *const sys::CUmemAllocationProp, sys::CUmemAllocationGranularity_flags) = [cuMemGetAllocationGranularity];
+    cuMemAlloc(*mut u64, usize) = [cuMemAlloc_v2];
+    cuMemFree(u64) = [cuMemFree_v2];
+    cuMemHostAlloc(*mut Raw, usize, c_uint) = [cuMemHostAlloc];
+    cuMemFreeHost(Raw) = [cuMemFreeHost];
+    cuMemHostRegister(Raw, usize, c_uint) = [cuMemHostRegister_v2, cuMemHostRegister];
+    cuMemHostUnregister(Raw) = [cuMemHostUnregister];
+    cuMemcpyHtoD(u64, *const c_void, usize) = [cuMemcpyHtoD_v2];
+    cuMemcpyDtoH(Raw, u64, usize) = [cuMemcpyDtoH_v2];
+    cuMemcpyDtoD(u64, u64, usize) = [cuMemcpyDtoD_v2];
+    cuMemcpyHtoDAsync(u64, *const c_void, usize, Raw) = [cuMemcpyHtoDAsync_v2];
+    cuMemcpyDtoHAsync(Raw, u64, usize, Raw) = [cuMemcpyDtoHAsync_v2];
+    cuMemcpyDtoDAsync(u64, u64, usize, Raw) = [cuMemcpyDtoDAsync_v2];
+    cuMemsetD8(u64, u8, usize) = [cuMemsetD8_v2];
+    cuMemsetD8Async(u64, u8, usize, Raw) = [cuMemsetD8Async];
+    cuStreamCreate(*mut Raw, c_uint) = [cuStreamCreate];
+    cuStreamDestroy(Raw) = [cuStreamDestroy_v2];
+    cuStreamSynchronize(Raw) = [cuStreamSynchronize];
+    cuStreamQuery(Raw) = [cuStreamQuery];
+    cuEventCreate(*mut Raw, c_uint) = [cuEventCreate];
+    cuEventRecord(Raw, Raw) = [cuEventRecord];
+    cuEventSynchronize(Raw) = [cuEventSynchronize];
+    cuEventQuery(Raw) = [cuEventQuery];
+    cuEventElapsedTime(*mut f32, Raw, Raw) = [cuEventElapsedTime_v2, cuEventElapsedTime];
+    cuEventDestroy(Raw) = [cuEventDestroy_v2];
 }
 
 /// The driver, loaded from a shared library.
