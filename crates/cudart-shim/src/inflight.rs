@@ -5,7 +5,8 @@
 //! library's and the driver shim's (registered through the hooks) — which pause reads
 //! (`wait_idle`).
 
-use crate::{dispatch, gate, pause};
+use crate::{dispatch, gate};
+use cudaw_engine::inflight as pause;
 use driver::inflight::{self, Block, Gate, Registry};
 use std::sync::atomic::Ordering;
 
