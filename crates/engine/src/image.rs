@@ -586,11 +586,6 @@ pub(crate) fn dump(
     };
     let image_bytes = reader.header().file_len;
     let digest = reader.trailer().digest;
-    let entries: Vec<(u64, u64, bool)> = reader
-        .allocations()
-        .iter()
-        .map(|e| (e.record.id, e.data_offset, e.record.handle.is_some()))
-        .collect();
     let (resume, state) = if leave_running {
         let m = evict::resume(ctl, report).map_err(|mut e| {
             e.message = format!(
@@ -602,22 +597,14 @@ pub(crate) fn dump(
         })?;
         (Some(m), State::Running)
     } else {
+        if let Some((_, m)) = dev {
+            mark_in_image(m, &reader);
+        }
         // From now on the bytes live only in the new image.
         ctl.image = Some(Held {
             path: path.to_path_buf(),
             reader,
         });
-        if let Some((_, m)) = dev {
-            let handle_ranges: Vec<u64> = entries.iter().filter(|e| e.2).map(|e| e.0).collect();
-            handles::mark_in_image(&handle_ranges);
-            for (id, offset, _) in entries.into_iter().filter(|e| !e.2) {
-                match m.vmm.mark_in_file(AllocationId(id), offset) {
-                    Ok(()) => staging::forget(m.vmm.backend(), AllocationId(id)),
-                    // Its host copy stays; the image holds it too.
-                    Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
-                }
-            }
-        }
         (None, State::Paused)
     };
     let total_ms = ms(started);
@@ -638,6 +625,27 @@ pub(crate) fn dump(
         state,
         ms: total_ms,
     })
+}
+
+/// After a dump that leaves the process paused: every allocation of `m` and every evicted
+/// driver-handle range is marked as held in the image `reader` reads, and its host copy
+/// freed.
+fn mark_in_image(m: &DeviceMemory, reader: &ImageReader<File>) {
+    let entries = reader.allocations();
+    let handle_ranges: Vec<u64> = entries
+        .iter()
+        .filter(|e| e.record.handle.is_some())
+        .map(|e| e.record.id)
+        .collect();
+    handles::mark_in_image(&handle_ranges);
+    for e in entries.iter().filter(|e| e.record.handle.is_none()) {
+        let id = e.record.id;
+        match m.vmm.mark_in_file(AllocationId(id), e.data_offset) {
+            Ok(()) => staging::forget(m.vmm.backend(), AllocationId(id)),
+            // Its host copy stays; the image holds it too.
+            Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
+        }
+    }
 }
 
 /// Every way `reader` does not fit this process; empty when it fits. `--force` is
@@ -788,55 +796,16 @@ pub(crate) fn restore(
     }
     // Every chunk and the digest, before loading anything.
     let verify_started = Instant::now();
-    let data_total = reader.trailer().data_bytes;
-    report(Progress {
-        phase: Phase::Verify,
-        done: 0,
-        total: data_total,
-    });
-    if let Err(e) = reader.verify_with_progress(|done| {
-        report(Progress {
-            phase: Phase::Verify,
-            done,
-            total: data_total,
-        })
-    }) {
+    if let Err(e) = verify(&mut reader, report) {
         let e = image_failure(path, "reading", e);
         return Err(refuse(ctl, e));
     }
     let verify_ms = ms(verify_started);
     let load_started = Instant::now();
-    let (mut allocations, mut bytes) = (0u64, 0u64);
-    if let Some((ordinal, m)) = dev {
-        let mut load = Load::new(Some(&mut reader), true, data_total, report);
-        (load.report)(Progress {
-            phase: Phase::Load,
-            done: 0,
-            total: data_total,
-        });
-        let r = m.vmm.restore_all(&mut load).and_then(|moved| {
-            allocations = moved.allocations as u64;
-            bytes = moved.bytes;
-            staging::restored(m.vmm.backend(), 0);
-            // Driver-handle ranges, from the image too (verified above). A failure here
-            // leaves the handles not yet loaded evicted (a resume loads their host
-            // copies) and the runtime allocations loaded.
-            handles::restore(&mut load)
-                .map(|h| {
-                    allocations += h.handles as u64;
-                    bytes += h.bytes;
-                })
-                .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
-        });
-        match r {
-            Ok(()) => {}
-            Err(e) => {
-                let kind = if load.image_error.is_some() {
-                    ErrorKind::BadImage
-                } else {
-                    ErrorKind::Failed
-                };
-                drop(load);
+    let (allocations, bytes) = match dev {
+        Some((ordinal, m)) => match load_image(m, &mut reader, report) {
+            Ok(moved) => moved,
+            Err((kind, e)) => {
                 let e = Failure::new(
                     kind,
                     format!(
@@ -846,8 +815,9 @@ pub(crate) fn restore(
                 );
                 return Err(refuse(ctl, e));
             }
-        }
-    }
+        },
+        None => (0, 0),
+    };
     // The loaded bytes reach the device before any of the program's kernels run.
     if let Err(e) = evict::synchronise_all(None) {
         let e = Failure::new(
@@ -881,4 +851,59 @@ pub(crate) fn restore(
         state: State::Running,
         ms: total_ms,
     })
+}
+
+/// Checks every chunk of the image and its digest, reporting the progress.
+fn verify(reader: &mut ImageReader<File>, report: Report<'_>) -> Result<(), ImageError> {
+    let total = reader.trailer().data_bytes;
+    report(Progress {
+        phase: Phase::Verify,
+        done: 0,
+        total,
+    });
+    reader
+        .verify_with_progress(|done| {
+            report(Progress {
+                phase: Phase::Verify,
+                done,
+                total,
+            })
+        })
+        .map(drop)
+}
+
+/// Loads a verified image into `m`'s allocations, then into the evicted driver handles:
+/// the allocations and bytes loaded, or the failure's kind and reason.
+fn load_image(
+    m: &DeviceMemory,
+    reader: &mut ImageReader<File>,
+    report: Report<'_>,
+) -> Result<(u64, u64), (ErrorKind, VmmError)> {
+    let total = reader.trailer().data_bytes;
+    let mut load = Load::new(Some(reader), true, total, report);
+    (load.report)(Progress {
+        phase: Phase::Load,
+        done: 0,
+        total,
+    });
+    let (mut allocations, mut bytes) = (0u64, 0u64);
+    let r = m.vmm.restore_all(&mut load).and_then(|moved| {
+        allocations = moved.allocations as u64;
+        bytes = moved.bytes;
+        staging::restored(m.vmm.backend(), 0);
+        // Driver-handle ranges, from the image too (verified above). A failure here
+        // leaves the handles not yet loaded evicted (a resume loads their host
+        // copies) and the runtime allocations loaded.
+        handles::restore(&mut load)
+            .map(|h| {
+                allocations += h.handles as u64;
+                bytes += h.bytes;
+            })
+            .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
+    });
+    match r {
+        Ok(()) => Ok((allocations, bytes)),
+        Err(e) if load.image_error.is_some() => Err((ErrorKind::BadImage, e)),
+        Err(e) => Err((ErrorKind::Failed, e)),
+    }
 }

@@ -225,20 +225,7 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
             return;
         }
         if fd >= 0 && polls[0].revents != 0 {
-            let mut batch = Vec::new();
-            let mut alive = read_pipe(fd, &mut batch);
-            if alive && signal_request(&batch).is_some() {
-                alive = settle(fd, &mut batch);
-            }
-            // Exit first: a pause taken together with it is refused.
-            if batch.contains(&signals::BYTE_EXIT) {
-                crate::boundary::guard("the control thread at exit", (), requests::serve_exit);
-            }
-            if let Some(req) = signal_request(&batch) {
-                crate::boundary::guard("the control thread", (), || {
-                    let _ = requests::handle(req, &mut |_| {});
-                });
-            }
+            let alive = serve_signals(fd);
             if !alive || polls[0].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
                 fd = -1;
             }
@@ -249,6 +236,26 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
             }
         }
     }
+}
+
+/// Serves the signals waiting in the self-pipe `fd`, with those sent together with them
+/// ([`settle`]). `false` once the pipe is gone.
+fn serve_signals(fd: i32) -> bool {
+    let mut batch = Vec::new();
+    let mut alive = read_pipe(fd, &mut batch);
+    if alive && signal_request(&batch).is_some() {
+        alive = settle(fd, &mut batch);
+    }
+    // Exit first: a pause taken together with it is refused.
+    if batch.contains(&signals::BYTE_EXIT) {
+        crate::boundary::guard("the control thread at exit", (), requests::serve_exit);
+    }
+    if let Some(req) = signal_request(&batch) {
+        crate::boundary::guard("the control thread", (), || {
+            let _ = requests::handle(req, &mut |_| {});
+        });
+    }
+    alive
 }
 
 /// With `CUDAW_HOST_ARENA=pinned`: how often the control thread looks at what each device's
