@@ -1,6 +1,6 @@
 //! Driver-level physical memory made evictable: the handles of `cuMemCreate`, whichever way
-//! the program reached it — `cudaGetDriverEntryPoint` ([`crate::entry_points`], PyTorch's
-//! expandable segments) or cudaw's driver layer (`libcuda.so.1`, through
+//! the program reached it — `cudaGetDriverEntryPoint` (the runtime shim's `entry_points`,
+//! PyTorch's expandable segments) or cudaw's driver layer (`libcuda.so.1`, through
 //! [`driver::hooks::HandleHooks`], for cuBLAS, NCCL, Triton and driver-only programs).
 //!
 //! The program never sees a real `CUmemGenericAllocationHandle`: `cuMemCreate` hands out a

@@ -16,6 +16,9 @@
 //! - [`evict`]: pause and resume themselves; [`image`]: dump and restore, built on them.
 //! - [`memory`], [`handles`], [`staging`], [`registry`]: the state they act on.
 #![deny(unsafe_op_in_unsafe_fn)]
+// Module docs name the crate-private steps they describe (`--document-private-items`
+// shows them).
+#![allow(rustdoc::private_intra_doc_links)]
 // Handles such as `cudaStream_t` are opaque pointers handed to the host, never
 // dereferenced by the engine.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
