@@ -166,8 +166,8 @@ fn initialise() {
             DISPATCH.fill_stubs(stub_for);
         }
     }
-    crate::memory::log_summary_at_exit_once();
-    crate::pause::install_once();
+    cudaw_engine::summary::log_at_exit_once();
+    cudaw_engine::control::install_once();
     crate::inflight::prepare();
     gate::mark_initialised();
 }

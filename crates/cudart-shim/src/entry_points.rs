@@ -109,7 +109,7 @@ pub(crate) fn to_cu(rc: cudaError_t) -> u32 {
 
 extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
     guard("cuMemAlloc", 999, || {
-        let _in_flight = crate::pause::enter();
+        let _in_flight = cudaw_engine::inflight::enter();
         if dptr.is_null() || size == 0 {
             return CU_ERROR_INVALID_VALUE;
         }
@@ -127,7 +127,7 @@ extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
 extern "C" fn cuMemFree(ptr: u64) -> u32 {
     guard("cuMemFree", 999, || match memory::lookup(ptr) {
         Some((mem, a)) if a.base == ptr => {
-            let _in_flight = crate::pause::enter();
+            let _in_flight = cudaw_engine::inflight::enter();
             crate::call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
             crate::tracing::free(ptr);
             match mem.vmm.free(ptr) {
@@ -156,7 +156,7 @@ extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: cudaStream_t)
 extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     guard("cuMemFreeAsync", 999, || match memory::lookup(ptr) {
         Some((mem, a)) if a.base == ptr => {
-            let _in_flight = crate::pause::enter();
+            let _in_flight = cudaw_engine::inflight::enter();
             to_cu(mem.free_on_stream(ptr, stream))
         }
         Some(_) => CU_ERROR_INVALID_VALUE,
@@ -359,7 +359,7 @@ extern "C" fn cuMemAllocPitch(
     element: u32,
 ) -> u32 {
     guard("cuMemAllocPitch", 999, || {
-        let _in_flight = crate::pause::enter();
+        let _in_flight = cudaw_engine::inflight::enter();
         if dptr.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
             return CU_ERROR_INVALID_VALUE;
         }

@@ -3,7 +3,8 @@
 //! gate, who may pass it while paused, the pause machinery, and the memory budgets (the
 //! contract: `driver::hooks`).
 
-use crate::{gate, memory, pause};
+use crate::{gate, memory};
+use cudaw_engine::{control::install_once, inflight as pause};
 use driver::hooks::{RuntimeHooks, CHARGED, NOT_CHARGED, REFUSED};
 
 pub use trace_hooks::trace_mode_word;
@@ -35,7 +36,7 @@ extern "C" fn install_pause() {
         for w in &crate::config::get().warnings {
             crate::log::warn(format_args!("{w}"));
         }
-        pause::install_once()
+        install_once()
     })
 }
 
@@ -232,7 +233,7 @@ mod memory_hooks {
         if out.is_null() || size == 0 {
             return CU_ERROR_INVALID_VALUE;
         }
-        let _in_flight = crate::pause::enter();
+        let _in_flight = cudaw_engine::inflight::enter();
         let mem = match memory::device(ordinal) {
             Ok(m) => m,
             // No VMM for this device (logged): the driver shim forwards instead.
@@ -289,7 +290,7 @@ mod memory_hooks {
         guard("cuMemFree (driver layer)", UNKNOWN, || {
             keeping_context(|| match memory::lookup(ptr) {
                 Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = crate::pause::enter();
+                    let _in_flight = cudaw_engine::inflight::enter();
                     mem.synchronise_before_free("cuMemFree");
                     crate::tracing::free(ptr);
                     match mem.vmm.free(ptr) {
@@ -307,7 +308,7 @@ mod memory_hooks {
         guard("cuMemFreeAsync (driver layer)", UNKNOWN, || {
             keeping_context(|| match memory::lookup(ptr) {
                 Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = crate::pause::enter();
+                    let _in_flight = cudaw_engine::inflight::enter();
                     to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
                 }
                 Some(_) => CU_ERROR_INVALID_VALUE,

@@ -6,7 +6,8 @@
 //! (`wait_idle`).
 
 use crate::dispatch::Runtime;
-use crate::{gate, pause};
+use crate::gate;
+use cudaw_engine::inflight as pause;
 use driver::inflight::{self, Block, Gate, Registry};
 use std::sync::atomic::Ordering;
 

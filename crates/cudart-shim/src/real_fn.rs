@@ -30,7 +30,7 @@ macro_rules! call_real {
 
 /// Defines exported-name wrappers that share one implementation taking the real function's
 /// dispatch index: `variants!(impl_fn => cudaX, cudaX_ptds; (a: A, b: B))`. Each body runs
-/// inside the panic boundary, counted in flight for pause ([`crate::pause::enter`]); with
+/// inside the panic boundary, counted in flight for pause ([`crate::engine::inflight::enter`]); with
 /// `marked` first (`variants!(marked impl_fn => ...)`), for calls that can enqueue device
 /// work and whose trampolines leave the marking to their wrappers (the launches:
 /// `build.rs`), marked in flight on the calling thread instead
@@ -51,7 +51,7 @@ macro_rules! variants {
 macro_rules! variant {
     (counted, $imp:ident, $name:ident, ($($a:ident : $t:ty),*)) => {
         $crate::variant!(@wrap $name, ($($a: $t),*), {
-            let _in_flight = $crate::pause::enter();
+            let _in_flight = $crate::engine::inflight::enter();
             $imp($crate::dispatch::idx::$name, $($a),*)
         });
     };

@@ -70,7 +70,7 @@ unsafe impl Send for RuntimeHooks {}
 /// A table of its own (beside [`RuntimeHooks`]), so that either grows alone.
 pub const RUNTIME_HANDLES_SYMBOL: &std::ffi::CStr = c"cudaw_runtime_handles_v1";
 
-/// The runtime shim's handle table (`crates/cudart-shim/src/handles.rs`): the driver shim's
+/// The runtime shim's handle table (`crates/engine/src/handles.rs`): the driver shim's
 /// `cuMemCreate` and every call that takes such a handle go through it, so that the
 /// handles the program sees are virtual and a pause can evict the memory behind them.
 /// Each function has the driver function's C signature (cuda.h) and returns its

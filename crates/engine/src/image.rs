@@ -1,6 +1,6 @@
 //! Dump and restore: the process writes its own checkpoint image, and checks and loads one.
 //!
-//! **Dump** (`cudaw-ckpt dump`): pause if running (`pause::pause`), then stream every
+//! **Dump** (`cudaw-ckpt dump`): pause if running ([`evict::pause`]), then stream every
 //! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
 //! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
 //! bytes a previous dump left in an image, from that image one chunk at a time. The image is
@@ -27,9 +27,12 @@
 //!
 //! One device per image: a process with allocations on several devices cannot be dumped.
 
+use crate::evict::{self, Load};
+use crate::failure::{Failure, Report};
+use crate::host::host;
 use crate::memory::{self, DeviceMemory};
-use crate::pause::{self, Ctl, Failure, Held, Load, Report};
-use crate::{config, log};
+use crate::state::{Ctl, Held};
+use crate::{config, handles, log, staging};
 use ckpt::{
     AllocationRecord, GpuInfo, ImageError, ImageMetadata, ImageReader, ImageWriter, ProcessInfo,
     WriterOptions,
@@ -55,7 +58,7 @@ fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
     let mut with: Vec<(i32, &'static DeviceMemory)> = memory::managed_devices()
         .filter(|(_, m)| m.vmm.stats().allocations > 0)
         .collect();
-    for d in crate::handles::evicted_devices() {
+    for d in handles::evicted_devices() {
         if !with.iter().any(|(o, _)| *o == d) {
             let m = memory::device_without_runtime(d)
                 .map_err(|e| Failure::new(ErrorKind::Failed, format!("device {d}: error {e}")))?;
@@ -87,45 +90,8 @@ fn process_table(dev: Option<(i32, &'static DeviceMemory)>) -> Vec<AllocationRec
         return Vec::new();
     };
     let mut t: Vec<AllocationRecord> = m.vmm.snapshot().iter().map(record).collect();
-    t.extend(crate::handles::image_records(ordinal));
+    t.extend(handles::image_records(ordinal));
     t
-}
-
-/// Copies allocation `id` (`size` bytes) from the image that holds it into the writer.
-fn copy_from_image(
-    old: Option<&mut ImageReader<File>>,
-    w: &mut ImageWriter<BufWriter<File>>,
-    id: u64,
-    size: u64,
-    buf: &mut Vec<u8>,
-    path: &Path,
-    advance: &mut dyn FnMut(u64),
-) -> Result<(), Failure> {
-    let Some(img) = old else {
-        return Err(Failure::new(
-            ErrorKind::Failed,
-            format!("allocation {id:#x} is in an image, but no image is open"),
-        ));
-    };
-    let cs = img.chunk_size().min(size) as usize;
-    if buf.len() < cs {
-        buf.resize(cs, 0);
-    }
-    let mut off = 0u64;
-    while off < size {
-        let n = (size - off).min(cs as u64) as usize;
-        img.read_range(id, off, &mut buf[..n]).map_err(|e| {
-            Failure::new(
-                ErrorKind::BadImage,
-                format!("reading allocation {id:#x} from the image that holds it: {e}"),
-            )
-        })?;
-        w.write_chunk(id, off, &buf[..n])
-            .map_err(|e| image_failure(path, "writing", e))?;
-        off += n as u64;
-        advance(n as u64);
-    }
-    Ok(())
 }
 
 fn record(a: &Allocation) -> AllocationRecord {
@@ -159,7 +125,8 @@ fn hostname() -> String {
 
 /// The CUDA major of this build (`libcudart.so.13` → 13).
 fn runtime_major() -> u32 {
-    crate::dispatch::SONAME
+    host()
+        .runtime_soname()
         .strip_prefix("libcudart.so.")
         .and_then(|v| v.split('.').next())
         .and_then(|v| v.parse().ok())
@@ -251,7 +218,7 @@ thread_local! {
     static PASSED: RefCell<Option<File>> = const { RefCell::new(None) };
 }
 
-/// Runs `f` (a dump or restore through [`pause::handle`]) with `file`, the file the client
+/// Runs `f` (a dump or restore through the request handler) with `file`, the file the client
 /// passed with the request: the image to write (created by the client beside the path it
 /// names) or the image to read. Taken by the first dump or restore `f` runs.
 pub(crate) fn with_passed_file<R>(file: File, f: impl FnOnce() -> R) -> R {
@@ -363,138 +330,36 @@ fn write_image(
     file: File,
     path: &Path,
     dev: Option<(i32, &'static DeviceMemory)>,
-    mut old: Option<&mut ImageReader<File>>,
+    old: Option<&mut ImageReader<File>>,
     report: Report<'_>,
 ) -> Result<(u64, u64), Failure> {
-    let allocations: Vec<Allocation> = dev.map(|(_, m)| m.vmm.snapshot()).unwrap_or_default();
     let table = process_table(dev);
     let meta = metadata(dev);
     let out = BufWriter::with_capacity(1 << 20, file);
-    let wfail = |e: ImageError| image_failure(path, "writing", e);
-    let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default()).map_err(wfail)?;
+    let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default())
+        .map_err(|e| image_failure(path, "writing", e))?;
     let total: u64 = table.iter().map(|r| r.size).sum();
-    let mut done = 0u64;
-    report(Progress {
-        phase: Phase::Write,
-        done,
+    let mut image = Writing {
+        w: &mut w,
+        path,
+        old,
+        buf: Vec::new(),
+        done: 0,
         total,
-    });
-    let mut buf: Vec<u8> = Vec::new();
-    for a in &allocations {
-        if a.size == 0 {
-            continue;
-        }
-        let id = a.id.0;
-        match a.residency {
-            Residency::Resident => {
-                return Err(Failure::new(
-                    ErrorKind::Failed,
-                    format!(
-                        "allocation {id} at {:#x} is on the device while paused",
-                        a.base
-                    ),
-                ))
-            }
-            Residency::EvictedToHost => {
-                // Allocations come from `dev`: it is `Some` when there are any.
-                let Some((_, m)) = dev else { break };
-                let mut write = |bytes: &[u8]| -> Result<(), ImageError> {
-                    let mut off = 0u64;
-                    for piece in bytes.chunks(WRITE_PIECE) {
-                        w.write_chunk(id, off, piece)?;
-                        off += piece.len() as u64;
-                        done += piece.len() as u64;
-                        report(Progress {
-                            phase: Phase::Write,
-                            done,
-                            total,
-                        });
-                    }
-                    Ok(())
-                };
-                // Held by the VMM, or retained in the staging's host arena.
-                let r = match m.vmm.with_host_copy(a.id, &mut write) {
-                    Err(VmmError::NoHostCopy { .. }) => {
-                        crate::staging::with_retained(m.vmm.backend(), a.id, &mut write)
-                            .ok_or_else(|| {
-                                Failure::new(
-                                    ErrorKind::Failed,
-                                    format!(
-                                        "allocation {id}: no host copy, none in the host arena"
-                                    ),
-                                )
-                            })?
-                    }
-                    other => other.map_err(|e| {
-                        Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
-                    })?,
-                };
-                r.map_err(wfail)?;
-            }
-            Residency::InFile { .. } => {
-                let mut advance = |n: u64| {
-                    done += n;
-                    report(Progress {
-                        phase: Phase::Write,
-                        done,
-                        total,
-                    });
-                };
-                copy_from_image(
-                    old.as_deref_mut(),
-                    &mut w,
-                    id,
-                    a.size,
-                    &mut buf,
-                    path,
-                    &mut advance,
-                )?;
-            }
+        report,
+    };
+    image.advance(0);
+    if let Some((_, m)) = dev {
+        for a in &m.vmm.snapshot() {
+            image.allocation(m, a)?;
         }
     }
     // Driver-handle ranges: from the host copies the pause made, or from the image a
     // previous dump left them in.
     for r in table.iter().filter(|r| r.handle.is_some() && r.size > 0) {
-        let id = r.id;
-        let in_memory = crate::handles::with_saved(id, |bytes| {
-            bytes.map(|bytes| -> Result<(), ImageError> {
-                for (i, piece) in bytes.chunks(WRITE_PIECE).enumerate() {
-                    w.write_chunk(id, (i * WRITE_PIECE) as u64, piece)?;
-                    done += piece.len() as u64;
-                    report(Progress {
-                        phase: Phase::Write,
-                        done,
-                        total,
-                    });
-                }
-                Ok(())
-            })
-        })
-        .map_err(|e| Failure::new(ErrorKind::Failed, e))?;
-        match in_memory {
-            Some(r) => r.map_err(wfail)?,
-            None => {
-                let mut advance = |n: u64| {
-                    done += n;
-                    report(Progress {
-                        phase: Phase::Write,
-                        done,
-                        total,
-                    });
-                };
-                copy_from_image(
-                    old.as_deref_mut(),
-                    &mut w,
-                    id,
-                    r.size,
-                    &mut buf,
-                    path,
-                    &mut advance,
-                )?;
-            }
-        }
+        image.handle_range(r.id, r.size)?;
     }
-    let out = w.finish().map_err(wfail)?;
+    let out = w.finish().map_err(|e| image_failure(path, "writing", e))?;
     let file = out.into_inner().map_err(|e| {
         Failure::new(
             ErrorKind::Io,
@@ -510,13 +375,145 @@ fn write_image(
     Ok((table.len() as u64, total))
 }
 
+/// An image being written: where each allocation's bytes come from, and the progress.
+struct Writing<'w, 'r, 'a> {
+    w: &'w mut ImageWriter<BufWriter<File>>,
+    path: &'w Path,
+    /// The image a previous dump left allocations in.
+    old: Option<&'r mut ImageReader<File>>,
+    /// One chunk of `old`.
+    buf: Vec<u8>,
+    done: u64,
+    total: u64,
+    report: Report<'a>,
+}
+
+impl Writing<'_, '_, '_> {
+    fn advance(&mut self, n: u64) {
+        self.done += n;
+        (self.report)(Progress {
+            phase: Phase::Write,
+            done: self.done,
+            total: self.total,
+        });
+    }
+
+    fn fail(&self, e: ImageError) -> Failure {
+        image_failure(self.path, "writing", e)
+    }
+
+    /// Writes `bytes` as allocation `id`'s, in pieces of [`WRITE_PIECE`].
+    fn write_bytes(&mut self, id: u64, bytes: &[u8]) -> Result<(), ImageError> {
+        for (i, piece) in bytes.chunks(WRITE_PIECE).enumerate() {
+            self.w.write_chunk(id, (i * WRITE_PIECE) as u64, piece)?;
+            self.advance(piece.len() as u64);
+        }
+        Ok(())
+    }
+
+    /// Writes allocation `a` of `m`: from its host copy (held by the VMM or retained in
+    /// the host arena), or from the image a previous dump left it in.
+    fn allocation(&mut self, m: &DeviceMemory, a: &Allocation) -> Result<(), Failure> {
+        if a.size == 0 {
+            return Ok(());
+        }
+        let id = a.id.0;
+        match a.residency {
+            Residency::Resident => Err(Failure::new(
+                ErrorKind::Failed,
+                format!(
+                    "allocation {id} at {:#x} is on the device while paused",
+                    a.base
+                ),
+            )),
+            Residency::EvictedToHost => {
+                let mut write = |bytes: &[u8]| self.write_bytes(id, bytes);
+                // Held by the VMM, or retained in the staging's host arena.
+                let r = match m.vmm.with_host_copy(a.id, &mut write) {
+                    Err(VmmError::NoHostCopy { .. }) => staging::with_retained(
+                        m.vmm.backend(),
+                        a.id,
+                        &mut write,
+                    )
+                    .ok_or_else(|| {
+                        Failure::new(
+                            ErrorKind::Failed,
+                            format!("allocation {id}: no host copy, none in the host arena"),
+                        )
+                    })?,
+                    other => other.map_err(|e| {
+                        Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
+                    })?,
+                };
+                r.map_err(|e| self.fail(e))
+            }
+            Residency::InFile { .. } => self.copy_from_image(id, a.size),
+        }
+    }
+
+    /// Writes the evicted driver-handle range `id` (`size` bytes): from the host copy the
+    /// pause made, or from the image a previous dump left it in.
+    fn handle_range(&mut self, id: u64, size: u64) -> Result<(), Failure> {
+        let in_memory =
+            handles::with_saved(id, |bytes| bytes.map(|bytes| self.write_bytes(id, bytes)))
+                .map_err(|e| Failure::new(ErrorKind::Failed, e))?;
+        match in_memory {
+            Some(r) => r.map_err(|e| self.fail(e)),
+            None => self.copy_from_image(id, size),
+        }
+    }
+
+    /// Copies allocation `id` (`size` bytes) from the image that holds it.
+    fn copy_from_image(&mut self, id: u64, size: u64) -> Result<(), Failure> {
+        let Writing {
+            w,
+            path,
+            old,
+            buf,
+            done,
+            total,
+            report,
+        } = self;
+        let Some(img) = old.as_deref_mut() else {
+            return Err(Failure::new(
+                ErrorKind::Failed,
+                format!("allocation {id:#x} is in an image, but no image is open"),
+            ));
+        };
+        let cs = img.chunk_size().min(size) as usize;
+        if buf.len() < cs {
+            buf.resize(cs, 0);
+        }
+        let mut off = 0u64;
+        while off < size {
+            let n = (size - off).min(cs as u64) as usize;
+            img.read_range(id, off, &mut buf[..n]).map_err(|e| {
+                Failure::new(
+                    ErrorKind::BadImage,
+                    format!("reading allocation {id:#x} from the image that holds it: {e}"),
+                )
+            })?;
+            w.write_chunk(id, off, &buf[..n])
+                .map_err(|e| image_failure(path, "writing", e))?;
+            off += n as u64;
+            *done += n as u64;
+            report(Progress {
+                phase: Phase::Write,
+                done: *done,
+                total: *total,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Undoes the pause a request began with, after it failed; returns what to add to the
 /// error message.
 fn undo_pause(ctl: &mut Ctl, we_paused: bool) -> &'static str {
     if !we_paused {
         return "; the process is still paused, its memory as it was";
     }
-    match pause::resume(ctl, &mut |_| {}) {
+    match evict::resume(ctl, &mut |_| {}) {
         Ok(_) => "; the process was resumed",
         Err(e) => {
             log::error(format_args!("undoing the pause failed: {e}"));
@@ -535,7 +532,7 @@ pub(crate) fn dump(
     let started = Instant::now();
     // Before touching the process: the image can hold its memory, and the file can be
     // created.
-    if let Some((n, bytes, first)) = crate::handles::unevictable() {
+    if let Some((n, bytes, first)) = handles::unevictable() {
         return Err(Failure::new(
             ErrorKind::Unsupported,
             format!(
@@ -547,7 +544,7 @@ pub(crate) fn dump(
     let output = Output::create(path)?;
     let we_paused = !ctl.paused;
     let pause_moved = if we_paused {
-        match pause::pause(report) {
+        match evict::pause(report) {
             Ok(m) => {
                 ctl.paused = true;
                 m
@@ -589,13 +586,8 @@ pub(crate) fn dump(
     };
     let image_bytes = reader.header().file_len;
     let digest = reader.trailer().digest;
-    let entries: Vec<(u64, u64, bool)> = reader
-        .allocations()
-        .iter()
-        .map(|e| (e.record.id, e.data_offset, e.record.handle.is_some()))
-        .collect();
     let (resume, state) = if leave_running {
-        let m = pause::resume(ctl, report).map_err(|mut e| {
+        let m = evict::resume(ctl, report).map_err(|mut e| {
             e.message = format!(
                 "the image {} is written, but resuming failed: {}",
                 path.display(),
@@ -605,22 +597,14 @@ pub(crate) fn dump(
         })?;
         (Some(m), State::Running)
     } else {
+        if let Some((_, m)) = dev {
+            mark_in_image(m, &reader);
+        }
         // From now on the bytes live only in the new image.
         ctl.image = Some(Held {
             path: path.to_path_buf(),
             reader,
         });
-        if let Some((_, m)) = dev {
-            let handle_ranges: Vec<u64> = entries.iter().filter(|e| e.2).map(|e| e.0).collect();
-            crate::handles::mark_in_image(&handle_ranges);
-            for (id, offset, _) in entries.into_iter().filter(|e| !e.2) {
-                match m.vmm.mark_in_file(AllocationId(id), offset) {
-                    Ok(()) => crate::staging::forget(m.vmm.backend(), AllocationId(id)),
-                    // Its host copy stays; the image holds it too.
-                    Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
-                }
-            }
-        }
         (None, State::Paused)
     };
     let total_ms = ms(started);
@@ -641,6 +625,27 @@ pub(crate) fn dump(
         state,
         ms: total_ms,
     })
+}
+
+/// After a dump that leaves the process paused: every allocation of `m` and every evicted
+/// driver-handle range is marked as held in the image `reader` reads, and its host copy
+/// freed.
+fn mark_in_image(m: &DeviceMemory, reader: &ImageReader<File>) {
+    let entries = reader.allocations();
+    let handle_ranges: Vec<u64> = entries
+        .iter()
+        .filter(|e| e.record.handle.is_some())
+        .map(|e| e.record.id)
+        .collect();
+    handles::mark_in_image(&handle_ranges);
+    for e in entries.iter().filter(|e| e.record.handle.is_none()) {
+        let id = e.record.id;
+        match m.vmm.mark_in_file(AllocationId(id), e.data_offset) {
+            Ok(()) => staging::forget(m.vmm.backend(), AllocationId(id)),
+            // Its host copy stays; the image holds it too.
+            Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
+        }
+    }
 }
 
 /// Every way `reader` does not fit this process; empty when it fits. `--force` is
@@ -762,7 +767,7 @@ pub(crate) fn restore(
     })?;
     let we_paused = !ctl.paused;
     let pause_moved = if we_paused {
-        let m = pause::pause(report)?;
+        let m = evict::pause(report)?;
         ctl.paused = true;
         m
     } else {
@@ -791,55 +796,16 @@ pub(crate) fn restore(
     }
     // Every chunk and the digest, before loading anything.
     let verify_started = Instant::now();
-    let data_total = reader.trailer().data_bytes;
-    report(Progress {
-        phase: Phase::Verify,
-        done: 0,
-        total: data_total,
-    });
-    if let Err(e) = reader.verify_with_progress(|done| {
-        report(Progress {
-            phase: Phase::Verify,
-            done,
-            total: data_total,
-        })
-    }) {
+    if let Err(e) = verify(&mut reader, report) {
         let e = image_failure(path, "reading", e);
         return Err(refuse(ctl, e));
     }
     let verify_ms = ms(verify_started);
     let load_started = Instant::now();
-    let (mut allocations, mut bytes) = (0u64, 0u64);
-    if let Some((ordinal, m)) = dev {
-        let mut load = Load::new(Some(&mut reader), true, data_total, report);
-        (load.report)(Progress {
-            phase: Phase::Load,
-            done: 0,
-            total: data_total,
-        });
-        let r = m.vmm.restore_all(&mut load).and_then(|moved| {
-            allocations = moved.allocations as u64;
-            bytes = moved.bytes;
-            crate::staging::restored(m.vmm.backend(), 0);
-            // Driver-handle ranges, from the image too (verified above). A failure here
-            // leaves the handles not yet loaded evicted (a resume loads their host
-            // copies) and the runtime allocations loaded.
-            crate::handles::restore(&mut load)
-                .map(|h| {
-                    allocations += h.handles as u64;
-                    bytes += h.bytes;
-                })
-                .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
-        });
-        match r {
-            Ok(()) => {}
-            Err(e) => {
-                let kind = if load.image_error.is_some() {
-                    ErrorKind::BadImage
-                } else {
-                    ErrorKind::Failed
-                };
-                drop(load);
+    let (allocations, bytes) = match dev {
+        Some((ordinal, m)) => match load_image(m, &mut reader, report) {
+            Ok(moved) => moved,
+            Err((kind, e)) => {
                 let e = Failure::new(
                     kind,
                     format!(
@@ -849,10 +815,11 @@ pub(crate) fn restore(
                 );
                 return Err(refuse(ctl, e));
             }
-        }
-    }
+        },
+        None => (0, 0),
+    };
     // The loaded bytes reach the device before any of the program's kernels run.
-    if let Err(e) = crate::pause::synchronise_all(None) {
+    if let Err(e) = evict::synchronise_all(None) {
         let e = Failure::new(
             ErrorKind::Failed,
             format!(
@@ -868,7 +835,7 @@ pub(crate) fn restore(
     // Every allocation is on the device: no image holds the process's memory any more.
     ctl.image = None;
     ctl.paused = false;
-    crate::gate::open();
+    host().open_gate();
     let total_ms = ms(started);
     log::info(format_args!(
         "restored: {allocations} allocations, {bytes} bytes from {} (checked in {verify_ms:.1} ms, loaded in {load_ms:.1} ms); running",
@@ -884,4 +851,59 @@ pub(crate) fn restore(
         state: State::Running,
         ms: total_ms,
     })
+}
+
+/// Checks every chunk of the image and its digest, reporting the progress.
+fn verify(reader: &mut ImageReader<File>, report: Report<'_>) -> Result<(), ImageError> {
+    let total = reader.trailer().data_bytes;
+    report(Progress {
+        phase: Phase::Verify,
+        done: 0,
+        total,
+    });
+    reader
+        .verify_with_progress(|done| {
+            report(Progress {
+                phase: Phase::Verify,
+                done,
+                total,
+            })
+        })
+        .map(drop)
+}
+
+/// Loads a verified image into `m`'s allocations, then into the evicted driver handles:
+/// the allocations and bytes loaded, or the failure's kind and reason.
+fn load_image(
+    m: &DeviceMemory,
+    reader: &mut ImageReader<File>,
+    report: Report<'_>,
+) -> Result<(u64, u64), (ErrorKind, VmmError)> {
+    let total = reader.trailer().data_bytes;
+    let mut load = Load::new(Some(reader), true, total, report);
+    (load.report)(Progress {
+        phase: Phase::Load,
+        done: 0,
+        total,
+    });
+    let (mut allocations, mut bytes) = (0u64, 0u64);
+    let r = m.vmm.restore_all(&mut load).and_then(|moved| {
+        allocations = moved.allocations as u64;
+        bytes = moved.bytes;
+        staging::restored(m.vmm.backend(), 0);
+        // Driver-handle ranges, from the image too (verified above). A failure here
+        // leaves the handles not yet loaded evicted (a resume loads their host
+        // copies) and the runtime allocations loaded.
+        handles::restore(&mut load)
+            .map(|h| {
+                allocations += h.handles as u64;
+                bytes += h.bytes;
+            })
+            .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
+    });
+    match r {
+        Ok(()) => Ok((allocations, bytes)),
+        Err(e) if load.image_error.is_some() => Err((ErrorKind::BadImage, e)),
+        Err(e) => Err((ErrorKind::Failed, e)),
+    }
 }

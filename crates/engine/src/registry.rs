@@ -50,9 +50,9 @@ pub struct FunctionRecord {
     /// The fatbin it came from.
     pub fatbin: Arc<FatbinRecord>,
     layout: OnceLock<Option<Arc<KernelInfo>>>,
-    /// Its number in the tracer ([`crate::tracing`]), given on its first traced launch.
+    /// Its number in the tracer (the host's tracer), given on its first traced launch.
     pub trace_id: OnceLock<u32>,
-    /// Where its traced launches were seen to pass pointers ([`crate::tracing`]).
+    /// Where its traced launches were seen to pass pointers (the host's tracer).
     pub sites: parking_lot::Mutex<fatbin::sites::PointerSites>,
 }
 

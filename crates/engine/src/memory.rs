@@ -11,8 +11,9 @@
 //! A limit or ledger that cannot be kept refuses every allocation, with the reason logged.
 
 use crate::config::Addressing;
+use crate::host::host;
+use crate::log;
 use crate::types::*;
-use crate::{call_real, log};
 use cudaw_ledger::{Accounting, DeviceBudget, Ledger, Note};
 use driver::{DriverBackend, LibCuda};
 use parking_lot::Mutex;
@@ -72,7 +73,7 @@ static BUDGETS: [OnceLock<Result<Arc<DeviceBudget>, String>>; MAX_DEVICES] =
     [const { OnceLock::new() }; MAX_DEVICES];
 
 /// The real driver cudaw calls (never its own driver shim).
-pub(crate) fn driver() -> Result<Arc<LibCuda>, String> {
+pub fn driver() -> Result<Arc<LibCuda>, String> {
     DRIVER
         .get_or_init(|| {
             let cfg = crate::config::get();
@@ -87,12 +88,7 @@ pub(crate) fn driver() -> Result<Arc<LibCuda>, String> {
 
 /// The device the calling thread uses (the real runtime's current device).
 pub fn current_device() -> Result<i32, cudaError_t> {
-    let mut dev: i32 = 0;
-    let rc = call_real!(cudaGetDevice: fn(*mut i32) -> cudaError_t, &mut dev);
-    if rc != SUCCESS {
-        return Err(rc);
-    }
-    Ok(dev)
+    host().current_device()
 }
 
 /// The memory of device `ordinal`, created on first use.
@@ -118,8 +114,7 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
         let started = std::time::Instant::now();
         // The runtime creates and makes current the device's primary context.
         if through_runtime {
-            let rc = call_real!(cudaFree: fn(*mut c_void) -> cudaError_t, std::ptr::null_mut());
-            if rc != SUCCESS {
+            if let Err(rc) = host().initialise_runtime() {
                 return Err(format!(
                     "initialising the runtime on device {ordinal} failed ({rc})"
                 ));
@@ -182,15 +177,7 @@ pub const PROP_TOTAL_GLOBAL_MEM: usize = 288;
 pub fn device_facts(ordinal: i32) -> Result<DeviceFacts, cudaError_t> {
     // Larger than any version's cudaDeviceProp (about 1 KiB), 8-byte aligned.
     let mut buf = vec![0u64; 1024];
-    let p = buf.as_mut_ptr() as *mut c_void;
-    let mut rc =
-        call_real!(cudaGetDeviceProperties_v2: fn(*mut c_void, i32) -> cudaError_t, p, ordinal);
-    if rc == ERROR_NOT_SUPPORTED {
-        rc = call_real!(cudaGetDeviceProperties: fn(*mut c_void, i32) -> cudaError_t, p, ordinal);
-    }
-    if rc != SUCCESS {
-        return Err(rc);
-    }
+    host().device_properties(ordinal, &mut buf)?;
     let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
     let total = u64::from_ne_bytes(
         bytes[PROP_TOTAL_GLOBAL_MEM..PROP_TOTAL_GLOBAL_MEM + 8]
@@ -484,7 +471,7 @@ impl DeviceMemory {
             "allocated {} bytes at {:#x} (backing {:#x}, tag {tag})",
             a.size, a.base, a.backing
         ));
-        crate::tracing::alloc(a.base, a.size, tag::api(tag));
+        host().trace_alloc(a.base, a.size, tag::api(tag));
         Ok(a)
     }
 
@@ -510,7 +497,7 @@ impl DeviceMemory {
     pub fn reap(&self, wait: bool) -> usize {
         let spent = std::mem::take(&mut *self.spent_events.lock());
         for ev in spent {
-            call_real!(cudaEventDestroy: fn(cudaEvent_t) -> cudaError_t, ev as cudaEvent_t);
+            host().destroy_event(ev);
         }
         let ready: Vec<(usize, u64)> = {
             let mut d = self.deferred.lock();
@@ -519,14 +506,7 @@ impl DeviceMemory {
             }
             let mut ready = Vec::new();
             d.retain(|&(ev, ptr)| {
-                let ev_ptr = ev as cudaEvent_t;
-                let done = if wait {
-                    call_real!(cudaEventSynchronize: fn(cudaEvent_t) -> cudaError_t, ev_ptr)
-                        != ERROR_NOT_READY
-                } else {
-                    call_real!(cudaEventQuery: fn(cudaEvent_t) -> cudaError_t, ev_ptr)
-                        != ERROR_NOT_READY
-                };
+                let done = host().event_done(ev, wait);
                 if done {
                     ready.push((ev, ptr));
                 }
@@ -535,7 +515,7 @@ impl DeviceMemory {
             ready
         };
         for &(ev, ptr) in &ready {
-            call_real!(cudaEventDestroy: fn(cudaEvent_t) -> cudaError_t, ev as cudaEvent_t);
+            host().destroy_event(ev);
             if let Err(e) = self.vmm.free(ptr) {
                 log::warn(format_args!("deferred free of {ptr:#x}: {e}"));
             }
@@ -548,8 +528,7 @@ impl DeviceMemory {
     /// the real runtime would, and the memory's own device when that is another one (its
     /// primary context, the thread's context left as it was; a `CUdevice` is its ordinal).
     pub fn synchronise_before_free(&self, what: &str) {
-        let rc = call_real!(cudaDeviceSynchronize: fn() -> cudaError_t,);
-        if rc != SUCCESS {
+        if let Err(rc) = host().synchronize_device() {
             log::debug(format_args!("{what}: synchronisation reported {rc}"));
         }
         let owner = self.vmm.backend();
@@ -581,23 +560,13 @@ impl DeviceMemory {
 
     /// Frees `ptr` once `stream` reaches this point.
     pub fn free_on_stream(&self, ptr: u64, stream: cudaStream_t) -> cudaError_t {
-        let mut ev: cudaEvent_t = std::ptr::null_mut();
-        let rc = call_real!(
-            cudaEventCreateWithFlags: fn(*mut cudaEvent_t, u32) -> cudaError_t,
-            &mut ev,
-            EVENT_DISABLE_TIMING
-        );
-        if rc != SUCCESS {
-            return rc;
+        match host().record_event(stream as usize) {
+            Ok(ev) => {
+                self.deferred.lock().push((ev, ptr));
+                SUCCESS
+            }
+            Err(rc) => rc,
         }
-        let rc =
-            call_real!(cudaEventRecord: fn(cudaEvent_t, cudaStream_t) -> cudaError_t, ev, stream);
-        if rc != SUCCESS {
-            call_real!(cudaEventDestroy: fn(cudaEvent_t) -> cudaError_t, ev);
-            return rc;
-        }
-        self.deferred.lock().push((ev as usize, ptr));
-        SUCCESS
     }
 }
 
@@ -617,70 +586,6 @@ pub unsafe fn write_out<T>(out: *mut T, value: T) -> cudaError_t {
 /// Rounds `v` up to a multiple of `a` (a power of two).
 pub fn align_up(v: usize, a: usize) -> Option<usize> {
     v.checked_add(a - 1).map(|x| x & !(a - 1))
-}
-
-/// One line per managed device, plus driver-level memory and registrations: what cudaw did
-/// for this process. Logged at exit at info level.
-pub fn summary() -> String {
-    let mut parts = Vec::new();
-    for (i, m) in managed_devices() {
-        let s = m.vmm.stats();
-        parts.push(format!(
-            "device {i}: {} live allocations, {} MiB requested (peak {} MiB), {} MiB mapped (peak {} MiB)",
-            s.allocations,
-            s.requested >> 20,
-            s.peak_requested >> 20,
-            s.mapped >> 20,
-            s.peak_mapped >> 20
-        ));
-    }
-    for (i, b) in budgets() {
-        let u = b.usage();
-        parts.push(format!(
-            "device {i} budget: limit {}, {} MiB held (peak {} MiB), {} allocations refused{}",
-            u.limit
-                .map_or_else(|| "none".to_owned(), |l| format!("{} MiB", l >> 20)),
-            u.used >> 20,
-            u.peak >> 20,
-            u.refused,
-            if b.has_ledger() {
-                ", in the node ledger"
-            } else {
-                ""
-            }
-        ));
-    }
-    let d = crate::entry_points::snapshot();
-    let (fatbins, kernels) = crate::registry::counts_ever();
-    let (handles, bytes, peak, mappings) = crate::handles::summary();
-    parts.push(format!(
-        "driver-level: {handles} handles ({} MiB, peak {} MiB), {mappings} mappings, {} reservations",
-        bytes >> 20,
-        peak >> 20,
-        d.reservations.len()
-    ));
-    parts.push(format!(
-        "registered over the run: {fatbins} fatbins, {kernels} kernels"
-    ));
-    parts.join("; ")
-}
-
-extern "C" fn log_summary_at_exit() {
-    crate::boundary::guard("the exit summary", (), || {
-        if log::enabled(log::Level::Info) {
-            log::info(format_args!("at exit: {}", summary()));
-        }
-    })
-}
-
-/// Arranges for [`summary`] to be logged when the process exits.
-pub fn log_summary_at_exit_once() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registers a function with no arguments that never unwinds (it runs inside
-        // the panic boundary).
-        unsafe { libc::atexit(log_summary_at_exit) };
-    });
 }
 
 #[cfg(test)]

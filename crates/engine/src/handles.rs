@@ -1,6 +1,6 @@
 //! Driver-level physical memory made evictable: the handles of `cuMemCreate`, whichever way
-//! the program reached it — `cudaGetDriverEntryPoint` ([`crate::entry_points`], PyTorch's
-//! expandable segments) or cudaw's driver layer (`libcuda.so.1`, through
+//! the program reached it — `cudaGetDriverEntryPoint` (the runtime shim's `entry_points`,
+//! PyTorch's expandable segments) or cudaw's driver layer (`libcuda.so.1`, through
 //! [`driver::hooks::HandleHooks`], for cuBLAS, NCCL, Triton and driver-only programs).
 //!
 //! The program never sees a real `CUmemGenericAllocationHandle`: `cuMemCreate` hands out a
@@ -283,7 +283,7 @@ pub unsafe fn create(
     flags: u64,
     charge: bool,
 ) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     if out.is_null() || prop.is_null() || size == 0 {
         return call!(
             real().create,
@@ -365,7 +365,7 @@ fn forget(t: &mut Table, v: u64) {
 
 /// `cuMemRelease`.
 pub fn release(v: u64) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let Some(h) = t.handles.get_mut(&v) else {
         drop(t);
@@ -394,7 +394,7 @@ pub fn release(v: u64) -> u32 {
 
 /// `cuMemMap`.
 pub fn map(va: u64, size: usize, offset: usize, v: u64, flags: u64) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let r = match translate(&t, v) {
         Ok(r) => r,
@@ -425,7 +425,7 @@ pub fn map(va: u64, size: usize, offset: usize, v: u64, flags: u64) -> u32 {
 
 /// `cuMemUnmap`.
 pub fn unmap(va: u64, size: usize) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let rc = real_unmap(va, size as u64);
     if rc != CU_SUCCESS {
@@ -451,7 +451,7 @@ pub fn unmap(va: u64, size: usize) -> u32 {
 /// # Safety
 /// `desc` is null or `count` `CUmemAccessDesc`s.
 pub unsafe fn set_access(va: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let rc = call!(
         real().set_access,
@@ -514,7 +514,7 @@ fn pin(t: &mut Table, v: u64, why: &'static str) {
 
 /// `cuMemExportToShareableHandle`: the handle is pinned (another process may map it).
 pub fn export(out: *mut c_void, v: u64, kind: u32, flags: u64) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let r = match translate(&t, v) {
         Ok(r) => r,
@@ -539,7 +539,7 @@ pub fn export(out: *mut c_void, v: u64, kind: u32, flags: u64) -> u32 {
 /// # Safety
 /// `out` is null or writable.
 pub unsafe fn import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut r = 0u64;
     let rc = call!(
         real().import,
@@ -585,7 +585,7 @@ pub unsafe fn import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
 /// # Safety
 /// `out` is null or writable.
 pub unsafe fn retain(out: *mut u64, addr: *mut c_void) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let a = addr as u64;
     let mut t = TABLE.lock();
     let found = t
@@ -619,7 +619,7 @@ pub unsafe fn retain(out: *mut u64, addr: *mut c_void) -> u32 {
 
 /// `cuMulticastBindMem`: `mem` translated and pinned.
 pub fn bind(mc: u64, mc_offset: usize, v: u64, offset: usize, size: usize, flags: u64) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let r = match translate(&t, v) {
         Ok(r) => r,
@@ -651,7 +651,7 @@ pub fn bind_v2(
     size: usize,
     flags: u64,
 ) -> u32 {
-    let _in_flight = crate::pause::enter();
+    let _in_flight = crate::inflight::enter();
     let mut t = TABLE.lock();
     let r = match translate(&t, v) {
         Ok(r) => r,

@@ -22,7 +22,10 @@
 //! Each line written to a client may take at most [`WRITE_LIMIT`]; a client that goes
 //! away during a long request does not stop it.
 
-use crate::{config, log, memory, pause};
+use crate::failure::Report;
+use crate::host::{host, TracerRequest};
+use crate::requests::{self, Outcome};
+use crate::{config, handles, image, log, memory, staging, state};
 use cudaw_control::{
     DeviceStatus, ErrorKind, Progress, Reply, Request, State, Status, MAX_REQUEST,
 };
@@ -597,14 +600,14 @@ impl Sink<'_> {
     }
 }
 
-/// Carries out one request through the pause module (the same functions the signals use),
+/// Carries out one request through the request handler (as the signals' requests are),
 /// `report` receiving its progress.
-pub fn execute(req: Request, report: pause::Report<'_>) -> Reply {
+pub fn execute(req: Request, report: Report<'_>) -> Reply {
     execute_with(req, None, report)
 }
 
 /// [`execute`], with the file the client passed (`"fd":true`).
-fn execute_with(req: Request, file: Option<File>, report: pause::Report<'_>) -> Reply {
+fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
     let absolute = |path: String| -> Result<PathBuf, String> {
         let p = PathBuf::from(path);
         if p.is_absolute() {
@@ -624,75 +627,42 @@ fn execute_with(req: Request, file: Option<File>, report: pause::Report<'_>) -> 
                 ..Reply::default()
             }
         }
-        Request::Pause { .. } => pause::Request::Pause,
-        Request::Resume { .. } => pause::Request::Resume,
+        Request::Pause { .. } => requests::Request::Pause,
+        Request::Resume { .. } => requests::Request::Resume,
         Request::Dump {
             path,
             leave_running,
             ..
         } => match absolute(path) {
-            Ok(path) => pause::Request::Dump {
+            Ok(path) => requests::Request::Dump {
                 path,
                 leave_running,
             },
             Err(e) => return Reply::error(ErrorKind::Request, e),
         },
         Request::Restore { path, force, .. } => match absolute(path) {
-            Ok(path) => pause::Request::Restore { path, force },
+            Ok(path) => requests::Request::Restore { path, force },
             Err(e) => return Reply::error(ErrorKind::Request, e),
         },
         Request::Stats { top } => {
             let top = top.unwrap_or(cudaw_control::DEFAULT_TOP) as usize;
-            return match crate::tracing::stats(top) {
-                Ok(s) => Reply {
-                    ok: true,
-                    stats: Some(Box::new(s)),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(ErrorKind::Failed, e),
-            };
+            return host().tracer_request(TracerRequest::Stats { top });
         }
-        Request::Tracing { on } => {
-            return match crate::tracing::set_active(on) {
-                Ok(was_on) => Reply {
-                    ok: true,
-                    tracing: Some(cudaw_control::TracingSwitched {
-                        mode: crate::config::get().trace.as_str().to_owned(),
-                        on,
-                        was_on,
-                    }),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(ErrorKind::Failed, e),
-            };
-        }
+        Request::Tracing { on } => return host().tracer_request(TracerRequest::Switch { on }),
         Request::Trace { path, .. } => {
             let path = match absolute(path) {
                 Ok(p) => p,
                 Err(e) => return Reply::error(ErrorKind::Request, e),
             };
-            let written = match &file {
-                Some(f) => crate::tracing::write_timeline_into(f, &path),
-                None => crate::tracing::write_timeline(&path),
-            };
-            return match written {
-                Ok(w) => Reply {
-                    ok: true,
-                    trace: Some(cudaw_control::TraceWritten {
-                        path: path.to_string_lossy().into_owned(),
-                        events: w.events,
-                        bytes: w.bytes,
-                        dropped: w.dropped,
-                    }),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(ErrorKind::Failed, e),
-            };
+            return host().tracer_request(TracerRequest::Timeline {
+                path: &path,
+                file: file.as_ref(),
+            });
         }
     };
     let outcome = match file {
-        Some(f) => crate::image::with_passed_file(f, || pause::handle(req, report)),
-        None => pause::handle(req, report),
+        Some(f) => image::with_passed_file(f, || requests::handle(req, report)),
+        None => requests::handle(req, report),
     };
     match outcome {
         Ok(out) => {
@@ -701,10 +671,10 @@ fn execute_with(req: Request, file: Option<File>, report: pause::Report<'_>) -> 
                 ..Reply::default()
             };
             match out {
-                pause::Outcome::Pause(m) => r.pause = Some(m),
-                pause::Outcome::Resume(m) => r.resume = Some(m),
-                pause::Outcome::Dump(d) => r.dump = Some(d),
-                pause::Outcome::Restore(d) => r.restore = Some(d),
+                Outcome::Pause(m) => r.pause = Some(m),
+                Outcome::Resume(m) => r.resume = Some(m),
+                Outcome::Dump(d) => r.dump = Some(d),
+                Outcome::Restore(d) => r.restore = Some(d),
             }
             r
         }
@@ -726,13 +696,13 @@ pub fn status() -> Status {
 }
 
 fn status_now(busy: Option<String>) -> Status {
-    let (arena, arena_building) = crate::staging::arena_bytes();
+    let (arena, arena_building) = staging::arena_bytes();
     // Devices with cudaw's allocations or a budget (memory taken through the driver alone,
     // as PyTorch's expandable segments do, has a budget and no VMM).
     let mut ordinals: Vec<i32> = memory::managed_devices()
         .map(|(o, _)| o)
         .chain(memory::budgets().map(|(o, _)| o))
-        .chain(crate::handles::devices())
+        .chain(handles::devices())
         .collect();
     ordinals.sort_unstable();
     ordinals.dedup();
@@ -759,7 +729,7 @@ fn status_now(busy: Option<String>) -> Status {
                 .map(|(_, b)| b);
             let usage = budget.map(|b| b.usage()).unwrap_or_default();
             let node = budget.and_then(|b| b.node());
-            let h = crate::handles::counts(ordinal);
+            let h = handles::counts(ordinal);
             DeviceStatus {
                 ordinal,
                 allocations: s.allocations + h.handles,
@@ -780,8 +750,7 @@ fn status_now(busy: Option<String>) -> Status {
         .collect();
     Status {
         pid: std::process::id(),
-        state: if busy.is_some() && crate::gate::is_paused() || busy.is_none() && pause::is_paused()
-        {
+        state: if busy.is_some() && host().gate_closed() || busy.is_none() && state::is_paused() {
             State::Paused
         } else {
             State::Running
@@ -794,9 +763,9 @@ fn status_now(busy: Option<String>) -> Status {
         image: if busy.is_some() {
             None
         } else {
-            pause::image_path().map(|p| p.to_string_lossy().into_owned())
+            state::image_path().map(|p| p.to_string_lossy().into_owned())
         },
-        kept_host: crate::staging::kept_host() as u64,
+        kept_host: staging::kept_host() as u64,
         arena,
         arena_building,
         devices,

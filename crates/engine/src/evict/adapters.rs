@@ -1,0 +1,221 @@
+//! The staging adapters eviction and restore go through: [`Evict`] hands the process's
+//! pinned staging batches so that progress can be counted between them; [`Load`] loads
+//! from host copies and from an image.
+
+use crate::failure::Report;
+use crate::staging::{self, staging};
+use ckpt::{ImageError, ImageReader};
+use cudaw_control::{Phase, Progress};
+use driver::DriverBackend;
+use std::fs::File;
+use std::time::Instant;
+use vmm::{Backend, HostCopy, LoadRange, Source, Staging, StagingError, StagingRange};
+
+/// The process's pinned staging ([`staging()`]), given batches of about [`BATCH`] bytes so
+/// that progress can be counted between them.
+pub(super) struct Evict<'a> {
+    pub(super) copied: &'a mut dyn FnMut(u64),
+}
+
+/// Bytes per save or load handed to the pinned staging at once (a progress step).
+const BATCH: u64 = 512 << 20;
+
+/// Splits `ranges` into consecutive runs of about [`BATCH`] bytes (a range is never split).
+fn batches<T>(ranges: &[T], len: impl Fn(&T) -> u64) -> impl Iterator<Item = &[T]> {
+    let mut rest = ranges;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (mut n, mut bytes) = (0, 0u64);
+        while n < rest.len() && (n == 0 || bytes < BATCH) {
+            bytes += len(&rest[n]);
+            n += 1;
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Some(head)
+    })
+}
+
+impl Staging<DriverBackend> for Evict<'_> {
+    fn save(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for batch in batches(ranges, |r| r.len) {
+            out.extend(staging::save_for_pause(backend, batch)?);
+            (self.copied)(batch.iter().map(|r| r.len).sum());
+        }
+        Ok(out)
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        staging().load(backend, ranges)
+    }
+}
+
+/// Loads allocations onto the device: from the host copies the VMM holds and from an
+/// Loads allocations onto the device: from the host copies the VMM holds and from an
+/// image (the allocations a dump left in it, or every allocation for a restore when
+/// `image_only`). Reads the image one chunk at a time through one chunk-sized buffer,
+/// every chunk's checksum checked as it is read.
+pub(crate) struct Load<'a> {
+    /// The image to read from.
+    pub image: Option<&'a mut ImageReader<File>>,
+    /// Load every range from the image, whatever the VMM holds (restore).
+    pub image_only: bool,
+    /// Bytes loaded so far.
+    pub done: u64,
+    /// Bytes to load in all.
+    pub total: u64,
+    /// Where progress goes.
+    pub report: Report<'a>,
+    /// The image's own failure, when reading it failed (a damaged file).
+    pub image_error: Option<ImageError>,
+    /// Time spent inside the staging's loads (the copies from host memory), for the
+    /// phases a resume logs at debug level.
+    pub in_staging: std::time::Duration,
+    buf: Vec<u8>,
+}
+
+impl<'a> Load<'a> {
+    pub(crate) fn new(
+        image: Option<&'a mut ImageReader<File>>,
+        image_only: bool,
+        total: u64,
+        report: Report<'a>,
+    ) -> Self {
+        Load {
+            image,
+            image_only,
+            done: 0,
+            total,
+            report,
+            image_error: None,
+            in_staging: std::time::Duration::ZERO,
+            buf: Vec::new(),
+        }
+    }
+
+    fn advance_by(&mut self, n: u64) {
+        self.done += n;
+        (self.report)(Progress {
+            phase: Phase::Load,
+            done: self.done,
+            total: self.total,
+        });
+    }
+
+    fn load_from_image(
+        &mut self,
+        backend: &DriverBackend,
+        r: &LoadRange<'_>,
+    ) -> Result<(), StagingError> {
+        let id = r.id.0;
+        let Some(img) = self.image.as_deref_mut() else {
+            return Err(StagingError::Io(format!(
+                "allocation {id} is in an image, but no image is open"
+            )));
+        };
+        match img.allocation(id).map(|e| e.record.size) {
+            Some(size) if size == r.len => {}
+            other => {
+                return Err(StagingError::Io(format!(
+                    "allocation {id} ({} bytes) is {} in the image",
+                    r.len,
+                    other.map_or("missing".to_owned(), |s| format!("{s} bytes"))
+                )))
+            }
+        }
+        let cs = img.chunk_size().min(r.len.max(1));
+        let cs = usize::try_from(cs).map_err(|_| StagingError::Io("chunk size".into()))?;
+        if self.buf.len() < cs {
+            self.buf.resize(cs, 0);
+        }
+        let mut off = 0u64;
+        while off < r.len {
+            let n = (r.len - off).min(cs as u64) as usize;
+            let piece = &mut self.buf[..n];
+            if let Err(e) = img.read_range(id, off, piece) {
+                let msg = e.to_string();
+                self.image_error = Some(e);
+                return Err(StagingError::Io(msg));
+            }
+            backend.copy_from_host(r.addr + off, piece)?;
+            off += n as u64;
+            self.done += n as u64;
+            (self.report)(Progress {
+                phase: Phase::Load,
+                done: self.done,
+                total: self.total,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Staging<DriverBackend> for Load<'_> {
+    fn recycle(&mut self, copies: Vec<Vec<u8>>) {
+        staging().recycle(copies);
+    }
+
+    fn save(
+        &mut self,
+        _backend: &DriverBackend,
+        _ranges: &[StagingRange],
+    ) -> Result<Vec<HostCopy>, StagingError> {
+        Err(StagingError::Io("this staging only loads".into()))
+    }
+
+    fn load(
+        &mut self,
+        backend: &DriverBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        // Runs of ranges held in host memory go through the pinned staging a batch at a
+        // time; ranges in the image are read chunk by chunk.
+        let mut i = 0;
+        while i < ranges.len() {
+            let from_memory = |r: &LoadRange<'_>| {
+                !self.image_only && matches!(r.source, Source::Memory(_) | Source::Retained)
+            };
+            if from_memory(&ranges[i]) {
+                // Ranges in the host arena go in one call (straight copies, no host-side
+                // work to pace: a wait between batches would only idle the copy engines);
+                // those in pageable memory a batch at a time, for the progress reports.
+                let retained = matches!(ranges[i].source, Source::Retained);
+                let mut j = i;
+                while j < ranges.len()
+                    && from_memory(&ranges[j])
+                    && matches!(ranges[j].source, Source::Retained) == retained
+                {
+                    j += 1;
+                }
+                let run = &ranges[i..j];
+                let parts: Box<dyn Iterator<Item = &[LoadRange<'_>]>> = if retained {
+                    Box::new(std::iter::once(run))
+                } else {
+                    Box::new(batches(run, |r| r.len))
+                };
+                for batch in parts {
+                    let t = Instant::now();
+                    staging().load(backend, batch)?;
+                    self.in_staging += t.elapsed();
+                    self.advance_by(batch.iter().map(|r| r.len).sum());
+                }
+                i = j;
+                continue;
+            }
+            self.load_from_image(backend, &ranges[i])?;
+            i += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! The requests the engine carries out — pause, resume, dump, restore — one at a time,
+//! on the control thread: [`crate::control`] is the only caller of [`handle`], for the
+//! signals and the control socket alike. Pause and resume are [`crate::evict`]'s; dump
+//! and restore [`crate::image`]'s. Also what happens to a pause when the process exits
+//! ([`serve_exit`], [`abandon`]).
+
+use crate::failure::{Failure, Report};
+use crate::host::host;
+use crate::state::{Ctl, CTL};
+use crate::{evict, image, lifecycle, log, memory};
+use cudaw_control::{Dumped, ErrorKind, Moved, Restored};
+use std::path::PathBuf;
+
+/// One control request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Pause.
+    Pause,
+    /// Resume.
+    Resume,
+    /// Write an image of every allocation to `path` (absolute); stay paused with the bytes
+    /// only in the image, or resume when `leave_running`.
+    Dump {
+        /// The image's path.
+        path: PathBuf,
+        /// Resume once written.
+        leave_running: bool,
+    },
+    /// Check the image at `path` against the process, load it and resume.
+    Restore {
+        /// The image's path.
+        path: PathBuf,
+        /// Accept another process's image whose table matches.
+        force: bool,
+    },
+}
+
+/// What a request did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A pause's result.
+    Pause(Moved),
+    /// A resume's result.
+    Resume(Moved),
+    /// A dump's result.
+    Dump(Dumped),
+    /// A restore's result.
+    Restore(Restored),
+}
+
+/// Carries out one request (on the control thread, [`crate::control`] its only caller):
+/// what it did, or why it failed. `report` receives progress.
+pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
+    let mut ctl = CTL.lock();
+    match req {
+        Request::Pause if ctl.paused => {
+            log::info(format_args!("pause: already paused"));
+            Ok(Outcome::Pause(Moved::default()))
+        }
+        Request::Resume if !ctl.paused => {
+            log::info(format_args!("resume: not paused"));
+            Ok(Outcome::Resume(Moved::default()))
+        }
+        Request::Pause | Request::Dump { .. } | Request::Restore { .. }
+            if !ctl.paused && exiting() =>
+        {
+            let msg = "the process is exiting: pause refused";
+            log::info(format_args!("{msg}"));
+            Err(Failure::new(ErrorKind::Failed, msg))
+        }
+        Request::Pause => {
+            let t0 = host().trace_now();
+            // cudaw's exit handler runs first if the process exits while paused.
+            lifecycle::register_exit_handler();
+            let m = evict::pause(report)?;
+            host().trace_pause(false, t0, m.allocations, m.bytes);
+            ctl.paused = true;
+            Ok(Outcome::Pause(m))
+        }
+        Request::Resume => {
+            let t0 = host().trace_now();
+            let m = match evict::resume(&mut ctl, report) {
+                Ok(m) => m,
+                Err(e) if driver_shut_down() => {
+                    lifecycle::mark_exiting_from_control();
+                    let msg = format!(
+                        "{}; the driver has shut down (CUDA_ERROR_DEINITIALIZED): the process is exiting",
+                        e.message
+                    );
+                    abandon(&mut ctl, &msg);
+                    return Err(Failure::new(
+                        ErrorKind::Failed,
+                        format!("{msg}; the pause was abandoned and its threads let go"),
+                    ));
+                }
+                Err(e) => return Err(e),
+            };
+            host().trace_pause(true, t0, m.allocations, m.bytes);
+            Ok(Outcome::Resume(m))
+        }
+        Request::Dump {
+            path,
+            leave_running,
+        } => image::dump(&mut ctl, &path, leave_running, report).map(Outcome::Dump),
+        Request::Restore { path, force } => {
+            image::restore(&mut ctl, &path, force, report).map(Outcome::Restore)
+        }
+    }
+}
+
+/// At exit: undoes a pause (a resume), or abandons it when the memory cannot come back, so
+/// that the program's teardown runs with its gate open; then lets the exiting thread go.
+pub(crate) fn serve_exit() {
+    let mut ctl = CTL.lock();
+    if ctl.paused {
+        match evict::resume(&mut ctl, &mut |_| {}) {
+            Ok(m) => log::info(format_args!(
+                "exiting while paused: the pause was undone ({} bytes restored) so that the program's teardown runs as it would have",
+                m.bytes
+            )),
+            Err(e) => abandon(&mut ctl, &format!("exiting while paused: {e}")),
+        }
+    }
+    drop(ctl);
+    lifecycle::exit_served();
+}
+
+/// Gives a pause up without its memory: the gate opens and the program's threads go on,
+/// their evicted allocations left where they are (in host memory or an image). Only for a
+/// process that is exiting, or whose driver has shut down: nothing can bring the memory
+/// back, and holding the threads would hold the process for ever.
+fn abandon(ctl: &mut Ctl, why: &str) {
+    ctl.paused = false;
+    ctl.image = None;
+    host().open_gate();
+    log::warn(format_args!(
+        "{why}; the pause is abandoned: the program's threads go on without their device memory"
+    ));
+}
+
+/// Whether the process is exiting: C's `exit` has begun, or the Python interpreter is
+/// finalizing (marked exiting from then on).
+pub(crate) fn exiting() -> bool {
+    if lifecycle::is_exiting() {
+        return true;
+    }
+    let finalizing = lifecycle::interpreter_finalizing();
+    if finalizing {
+        log::debug(format_args!(
+            "the Python interpreter is finalizing: the process is exiting"
+        ));
+        lifecycle::mark_exiting_from_control();
+    }
+    finalizing
+}
+
+/// Whether the driver has shut down (`CUDA_ERROR_DEINITIALIZED` from a synchronise on a
+/// device holding cudaw's memory): the process is exiting, and no memory can come back.
+fn driver_shut_down() -> bool {
+    const CUDA_ERROR_DEINITIALIZED: i32 = 4;
+    memory::managed_devices().any(|(_, m)| {
+        matches!(m.vmm.backend().synchronize(), Err(e) if e.code as i32 == CUDA_ERROR_DEINITIALIZED)
+    })
+}

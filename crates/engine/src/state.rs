@@ -1,0 +1,40 @@
+//! What the engine knows about the process between requests: whether cudaw has paused it,
+//! and the image a dump left its memory in. Held by the request being carried out
+//! ([`crate::requests`], on the control thread).
+
+use ckpt::ImageReader;
+use parking_lot::Mutex;
+use std::fs::File;
+use std::path::PathBuf;
+
+/// What the control thread knows about the process.
+pub(crate) struct Ctl {
+    /// cudaw has paused it (memory evicted, gate closed).
+    pub paused: bool,
+    /// The image holding allocations' bytes after a dump without `--leave-running`
+    /// (open: a resume reads it even if the file is renamed or removed meanwhile).
+    pub image: Option<Held>,
+}
+
+/// An image some allocations' bytes live in.
+pub(crate) struct Held {
+    /// Where it was written.
+    pub path: PathBuf,
+    /// It, open.
+    pub reader: ImageReader<File>,
+}
+
+pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
+    paused: false,
+    image: None,
+});
+
+/// Whether the process is paused now.
+pub fn is_paused() -> bool {
+    CTL.lock().paused
+}
+
+/// The image holding the paused process's memory, if a dump left it there.
+pub fn image_path() -> Option<PathBuf> {
+    CTL.lock().image.as_ref().map(|h| h.path.clone())
+}
