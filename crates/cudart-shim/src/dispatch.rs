@@ -27,46 +27,53 @@ pub static TABLE: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 /// The real runtime's function for each name (0: the real runtime lacks it).
 pub static REAL: [AtomicUsize; N] = [const { AtomicUsize::new(0) }; N];
 
-std::arch::global_asm!(
+/// `global_asm!` of a file `shim-build` wrote for the target: AT&T syntax on x86-64, the
+/// assembler's own elsewhere (AArch64). Operands end with a comma.
+macro_rules! generated_asm {
+    ($($operands:tt)*) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!($($operands)* options(att_syntax));
+        #[cfg(not(target_arch = "x86_64"))]
+        std::arch::global_asm!($($operands)*);
+    };
+}
+
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym gate::GATE,
     table = sym TABLE,
     slow = sym cudaw_rt_trace_enter,
-    options(att_syntax)
 );
 
 // The fast path of tracing (shim-build's `trace_fast_path`, prefix `cudaw_rt`): the
 // trampolines' slow path; it goes on to `cudaw_slow_entry` unless the gate word is
 // exactly `gate::TRACING`.
-std::arch::global_asm!(
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trace.s")),
     gate = sym gate::GATE,
     table = sym TABLE,
     full = sym cudaw_slow_entry,
     slow_return = sym crate::tracing::cudaw_trace_return,
     direct_full = sym crate::tracing::direct_full,
-    options(att_syntax)
 );
 
 // The slow path (shim-build's `slow_path`): %r11d holds the export's index; every argument
 // register is saved around slow_resolve(index, address of the caller's return address),
 // then the call jumps to its result.
-std::arch::global_asm!(
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/slow.s")),
     entry = sym cudaw_slow_entry,
     resolve = sym slow_resolve,
-    options(att_syntax)
 );
 
 // The in-flight trampolines' support (shim-build's `in_flight_support_traced`, prefix
 // `cudaw_rt`): the per-thread block, the return thunk, and their slow path, which calls
 // [`crate::inflight`]'s resolver, or with the gate word exactly `gate::TRACING` puts the
 // in-flight thunk in place and goes on to the fast path of tracing.
-std::arch::global_asm!(
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
     gate = sym gate::GATE,
     inflight_resolve = sym crate::inflight::resolve,
-    options(att_syntax)
 );
 
 extern "C" {

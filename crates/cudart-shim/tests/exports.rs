@@ -245,7 +245,8 @@ fn register_args_list_matches_the_headers() {
     );
     // The exports a PyTorch step calls most are among them; the launches (grid and block
     // by value, two arguments on the stack) and the 2D copies (eight arguments) are not.
-    let list = std::fs::read_to_string(root.join("crates/cudart-shim/exports/register-args.txt")).unwrap();
+    let list =
+        std::fs::read_to_string(root.join("crates/cudart-shim/exports/register-args.txt")).unwrap();
     let has = |n: &str| list.lines().any(|l| l == n);
     for n in [
         "cudaGetDevice",

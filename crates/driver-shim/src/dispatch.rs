@@ -35,27 +35,35 @@ static LOCAL_GATE: AtomicU32 = AtomicU32::new(GATE_PAUSED);
 pub static GATE_PTR: AtomicPtr<AtomicU32> =
     AtomicPtr::new(&LOCAL_GATE as *const AtomicU32 as *mut AtomicU32);
 
-std::arch::global_asm!(
+/// `global_asm!` of a file `shim-build` wrote for the target: AT&T syntax on x86-64, the
+/// assembler's own elsewhere (AArch64). Operands end with a comma.
+macro_rules! generated_asm {
+    ($($operands:tt)*) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!($($operands)* options(att_syntax));
+        #[cfg(not(target_arch = "x86_64"))]
+        std::arch::global_asm!($($operands)*);
+    };
+}
+
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym GATE_PTR,
     table = sym TABLE,
     slow = sym cudaw_driver_slow_entry,
-    options(att_syntax)
 );
 
-std::arch::global_asm!(
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/slow.s")),
     entry = sym cudaw_driver_slow_entry,
     resolve = sym slow_resolve,
-    options(att_syntax)
 );
 
 // The in-flight trampolines' support (prefix `cudaw_drv`): the per-thread block, the
 // return thunk and their slow path ([`crate::inflight`]).
-std::arch::global_asm!(
+generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
     inflight_resolve = sym crate::inflight::resolve,
-    options(att_syntax)
 );
 
 extern "C" {

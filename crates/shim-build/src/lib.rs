@@ -55,10 +55,47 @@
 //! full barrier on every running thread of the process), then reads every registered
 //! word: a thread either had its "in flight" visible by then, or it tests the gate after
 //! the barrier and sees it closed. The hot path thus carries no fence.
+//!
+//! # Architectures
+//!
+//! The assembly is written for the architecture cargo builds for (`CARGO_CFG_TARGET_ARCH`
+//! in a build script, [`Arch::target`]): x86-64 (AT&T syntax, as above) or AArch64
+//! (`aarch64.rs`: the same symbols and protocols, with the export's index in `w17` and the
+//! return address in `x30`; no counting trampolines and no assembly fast path of call
+//! timing, so traced calls take the Rust slow path). The including `global_asm!` passes
+//! `options(att_syntax)` on x86-64 only.
 #![deny(missing_docs)]
+
+mod aarch64;
 
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// The architecture the generated assembly is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// x86-64, System V ABI, AT&T syntax.
+    X86_64,
+    /// AArch64, AAPCS64 (Linux: GH200, GB200 hosts).
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture being built for: `CARGO_CFG_TARGET_ARCH` in a build script (which
+    /// runs on the host, so `cfg!` would name the host's), else (this crate's own tests)
+    /// the one this crate was built for. Panics (the build fails) for any other, naming it.
+    pub fn target() -> Arch {
+        let arch = std::env::var("CARGO_CFG_TARGET_ARCH")
+            .unwrap_or_else(|_| std::env::consts::ARCH.to_owned());
+        match arch.as_str() {
+            "x86_64" => Arch::X86_64,
+            "aarch64" => Arch::Aarch64,
+            other => panic!(
+                "shim-build: target architecture {other:?} has no trampolines (expected \"x86_64\" or \"aarch64\")"
+            ),
+        }
+    }
+}
 
 /// Reads a list: the first word of each line that is neither empty nor a `#` comment.
 /// Tells cargo to rerun the build script when the file changes. Panics (the build fails)
@@ -132,6 +169,9 @@ pub fn trampolines(
     in_flight: Option<InFlight<'_>>,
     count: Option<u32>,
 ) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::trampolines(all, exported, gate, address_table, in_flight, count);
+    }
     let mut asm = String::new();
     writeln!(asm, ".pushsection .text.cudaw_trampolines,\"ax\",@progbits").unwrap();
     let test = match gate {
@@ -220,6 +260,9 @@ pub fn slow_path() -> String {
 
 /// The slow path's body, entered at `entry`, calling `resolve`.
 fn slow_path_named(entry: &str, resolve: &str) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::slow_path_named(entry, resolve);
+    }
     [
         ".pushsection .text.cudaw_slow,\"ax\",@progbits",
         ".p2align 4",
@@ -351,6 +394,9 @@ pub fn in_flight_support(prefix: &str) -> String {
 /// does, then jumps to `enter` (the trace fast path), which times the call and chains its
 /// thunk before ours. Anything else takes the ordinary slow path.
 pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::in_flight_support_traced(prefix, trace);
+    }
     let p = prefix;
     let mut s = format!(
         ".pushsection .tdata.{p}_inflight,\"awT\",@progbits
@@ -512,6 +558,9 @@ pub const GATE_TRACE_TLS: usize = 8;
 /// below
 /// the first has the slot `u64::MAX`, so that an empty stack needs no test.
 pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::trace_fast_path(prefix, bits);
+    }
     let p = prefix;
     let f = TRACE_FRAME;
     // A direct call's event may find the buffer full (calls nested in it filled it).
@@ -749,6 +798,32 @@ pub fn link_cdylib(out_dir: &Path, map: &str, soname: &str) {
     );
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    link_with_lld();
+}
+
+/// Links with LLD, the one linker that takes the version script beside the anonymous one
+/// rustc writes for every cdylib (GNU ld refuses the pair: "anonymous version tag cannot be
+/// combined with other version tags"). rustc already uses its own LLD (`rust-lld`) for
+/// x86-64 Linux; this does the same for every target, as rustc does: `-B` the toolchain's
+/// `gcc-ld` folder (its `ld.lld` runs `rust-lld`) and `-fuse-ld=lld`. Without that folder
+/// (a distribution's rustc), `-fuse-ld=lld` alone finds `ld.lld` on `PATH`.
+fn link_with_lld() {
+    let host = std::env::var("HOST").unwrap_or_default();
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let sysroot = std::process::Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let gcc_ld = sysroot.map(|s| Path::new(&s).join(format!("lib/rustlib/{host}/bin/gcc-ld")));
+    match gcc_ld.filter(|d| d.join("ld.lld").is_file()) {
+        Some(dir) => println!("cargo:rustc-cdylib-link-arg=-B{}", dir.display()),
+        None => println!(
+            "cargo:warning=no rust-lld in {rustc}'s sysroot (lib/rustlib/{host}/bin/gcc-ld/ld.lld): linking with the ld.lld on PATH"
+        ),
+    }
+    println!("cargo:rustc-cdylib-link-arg=-fuse-ld=lld");
 }
 
 #[cfg(test)]
