@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: what CI runs (.ci/run) and what a developer runs on a fresh machine.
 # Installs what it needs (the CUDA compilers, into target/cuda-venv, from the Python
-# package index), then checks formatting and lints and runs every test.
+# package index; the aarch64 Rust target and C cross compiler), then checks formatting and
+# lints (x86-64 and aarch64), builds the shims for aarch64 and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-cuda.sh
@@ -9,6 +10,15 @@ scripts/setup-cuda.sh
 export CUDAW_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The aarch64 host build (GH200, GB200): the whole workspace type-checks and lints for it
+# (clippy runs `cargo check` and more), and the two shims, whose generated trampolines
+# are AArch64 assembly there, assemble and link.
+scripts/setup-aarch64.sh
+export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+export CUDAW_REQUIRE_CROSS_TOOLS=1
+cargo clippy --workspace --all-targets --target aarch64-unknown-linux-gnu -- -D warnings
+cargo build -q --target aarch64-unknown-linux-gnu -p cudart-shim -p driver-shim
 # The three drop-in runtimes (one per CUDA major) that the export tests compare.
 scripts/build-shims.sh
 cargo test --workspace

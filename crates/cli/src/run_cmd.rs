@@ -221,13 +221,12 @@ pub fn find_library(name: &str, rpaths: &[PathBuf]) -> Option<PathBuf> {
             }
         }
     }
-    dirs.extend(
-        [
-            "/usr/local/cuda/lib64",
-            "/usr/local/cuda/targets/x86_64-linux/lib",
-        ]
-        .map(PathBuf::from),
-    );
+    dirs.extend([
+        PathBuf::from("/usr/local/cuda/lib64"),
+        PathBuf::from("/usr/local/cuda/targets")
+            .join(driver::locate::CUDA_TARGET)
+            .join("lib"),
+    ]);
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 

@@ -63,46 +63,42 @@ impl Library for Runtime {
 }
 
 // `{table}` is the dispatch table: the first field of `DISPATCH` (`repr(C)`).
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym gate::GATE,
     table = sym DISPATCH,
     slow = sym cudaw_rt_trace_enter,
-    options(att_syntax)
 );
 
 // The fast path of tracing (shim-build's `trace_fast_path`, prefix `cudaw_rt`): the
 // trampolines' slow path; it goes on to `cudaw_slow_entry` unless the gate word is
 // exactly `gate::TRACING`.
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trace.s")),
     gate = sym gate::GATE,
     table = sym DISPATCH,
     full = sym cudaw_slow_entry,
     slow_return = sym crate::tracing::cudaw_trace_return,
     direct_full = sym crate::tracing::direct_full,
-    options(att_syntax)
 );
 
 // The slow path (shim-build's `slow_path`): %r11d holds the export's index; every argument
 // register is saved around slow_resolve(index, address of the caller's return address),
 // then the call jumps to its result.
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/slow.s")),
     entry = sym cudaw_slow_entry,
     resolve = sym slow_resolve,
-    options(att_syntax)
 );
 
 // The in-flight trampolines' support (shim-build's `in_flight_support_traced`, prefix
 // `cudaw_rt`): the per-thread block, the return thunk, and their slow path, which calls
 // [`crate::inflight`]'s resolver, or with the gate word exactly `gate::TRACING` puts the
 // in-flight thunk in place and goes on to the fast path of tracing.
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
     gate = sym gate::GATE,
     inflight_resolve = sym crate::inflight::resolve,
-    options(att_syntax)
 );
 
 extern "C" {

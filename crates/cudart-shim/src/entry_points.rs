@@ -421,7 +421,7 @@ unsafe fn substitute(symbol: *const i8, func: *mut *mut c_void) {
         return;
     }
     // SAFETY: NUL-terminated name from the caller (contract above).
-    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let name = unsafe { CStr::from_ptr(symbol.cast()) }.to_string_lossy();
     let Some((i, ours)) = replacement(&name) else {
         return;
     };

@@ -34,8 +34,8 @@
 use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
 use cudaw_trace::{Config, Direction, Mode, Tracer};
-// The tick source: the time stamp counter (constant rate on every x86-64 CPU that runs
-// CUDA; calibrated against the monotonic clock).
+// The tick source: the time stamp counter on x86-64 (constant rate on every CPU that runs
+// CUDA), the virtual counter on AArch64; calibrated against the monotonic clock.
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -718,6 +718,7 @@ extern "C" fn exit(slot: usize) -> usize {
 // return address's slot + 8. Saves the return registers (%rax, %rdx, %xmm0, %xmm1), calls
 // exit(slot) on an aligned stack, restores them and jumps to the caller's real return
 // address.
+#[cfg(target_arch = "x86_64")]
 std::arch::global_asm!(
     ".pushsection .text.cudaw_trace,\"ax\",@progbits",
     ".p2align 4",
@@ -748,6 +749,44 @@ std::arch::global_asm!(
     thunk = sym cudaw_trace_return,
     exit = sym exit,
     options(att_syntax)
+);
+
+// The same on AArch64: the slow path kept the return address at its stack pointer - 8
+// (shim-build's `aarch64.rs`), so `slot` is the thunk's stack pointer - 8 on entry. Saves
+// the return registers (x0-x7, q0-q3) around exit(slot) and returns to its result.
+#[cfg(target_arch = "aarch64")]
+std::arch::global_asm!(
+    ".pushsection .text.cudaw_trace,\"ax\",%progbits",
+    ".p2align 4",
+    ".globl {thunk}",
+    ".hidden {thunk}",
+    ".type {thunk},%function",
+    "{thunk}:",
+    "    sub sp, sp, #144",
+    "    stp x29, x30, [sp, #128]",
+    "    add x29, sp, #128",
+    "    stp x0, x1, [sp, #0]",
+    "    stp x2, x3, [sp, #16]",
+    "    stp x4, x5, [sp, #32]",
+    "    stp x6, x7, [sp, #48]",
+    "    stp q0, q1, [sp, #64]",
+    "    stp q2, q3, [sp, #96]",
+    "    add x0, sp, #136",
+    "    bl {exit}",
+    "    mov x16, x0",
+    "    ldp q2, q3, [sp, #96]",
+    "    ldp q0, q1, [sp, #64]",
+    "    ldp x6, x7, [sp, #48]",
+    "    ldp x4, x5, [sp, #32]",
+    "    ldp x2, x3, [sp, #16]",
+    "    ldp x0, x1, [sp, #0]",
+    "    ldp x29, x30, [sp, #128]",
+    "    add sp, sp, #144",
+    "    ret x16",
+    ".size {thunk}, .-{thunk}",
+    ".popsection",
+    thunk = sym cudaw_trace_return,
+    exit = sym exit,
 );
 
 extern "C" {
@@ -1433,7 +1472,11 @@ mod tests {
             let before = super::DIRECT_FULL.load(Ordering::Relaxed);
             // SAFETY: the trampoline goes to `fill`.
             assert!(unsafe { cudaEventSynchronize() } >= 1);
+            // (No fast path on other architectures: the call is timed in Rust.)
+            #[cfg(target_arch = "x86_64")]
             assert_eq!(super::DIRECT_FULL.load(Ordering::Relaxed), before + 1);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = before;
         }
         let stats = super::stats(0).unwrap();
         let get = |name: &str| {
@@ -1475,7 +1518,15 @@ mod tests {
         // allows, so the calls past the stack's depth reach Rust less often.
         let slow = super::rust_enters();
         let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
-        if super::mode() == cudaw_trace::Mode::Timeline {
+        if cfg!(not(target_arch = "x86_64")) {
+            // No assembly fast path here: every call takes the Rust path (those past the
+            // stack's depth too, untimed and uncounted), whatever the sampling.
+            let counted: u64 = stats.calls.iter().map(|c| c.count).sum();
+            assert_eq!(slow, counted + deep, "calls timed in Rust");
+            if super::mode() == cudaw_trace::Mode::Timeline {
+                check_timeline(&stats);
+            }
+        } else if super::mode() == cudaw_trace::Mode::Timeline {
             // Every call timed, none sampled out; a full call buffer sends one call of
             // each 1025 to Rust, which empties it.
             let timed: u64 = stats.calls.iter().map(|c| c.count).sum();

@@ -411,7 +411,7 @@ extern "C" fn __cudaRegisterFunction(
     guard("__cudaRegisterFunction", (), || {
         if !device_name.is_null() {
             // SAFETY: nvcc passes the kernel's mangled name, NUL-terminated, static.
-            let name = unsafe { std::ffi::CStr::from_ptr(device_name) }
+            let name = unsafe { std::ffi::CStr::from_ptr(device_name.cast()) }
                 .to_string_lossy()
                 .into_owned();
             registry::add_function(handle as usize, host_fun as usize, name);

@@ -65,27 +65,24 @@ impl Library for Driver {
 }
 
 // `{table}` is the dispatch table: the first field of `DISPATCH` (`repr(C)`).
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/trampolines.s")),
     gate = sym GATE_PTR,
     table = sym DISPATCH,
     slow = sym cudaw_driver_slow_entry,
-    options(att_syntax)
 );
 
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/slow.s")),
     entry = sym cudaw_driver_slow_entry,
     resolve = sym slow_resolve,
-    options(att_syntax)
 );
 
 // The in-flight trampolines' support (prefix `cudaw_drv`): the per-thread block, the
 // return thunk and their slow path ([`crate::inflight`]).
-std::arch::global_asm!(
+cudaw_shim_core::generated_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/inflight.s")),
     inflight_resolve = sym crate::inflight::resolve,
-    options(att_syntax)
 );
 
 extern "C" {

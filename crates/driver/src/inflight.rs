@@ -34,6 +34,7 @@ pub const UNREGISTERED: u64 = 2;
 /// offset from the GOT, plus the thread pointer), where a call of an accessor function
 /// would be a call through the GOT. A `&'static Block`, used on the calling thread only.
 #[macro_export]
+#[cfg(target_arch = "x86_64")]
 macro_rules! inflight_block {
     ($tls:literal) => {{
         let p: *const $crate::inflight::Block;
@@ -46,6 +47,31 @@ macro_rules! inflight_block {
                 "addq %fs:0, {p}",
                 p = out(reg) p,
                 options(att_syntax, pure, readonly, nostack),
+            );
+            &*p
+        }
+    }};
+}
+
+/// The calling thread's block (see the x86-64 form): on AArch64 the thread pointer
+/// (`tpidr_el0`) plus the block's offset from it (the GOT's TPREL entry of `$tls`).
+#[macro_export]
+#[cfg(target_arch = "aarch64")]
+macro_rules! inflight_block {
+    ($tls:literal) => {{
+        let p: *const $crate::inflight::Block;
+        // SAFETY: reads the thread pointer and the GOT's TPREL entry of `$tls`: their sum
+        // is the address of the calling thread's static TLS block, which lives as long as
+        // the thread.
+        unsafe {
+            ::std::arch::asm!(
+                "mrs {p}, tpidr_el0",
+                concat!("adrp {t}, :gottprel:", $tls),
+                concat!("ldr {t}, [{t}, #:gottprel_lo12:", $tls, "]"),
+                "add {p}, {p}, {t}",
+                p = out(reg) p,
+                t = out(reg) _,
+                options(pure, readonly, nostack),
             );
             &*p
         }

@@ -15,7 +15,18 @@ pub const REAL_LIBCUDA_ENV: &str = "CUDAW_REAL_LIBCUDA";
 /// The driver's file name.
 pub const LIBCUDA: &str = "libcuda.so.1";
 
+/// This architecture's Debian multiarch folder name and CUDA's `targets/` name for it
+/// (`sbsa-linux`: Arm servers, GH200 and GB200 included).
+#[cfg(not(target_arch = "aarch64"))]
+const ARCH_DIRS: (&str, &str) = ("x86_64-linux-gnu", "x86_64-linux");
+#[cfg(target_arch = "aarch64")]
+const ARCH_DIRS: (&str, &str) = ("aarch64-linux-gnu", "sbsa-linux");
+
+/// CUDA's `targets/` folder name for this architecture (`x86_64-linux`, `sbsa-linux`).
+pub const CUDA_TARGET: &str = ARCH_DIRS.1;
+
 /// The usual folders of the driver library, after the cache.
+#[cfg(not(target_arch = "aarch64"))]
 pub const DRIVER_DIRS: [&str; 7] = [
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
@@ -23,6 +34,17 @@ pub const DRIVER_DIRS: [&str; 7] = [
     "/usr/lib/wsl/lib",
     "/usr/lib",
     "/lib/x86_64-linux-gnu",
+    "/lib64",
+];
+/// The usual folders of the driver library, after the cache.
+#[cfg(target_arch = "aarch64")]
+pub const DRIVER_DIRS: [&str; 7] = [
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/lib/wsl/lib",
+    "/usr/lib",
+    "/lib/aarch64-linux-gnu",
     "/lib64",
 ];
 
@@ -43,18 +65,16 @@ pub fn runtime_dirs() -> Vec<PathBuf> {
         cuda.sort();
         for c in cuda {
             dirs.push(c.join("lib64"));
-            dirs.push(c.join("targets/x86_64-linux/lib"));
+            dirs.push(c.join("targets").join(CUDA_TARGET).join("lib"));
         }
     }
-    dirs.extend(
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib64",
-            "/usr/lib",
-            "/lib/x86_64-linux-gnu",
-        ]
-        .map(PathBuf::from),
-    );
+    let multiarch = ARCH_DIRS.0;
+    dirs.extend([
+        PathBuf::from("/usr/lib").join(multiarch),
+        PathBuf::from("/usr/lib64"),
+        PathBuf::from("/usr/lib"),
+        PathBuf::from("/lib").join(multiarch),
+    ]);
     dirs
 }
 

@@ -119,12 +119,34 @@ impl SelfCost {
     }
 }
 
-/// The time stamp counter: both cudaw libraries' tick source (tracing's clock, and the
-/// phases here).
+/// Both cudaw libraries' tick source (tracing's clock, and the phases here), calibrated
+/// against the monotonic clock by its users: the time stamp counter on x86-64, the
+/// virtual counter (`cntvct_el0`) on AArch64, and nanoseconds of the monotonic clock
+/// elsewhere.
 #[inline]
 pub fn ticks() -> u64 {
-    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
-    unsafe { core::arch::x86_64::_rdtsc() }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let t: u64;
+        // SAFETY: reads the virtual counter, which Linux lets user space read; no memory.
+        unsafe {
+            std::arch::asm!("mrs {t}, cntvct_el0", t = out(reg) t, options(nomem, nostack, preserves_flags));
+        }
+        t
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64
+    }
 }
 
 /// `CUDAW_TRACE_SELF_WARMUP`: launches left out before the phases are counted (default

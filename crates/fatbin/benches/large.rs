@@ -131,6 +131,21 @@ fn large(c: &mut Criterion) {
                 .sum::<usize>()
         })
     });
+    // ruzstd's whole-frame decoder into the reserved output (its fastest way, no Read).
+    g.bench_function("d_decompress_sm90_ruzstd_decode_all", |b| {
+        let mut d = ruzstd::decoding::FrameDecoder::new();
+        b.iter(|| {
+            zstd_entries
+                .iter()
+                .map(|e| {
+                    let input = &e.raw_payload[..e.compressed_size as usize];
+                    let mut out = Vec::with_capacity(e.uncompressed_size as usize);
+                    d.decode_all_to_vec(input, &mut out).unwrap();
+                    out.len()
+                })
+                .sum::<usize>()
+        })
+    });
     g.finish();
 }
 

@@ -55,10 +55,47 @@
 //! full barrier on every running thread of the process), then reads every registered
 //! word: a thread either had its "in flight" visible by then, or it tests the gate after
 //! the barrier and sees it closed. The hot path thus carries no fence.
+//!
+//! # Architectures
+//!
+//! The assembly is written for the architecture cargo builds for (`CARGO_CFG_TARGET_ARCH`
+//! in a build script, [`Arch::target`]): x86-64 (AT&T syntax, as above) or AArch64
+//! (`aarch64.rs`: the same symbols and protocols, with the export's index in `w17` and the
+//! return address in `x30`; no counting trampolines and no assembly fast path of call
+//! timing, so traced calls take the Rust slow path). The including `global_asm!` passes
+//! `options(att_syntax)` on x86-64 only.
 #![deny(missing_docs)]
+
+mod aarch64;
 
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// The architecture the generated assembly is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// x86-64, System V ABI, AT&T syntax.
+    X86_64,
+    /// AArch64, AAPCS64 (Linux: GH200, GB200 hosts).
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture being built for: `CARGO_CFG_TARGET_ARCH` in a build script (which
+    /// runs on the host, so `cfg!` would name the host's), else (this crate's own tests)
+    /// the one this crate was built for. Panics (the build fails) for any other, naming it.
+    pub fn target() -> Arch {
+        let arch = std::env::var("CARGO_CFG_TARGET_ARCH")
+            .unwrap_or_else(|_| std::env::consts::ARCH.to_owned());
+        match arch.as_str() {
+            "x86_64" => Arch::X86_64,
+            "aarch64" => Arch::Aarch64,
+            other => panic!(
+                "shim-build: target architecture {other:?} has no trampolines (expected \"x86_64\" or \"aarch64\")"
+            ),
+        }
+    }
+}
 
 /// Reads a list: the first word of each line that is neither empty nor a `#` comment.
 /// Tells cargo to rerun the build script when the file changes. Panics (the build fails)
@@ -132,6 +169,9 @@ pub fn trampolines(
     in_flight: Option<InFlight<'_>>,
     count: Option<u32>,
 ) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::trampolines(all, exported, gate, address_table, in_flight, count);
+    }
     let mut asm = String::new();
     writeln!(asm, ".pushsection .text.cudaw_trampolines,\"ax\",@progbits").unwrap();
     let test = match gate {
@@ -220,6 +260,9 @@ pub fn slow_path() -> String {
 
 /// The slow path's body, entered at `entry`, calling `resolve`.
 fn slow_path_named(entry: &str, resolve: &str) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::slow_path_named(entry, resolve);
+    }
     [
         ".pushsection .text.cudaw_slow,\"ax\",@progbits",
         ".p2align 4",
@@ -351,6 +394,9 @@ pub fn in_flight_support(prefix: &str) -> String {
 /// does, then jumps to `enter` (the trace fast path), which times the call and chains its
 /// thunk before ours. Anything else takes the ordinary slow path.
 pub fn in_flight_support_traced(prefix: &str, trace: Option<(u32, &str)>) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::in_flight_support_traced(prefix, trace);
+    }
     let p = prefix;
     let mut s = format!(
         ".pushsection .tdata.{p}_inflight,\"awT\",@progbits
@@ -512,6 +558,9 @@ pub const GATE_TRACE_TLS: usize = 8;
 /// below
 /// the first has the slot `u64::MAX`, so that an empty stack needs no test.
 pub fn trace_fast_path(prefix: &str, bits: u32) -> String {
+    if Arch::target() == Arch::Aarch64 {
+        return aarch64::trace_fast_path(prefix, bits);
+    }
     let p = prefix;
     let f = TRACE_FRAME;
     // A direct call's event may find the buffer full (calls nested in it filled it).
@@ -749,6 +798,32 @@ pub fn link_cdylib(out_dir: &Path, map: &str, soname: &str) {
     );
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    link_with_lld();
+}
+
+/// Links with LLD, the one linker that takes the version script beside the anonymous one
+/// rustc writes for every cdylib (GNU ld refuses the pair: "anonymous version tag cannot be
+/// combined with other version tags"). rustc already uses its own LLD (`rust-lld`) for
+/// x86-64 Linux; this does the same for every target, as rustc does: `-B` the toolchain's
+/// `gcc-ld` folder (its `ld.lld` runs `rust-lld`) and `-fuse-ld=lld`. Without that folder
+/// (a distribution's rustc), `-fuse-ld=lld` alone finds `ld.lld` on `PATH`.
+fn link_with_lld() {
+    let host = std::env::var("HOST").unwrap_or_default();
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let sysroot = std::process::Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let gcc_ld = sysroot.map(|s| Path::new(&s).join(format!("lib/rustlib/{host}/bin/gcc-ld")));
+    match gcc_ld.filter(|d| d.join("ld.lld").is_file()) {
+        Some(dir) => println!("cargo:rustc-cdylib-link-arg=-B{}", dir.display()),
+        None => println!(
+            "cargo:warning=no rust-lld in {rustc}'s sysroot (lib/rustlib/{host}/bin/gcc-ld/ld.lld): linking with the ld.lld on PATH"
+        ),
+    }
+    println!("cargo:rustc-cdylib-link-arg=-fuse-ld=lld");
 }
 
 #[cfg(test)]
@@ -760,6 +835,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")] // the x86-64 forms (Arch::target)
     fn trampolines_index_the_sorted_table() {
         let all = v(&["a", "b", "c"]);
         let asm = trampolines(&all, &v(&["a", "c"]), GateWord::Direct, None, None, None);
@@ -782,6 +858,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")] // the x86-64 forms (Arch::target)
     fn marked_exports_get_in_flight_trampolines() {
         let all = v(&["cuLaunchKernel", "cuMemAlloc"]);
         let marked = |n: &str| enqueues_device_work(n);
@@ -811,6 +888,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")] // the x86-64 forms (Arch::target)
     fn the_trace_fast_path_tests_the_exact_gate_and_chains_in_flight() {
         let t = trace_fast_path("px", 4);
         for want in [
@@ -834,6 +912,175 @@ mod tests {
         // Without tracing, the slow path is what it was (and needs no {gate}).
         let plain = in_flight_support("px");
         assert!(plain.contains("px_inflight_slow:\n    push %rbp") && !plain.contains("{gate}"));
+    }
+
+    /// The AArch64 forms: the same gate tests, table offsets, indices and symbols.
+    #[test]
+    fn aarch64_trampolines_mirror_the_x86_64_ones() {
+        let all = v(&["cuLaunchKernel", "cuMemAlloc", "cuMemcpyAsync"]);
+        let marked = |n: &str| marked_by_trampoline(n, &["cuLaunchKernel"]);
+        let f = InFlight {
+            prefix: "px",
+            marked: &marked,
+        };
+        let asm = aarch64::trampolines(
+            &all,
+            &all,
+            GateWord::PointerMask(2),
+            Some("tt"),
+            Some(f),
+            None,
+        );
+        // Plain: pointer gate, its bit, the entry at 8 * index, the index for the slow path.
+        assert!(asm.contains("cuMemAlloc:\ncudaw_t1:\n    adrp x16, {gate}\n    ldr x16, [x16, #:lo12:{gate}]\n    ldr w16, [x16]\n    tst w16, #0x2\n    b.ne 1f\n    adrp x16, {table}+8\n    ldr x16, [x16, #:lo12:{table}+8]\n    br x16\n1:\n    mov w17, #1\n    b {slow}\n"));
+        // In flight: the word set before the gate test, the return address kept, the thunk.
+        assert!(asm.contains("cuMemcpyAsync:\ncudaw_t2:\n    mrs x17, tpidr_el0\n    adrp x16, :gottprel:px_inflight_tls\n"));
+        assert!(asm.contains(
+            "    cbnz x16, 2f\n    mov x16, #1\n    str x16, [x17]\n    adrp x16, {gate}\n"
+        ));
+        assert!(asm.contains("    str x30, [x17, #8]\n    adrp x30, px_inflight_return\n"));
+        assert!(asm.contains(
+            "3:\n    mov w17, #2\n    b px_inflight_slow\n4:\n    adrp x16, {table}+16\n"
+        ));
+        assert!(
+            asm.contains("tt:\n    .xword cudaw_t0\n    .xword cudaw_t1\n    .xword cudaw_t2\n")
+        );
+        let direct = aarch64::trampolines(&all, &all[1..2], GateWord::Direct, None, None, Some(4));
+        assert!(direct.contains(
+            "    adrp x16, {gate}\n    ldr w16, [x16, #:lo12:{gate}]\n    cbnz w16, 1f\n"
+        ));
+        let support = aarch64::in_flight_support_traced("px", Some((4, "px_trace_enter")));
+        for want in [
+            "px_inflight_tls:\n    .xword 2\n",
+            "px_inflight_return:\n    mrs x17, tpidr_el0\n",
+            "    ldr x16, [x17, #8]\n    stlr xzr, [x17]\n    ret x16\n",
+            "px_inflight_slow:\n    stp x29, x30, [sp, #-16]!\n",
+            "    add x1, x29, #8\n    bl {inflight_resolve}\n",
+            "{gate}",
+        ] {
+            assert!(support.contains(want), "{want}");
+        }
+        let trace = aarch64::trace_fast_path("px", 4);
+        for want in [
+            "px_trace_tls:\n    .zero 24",
+            "px_trace_enter:\n    b {full}\n",
+            "px_trace_tls_offset:\n    adrp x0, :gottprel:px_trace_tls\n",
+            "{gate} {table} {slow_return} {direct_full}",
+        ] {
+            assert!(trace.contains(want), "{want}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "gate mask 0x5 is not an AArch64 logical immediate")]
+    fn aarch64_refuses_a_mask_tst_cannot_take() {
+        aarch64::trampolines(
+            &v(&["a"]),
+            &v(&["a"]),
+            GateWord::PointerMask(5),
+            None,
+            None,
+            None,
+        );
+    }
+
+    /// Every AArch64 file assembles (the placeholders `global_asm!` fills given symbol
+    /// names), with LLVM's assembler (rustc's) or GNU's. Skipped when neither is installed,
+    /// unless `CUDAW_REQUIRE_CROSS_TOOLS` is set (scripts/test.sh installs GNU's).
+    #[test]
+    fn aarch64_assembly_assembles() {
+        let all = v(&["cuLaunchKernel", "cuMemAlloc", "cuMemcpyAsync"]);
+        let marked = |n: &str| enqueues_device_work(n);
+        let f = InFlight {
+            prefix: "px",
+            marked: &marked,
+        };
+        // As the shims include them: each `global_asm!` its own unit.
+        let units = [
+            aarch64::trampolines(
+                &all,
+                &all,
+                GateWord::PointerMask(2),
+                Some("tt"),
+                Some(f),
+                None,
+            ),
+            aarch64::trampolines(
+                &v(&["qa", "qb"]),
+                &v(&["qb"]),
+                GateWord::Direct,
+                None,
+                None,
+                Some(4),
+            ),
+            aarch64::slow_path_named("slow_entry", "{resolve}"),
+            aarch64::in_flight_support_traced("px", Some((4, "px_trace_enter"))),
+            aarch64::trace_fast_path("px", 4),
+        ];
+        let mut ran = false;
+        for unit in units {
+            let mut text = unit;
+            for p in [
+                "gate",
+                "table",
+                "slow",
+                "full",
+                "slow_return",
+                "direct_full",
+                "inflight_resolve",
+                "resolve",
+            ] {
+                text = text.replace(&format!("{{{p}}}"), &format!("sym_{p}"));
+            }
+            assert!(!text.contains('{'), "a placeholder left:\n{text}");
+            ran |= assemble_aarch64(&text);
+        }
+        if !ran {
+            assert!(
+                std::env::var_os("CUDAW_REQUIRE_CROSS_TOOLS").is_none(),
+                "CUDAW_REQUIRE_CROSS_TOOLS is set but neither llvm-mc nor aarch64-linux-gnu-as runs"
+            );
+            eprintln!("skipped: neither llvm-mc nor aarch64-linux-gnu-as is installed");
+        }
+    }
+
+    /// Assembles `text` for AArch64 with every assembler of llvm-mc and
+    /// aarch64-linux-gnu-as that runs here, failing on any refusal; whether one ran.
+    fn assemble_aarch64(text: &str) -> bool {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        let tools: [(&str, &[&str]); 2] = [
+            (
+                "llvm-mc",
+                &[
+                    "-triple=aarch64-linux-gnu",
+                    "-filetype=obj",
+                    "-o",
+                    "/dev/null",
+                ],
+            ),
+            ("aarch64-linux-gnu-as", &["-o", "/dev/null", "-"]),
+        ];
+        let mut ran = false;
+        for (tool, args) in tools {
+            let child = Command::new(tool)
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn();
+            let Ok(mut child) = child else { continue };
+            // A write error shows as the tool's failure below.
+            let _ = child.stdin.take().unwrap().write_all(text.as_bytes());
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{tool} refused the AArch64 assembly:\n{}\n{text}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ran = true;
+        }
+        ran
     }
 
     #[test]

@@ -56,3 +56,15 @@ pub trait Library: 'static {
         let _ = (index, slot);
     }
 }
+
+/// `global_asm!` of a file `shim-build` wrote for the target: AT&T syntax on x86-64, the
+/// assembler's own elsewhere (AArch64). Operands end with a comma.
+#[macro_export]
+macro_rules! generated_asm {
+    ($($operands:tt)*) => {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::global_asm!($($operands)* options(att_syntax));
+        #[cfg(not(target_arch = "x86_64"))]
+        std::arch::global_asm!($($operands)*);
+    };
+}
