@@ -42,11 +42,14 @@ fn jump_table(i: usize) -> String {
 }
 
 /// Tests the gate word with `x16` as scratch, branching to `label` when the call must take
-/// the slow path.
+/// the slow path. The word is read with acquire order (`ldar`): the table entry read next
+/// must not be one from before the gate opened (x86-64 keeps loads in order by itself; an
+/// AArch64 core may read the entry first, and find 0 while the library initialises). The
+/// pointer form's second load depends on its first by address, which orders them.
 fn gate_test(gate: GateWord, label: &str) -> String {
     match gate {
         GateWord::Direct => format!(
-            "    adrp x16, {{gate}}\n    ldr w16, [x16, #:lo12:{{gate}}]\n    cbnz w16, {label}\n"
+            "    adrp x16, {{gate}}\n    add x16, x16, #:lo12:{{gate}}\n    ldar w16, [x16]\n    cbnz w16, {label}\n"
         ),
         GateWord::PointerMask(mask) => {
             assert!(
@@ -54,7 +57,7 @@ fn gate_test(gate: GateWord, label: &str) -> String {
                 "gate mask {mask:#x} is not an AArch64 logical immediate (expected a contiguous run of set bits)"
             );
             format!(
-                "    adrp x16, {{gate}}\n    ldr x16, [x16, #:lo12:{{gate}}]\n    ldr w16, [x16]\n    tst w16, #{mask:#x}\n    b.ne {label}\n"
+                "    adrp x16, {{gate}}\n    ldr x16, [x16, #:lo12:{{gate}}]\n    ldar w16, [x16]\n    tst w16, #{mask:#x}\n    b.ne {label}\n"
             )
         }
     }

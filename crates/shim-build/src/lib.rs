@@ -932,7 +932,7 @@ mod tests {
             None,
         );
         // Plain: pointer gate, its bit, the entry at 8 * index, the index for the slow path.
-        assert!(asm.contains("cuMemAlloc:\ncudaw_t1:\n    adrp x16, {gate}\n    ldr x16, [x16, #:lo12:{gate}]\n    ldr w16, [x16]\n    tst w16, #0x2\n    b.ne 1f\n    adrp x16, {table}+8\n    ldr x16, [x16, #:lo12:{table}+8]\n    br x16\n1:\n    mov w17, #1\n    b {slow}\n"));
+        assert!(asm.contains("cuMemAlloc:\ncudaw_t1:\n    adrp x16, {gate}\n    ldr x16, [x16, #:lo12:{gate}]\n    ldar w16, [x16]\n    tst w16, #0x2\n    b.ne 1f\n    adrp x16, {table}+8\n    ldr x16, [x16, #:lo12:{table}+8]\n    br x16\n1:\n    mov w17, #1\n    b {slow}\n"));
         // In flight: the word set before the gate test, the return address kept, the thunk.
         assert!(asm.contains("cuMemcpyAsync:\ncudaw_t2:\n    mrs x17, tpidr_el0\n    adrp x16, :gottprel:px_inflight_tls\n"));
         assert!(asm.contains(
@@ -947,7 +947,7 @@ mod tests {
         );
         let direct = aarch64::trampolines(&all, &all[1..2], GateWord::Direct, None, None, Some(4));
         assert!(direct.contains(
-            "    adrp x16, {gate}\n    ldr w16, [x16, #:lo12:{gate}]\n    cbnz w16, 1f\n"
+            "    adrp x16, {gate}\n    add x16, x16, #:lo12:{gate}\n    ldar w16, [x16]\n    cbnz w16, 1f\n"
         ));
         let support = aarch64::in_flight_support_traced("px", Some((4, "px_trace_enter")));
         for want in [
