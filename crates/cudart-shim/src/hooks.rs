@@ -7,8 +7,6 @@ use crate::{gate, memory};
 use cudaw_engine::{control::install_once, inflight as pause};
 use driver::hooks::{RuntimeHooks, CHARGED, NOT_CHARGED, REFUSED};
 
-pub use trace_hooks::trace_mode_word;
-
 extern "C" fn wait_while_paused() {
     crate::boundary::guard("the driver shim's gate", (), gate::wait_while_paused)
 }
@@ -356,8 +354,8 @@ mod trace_hooks {
     //! memory history and timeline as the runtime's (`crate::tracing`).
     use crate::boundary::guard;
     use crate::tracing;
-    use cudaw_trace::{Direction, Mode, Tracer};
-    use driver::hooks::{TraceHooks, TraceLaunch, TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+    use cudaw_trace::{Direction, Tracer};
+    use driver::hooks::{TraceHooks, TraceLaunch, TRACE_OFF};
 
     /// The tracer, set up on the driver shim's first traced call if the runtime has not
     /// initialised yet (a program that calls only the driver).
@@ -365,23 +363,14 @@ mod trace_hooks {
         if !tracing::enabled() {
             return None;
         }
-        tracing::init();
+        crate::wrappers::init_tracing();
         tracing::tracer()
     }
 
     extern "C" fn mode() -> u32 {
         guard("the tracing mode (driver layer)", TRACE_OFF, || {
-            trace_mode_word(tracing::driver_mode(tracing::mode()))
+            tracing::trace_mode_word(tracing::driver_mode(tracing::mode()))
         })
-    }
-
-    /// `mode` as the driver shim's word for it.
-    pub fn trace_mode_word(mode: Mode) -> u32 {
-        match mode {
-            Mode::Off => TRACE_OFF,
-            Mode::Metrics => TRACE_METRICS,
-            Mode::Timeline => TRACE_TIMELINE,
-        }
     }
 
     extern "C" fn now() -> u64 {
@@ -442,10 +431,11 @@ mod trace_hooks {
             let Ok(name) = std::str::from_utf8(bytes) else {
                 return 0;
             };
-            let Some(rec) = tracing::named_record(l.kernel, name) else {
+            let Some(rec) = tracing::named_record(l.kernel, name, crate::wrappers::device_sm)
+            else {
                 return 0;
             };
-            let words = tracing::sampled_words(t, rec, params);
+            let words = tracing::sampled_words(t, rec, params, crate::wrappers::device_sm);
             let now = if words.is_empty() { 0 } else { t.now() };
             let shape = cudaw_trace::LaunchShape {
                 grid: l.grid,

@@ -142,18 +142,20 @@ impl cudaw_engine::Host for Shim {
                 },
                 Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
             },
-            TracerRequest::Switch { on } => match tracing::set_active(on) {
-                Ok(was_on) => Reply {
-                    ok: true,
-                    tracing: Some(TracingSwitched {
-                        mode: crate::config::get().trace.as_str().to_owned(),
-                        on,
-                        was_on,
-                    }),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
-            },
+            TracerRequest::Switch { on } => {
+                match tracing::set_active(on, crate::wrappers::switch_launch_entries) {
+                    Ok(was_on) => Reply {
+                        ok: true,
+                        tracing: Some(TracingSwitched {
+                            mode: crate::config::get().trace.as_str().to_owned(),
+                            on,
+                            was_on,
+                        }),
+                        ..Reply::default()
+                    },
+                    Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
+                }
+            }
             TracerRequest::Timeline { path, file } => {
                 let written = match file {
                     Some(f) => tracing::write_timeline_into(f, path),

@@ -46,10 +46,16 @@ static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
 
 /// Sets tracing up from the configuration (once: while the shim initialises, before the
 /// dispatch table is filled, or at the driver shim's first traced call, whichever comes
-/// first); does nothing when `CUDAW_TRACE` is off.
-pub fn init() {
+/// first); does nothing when `CUDAW_TRACE` is off. `always_timed`: the exports timed on
+/// every call whatever `CUDAW_TRACE_SAMPLE` says, those that make allocations, whose
+/// creation site is the caller's return address on the shadow stack (`exports/wrapped.txt`'s
+/// `timed` group).
+pub fn init(always_timed: &'static [usize]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(init_once);
+    ONCE.call_once(|| {
+        ALWAYS_TIMED.get_or_init(|| always_timed);
+        init_once()
+    });
 }
 
 fn init_once() {
@@ -202,7 +208,7 @@ pub(crate) fn driver_layer_counts_launches() -> bool {
 /// history and the timeline recorded so far stay readable, and recording resumes where it
 /// left off when switched back on (calls made meanwhile are not counted; allocations made
 /// meanwhile have no history). Returns whether tracing was on before.
-pub fn set_active(on: bool) -> Result<bool, String> {
+pub fn set_active(on: bool, switch_launch_entries: fn(bool)) -> Result<bool, String> {
     if !configured() {
         return Err(
             "tracing is off in this process: start it with CUDAW_TRACE=metrics or timeline \
@@ -210,7 +216,7 @@ pub fn set_active(on: bool) -> Result<bool, String> {
                 .to_owned(),
         );
     }
-    crate::dispatch::ensure_initialised();
+    crate::dispatch::DISPATCH.ensure_initialised();
     let _g = SWITCH.lock();
     let was = !SUSPENDED.load(Ordering::SeqCst);
     if was == on {
@@ -219,13 +225,13 @@ pub fn set_active(on: bool) -> Result<bool, String> {
     let bits = gate_bits(crate::config::get().trace);
     if on {
         SUSPENDED.store(false, Ordering::SeqCst);
-        crate::wrappers::switch_launch_entries(true);
+        switch_launch_entries(true);
         driver_layer_mode(mode());
         gate::GATE.fetch_or(bits, Ordering::SeqCst);
     } else {
         gate::GATE.fetch_and(!bits, Ordering::SeqCst);
         driver_layer_mode(Mode::Off);
-        crate::wrappers::switch_launch_entries(false);
+        switch_launch_entries(false);
         SUSPENDED.store(true, Ordering::SeqCst);
     }
     log::info(format_args!(
@@ -276,28 +282,20 @@ fn driver_layer_mode(mode: Mode) {
         let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
         if !f.is_null() {
             let set: extern "C" fn(u32) = std::mem::transmute(f);
-            set(crate::hooks::trace_mode_word(mode));
+            set(trace_mode_word(mode));
         }
         libc::dlclose(h);
     }
 }
 
-/// `cudaw_trace_active_v1(on)`: a program's own switch ([`set_active`]): `on` non-zero
-/// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
-/// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
-/// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
-/// untraced in one process.
-#[no_mangle]
-pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
-    crate::boundary::guard("switching tracing", -1, || match set_active(on != 0) {
-        Ok(was) => i32::from(was),
-        Err(e) => {
-            // Once: a program may ask in a loop.
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| log::warn(format_args!("{e}")));
-            -1
-        }
-    })
+/// `mode` as the driver shim's word for it.
+pub fn trace_mode_word(mode: Mode) -> u32 {
+    use driver::hooks::{TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+    match mode {
+        Mode::Off => TRACE_OFF,
+        Mode::Metrics => TRACE_METRICS,
+        Mode::Timeline => TRACE_TIMELINE,
+    }
 }
 
 /// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID, so that the processes a program
@@ -456,7 +454,8 @@ fn block() -> Option<*mut Block> {
     let base = FUNCTION_BASE.load(Ordering::Relaxed);
     let slots = counters.flat_calls(base, ALL_NAMES.len())?;
     // Allocations are always timed: the shadow stack's frame gives their creation site.
-    for i in ALWAYS_TIMED {
+    let always_timed = ALWAYS_TIMED.get().copied().unwrap_or(&[]);
+    for &i in always_timed {
         if let Some(s) = slots.get(i) {
             s.time_always();
         }
@@ -465,7 +464,7 @@ fn block() -> Option<*mut Block> {
     // own frame (their returns stay predicted), allocations excepted.
     if crate::config::get().trace_direct {
         for i in crate::dispatch::REGISTER_ARGS {
-            if let (Some(s), false) = (slots.get(i), ALWAYS_TIMED.contains(&i)) {
+            if let (Some(s), false) = (slots.get(i), always_timed.contains(&i)) {
                 s.call_direct();
             }
         }
@@ -828,10 +827,8 @@ fn library_of(addr: usize) -> Option<String> {
 
 // ------------------------------------------------------------------ what wrappers record
 
-/// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says: those that make
-/// allocations, whose creation site is the caller's return address on the shadow stack
-/// (`exports/wrapped.txt`'s `timed` group).
-const ALWAYS_TIMED: [usize; crate::wrappers::list::TIMED.len()] = crate::wrappers::list::TIMED;
+/// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says ([`init`]).
+static ALWAYS_TIMED: std::sync::OnceLock<&'static [usize]> = std::sync::OnceLock::new();
 
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {
@@ -899,6 +896,7 @@ fn pointer_words(
     out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
     timed: bool,
     sampled: bool,
+    sm: fn() -> u32,
 ) -> (u64, u64, bool) {
     let (lo, hi) = t.memory_span();
     if lo >= hi || args.is_null() {
@@ -922,7 +920,7 @@ fn pointer_words(
             return (bytes, at, true);
         }
     }
-    let Some(layout) = rec.layout(crate::wrappers::device_sm()) else {
+    let Some(layout) = rec.layout(sm()) else {
         return (0, 0, false);
     };
     let at = if timed { ticks() } else { 0 };
@@ -957,14 +955,18 @@ fn pointer_words(
 /// unregistered, and a kernel's parameters follow from its mangled name, so a kept record
 /// serves any later kernel of that name; it is kept only once its layout is parsed (while
 /// its fatbin was registered).
-pub(crate) fn named_record(id: u32, name: &str) -> Option<&'static registry::FunctionRecord> {
+pub(crate) fn named_record(
+    id: u32,
+    name: &str,
+    sm: fn() -> u32,
+) -> Option<&'static registry::FunctionRecord> {
     static BY_ID: parking_lot::RwLock<Vec<Option<&'static registry::FunctionRecord>>> =
         parking_lot::RwLock::new(Vec::new());
     if let Some(Some(rec)) = BY_ID.read().get(id as usize) {
         return Some(rec);
     }
     let rec = registry::function_named(name)?;
-    rec.layout(crate::wrappers::device_sm())?;
+    rec.layout(sm())?;
     let mut by_id = BY_ID.write();
     if by_id.len() <= id as usize {
         by_id.resize(id as usize + 1, None);
@@ -980,46 +982,41 @@ pub(crate) fn sampled_words(
     t: &Tracer,
     rec: &registry::FunctionRecord,
     args: *mut *mut c_void,
+    sm: fn() -> u32,
 ) -> smallvec::SmallVec<[(u16, u64); 16]> {
     let mut words = smallvec::SmallVec::new();
-    pointer_words(t, rec, args, &mut words, false, true);
+    pointer_words(t, rec, args, &mut words, false, true, sm);
     words
 }
 
-/// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
-/// its arguments point into) when it succeeds.
-///
-/// Under `metrics`, the first launch through export `index` while it is still to be
-/// observed ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when
-/// the real runtime's launch reaches it (`driver_layer_counts_launches`; the export goes
-/// straight to the real runtime from then on); this layer records it only when it did not.
+/// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
+/// allocations its arguments point into) when it succeeds. `run` is told whether the
+/// timeline is on and returns the launch's result and whether cudaw's driver layer
+/// recorded it already (then this layer does not); `sm` gives the device's SM number for
+/// the kernel's parameter layout.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
-    index: usize,
     rec: Option<&registry::FunctionRecord>,
     lookup_ticks: u64,
     grid: [u32; 3],
     block: [u32; 3],
     shared: usize,
     args: *mut *mut c_void,
-    f: impl FnOnce() -> u32,
+    sm: fn() -> u32,
+    run: impl FnOnce(Option<bool>) -> (u32, bool),
 ) -> u32 {
-    let Some(t) = tracer() else { return f() };
+    let Some(t) = tracer() else {
+        return run(None).0;
+    };
     // The clock is read only where it is kept: the timeline, and the last use of the
     // allocations the launch received (none for a kernel without pointers).
     let timeline = t.timeline();
     let start = if timeline { t.now() } else { 0 };
-    let rc = if !timeline && crate::launch_bypass::untested(index) && driver_layer_counts_launches()
-    {
-        match crate::launch_bypass::observe_unrecorded(index, f) {
-            (rc, false) => rc,
-            // The driver layer counted it.
-            (rc, true) => return rc,
-        }
-    } else {
-        crate::inflight::recording_launch_of(f)
-    };
+    let (rc, elsewhere) = run(Some(timeline));
+    if elsewhere {
+        return rc;
+    }
     if rc != 0 {
         return rc;
     }
@@ -1034,7 +1031,7 @@ pub fn launch(
     // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
     // history; the timeline keeps every launch's (resolved when it is read).
     let (bytes, tl, short) = if weight != 0 || timeline {
-        pointer_words(t, rec, args, &mut words, timed, weight != 0)
+        pointer_words(t, rec, args, &mut words, timed, weight != 0, sm)
     } else {
         (0, 0, false)
     };
@@ -1422,7 +1419,7 @@ mod tests {
             return;
         }
         dispatch::skip_initialise_for_test();
-        super::init();
+        super::init(&[]);
         crate::gate::mark_initialised();
         assert_eq!(
             crate::gate::GATE.load(Ordering::SeqCst),

@@ -574,18 +574,48 @@ fn forward_launch(
 ) -> cudaError_t {
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    tracing::launch(i, rec, lookup_ticks, g.into(), b.into(), shm, args, || {
-        forward!(
-            i, cudaLaunchKernel:
-            fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
-            f,
-            g,
-            b,
-            a,
-            shm,
-            s
-        )
-    })
+    tracing::launch(
+        rec,
+        lookup_ticks,
+        g.into(),
+        b.into(),
+        shm,
+        args,
+        device_sm,
+        |on| {
+            launched(i, on, || {
+                forward!(
+                    i, cudaLaunchKernel:
+                    fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+                    f,
+                    g,
+                    b,
+                    a,
+                    shm,
+                    s
+                )
+            })
+        },
+    )
+}
+
+/// Runs launch `f` of export `i` as tracing in mode `timeline` needs it (`None`: tracing
+/// is off): its result, and whether cudaw's driver layer recorded it already.
+///
+/// Under `metrics`, the first launch through export `i` while it is still to be observed
+/// ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when the
+/// real runtime's launch reaches it (`driver_layer_counts_launches`; the export goes
+/// straight to the real runtime from then on); this layer records it only when it did not.
+fn launched(i: usize, timeline: Option<bool>, f: impl FnOnce() -> u32) -> (u32, bool) {
+    match timeline {
+        None => (f(), false),
+        Some(false)
+            if crate::launch_bypass::untested(i) && tracing::driver_layer_counts_launches() =>
+        {
+            crate::launch_bypass::observe_unrecorded(i, f)
+        }
+        Some(_) => (crate::inflight::recording_launch_of(f), false),
+    }
 }
 
 fn launch_impl(
@@ -632,14 +662,16 @@ fn launch_ex_impl(
     let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
         (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
     });
-    tracing::launch(i, rec, lookup, g, b, shm, args, || {
-        forward!(
-            i, cudaLaunchKernelExC:
-            fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
-            cfg,
-            f,
-            a
-        )
+    tracing::launch(rec, lookup, g, b, shm, args, device_sm, |on| {
+        launched(i, on, || {
+            forward!(
+                i, cudaLaunchKernelExC:
+                fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
+                cfg,
+                f,
+                a
+            )
+        })
     })
 }
 variants!(marked launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
@@ -1160,6 +1192,31 @@ pub mod list {
     include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
+/// Sets tracing up (once; [`tracing::init`]) with the list's `timed` group.
+pub fn init_tracing() {
+    tracing::init(&list::TIMED);
+}
+
+/// `cudaw_trace_active_v1(on)`: a program's own switch ([`set_active`]): `on` non-zero
+/// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
+/// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
+/// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
+/// untraced in one process.
+#[no_mangle]
+pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
+    crate::boundary::guard("switching tracing", -1, || {
+        match tracing::set_active(on != 0, switch_launch_entries) {
+            Ok(was) => i32::from(was),
+            Err(e) => {
+                // Once: a program may ask in a loop.
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| log::warn(format_args!("{e}")));
+                -1
+            }
+        }
+    })
+}
+
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
     let mut v = list::always_wrappers().to_vec();
@@ -1200,7 +1257,7 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
 }
 
 /// Points the launch entries at the wrappers tracing needs (`traced`) or at what runs
-/// untraced: [`crate::tracing::set_active`] switches tracing on and off in a running
+/// untraced: [`tracing::set_active`] switches tracing on and off in a running
 /// process. With translated addressing the wrappers stay (they translate).
 pub(crate) fn switch_launch_entries(traced: bool) {
     if translated() {
