@@ -354,6 +354,7 @@ mod trace_hooks {
     //! memory history and timeline as the runtime's (`crate::tracing`).
     use crate::boundary::guard;
     use crate::tracing;
+    use cudaw_engine::trace;
     use cudaw_trace::{Direction, Tracer};
     use driver::hooks::{TraceHooks, TraceLaunch, TRACE_OFF};
 
@@ -423,7 +424,7 @@ mod trace_hooks {
             let Some(l) = (unsafe { l.as_ref() }) else {
                 return 0;
             };
-            if l.kernel == u32::MAX || name.is_null() {
+            if name.is_null() {
                 return 0;
             }
             // SAFETY: the driver shim passes `len` bytes of a name it owns.
@@ -431,19 +432,9 @@ mod trace_hooks {
             let Ok(name) = std::str::from_utf8(bytes) else {
                 return 0;
             };
-            let Some(rec) = tracing::named_record(l.kernel, name, crate::wrappers::device_sm)
-            else {
-                return 0;
-            };
-            let words = tracing::sampled_words(t, rec, params, crate::wrappers::device_sm);
-            let now = if words.is_empty() { 0 } else { t.now() };
-            let shape = cudaw_trace::LaunchShape {
-                grid: l.grid,
-                block: l.block,
-                shared: l.shared,
-            };
-            t.record_counted_launch(l.kernel, shape, now, now, words.iter().copied(), weight);
-            1
+            let sm = crate::wrappers::device_sm;
+            // SAFETY: the driver shim passes the launch's argument array.
+            u32::from(unsafe { trace::record_named_launch(t, l, name, params, weight, sm) })
         })
     }
 
@@ -461,32 +452,9 @@ mod trace_hooks {
     fn record(l: *const TraceLaunch, count: impl FnOnce(&Tracer, u32) -> u32) {
         let Some(t) = tracer() else { return };
         // SAFETY: the driver shim passes a launch record valid for this call.
-        let Some(l) = (unsafe { l.as_ref() }) else {
-            return;
-        };
-        if l.kernel == u32::MAX {
-            return;
+        if let Some(l) = unsafe { l.as_ref() } {
+            trace::record_driver_launch(t, l, count);
         }
-        let weight = count(t, l.kernel);
-        let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
-            &[]
-        } else {
-            // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
-            unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
-        };
-        let shape = cudaw_trace::LaunchShape {
-            grid: l.grid,
-            block: l.block,
-            shared: l.shared,
-        };
-        t.record_counted_launch(
-            l.kernel,
-            shape,
-            l.start,
-            l.end,
-            words.iter().map(|w| (w.param, w.value)),
-            weight,
-        );
     }
 
     extern "C" fn record_copy(

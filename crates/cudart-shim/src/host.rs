@@ -8,6 +8,7 @@ use crate::types::*;
 use crate::{call_real, gate, tracing};
 use cudaw_control::{Reply, TraceWritten, TracingSwitched};
 use cudaw_engine::host::{Code, TracerRequest};
+use cudaw_engine::trace;
 use std::ffi::c_void;
 
 /// This library, as the engine's host.
@@ -134,7 +135,7 @@ impl cudaw_engine::Host for Shim {
 
     fn tracer_request(&self, req: TracerRequest<'_>) -> Reply {
         match req {
-            TracerRequest::Stats { top } => match tracing::stats(top) {
+            TracerRequest::Stats { top } => match trace::stats(top) {
                 Ok(s) => Reply {
                     ok: true,
                     stats: Some(Box::new(s)),
@@ -158,8 +159,8 @@ impl cudaw_engine::Host for Shim {
             }
             TracerRequest::Timeline { path, file } => {
                 let written = match file {
-                    Some(f) => tracing::write_timeline_into(f, path),
-                    None => tracing::write_timeline(path),
+                    Some(f) => trace::write_timeline_into(f, path, tracing::pending_calls),
+                    None => trace::write_timeline(path, tracing::pending_calls),
                 };
                 match written {
                     Ok(w) => Reply {

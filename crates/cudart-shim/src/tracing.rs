@@ -39,7 +39,7 @@ use cudaw_trace::{Config, Direction, Mode, Tracer};
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
@@ -298,28 +298,13 @@ pub fn trace_mode_word(mode: Mode) -> u32 {
     }
 }
 
-/// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID, so that the processes a program
-/// starts, which inherit the variable, write files of their own), or
-/// `cudaw-PID.trace.json` in the working folder.
+/// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID), or `cudaw-PID.trace.json` in the
+/// working folder ([`cudaw_trace::files::trace_file_for`]).
 pub fn trace_file() -> PathBuf {
-    trace_file_for(
+    cudaw_trace::files::trace_file_for(
         crate::config::get().trace_file.as_deref(),
         std::process::id(),
     )
-}
-
-fn trace_file_for(configured: Option<&std::path::Path>, pid: u32) -> PathBuf {
-    match configured {
-        Some(p) => {
-            let text = p.to_string_lossy();
-            if text.contains("%p") {
-                PathBuf::from(text.replace("%p", &pid.to_string()))
-            } else {
-                p.to_path_buf()
-            }
-        }
-        None => PathBuf::from(format!("cudaw-{pid}.trace.json")),
-    }
 }
 
 // ------------------------------------------------------------------ the shadow stack
@@ -604,7 +589,7 @@ unsafe fn buffered_calls(b: &Block, each: &mut dyn FnMut(cudaw_trace::timeline::
 /// ring's lock ([`cudaw_trace::Tracer::write_timeline_with`]), so no thread empties its
 /// buffer meanwhile (emptying takes that lock); the events up to each cursor read are
 /// complete (x86 stores are seen in order).
-fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
+pub(crate) fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
     let mut out = Vec::new();
     for &b in BLOCKS.lock().iter() {
         // SAFETY: blocks are leaked when made, never freed; we run under the ring's lock,
@@ -875,125 +860,12 @@ pub fn copy(
     rc
 }
 
-/// The kernel's id in the tracer (its mangled name interned once per registration).
-fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
-    *rec.trace_id.get_or_init(|| t.kernel_id(&rec.name))
-}
-
-/// The 8-byte words of a launch's arguments that may be pointers (with the parameter
-/// each came from): those inside the span of the live allocations
-/// ([`Tracer::memory_span`]). A `sampled` launch (and one whose kernel's sites are not
-/// known) is scanned whole through the kernel's parameter layout, and the words it found
-/// teach the kernel's [`fatbin::sites::PointerSites`]; any other reads only the words at
-/// those sites (a few loads where a scan reads the whole parameter block, hundreds of bytes
-/// for most of PyTorch's kernels). Returns the bytes read, with `timed` the tick at which
-/// the layout (or the sites) was at hand (0: no words were read), and whether the sites
-/// were read.
-fn pointer_words(
-    t: &Tracer,
-    rec: &registry::FunctionRecord,
-    args: *mut *mut c_void,
-    out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
-    timed: bool,
-    sampled: bool,
-    sm: fn() -> u32,
-) -> (u64, u64, bool) {
-    let (lo, hi) = t.memory_span();
-    if lo >= hi || args.is_null() {
-        return (0, 0, false);
-    }
-    if !sampled {
-        if let Some(sites) = rec.sites.try_lock().filter(|s| s.ready()) {
-            let at = if timed { ticks() } else { 0 };
-            let bytes = sites.read(
-                (lo, hi),
-                |s| {
-                    // SAFETY: the launch passes one argument pointer per kernel parameter.
-                    let base = unsafe { *args.add(s.param as usize) } as *const u8;
-                    // SAFETY: a scan of this kernel found a whole word at `at` in this
-                    // parameter's bytes, which the launch's argument points at.
-                    (!base.is_null())
-                        .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
-                },
-                |param, v| out.push((param as u16, v)),
-            );
-            return (bytes, at, true);
-        }
-    }
-    let Some(layout) = rec.layout(sm()) else {
-        return (0, 0, false);
-    };
-    let at = if timed { ticks() } else { 0 };
-    let mut hits = Vec::new();
-    fatbin::sites::scan(
-        layout,
-        |p| {
-            // SAFETY: the launch passes one argument pointer per kernel parameter.
-            let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's
-            // contract).
-            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
-        },
-        (lo, hi),
-        &mut hits,
-        |param, v| out.push((param as u16, v)),
-    );
-    rec.sites.lock().learn(&hits);
-    // The bytes scanned, for CUDAW_TRACE_SELF's report only.
-    let bytes = if timed {
-        layout.params.iter().map(|p| u64::from(p.size)).sum()
-    } else {
-        0
-    };
-    (bytes, at, false)
-}
-
-/// The kernel the program registered under mangled name `name`, whose tracer id is `id`
-/// (for the driver layer's sampled launches of the real runtime's kernels: one a sampled
-/// launch). Found by name once per id, then kept by id: PyTorch's mangled names run to
-/// hundreds of bytes, a hash each time. A record stays allocated when its fatbin is
-/// unregistered, and a kernel's parameters follow from its mangled name, so a kept record
-/// serves any later kernel of that name; it is kept only once its layout is parsed (while
-/// its fatbin was registered).
-pub(crate) fn named_record(
-    id: u32,
-    name: &str,
-    sm: fn() -> u32,
-) -> Option<&'static registry::FunctionRecord> {
-    static BY_ID: parking_lot::RwLock<Vec<Option<&'static registry::FunctionRecord>>> =
-        parking_lot::RwLock::new(Vec::new());
-    if let Some(Some(rec)) = BY_ID.read().get(id as usize) {
-        return Some(rec);
-    }
-    let rec = registry::function_named(name)?;
-    rec.layout(sm())?;
-    let mut by_id = BY_ID.write();
-    if by_id.len() <= id as usize {
-        by_id.resize(id as usize + 1, None);
-    }
-    by_id[id as usize] = Some(rec);
-    Some(rec)
-}
-
-/// The words of a launch of `rec`'s kernel (arguments `args`) that may be pointers, read
-/// through its parameter layout as a sampled launch's are ([`pointer_words`]): for a launch
-/// cudaw's driver layer counted and sampled but cannot read (`record_named_launch`).
-pub(crate) fn sampled_words(
-    t: &Tracer,
-    rec: &registry::FunctionRecord,
-    args: *mut *mut c_void,
-    sm: fn() -> u32,
-) -> smallvec::SmallVec<[(u16, u64); 16]> {
-    let mut words = smallvec::SmallVec::new();
-    pointer_words(t, rec, args, &mut words, false, true, sm);
-    words
-}
-
 /// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
-/// allocations its arguments point into) when it succeeds. `run` is told whether the
-/// timeline is on and returns the launch's result and whether cudaw's driver layer
-/// recorded it already (then this layer does not); `sm` gives the device's SM number for
-/// the kernel's parameter layout.
+/// allocations its arguments point into) when it succeeds
+/// ([`cudaw_engine::trace::record_launch`]). `run` is told whether the timeline is on
+/// (`None`: tracing is off) and returns the launch's result and whether cudaw's driver
+/// layer recorded it already (then this layer does not); `sm` gives the device's SM number
+/// for the kernel's parameter layout.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
@@ -1011,90 +883,33 @@ pub fn launch(
     };
     // The clock is read only where it is kept: the timeline, and the last use of the
     // allocations the launch received (none for a kernel without pointers).
-    let timeline = t.timeline();
-    let start = if timeline { t.now() } else { 0 };
-    let (rc, elsewhere) = run(Some(timeline));
-    if elsewhere {
-        return rc;
-    }
-    if rc != 0 {
-        return rc;
-    }
-    let end = if timeline { t.now() } else { 0 };
-    let Some(rec) = rec else { return rc };
-    let timed = driver::selfcost::enabled();
-    let t0 = if timed { ticks() } else { 0 };
-    let k = kernel_id(t, rec);
-    let weight = t.count_launch(k);
-    let t1 = if timed { ticks() } else { 0 };
-    let mut words = smallvec::SmallVec::new();
-    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
-    // history; the timeline keeps every launch's (resolved when it is read).
-    let (bytes, tl, short) = if weight != 0 || timeline {
-        pointer_words(t, rec, args, &mut words, timed, weight != 0, sm)
-    } else {
-        (0, 0, false)
-    };
-    let t2 = if timed { ticks() } else { 0 };
-    let (start, end) = match (timeline, words.is_empty()) {
-        (true, _) => (start, end),
-        (false, true) => (0, 0),
-        (false, false) => {
-            let now = t.now();
-            (now, now)
-        }
-    };
-    let shape = cudaw_trace::LaunchShape {
-        grid,
-        block,
-        shared: shared as u32,
-    };
-    // Counted already: without the timeline, a launch whose buffers are not looked up
-    // has nothing more to record.
-    if timeline || weight != 0 {
-        t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
-    }
-    if timed && SELF_COST.begin(t0) {
-        SELF_COST.add(0, lookup_ticks);
-        // Without words read, the whole span is the layout's.
-        let tl = if tl == 0 { t2 } else { tl };
-        SELF_COST.add(1, t1.saturating_sub(t0));
-        SELF_COST.add(2, tl.saturating_sub(t1));
-        SELF_COST.add(3, t2.saturating_sub(tl));
-        SELF_COST.add(4, ticks().saturating_sub(t2));
-        SELF_COST.end(words.len() as u64, bytes);
-        SITE_READS.fetch_add(u64::from(short), Ordering::Relaxed);
+    let start = if t.timeline() { t.now() } else { 0 };
+    let (rc, elsewhere) = run(Some(t.timeline()));
+    if rc == 0 && !elsewhere {
+        // SAFETY: `args` is the launch's argument array (the launch's contract, which
+        // the real runtime relied on just now).
+        unsafe {
+            cudaw_engine::trace::record_launch(
+                t,
+                rec,
+                lookup_ticks,
+                grid,
+                block,
+                shared,
+                args,
+                sm,
+                start,
+            )
+        };
     }
     rc
 }
-
-/// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their
-/// kernels' learned pointer sites (the rest were scanned whole, or had none read).
-static SITE_READS: AtomicU64 = AtomicU64::new(0);
-
-/// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
-static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
-    "runtime layer",
-    [
-        "record lookup",
-        "kernel id",
-        "layout",
-        "argument words",
-        "record",
-    ],
-    None,
-);
 
 /// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing on, the ticks it took (else 0): a launch
 /// wrapper times its record lookup with it.
 #[inline]
 pub fn self_timed<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    if !(driver::selfcost::enabled() && tracer().is_some()) {
-        return (f(), 0);
-    }
-    let t0 = ticks();
-    let r = f();
-    (r, ticks().saturating_sub(t0))
+    cudaw_engine::trace::self_timed(tracer().is_some(), f)
 }
 
 /// A pause (or a resume) that took from tick `start` until now and moved `bytes` of
@@ -1112,149 +927,10 @@ pub fn now() -> u64 {
 
 // ------------------------------------------------------------------ reading
 
-/// The metrics and the `top` hottest and coldest allocations, or why not (also while
-/// tracing is switched off: what was recorded).
-pub fn stats(top: usize) -> Result<cudaw_trace::Stats, String> {
-    match cudaw_trace::get() {
-        Some(t) => Ok(t.stats(std::process::id(), top)),
-        None => Err(format!(
-            "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
-            std::process::id()
-        )),
-    }
-}
-
-/// What writing the timeline did.
-pub struct Written {
-    /// Events written.
-    pub events: u64,
-    /// Bytes written.
-    pub bytes: u64,
-    /// Events dropped from the ring before.
-    pub dropped: u64,
-}
-
-/// Writes the timeline so far to `path`, the safe way ([`cudaw_files::NewFile`]: a
-/// temporary beside it, created exclusive, no-follow, mode 0600, under a random name,
-/// synced and renamed into place; a `path` that is a link, a FIFO or a device is refused).
-pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
-    let t = timeline_tracer()?;
-    let events = cudaw_files::write_file(path, |f| write_events(t, f))
-        .map_err(|e| format!("writing the timeline: {e}"))?;
-    Ok(written(
-        t,
-        events,
-        std::fs::symlink_metadata(path).map_or(0, |m| m.len()),
-    ))
-}
-
-/// Writes the timeline so far into `file`, a file a client created and passed (it renames
-/// it to `path` afterwards): from its start, replacing what it held, then synced.
-pub fn write_timeline_into(
-    file: &std::fs::File,
-    path: &std::path::Path,
-) -> Result<Written, String> {
-    let t = timeline_tracer()?;
-    let fail = |e: std::io::Error| format!("writing the timeline to {}: {e}", path.display());
-    cudaw_files::check_input(file, path).map_err(|e| format!("writing the timeline: {e}"))?;
-    file.set_len(0).map_err(fail)?;
-    let mut f = file;
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(fail)?;
-    let events = write_events(t, file).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    Ok(written(t, events, file.metadata().map_or(0, |m| m.len())))
-}
-
-fn timeline_tracer() -> Result<&'static cudaw_trace::Tracer, String> {
-    let Some(t) = cudaw_trace::get() else {
-        return Err(stats(0).err().unwrap_or_default());
-    };
-    if !t.timeline() {
-        return Err(format!(
-            "process {} keeps no timeline (CUDAW_TRACE=metrics; start it with CUDAW_TRACE=timeline)",
-            std::process::id()
-        ));
-    }
-    Ok(t)
-}
-
-fn write_events(t: &cudaw_trace::Tracer, f: &std::fs::File) -> std::io::Result<u64> {
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-    let n = t.write_timeline_with(&mut w, std::process::id(), &process_name(), pending_calls)?;
-    std::io::Write::flush(&mut w)?;
-    Ok(n)
-}
-
-fn written(t: &cudaw_trace::Tracer, events: u64, bytes: u64) -> Written {
-    Written {
-        events,
-        bytes,
-        dropped: t
-            .stats(std::process::id(), 0)
-            .timeline
-            .map_or(0, |s| s.dropped),
-    }
-}
-
-fn process_name() -> String {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "process".to_owned())
-}
-
 extern "C" fn at_exit() {
     crate::boundary::guard("the trace summary at exit", (), || {
-        let Some(t) = cudaw_trace::get() else { return };
-        if t.timeline() {
-            let path = trace_file();
-            match write_timeline(&path) {
-                Ok(w) => log::warn_plain(format_args!(
-                    "trace: timeline of {} events ({} dropped) written to {}",
-                    w.events,
-                    w.dropped,
-                    path.display()
-                )),
-                Err(e) => log::error(format_args!("trace: {e}")),
-            }
-        }
-        let s = t.stats(std::process::id(), 5);
-        for line in s.summary(10).lines() {
-            log::warn_plain(format_args!("trace: {line}"));
-        }
-        if let Some(line) = SELF_COST.report(ticks()) {
-            log::warn_plain(format_args!(
-                "trace: {line}; {} read at their kernels' learned pointer sites",
-                SITE_READS.load(Ordering::Relaxed)
-            ));
-        }
-        log::warn_plain(format_args!(
-            "trace: {} calls timed on the Rust path (the rest on the fast path)",
-            rust_enters()
-        ));
+        cudaw_engine::trace::log_exit_summary(&trace_file(), pending_calls, rust_enters())
     })
-}
-
-#[cfg(test)]
-mod file_tests {
-    use super::trace_file_for;
-    use std::path::{Path, PathBuf};
-
-    #[test]
-    fn trace_file_names() {
-        assert_eq!(
-            trace_file_for(None, 42),
-            PathBuf::from("cudaw-42.trace.json")
-        );
-        assert_eq!(
-            trace_file_for(Some(Path::new("/tmp/run.json")), 42),
-            PathBuf::from("/tmp/run.json")
-        );
-        assert_eq!(
-            trace_file_for(Some(Path::new("/tmp/run-%p.json")), 42),
-            PathBuf::from("/tmp/run-42.json")
-        );
-    }
 }
 
 #[cfg(test)]
@@ -1475,7 +1151,7 @@ mod tests {
             #[cfg(not(target_arch = "x86_64"))]
             let _ = before;
         }
-        let stats = super::stats(0).unwrap();
+        let stats = cudaw_engine::trace::stats(0).unwrap();
         let get = |name: &str| {
             stats
                 .calls
@@ -1549,7 +1225,8 @@ mod tests {
     fn check_timeline(stats: &cudaw_trace::Stats) {
         let path =
             std::env::temp_dir().join(format!("cudaw-tracing-test-{}.json", std::process::id()));
-        let written = super::write_timeline(&path).expect("writing the timeline");
+        let written = cudaw_engine::trace::write_timeline(&path, super::pending_calls)
+            .expect("writing the timeline");
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -41,6 +41,7 @@ pub mod signals;
 pub mod staging;
 pub mod state;
 pub mod summary;
+pub mod trace;
 pub mod types;
 
 pub use host::{install, Host};
