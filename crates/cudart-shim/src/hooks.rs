@@ -195,16 +195,14 @@ mod memory_hooks {
     //! addressing only: in translated addressing the program would get a pointer the real
     //! driver does not know, so the driver shim keeps forwarding those).
     use crate::boundary::guard;
-    use crate::entry_points::to_cu;
     use crate::memory::{self, tag};
     use crate::types::*;
+    use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
     use driver::hooks::{MemoryHooks, NOT_MINE};
     use std::ffi::c_void;
 
     /// `CUDA_ERROR_UNKNOWN`, for a panic.
     const UNKNOWN: u32 = 999;
-    const CU_SUCCESS: u32 = 0;
-    const CU_ERROR_INVALID_VALUE: u32 = 1;
 
     /// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
     /// context if `f` changed it. A driver-API caller may have a context of its own
@@ -266,13 +264,8 @@ mod memory_hooks {
             if memory::translated() {
                 return NOT_MINE;
             }
-            if out.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
-                return CU_ERROR_INVALID_VALUE;
-            }
-            let Some(p) = memory::align_up(width.max(1), memory::PITCH_ALIGNMENT) else {
-                return CU_ERROR_INVALID_VALUE;
-            };
-            let Some(size) = p.checked_mul(height).filter(|&s| s > 0) else {
+            let pitched = calls::driver_pitched(width, height, element);
+            let (false, false, Some((p, size))) = (out.is_null(), pitch.is_null(), pitched) else {
                 return CU_ERROR_INVALID_VALUE;
             };
             let rc = alloc(out, size as u64, ordinal, tag::PITCH);

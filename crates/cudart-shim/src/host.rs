@@ -180,6 +180,6 @@ impl cudaw_engine::Host for Shim {
     }
 
     fn driver_reservations(&self) -> usize {
-        crate::entry_points::snapshot().reservations.len()
+        cudaw_engine::memory_calls::reservations().len()
     }
 }

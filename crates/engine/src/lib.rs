@@ -35,6 +35,7 @@ pub mod image;
 pub mod inflight;
 pub mod lifecycle;
 pub mod memory;
+pub mod memory_calls;
 pub mod registry;
 pub mod requests;
 pub mod signals;
