@@ -26,8 +26,8 @@ pub(crate) fn initialised() -> bool {
 
 /// Marks the shim initialised without loading a runtime: for tests that fill the table
 /// themselves (in a process of their own).
-#[cfg(test)]
-pub(crate) fn skip_initialise_for_test() {
+#[doc(hidden)]
+pub fn skip_initialise_for_test() {
     DISPATCH.skip_initialise_for_test();
 }
 
