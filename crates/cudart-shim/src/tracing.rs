@@ -202,7 +202,7 @@ pub(crate) fn driver_layer_counts_launches() -> bool {
 
 /// Switches tracing off (`false`) or back on (`true`) in this running process, which
 /// started with `CUDAW_TRACE=metrics` or `timeline`: `cudaw-ckpt tracing PID off|on`, or a
-/// program's own call of [`cudaw_trace_active_v1`]. Off, every call takes the path it
+/// program's own call of [`cudaw_trace_active_v1`](crate::wrappers::cudaw_trace_active_v1). Off, every call takes the path it
 /// takes with `CUDAW_TRACE=off` (the gate word without the tracing bits, the launches'
 /// thin wrappers, the driver layer told to stop recording); the counters, the memory
 /// history and the timeline recorded so far stay readable, and recording resumes where it

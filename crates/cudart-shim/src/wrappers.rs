@@ -1132,7 +1132,7 @@ pub fn init_tracing() {
     tracing::init(&list::TIMED);
 }
 
-/// `cudaw_trace_active_v1(on)`: a program's own switch ([`set_active`]): `on` non-zero
+/// `cudaw_trace_active_v1(on)`: a program's own switch ([`tracing::set_active`]): `on` non-zero
 /// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
 /// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
 /// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
