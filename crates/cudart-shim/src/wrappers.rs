@@ -231,7 +231,7 @@ variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut us
 /// it has one below the card's memory.
 fn get_device_properties_impl(i: usize, prop: *mut c_void, dev: i32) -> cudaError_t {
     let rc = forward!(i, cudaGetDeviceProperties: fn(*mut c_void, i32), prop, dev);
-    if rc == SUCCESS && !prop.is_null() {
+    if rc == SUCCESS && !prop.is_null() && memory::has_limit(dev) {
         // SAFETY: the real runtime filled the application's cudaDeviceProp, whose
         // totalGlobalMem (a size_t, 8-aligned) lies at this offset in every CUDA version.
         unsafe {
