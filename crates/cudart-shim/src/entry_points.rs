@@ -19,16 +19,10 @@ use crate::boundary::guard;
 use crate::handles;
 use crate::memory::{self, tag};
 use crate::types::*;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
-/// `CUresult` values cudaw returns itself.
-const CU_SUCCESS: u32 = 0;
-const CU_ERROR_INVALID_VALUE: u32 = 1;
-const CU_ERROR_OUT_OF_MEMORY: u32 = 2;
 const CU_ERROR_NOT_SUPPORTED: u32 = 801;
 
 /// The driver functions cudaw replaces: (name, index in [`REAL`]).
@@ -59,25 +53,6 @@ const NAMES: [&str; 21] = [
 /// The real driver function behind each of [`NAMES`], as the entry point returned it.
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
 
-/// Driver-level address reservations that went through cudaw's entry points (the
-/// handles and mappings live in [`crate::handles`]).
-#[derive(Default, Debug, Clone)]
-pub struct DriverMemory {
-    /// Reservations from `cuMemAddressReserve`: base → bytes.
-    pub reservations: BTreeMap<u64, u64>,
-}
-
-static TRACKED: OnceLock<Mutex<DriverMemory>> = OnceLock::new();
-
-fn tracked() -> &'static Mutex<DriverMemory> {
-    TRACKED.get_or_init(Default::default)
-}
-
-/// A snapshot of the reservations cudaw has seen.
-pub fn snapshot() -> DriverMemory {
-    tracked().lock().clone()
-}
-
 fn real(i: usize) -> Option<usize> {
     match REAL[i].load(Ordering::Acquire) {
         0 => None,
@@ -99,24 +74,16 @@ macro_rules! drv_forward {
     }};
 }
 
-pub(crate) fn to_cu(rc: cudaError_t) -> u32 {
-    match rc {
-        SUCCESS => CU_SUCCESS,
-        ERROR_MEMORY_ALLOCATION => CU_ERROR_OUT_OF_MEMORY,
-        _ => CU_ERROR_INVALID_VALUE,
-    }
-}
-
 extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
     guard("cuMemAlloc", 999, || {
         let _in_flight = cudaw_engine::inflight::enter();
         if dptr.is_null() || size == 0 {
             return CU_ERROR_INVALID_VALUE;
         }
-        match memory::current().and_then(|m| m.alloc(size as u64, tag::DRIVER)) {
-            Ok(a) => {
+        match calls::alloc(size as u64, tag::DRIVER) {
+            Ok(base) => {
                 // SAFETY: non-null out-pointer from the caller.
-                unsafe { dptr.write(a.base) };
+                unsafe { dptr.write(base) };
                 CU_SUCCESS
             }
             Err(e) => to_cu(e),
@@ -271,7 +238,7 @@ extern "C" fn cuMemAddressReserve(
         if rc == CU_SUCCESS && !out.is_null() {
             // SAFETY: the driver wrote the reservation's base through the caller's pointer.
             let base = unsafe { out.read() };
-            tracked().lock().reservations.insert(base, size as u64);
+            calls::reserved(base, size as u64);
         }
         rc
     })
@@ -281,7 +248,7 @@ extern "C" fn cuMemAddressFree(ptr: u64, size: usize) -> u32 {
     guard("cuMemAddressFree", 999, || {
         let rc = drv_forward!(9, cuMemAddressFree: fn(u64, usize), ptr, size);
         if rc == CU_SUCCESS {
-            tracked().lock().reservations.remove(&ptr);
+            calls::unreserved(ptr);
         }
         rc
     })
@@ -292,25 +259,16 @@ extern "C" fn cuMemGetInfo(free: *mut usize, total: *mut usize) -> u32 {
         if free.is_null() || total.is_null() {
             return drv_forward!(10, cuMemGetInfo_v2: fn(*mut usize, *mut usize), free, total);
         }
-        let dev = memory::current_device();
-        if let Ok(d) = dev {
-            memory::reap_completed(d);
+        let query = |f: &mut usize, t: &mut usize| drv_forward!(10, cuMemGetInfo_v2: fn(*mut usize, *mut usize), f, t);
+        match calls::memory_info(query) {
+            // SAFETY: both non-null out-pointers from the caller.
+            Ok((f, t)) => unsafe {
+                free.write(f);
+                total.write(t);
+                CU_SUCCESS
+            },
+            Err(rc) => rc,
         }
-        let (mut f, mut t) = (0usize, 0usize);
-        let rc = drv_forward!(10, cuMemGetInfo_v2: fn(*mut usize, *mut usize), &mut f, &mut t);
-        if rc != CU_SUCCESS {
-            return rc;
-        }
-        let (f, t) = match dev {
-            Ok(d) => memory::reported_memory(d, f as u64, t as u64),
-            Err(_) => (f as u64, t as u64),
-        };
-        // SAFETY: both non-null out-pointers from the caller.
-        unsafe {
-            free.write(f as usize);
-            total.write(t as usize);
-        }
-        CU_SUCCESS
     })
 }
 
@@ -318,10 +276,8 @@ extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: i32) -> u32 {
     guard("cuDeviceTotalMem", 999, || {
         let rc = drv_forward!(11, cuDeviceTotalMem_v2: fn(*mut usize, i32), bytes, dev);
         if rc == CU_SUCCESS && !bytes.is_null() && memory::has_limit(dev) {
-            if let Some(limit) = memory::budget(dev).ok().and_then(|b| b.limit()) {
-                // SAFETY: the driver wrote the total through the caller's non-null pointer.
-                unsafe { bytes.write((bytes.read() as u64).min(limit) as usize) };
-            }
+            // SAFETY: the driver wrote the total through the caller's non-null pointer.
+            unsafe { bytes.write(calls::limited_total(dev, bytes.read() as u64) as usize) };
         }
         rc
     })
@@ -332,22 +288,14 @@ extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: u32) -> u32 
         if dptr.is_null() || size == 0 {
             return drv_forward!(12, cuMemAllocManaged: fn(*mut u64, usize, u32), dptr, size, flags);
         }
-        let dev = match memory::current_device() {
-            Ok(d) => d,
-            Err(e) => return to_cu(e),
-        };
-        let charged = match memory::charge_managed(dev, size as u64) {
-            Ok(c) => c,
-            Err(e) => return to_cu(e),
-        };
-        let rc = drv_forward!(12, cuMemAllocManaged: fn(*mut u64, usize, u32), dptr, size, flags);
-        if rc == CU_SUCCESS {
+        let forward =
+            || drv_forward!(12, cuMemAllocManaged: fn(*mut u64, usize, u32), dptr, size, flags);
+        let made = || match forward() {
             // SAFETY: the driver wrote the pointer through the caller's non-null pointer.
-            memory::record_managed(unsafe { dptr.read() }, dev, charged);
-        } else {
-            memory::uncharge(dev, charged);
-        }
-        rc
+            CU_SUCCESS => (CU_SUCCESS, Some(unsafe { dptr.read() })),
+            rc => (rc, None),
+        };
+        calls::managed(size as u64, made).unwrap_or_else(to_cu)
     })
 }
 
@@ -360,20 +308,15 @@ extern "C" fn cuMemAllocPitch(
 ) -> u32 {
     guard("cuMemAllocPitch", 999, || {
         let _in_flight = cudaw_engine::inflight::enter();
-        if dptr.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
-            return CU_ERROR_INVALID_VALUE;
-        }
-        let Some(p) = memory::align_up(width.max(1), memory::PITCH_ALIGNMENT) else {
+        let pitched = calls::driver_pitched(width, height, element);
+        let (false, false, Some((p, size))) = (dptr.is_null(), pitch.is_null(), pitched) else {
             return CU_ERROR_INVALID_VALUE;
         };
-        let Some(size) = p.checked_mul(height).filter(|&s| s > 0) else {
-            return CU_ERROR_INVALID_VALUE;
-        };
-        match memory::current().and_then(|m| m.alloc(size as u64, tag::PITCH)) {
-            Ok(a) => {
+        match calls::alloc(size as u64, tag::PITCH) {
+            Ok(base) => {
                 // SAFETY: non-null out-pointers from the caller.
                 unsafe {
-                    dptr.write(a.base);
+                    dptr.write(base);
                     pitch.write(p);
                 }
                 CU_SUCCESS

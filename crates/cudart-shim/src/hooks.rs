@@ -7,8 +7,6 @@ use crate::{gate, memory};
 use cudaw_engine::{control::install_once, inflight as pause};
 use driver::hooks::{RuntimeHooks, CHARGED, NOT_CHARGED, REFUSED};
 
-pub use trace_hooks::trace_mode_word;
-
 extern "C" fn wait_while_paused() {
     crate::boundary::guard("the driver shim's gate", (), gate::wait_while_paused)
 }
@@ -197,16 +195,14 @@ mod memory_hooks {
     //! addressing only: in translated addressing the program would get a pointer the real
     //! driver does not know, so the driver shim keeps forwarding those).
     use crate::boundary::guard;
-    use crate::entry_points::to_cu;
     use crate::memory::{self, tag};
     use crate::types::*;
+    use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
     use driver::hooks::{MemoryHooks, NOT_MINE};
     use std::ffi::c_void;
 
     /// `CUDA_ERROR_UNKNOWN`, for a panic.
     const UNKNOWN: u32 = 999;
-    const CU_SUCCESS: u32 = 0;
-    const CU_ERROR_INVALID_VALUE: u32 = 1;
 
     /// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
     /// context if `f` changed it. A driver-API caller may have a context of its own
@@ -268,13 +264,8 @@ mod memory_hooks {
             if memory::translated() {
                 return NOT_MINE;
             }
-            if out.is_null() || pitch.is_null() || !matches!(element, 4 | 8 | 16) {
-                return CU_ERROR_INVALID_VALUE;
-            }
-            let Some(p) = memory::align_up(width.max(1), memory::PITCH_ALIGNMENT) else {
-                return CU_ERROR_INVALID_VALUE;
-            };
-            let Some(size) = p.checked_mul(height).filter(|&s| s > 0) else {
+            let pitched = calls::driver_pitched(width, height, element);
+            let (false, false, Some((p, size))) = (out.is_null(), pitch.is_null(), pitched) else {
                 return CU_ERROR_INVALID_VALUE;
             };
             let rc = alloc(out, size as u64, ordinal, tag::PITCH);
@@ -356,8 +347,9 @@ mod trace_hooks {
     //! memory history and timeline as the runtime's (`crate::tracing`).
     use crate::boundary::guard;
     use crate::tracing;
-    use cudaw_trace::{Direction, Mode, Tracer};
-    use driver::hooks::{TraceHooks, TraceLaunch, TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+    use cudaw_engine::trace;
+    use cudaw_trace::{Direction, Tracer};
+    use driver::hooks::{TraceHooks, TraceLaunch, TRACE_OFF};
 
     /// The tracer, set up on the driver shim's first traced call if the runtime has not
     /// initialised yet (a program that calls only the driver).
@@ -365,23 +357,14 @@ mod trace_hooks {
         if !tracing::enabled() {
             return None;
         }
-        tracing::init();
+        crate::wrappers::init_tracing();
         tracing::tracer()
     }
 
     extern "C" fn mode() -> u32 {
         guard("the tracing mode (driver layer)", TRACE_OFF, || {
-            trace_mode_word(tracing::driver_mode(tracing::mode()))
+            tracing::trace_mode_word(tracing::driver_mode(tracing::mode()))
         })
-    }
-
-    /// `mode` as the driver shim's word for it.
-    pub fn trace_mode_word(mode: Mode) -> u32 {
-        match mode {
-            Mode::Off => TRACE_OFF,
-            Mode::Metrics => TRACE_METRICS,
-            Mode::Timeline => TRACE_TIMELINE,
-        }
     }
 
     extern "C" fn now() -> u64 {
@@ -434,7 +417,7 @@ mod trace_hooks {
             let Some(l) = (unsafe { l.as_ref() }) else {
                 return 0;
             };
-            if l.kernel == u32::MAX || name.is_null() {
+            if name.is_null() {
                 return 0;
             }
             // SAFETY: the driver shim passes `len` bytes of a name it owns.
@@ -442,18 +425,9 @@ mod trace_hooks {
             let Ok(name) = std::str::from_utf8(bytes) else {
                 return 0;
             };
-            let Some(rec) = tracing::named_record(l.kernel, name) else {
-                return 0;
-            };
-            let words = tracing::sampled_words(t, rec, params);
-            let now = if words.is_empty() { 0 } else { t.now() };
-            let shape = cudaw_trace::LaunchShape {
-                grid: l.grid,
-                block: l.block,
-                shared: l.shared,
-            };
-            t.record_counted_launch(l.kernel, shape, now, now, words.iter().copied(), weight);
-            1
+            let sm = crate::wrappers::device_sm;
+            // SAFETY: the driver shim passes the launch's argument array.
+            u32::from(unsafe { trace::record_named_launch(t, l, name, params, weight, sm) })
         })
     }
 
@@ -471,32 +445,9 @@ mod trace_hooks {
     fn record(l: *const TraceLaunch, count: impl FnOnce(&Tracer, u32) -> u32) {
         let Some(t) = tracer() else { return };
         // SAFETY: the driver shim passes a launch record valid for this call.
-        let Some(l) = (unsafe { l.as_ref() }) else {
-            return;
-        };
-        if l.kernel == u32::MAX {
-            return;
+        if let Some(l) = unsafe { l.as_ref() } {
+            trace::record_driver_launch(t, l, count);
         }
-        let weight = count(t, l.kernel);
-        let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
-            &[]
-        } else {
-            // SAFETY: `words_len` words at `words`, owned by the driver shim for this call.
-            unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
-        };
-        let shape = cudaw_trace::LaunchShape {
-            grid: l.grid,
-            block: l.block,
-            shared: l.shared,
-        };
-        t.record_counted_launch(
-            l.kernel,
-            shape,
-            l.start,
-            l.end,
-            words.iter().map(|w| (w.param, w.value)),
-            weight,
-        );
     }
 
     extern "C" fn record_copy(

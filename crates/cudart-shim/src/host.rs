@@ -8,6 +8,7 @@ use crate::types::*;
 use crate::{call_real, gate, tracing};
 use cudaw_control::{Reply, TraceWritten, TracingSwitched};
 use cudaw_engine::host::{Code, TracerRequest};
+use cudaw_engine::trace;
 use std::ffi::c_void;
 
 /// This library, as the engine's host.
@@ -134,7 +135,7 @@ impl cudaw_engine::Host for Shim {
 
     fn tracer_request(&self, req: TracerRequest<'_>) -> Reply {
         match req {
-            TracerRequest::Stats { top } => match tracing::stats(top) {
+            TracerRequest::Stats { top } => match trace::stats(top) {
                 Ok(s) => Reply {
                     ok: true,
                     stats: Some(Box::new(s)),
@@ -142,22 +143,24 @@ impl cudaw_engine::Host for Shim {
                 },
                 Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
             },
-            TracerRequest::Switch { on } => match tracing::set_active(on) {
-                Ok(was_on) => Reply {
-                    ok: true,
-                    tracing: Some(TracingSwitched {
-                        mode: crate::config::get().trace.as_str().to_owned(),
-                        on,
-                        was_on,
-                    }),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
-            },
+            TracerRequest::Switch { on } => {
+                match tracing::set_active(on, crate::wrappers::switch_launch_entries) {
+                    Ok(was_on) => Reply {
+                        ok: true,
+                        tracing: Some(TracingSwitched {
+                            mode: crate::config::get().trace.as_str().to_owned(),
+                            on,
+                            was_on,
+                        }),
+                        ..Reply::default()
+                    },
+                    Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
+                }
+            }
             TracerRequest::Timeline { path, file } => {
                 let written = match file {
-                    Some(f) => tracing::write_timeline_into(f, path),
-                    None => tracing::write_timeline(path),
+                    Some(f) => trace::write_timeline_into(f, path, tracing::pending_calls),
+                    None => trace::write_timeline(path, tracing::pending_calls),
                 };
                 match written {
                     Ok(w) => Reply {
@@ -177,6 +180,6 @@ impl cudaw_engine::Host for Shim {
     }
 
     fn driver_reservations(&self) -> usize {
-        crate::entry_points::snapshot().reservations.len()
+        cudaw_engine::memory_calls::reservations().len()
     }
 }

@@ -5,11 +5,48 @@
 //! library's and the driver shim's (registered through the hooks) — which pause reads
 //! (`wait_idle`).
 
-use crate::dispatch::Runtime;
+use crate::dispatch::DISPATCH;
 use crate::gate;
 use cudaw_engine::inflight as pause;
+use cudaw_shim_core::Library;
 use driver::inflight::{self, Block, Gate, Registry};
 use std::sync::atomic::Ordering;
+
+/// The runtime shim, as the shared plumbing sees it.
+pub struct Runtime;
+
+impl Library for Runtime {
+    const SLOW_PATH: &'static str = "the export slow path";
+    const IN_FLIGHT_SLOW_PATH: &'static str = "the in-flight slow path";
+    const IN_FLIGHT_ADMISSION: &'static str = "the in-flight admission";
+
+    fn ensure_initialised() {
+        DISPATCH.ensure_initialised();
+    }
+    fn target(index: u32) -> usize {
+        DISPATCH.target(index)
+    }
+    fn wait_while_paused() {
+        gate::wait_while_paused();
+    }
+    #[inline(always)]
+    fn block() -> &'static Block {
+        block()
+    }
+    fn return_thunk() -> usize {
+        return_thunk()
+    }
+    fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+        with_gate(f)
+    }
+    unsafe fn entered(index: u32, slot: *mut usize) {
+        if gate::GATE.load(Ordering::Relaxed) & gate::TRACING != 0 {
+            // SAFETY: the caller's contract: `slot` is this export call's return-address
+            // slot, and the call jumps to its target next.
+            unsafe { crate::tracing::enter(index, slot) };
+        }
+    }
+}
 
 /// Every thread's in-flight block, of both libraries.
 pub static REGISTRY: Registry = Registry::new();

@@ -32,5 +32,48 @@ pub mod lifecycle;
 pub mod real;
 pub mod real_fn;
 pub mod tracing;
+pub mod trampolines;
 pub mod types;
 pub mod wrappers;
+
+use dispatch::{DISPATCH, EXPORTED_COUNT, SONAME};
+
+/// Loads the real runtime and fills the dispatch table: the table's initialiser (run once,
+/// on the first call that needs it). It lives in the crate root because it wires every
+/// layer — the table (`dispatch`, the bottom), tracing, the wrappers above them — so that
+/// the table itself names nothing above it.
+fn initialise() {
+    let cfg = config::get();
+    for w in &cfg.warnings {
+        log::warn(format_args!("{w}"));
+    }
+    // Before the table is filled: tracing adds the launch wrappers.
+    wrappers::init_tracing();
+    match real::load() {
+        Ok(real) => {
+            let missing = DISPATCH.fill(|name| real.symbol(name), dispatch::stub_for);
+            // cudaw's own versions of the calls it must see replace the real ones.
+            DISPATCH.install(wrappers::table());
+            log::info(format_args!(
+                "forwarding {} exports ({SONAME}) to {}",
+                EXPORTED_COUNT,
+                real.path().display()
+            ));
+            if !missing.is_empty() {
+                log::debug(format_args!(
+                    "{} names absent from the real runtime: {}",
+                    missing.len(),
+                    missing.join(" ")
+                ));
+            }
+        }
+        Err(e) => {
+            log::error(format_args!("{e}; every CUDA call will fail"));
+            DISPATCH.fill_stubs(dispatch::stub_for);
+        }
+    }
+    cudaw_engine::summary::log_at_exit_once();
+    cudaw_engine::control::install_once();
+    inflight::prepare();
+    gate::mark_initialised();
+}

@@ -39,17 +39,23 @@ use cudaw_trace::{Config, Direction, Mode, Tracer};
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
 
 /// Sets tracing up from the configuration (once: while the shim initialises, before the
 /// dispatch table is filled, or at the driver shim's first traced call, whichever comes
-/// first); does nothing when `CUDAW_TRACE` is off.
-pub fn init() {
+/// first); does nothing when `CUDAW_TRACE` is off. `always_timed`: the exports timed on
+/// every call whatever `CUDAW_TRACE_SAMPLE` says, those that make allocations, whose
+/// creation site is the caller's return address on the shadow stack (`exports/wrapped.txt`'s
+/// `timed` group).
+pub fn init(always_timed: &'static [usize]) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(init_once);
+    ONCE.call_once(|| {
+        ALWAYS_TIMED.get_or_init(|| always_timed);
+        init_once()
+    });
 }
 
 fn init_once() {
@@ -196,13 +202,13 @@ pub(crate) fn driver_layer_counts_launches() -> bool {
 
 /// Switches tracing off (`false`) or back on (`true`) in this running process, which
 /// started with `CUDAW_TRACE=metrics` or `timeline`: `cudaw-ckpt tracing PID off|on`, or a
-/// program's own call of [`cudaw_trace_active_v1`]. Off, every call takes the path it
+/// program's own call of [`cudaw_trace_active_v1`](crate::wrappers::cudaw_trace_active_v1). Off, every call takes the path it
 /// takes with `CUDAW_TRACE=off` (the gate word without the tracing bits, the launches'
 /// thin wrappers, the driver layer told to stop recording); the counters, the memory
 /// history and the timeline recorded so far stay readable, and recording resumes where it
 /// left off when switched back on (calls made meanwhile are not counted; allocations made
 /// meanwhile have no history). Returns whether tracing was on before.
-pub fn set_active(on: bool) -> Result<bool, String> {
+pub fn set_active(on: bool, switch_launch_entries: fn(bool)) -> Result<bool, String> {
     if !configured() {
         return Err(
             "tracing is off in this process: start it with CUDAW_TRACE=metrics or timeline \
@@ -210,7 +216,7 @@ pub fn set_active(on: bool) -> Result<bool, String> {
                 .to_owned(),
         );
     }
-    crate::dispatch::ensure_initialised();
+    crate::dispatch::DISPATCH.ensure_initialised();
     let _g = SWITCH.lock();
     let was = !SUSPENDED.load(Ordering::SeqCst);
     if was == on {
@@ -219,13 +225,13 @@ pub fn set_active(on: bool) -> Result<bool, String> {
     let bits = gate_bits(crate::config::get().trace);
     if on {
         SUSPENDED.store(false, Ordering::SeqCst);
-        crate::wrappers::switch_launch_entries(true);
+        switch_launch_entries(true);
         driver_layer_mode(mode());
         gate::GATE.fetch_or(bits, Ordering::SeqCst);
     } else {
         gate::GATE.fetch_and(!bits, Ordering::SeqCst);
         driver_layer_mode(Mode::Off);
-        crate::wrappers::switch_launch_entries(false);
+        switch_launch_entries(false);
         SUSPENDED.store(true, Ordering::SeqCst);
     }
     log::info(format_args!(
@@ -276,52 +282,29 @@ fn driver_layer_mode(mode: Mode) {
         let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
         if !f.is_null() {
             let set: extern "C" fn(u32) = std::mem::transmute(f);
-            set(crate::hooks::trace_mode_word(mode));
+            set(trace_mode_word(mode));
         }
         libc::dlclose(h);
     }
 }
 
-/// `cudaw_trace_active_v1(on)`: a program's own switch ([`set_active`]): `on` non-zero
-/// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
-/// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
-/// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
-/// untraced in one process.
-#[no_mangle]
-pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
-    crate::boundary::guard("switching tracing", -1, || match set_active(on != 0) {
-        Ok(was) => i32::from(was),
-        Err(e) => {
-            // Once: a program may ask in a loop.
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| log::warn(format_args!("{e}")));
-            -1
-        }
-    })
+/// `mode` as the driver shim's word for it.
+pub fn trace_mode_word(mode: Mode) -> u32 {
+    use driver::hooks::{TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+    match mode {
+        Mode::Off => TRACE_OFF,
+        Mode::Metrics => TRACE_METRICS,
+        Mode::Timeline => TRACE_TIMELINE,
+    }
 }
 
-/// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID, so that the processes a program
-/// starts, which inherit the variable, write files of their own), or
-/// `cudaw-PID.trace.json` in the working folder.
+/// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID), or `cudaw-PID.trace.json` in the
+/// working folder ([`cudaw_trace::files::trace_file_for`]).
 pub fn trace_file() -> PathBuf {
-    trace_file_for(
+    cudaw_trace::files::trace_file_for(
         crate::config::get().trace_file.as_deref(),
         std::process::id(),
     )
-}
-
-fn trace_file_for(configured: Option<&std::path::Path>, pid: u32) -> PathBuf {
-    match configured {
-        Some(p) => {
-            let text = p.to_string_lossy();
-            if text.contains("%p") {
-                PathBuf::from(text.replace("%p", &pid.to_string()))
-            } else {
-                p.to_path_buf()
-            }
-        }
-        None => PathBuf::from(format!("cudaw-{pid}.trace.json")),
-    }
 }
 
 // ------------------------------------------------------------------ the shadow stack
@@ -403,7 +386,8 @@ struct CallEvent {
 /// Calls a thread's timeline buffer holds before they go to the ring (under its lock, all
 /// at once), and the room past that for the calls on the shadow stack, whose thunks write
 /// without looking.
-const EVENTS: usize = 1024;
+#[doc(hidden)]
+pub const EVENTS: usize = 1024;
 const EVENTS_ROOM: usize = EVENTS + DEPTH + 1;
 
 const EMPTY: Frame = Frame {
@@ -456,7 +440,8 @@ fn block() -> Option<*mut Block> {
     let base = FUNCTION_BASE.load(Ordering::Relaxed);
     let slots = counters.flat_calls(base, ALL_NAMES.len())?;
     // Allocations are always timed: the shadow stack's frame gives their creation site.
-    for i in ALWAYS_TIMED {
+    let always_timed = ALWAYS_TIMED.get().copied().unwrap_or(&[]);
+    for &i in always_timed {
         if let Some(s) = slots.get(i) {
             s.time_always();
         }
@@ -465,7 +450,7 @@ fn block() -> Option<*mut Block> {
     // own frame (their returns stay predicted), allocations excepted.
     if crate::config::get().trace_direct {
         for i in crate::dispatch::REGISTER_ARGS {
-            if let (Some(s), false) = (slots.get(i), ALWAYS_TIMED.contains(&i)) {
+            if let (Some(s), false) = (slots.get(i), always_timed.contains(&i)) {
                 s.call_direct();
             }
         }
@@ -570,7 +555,29 @@ pub(crate) extern "C" fn direct_full(index: u64, start: u64, ticks: u64) {
     })
 }
 
-/// Calls [`direct_full`] recorded (tests read it).
+/// Calls [`direct_full`] recorded so far (the fast path's test reads it).
+#[doc(hidden)]
+pub fn direct_full_calls() -> u64 {
+    DIRECT_FULL.load(Ordering::Relaxed)
+}
+
+/// Room left in the calling thread's timeline buffer, in calls (0 without one): the fast
+/// path's test fills it exactly.
+#[doc(hidden)]
+pub fn timeline_room() -> usize {
+    existing_block().map_or(0, |b| {
+        // SAFETY: the calling thread's own block (leaked, never freed); the cursor stays
+        // inside its buffer, or is null with its end at usize::MAX without one.
+        let (end, at) = unsafe { ((*b).events_end, (*b).events.load(Ordering::Relaxed)) };
+        if at.is_null() {
+            0
+        } else {
+            (end as usize).saturating_sub(at as usize) / std::mem::size_of::<CallEvent>()
+        }
+    })
+}
+
+/// Calls [`direct_full`] recorded.
 static DIRECT_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Hands `each` the calls block `b`'s timeline buffer holds, as timeline events.
@@ -605,7 +612,7 @@ unsafe fn buffered_calls(b: &Block, each: &mut dyn FnMut(cudaw_trace::timeline::
 /// ring's lock ([`cudaw_trace::Tracer::write_timeline_with`]), so no thread empties its
 /// buffer meanwhile (emptying takes that lock); the events up to each cursor read are
 /// complete (x86 stores are seen in order).
-fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
+pub fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
     let mut out = Vec::new();
     for &b in BLOCKS.lock().iter() {
         // SAFETY: blocks are leaked when made, never freed; we run under the ring's lock,
@@ -629,7 +636,7 @@ static BLOCKS: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new
 /// first call, a full shadow stack or call buffer), summed over the threads: the summary
 /// at exit reports them, and the tests check the fast path took the rest. Each thread
 /// counts its own in its block with a plain add.
-fn rust_enters() -> u64 {
+pub fn rust_enters() -> u64 {
     BLOCKS
         .lock()
         .iter()
@@ -828,10 +835,8 @@ fn library_of(addr: usize) -> Option<String> {
 
 // ------------------------------------------------------------------ what wrappers record
 
-/// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says: those that make
-/// allocations, whose creation site is the caller's return address on the shadow stack
-/// (`exports/wrapped.txt`'s `timed` group).
-const ALWAYS_TIMED: [usize; crate::wrappers::list::TIMED.len()] = crate::wrappers::list::TIMED;
+/// The exports timed on every call whatever `CUDAW_TRACE_SAMPLE` says ([`init`]).
+static ALWAYS_TIMED: std::sync::OnceLock<&'static [usize]> = std::sync::OnceLock::new();
 
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {
@@ -878,226 +883,56 @@ pub fn copy(
     rc
 }
 
-/// The kernel's id in the tracer (its mangled name interned once per registration).
-fn kernel_id(t: &Tracer, rec: &registry::FunctionRecord) -> u32 {
-    *rec.trace_id.get_or_init(|| t.kernel_id(&rec.name))
-}
-
-/// The 8-byte words of a launch's arguments that may be pointers (with the parameter
-/// each came from): those inside the span of the live allocations
-/// ([`Tracer::memory_span`]). A `sampled` launch (and one whose kernel's sites are not
-/// known) is scanned whole through the kernel's parameter layout, and the words it found
-/// teach the kernel's [`fatbin::sites::PointerSites`]; any other reads only the words at
-/// those sites (a few loads where a scan reads the whole parameter block, hundreds of bytes
-/// for most of PyTorch's kernels). Returns the bytes read, with `timed` the tick at which
-/// the layout (or the sites) was at hand (0: no words were read), and whether the sites
-/// were read.
-fn pointer_words(
-    t: &Tracer,
-    rec: &registry::FunctionRecord,
-    args: *mut *mut c_void,
-    out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
-    timed: bool,
-    sampled: bool,
-) -> (u64, u64, bool) {
-    let (lo, hi) = t.memory_span();
-    if lo >= hi || args.is_null() {
-        return (0, 0, false);
-    }
-    if !sampled {
-        if let Some(sites) = rec.sites.try_lock().filter(|s| s.ready()) {
-            let at = if timed { ticks() } else { 0 };
-            let bytes = sites.read(
-                (lo, hi),
-                |s| {
-                    // SAFETY: the launch passes one argument pointer per kernel parameter.
-                    let base = unsafe { *args.add(s.param as usize) } as *const u8;
-                    // SAFETY: a scan of this kernel found a whole word at `at` in this
-                    // parameter's bytes, which the launch's argument points at.
-                    (!base.is_null())
-                        .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
-                },
-                |param, v| out.push((param as u16, v)),
-            );
-            return (bytes, at, true);
-        }
-    }
-    let Some(layout) = rec.layout(crate::wrappers::device_sm()) else {
-        return (0, 0, false);
-    };
-    let at = if timed { ticks() } else { 0 };
-    let mut hits = Vec::new();
-    fatbin::sites::scan(
-        layout,
-        |p| {
-            // SAFETY: the launch passes one argument pointer per kernel parameter.
-            let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's
-            // contract).
-            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
-        },
-        (lo, hi),
-        &mut hits,
-        |param, v| out.push((param as u16, v)),
-    );
-    rec.sites.lock().learn(&hits);
-    // The bytes scanned, for CUDAW_TRACE_SELF's report only.
-    let bytes = if timed {
-        layout.params.iter().map(|p| u64::from(p.size)).sum()
-    } else {
-        0
-    };
-    (bytes, at, false)
-}
-
-/// The kernel the program registered under mangled name `name`, whose tracer id is `id`
-/// (for the driver layer's sampled launches of the real runtime's kernels: one a sampled
-/// launch). Found by name once per id, then kept by id: PyTorch's mangled names run to
-/// hundreds of bytes, a hash each time. A record stays allocated when its fatbin is
-/// unregistered, and a kernel's parameters follow from its mangled name, so a kept record
-/// serves any later kernel of that name; it is kept only once its layout is parsed (while
-/// its fatbin was registered).
-pub(crate) fn named_record(id: u32, name: &str) -> Option<&'static registry::FunctionRecord> {
-    static BY_ID: parking_lot::RwLock<Vec<Option<&'static registry::FunctionRecord>>> =
-        parking_lot::RwLock::new(Vec::new());
-    if let Some(Some(rec)) = BY_ID.read().get(id as usize) {
-        return Some(rec);
-    }
-    let rec = registry::function_named(name)?;
-    rec.layout(crate::wrappers::device_sm())?;
-    let mut by_id = BY_ID.write();
-    if by_id.len() <= id as usize {
-        by_id.resize(id as usize + 1, None);
-    }
-    by_id[id as usize] = Some(rec);
-    Some(rec)
-}
-
-/// The words of a launch of `rec`'s kernel (arguments `args`) that may be pointers, read
-/// through its parameter layout as a sampled launch's are ([`pointer_words`]): for a launch
-/// cudaw's driver layer counted and sampled but cannot read (`record_named_launch`).
-pub(crate) fn sampled_words(
-    t: &Tracer,
-    rec: &registry::FunctionRecord,
-    args: *mut *mut c_void,
-) -> smallvec::SmallVec<[(u16, u64); 16]> {
-    let mut words = smallvec::SmallVec::new();
-    pointer_words(t, rec, args, &mut words, false, true);
-    words
-}
-
-/// Runs the launch `f` of `rec`'s kernel, recording it (name, grid, block, the allocations
-/// its arguments point into) when it succeeds.
-///
-/// Under `metrics`, the first launch through export `index` while it is still to be
-/// observed ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when
-/// the real runtime's launch reaches it (`driver_layer_counts_launches`; the export goes
-/// straight to the real runtime from then on); this layer records it only when it did not.
+/// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
+/// allocations its arguments point into) when it succeeds
+/// ([`cudaw_engine::trace::record_launch`]). `run` is told whether the timeline is on
+/// (`None`: tracing is off) and returns the launch's result and whether cudaw's driver
+/// layer recorded it already (then this layer does not); `sm` gives the device's SM number
+/// for the kernel's parameter layout.
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
-    index: usize,
     rec: Option<&registry::FunctionRecord>,
     lookup_ticks: u64,
     grid: [u32; 3],
     block: [u32; 3],
     shared: usize,
     args: *mut *mut c_void,
-    f: impl FnOnce() -> u32,
+    sm: fn() -> u32,
+    run: impl FnOnce(Option<bool>) -> (u32, bool),
 ) -> u32 {
-    let Some(t) = tracer() else { return f() };
+    let Some(t) = tracer() else {
+        return run(None).0;
+    };
     // The clock is read only where it is kept: the timeline, and the last use of the
     // allocations the launch received (none for a kernel without pointers).
-    let timeline = t.timeline();
-    let start = if timeline { t.now() } else { 0 };
-    let rc = if !timeline && crate::launch_bypass::untested(index) && driver_layer_counts_launches()
-    {
-        match crate::launch_bypass::observe_unrecorded(index, f) {
-            (rc, false) => rc,
-            // The driver layer counted it.
-            (rc, true) => return rc,
-        }
-    } else {
-        crate::inflight::recording_launch_of(f)
-    };
-    if rc != 0 {
-        return rc;
-    }
-    let end = if timeline { t.now() } else { 0 };
-    let Some(rec) = rec else { return rc };
-    let timed = driver::selfcost::enabled();
-    let t0 = if timed { ticks() } else { 0 };
-    let k = kernel_id(t, rec);
-    let weight = t.count_launch(k);
-    let t1 = if timed { ticks() } else { 0 };
-    let mut words = smallvec::SmallVec::new();
-    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
-    // history; the timeline keeps every launch's (resolved when it is read).
-    let (bytes, tl, short) = if weight != 0 || timeline {
-        pointer_words(t, rec, args, &mut words, timed, weight != 0)
-    } else {
-        (0, 0, false)
-    };
-    let t2 = if timed { ticks() } else { 0 };
-    let (start, end) = match (timeline, words.is_empty()) {
-        (true, _) => (start, end),
-        (false, true) => (0, 0),
-        (false, false) => {
-            let now = t.now();
-            (now, now)
-        }
-    };
-    let shape = cudaw_trace::LaunchShape {
-        grid,
-        block,
-        shared: shared as u32,
-    };
-    // Counted already: without the timeline, a launch whose buffers are not looked up
-    // has nothing more to record.
-    if timeline || weight != 0 {
-        t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
-    }
-    if timed && SELF_COST.begin(t0) {
-        SELF_COST.add(0, lookup_ticks);
-        // Without words read, the whole span is the layout's.
-        let tl = if tl == 0 { t2 } else { tl };
-        SELF_COST.add(1, t1.saturating_sub(t0));
-        SELF_COST.add(2, tl.saturating_sub(t1));
-        SELF_COST.add(3, t2.saturating_sub(tl));
-        SELF_COST.add(4, ticks().saturating_sub(t2));
-        SELF_COST.end(words.len() as u64, bytes);
-        SITE_READS.fetch_add(u64::from(short), Ordering::Relaxed);
+    let start = if t.timeline() { t.now() } else { 0 };
+    let (rc, elsewhere) = run(Some(t.timeline()));
+    if rc == 0 && !elsewhere {
+        // SAFETY: `args` is the launch's argument array (the launch's contract, which
+        // the real runtime relied on just now).
+        unsafe {
+            cudaw_engine::trace::record_launch(
+                t,
+                rec,
+                lookup_ticks,
+                grid,
+                block,
+                shared,
+                args,
+                sm,
+                start,
+            )
+        };
     }
     rc
 }
-
-/// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their
-/// kernels' learned pointer sites (the rest were scanned whole, or had none read).
-static SITE_READS: AtomicU64 = AtomicU64::new(0);
-
-/// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
-static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
-    "runtime layer",
-    [
-        "record lookup",
-        "kernel id",
-        "layout",
-        "argument words",
-        "record",
-    ],
-    None,
-);
 
 /// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing on, the ticks it took (else 0): a launch
 /// wrapper times its record lookup with it.
 #[inline]
 pub fn self_timed<R>(f: impl FnOnce() -> R) -> (R, u64) {
-    if !(driver::selfcost::enabled() && tracer().is_some()) {
-        return (f(), 0);
-    }
-    let t0 = ticks();
-    let r = f();
-    (r, ticks().saturating_sub(t0))
+    cudaw_engine::trace::self_timed(tracer().is_some(), f)
 }
 
 /// A pause (or a resume) that took from tick `start` until now and moved `bytes` of
@@ -1115,465 +950,8 @@ pub fn now() -> u64 {
 
 // ------------------------------------------------------------------ reading
 
-/// The metrics and the `top` hottest and coldest allocations, or why not (also while
-/// tracing is switched off: what was recorded).
-pub fn stats(top: usize) -> Result<cudaw_trace::Stats, String> {
-    match cudaw_trace::get() {
-        Some(t) => Ok(t.stats(std::process::id(), top)),
-        None => Err(format!(
-            "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
-            std::process::id()
-        )),
-    }
-}
-
-/// What writing the timeline did.
-pub struct Written {
-    /// Events written.
-    pub events: u64,
-    /// Bytes written.
-    pub bytes: u64,
-    /// Events dropped from the ring before.
-    pub dropped: u64,
-}
-
-/// Writes the timeline so far to `path`, the safe way ([`cudaw_files::NewFile`]: a
-/// temporary beside it, created exclusive, no-follow, mode 0600, under a random name,
-/// synced and renamed into place; a `path` that is a link, a FIFO or a device is refused).
-pub fn write_timeline(path: &std::path::Path) -> Result<Written, String> {
-    let t = timeline_tracer()?;
-    let events = cudaw_files::write_file(path, |f| write_events(t, f))
-        .map_err(|e| format!("writing the timeline: {e}"))?;
-    Ok(written(
-        t,
-        events,
-        std::fs::symlink_metadata(path).map_or(0, |m| m.len()),
-    ))
-}
-
-/// Writes the timeline so far into `file`, a file a client created and passed (it renames
-/// it to `path` afterwards): from its start, replacing what it held, then synced.
-pub fn write_timeline_into(
-    file: &std::fs::File,
-    path: &std::path::Path,
-) -> Result<Written, String> {
-    let t = timeline_tracer()?;
-    let fail = |e: std::io::Error| format!("writing the timeline to {}: {e}", path.display());
-    cudaw_files::check_input(file, path).map_err(|e| format!("writing the timeline: {e}"))?;
-    file.set_len(0).map_err(fail)?;
-    let mut f = file;
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(fail)?;
-    let events = write_events(t, file).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    Ok(written(t, events, file.metadata().map_or(0, |m| m.len())))
-}
-
-fn timeline_tracer() -> Result<&'static cudaw_trace::Tracer, String> {
-    let Some(t) = cudaw_trace::get() else {
-        return Err(stats(0).err().unwrap_or_default());
-    };
-    if !t.timeline() {
-        return Err(format!(
-            "process {} keeps no timeline (CUDAW_TRACE=metrics; start it with CUDAW_TRACE=timeline)",
-            std::process::id()
-        ));
-    }
-    Ok(t)
-}
-
-fn write_events(t: &cudaw_trace::Tracer, f: &std::fs::File) -> std::io::Result<u64> {
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-    let n = t.write_timeline_with(&mut w, std::process::id(), &process_name(), pending_calls)?;
-    std::io::Write::flush(&mut w)?;
-    Ok(n)
-}
-
-fn written(t: &cudaw_trace::Tracer, events: u64, bytes: u64) -> Written {
-    Written {
-        events,
-        bytes,
-        dropped: t
-            .stats(std::process::id(), 0)
-            .timeline
-            .map_or(0, |s| s.dropped),
-    }
-}
-
-fn process_name() -> String {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "process".to_owned())
-}
-
 extern "C" fn at_exit() {
     crate::boundary::guard("the trace summary at exit", (), || {
-        let Some(t) = cudaw_trace::get() else { return };
-        if t.timeline() {
-            let path = trace_file();
-            match write_timeline(&path) {
-                Ok(w) => log::warn_plain(format_args!(
-                    "trace: timeline of {} events ({} dropped) written to {}",
-                    w.events,
-                    w.dropped,
-                    path.display()
-                )),
-                Err(e) => log::error(format_args!("trace: {e}")),
-            }
-        }
-        let s = t.stats(std::process::id(), 5);
-        for line in s.summary(10).lines() {
-            log::warn_plain(format_args!("trace: {line}"));
-        }
-        if let Some(line) = SELF_COST.report(ticks()) {
-            log::warn_plain(format_args!(
-                "trace: {line}; {} read at their kernels' learned pointer sites",
-                SITE_READS.load(Ordering::Relaxed)
-            ));
-        }
-        log::warn_plain(format_args!(
-            "trace: {} calls timed on the Rust path (the rest on the fast path)",
-            rust_enters()
-        ));
+        cudaw_engine::trace::log_exit_summary(&trace_file(), pending_calls, rust_enters())
     })
-}
-
-#[cfg(test)]
-mod file_tests {
-    use super::trace_file_for;
-    use std::path::{Path, PathBuf};
-
-    #[test]
-    fn trace_file_names() {
-        assert_eq!(
-            trace_file_for(None, 42),
-            PathBuf::from("cudaw-42.trace.json")
-        );
-        assert_eq!(
-            trace_file_for(Some(Path::new("/tmp/run.json")), 42),
-            PathBuf::from("/tmp/run.json")
-        );
-        assert_eq!(
-            trace_file_for(Some(Path::new("/tmp/run-%p.json")), 42),
-            PathBuf::from("/tmp/run-42.json")
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The fast path through the real trampolines, in a process of its own (the test runs
-    //! its own binary again): the dispatch table points a few exports at functions of the
-    //! test, which nest calls, so that the counts and times can be checked exactly.
-
-    use crate::dispatch::{self, idx, DISPATCH};
-    use std::process::Command;
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
-
-    const CHILD: &str = "CUDAW_TRACING_TEST_CHILD";
-    const THREADS: u64 = 8;
-    const ROUNDS: u64 = 5000;
-    /// Calls deeper than the shadow stack (32) run untimed.
-    const DEEP: i32 = 40;
-    const SPIN: Duration = Duration::from_micros(2);
-
-    #[repr(C)]
-    #[derive(Debug, PartialEq)]
-    struct Pair {
-        a: u64,
-        b: u64,
-    }
-
-    // The trampolines, declared with the signatures of the test's targets (they pass any).
-    extern "C" {
-        fn cudaPeekAtLastError() -> u32;
-        fn cudaGetLastError() -> u32;
-        /// Not in `REGISTER_ARGS` (it returns a string): timed through the shadow stack.
-        fn cudaGetErrorString(depth: *mut i32) -> u32;
-        fn cudaMemsetAsync(p: usize, v: i32, n: usize, s: usize) -> u32;
-        fn cudaEventElapsedTime(a: u64, b: u64) -> Pair;
-        fn cudaEventQuery(x: f64, y: f64, k: i32) -> f64;
-        fn cudaEventSynchronize() -> u32;
-        fn cudaStreamQuery() -> u32;
-    }
-
-    /// Spins for SPIN, then makes two nested calls.
-    extern "C" fn outer() -> u32 {
-        let t = Instant::now();
-        while t.elapsed() < SPIN {
-            std::hint::spin_loop();
-        }
-        // SAFETY: the trampolines go to the test's targets.
-        unsafe { cudaGetLastError() + cudaGetLastError() + 7 }
-    }
-    extern "C" fn inner() -> u32 {
-        1
-    }
-    /// Recurses through the trampoline until `*depth` is 0.
-    extern "C" fn deep(depth: *mut i32) -> u32 {
-        // SAFETY: the test passes a valid pointer.
-        unsafe {
-            *depth -= 1;
-            if *depth > 0 {
-                cudaGetErrorString(depth)
-            } else {
-                0
-            }
-        }
-    }
-    /// An in-flight export: checks every argument, nests one call.
-    extern "C" fn memset(p: usize, v: i32, n: usize, s: usize) -> u32 {
-        assert_eq!((p, v, n, s), (0x1000, -3, 77, 0x2000));
-        // SAFETY: as above.
-        unsafe { cudaGetLastError() + 10 }
-    }
-    /// Makes exactly as many nested calls as the thread's timeline buffer has room for,
-    /// so that this call (made from the fast path's frame) returns to a full buffer.
-    extern "C" fn fill() -> u32 {
-        let b = super::existing_block().expect("a traced thread has a block");
-        // SAFETY: the calling thread's own block; the cursor stays inside its buffer.
-        let room = unsafe {
-            (*b).events_end
-                .offset_from((*b).events.load(Ordering::Relaxed))
-        };
-        for _ in 0..room {
-            // SAFETY: the trampoline goes to `inner`.
-            unsafe { cudaStreamQuery() };
-        }
-        u32::try_from(room).unwrap()
-    }
-    extern "C" fn pair(a: u64, b: u64) -> Pair {
-        Pair { a: a + 1, b: b * 2 }
-    }
-    extern "C" fn float(x: f64, y: f64, k: i32) -> f64 {
-        x * y + f64::from(k)
-    }
-
-    #[test]
-    fn fast_path_counts_and_times_threads_and_nested_calls() {
-        run_child("metrics", "1", "on");
-    }
-
-    /// The exports whose arguments travel in registers are called from the fast path's
-    /// frame by default; with `CUDAW_TRACE_DIRECT=off` every timed call swaps its return
-    /// address, and the counts, times and returned values are the same.
-    #[test]
-    fn fast_path_without_direct_calls() {
-        run_child("metrics", "1", "off");
-    }
-
-    #[test]
-    fn sampled_fast_path_counts_every_call() {
-        run_child("metrics", "16", "on");
-    }
-
-    /// Under the timeline the fast path writes every call into its thread's buffer: the
-    /// timeline written at the end holds exactly the calls counted, batches moved into the
-    /// ring and those still in the buffers alike.
-    #[test]
-    fn timeline_fast_path_records_every_call() {
-        run_child("timeline", "1", "on");
-    }
-
-    /// Runs [`child`] with `CUDAW_TRACE=mode`, `CUDAW_TRACE_SAMPLE=sample` and
-    /// `CUDAW_TRACE_DIRECT=direct`.
-    fn run_child(mode: &str, sample: &str, direct: &str) {
-        if std::env::var_os(CHILD).is_some() {
-            return;
-        }
-        let at_exit = std::env::temp_dir().join(format!(
-            "cudaw-tracing-test-{}-{mode}-{sample}.trace.json",
-            std::process::id()
-        ));
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tracing::tests::child",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(CHILD, "1")
-            .env("CUDAW_TRACE", mode)
-            // The timeline written at exit goes to a temporary file, not the crate's folder.
-            .env("CUDAW_TRACE_FILE", &at_exit)
-            .env("CUDAW_TRACE_SAMPLE", sample)
-            .env("CUDAW_TRACE_DIRECT", direct)
-            .env("CUDAW_LOG", "error")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let _ = std::fs::remove_file(&at_exit);
-        assert!(out.status.success(), "the child failed:\n{text}");
-        assert!(
-            text.contains("child checked"),
-            "the child did not run:\n{text}"
-        );
-    }
-
-    #[test]
-    #[ignore = "run by the tests above, in a process of its own"]
-    fn child() {
-        if std::env::var_os(CHILD).is_none() {
-            return;
-        }
-        dispatch::skip_initialise_for_test();
-        super::init();
-        crate::gate::mark_initialised();
-        assert_eq!(
-            crate::gate::GATE.load(Ordering::SeqCst),
-            crate::gate::TRACING
-        );
-        for (i, f) in [
-            (idx::cudaPeekAtLastError, outer as *const () as usize),
-            (idx::cudaGetLastError, inner as *const () as usize),
-            (idx::cudaGetErrorString, deep as *const () as usize),
-            (idx::cudaMemsetAsync, memset as *const () as usize),
-            (idx::cudaEventElapsedTime, pair as *const () as usize),
-            (idx::cudaEventQuery, float as *const () as usize),
-        ] {
-            DISPATCH.set(i, f);
-        }
-        let threads: Vec<_> = (0..THREADS)
-            .map(|t| {
-                std::thread::spawn(move || {
-                    for r in 0..ROUNDS {
-                        // SAFETY: the trampolines go to the targets above.
-                        unsafe {
-                            assert_eq!(cudaPeekAtLastError(), 9);
-                            assert_eq!(cudaMemsetAsync(0x1000, -3, 77, 0x2000), 11);
-                            assert_eq!(cudaEventElapsedTime(t, r), Pair { a: t + 1, b: r * 2 });
-                            assert_eq!(cudaEventQuery(1.5, r as f64, 2), 1.5 * r as f64 + 2.0);
-                            if r % 100 == 0 {
-                                let mut d = DEEP;
-                                assert_eq!(cudaGetErrorString(&mut d), 0);
-                                assert_eq!(d, 0);
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        if super::mode() == cudaw_trace::Mode::Timeline {
-            // A call from the fast path's frame that returns to a full buffer hands its
-            // event to Rust (check_timeline below finds it with the others).
-            DISPATCH.set(idx::cudaEventSynchronize, fill as *const () as usize);
-            DISPATCH.set(idx::cudaStreamQuery, inner as *const () as usize);
-            // This thread's first traced call makes its block (on the Rust path).
-            // SAFETY: the trampoline goes to `inner`.
-            unsafe { cudaStreamQuery() };
-            let before = super::DIRECT_FULL.load(Ordering::Relaxed);
-            // SAFETY: the trampoline goes to `fill`.
-            assert!(unsafe { cudaEventSynchronize() } >= 1);
-            // (No fast path on other architectures: the call is timed in Rust.)
-            #[cfg(target_arch = "x86_64")]
-            assert_eq!(super::DIRECT_FULL.load(Ordering::Relaxed), before + 1);
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = before;
-        }
-        let stats = super::stats(0).unwrap();
-        let get = |name: &str| {
-            stats
-                .calls
-                .iter()
-                .find(|c| c.name == name)
-                .unwrap_or_else(|| panic!("{name} not counted: {:?}", stats.calls))
-                .clone()
-        };
-        let n = THREADS * ROUNDS;
-        let outer = get("cudaPeekAtLastError");
-        let inner = get("cudaGetLastError");
-        assert_eq!(outer.count, n);
-        assert_eq!(
-            inner.count,
-            3 * n,
-            "two inside each outer call, one inside each memset"
-        );
-        assert_eq!(get("cudaMemsetAsync").count, n);
-        assert_eq!(get("cudaEventElapsedTime").count, n);
-        assert_eq!(get("cudaEventQuery").count, n);
-        assert_eq!(get("cudaGetErrorString").count, THREADS * ROUNDS / 100 * 32);
-        let spin = SPIN.as_nanos() as f64;
-        for c in &stats.calls {
-            assert!(c.max_ns >= c.mean_ns && c.mean_ns > 0.0, "{c:?}");
-            assert!(c.max_ns < 1e9, "{c:?}");
-        }
-        // The outer call holds the spin and its two nested calls. Lower bounds only: a call
-        // the scheduler preempts takes any time (on a loaded 2-core CI machine one sampled
-        // cudaGetLastError took 22 ms, which put the nested calls' mean above the spin's
-        // quarter that an upper bound here asked for).
-        assert!(outer.mean_ns >= spin, "{outer:?}");
-        assert!(outer.total_ns >= spin * n as f64, "{outer:?}");
-        assert!(inner.mean_ns > 0.0, "{inner:?}");
-        // The Rust path: each thread's first call and first call in flight, and the calls
-        // past the shadow stack's depth; the fast path every other.
-        // With sampling, the recursion's calls are timed only when cudaGetErrorString's count
-        // allows, so the calls past the stack's depth reach Rust less often.
-        let slow = super::rust_enters();
-        let deep = THREADS * ROUNDS / 100 * (DEEP as u64 - 32);
-        if cfg!(not(target_arch = "x86_64")) {
-            // No assembly fast path here: every call takes the Rust path (those past the
-            // stack's depth too, untimed and uncounted), whatever the sampling.
-            let counted: u64 = stats.calls.iter().map(|c| c.count).sum();
-            assert_eq!(slow, counted + deep, "calls timed in Rust");
-            if super::mode() == cudaw_trace::Mode::Timeline {
-                check_timeline(&stats);
-            }
-        } else if super::mode() == cudaw_trace::Mode::Timeline {
-            // Every call timed, none sampled out; a full call buffer sends one call of
-            // each 1025 to Rust, which empties it.
-            let timed: u64 = stats.calls.iter().map(|c| c.count).sum();
-            let most = 2 * THREADS + deep + timed / super::EVENTS as u64 + THREADS;
-            assert!(
-                (2 * THREADS + deep..=most).contains(&slow),
-                "calls timed in Rust: {slow}, expected at most {most}"
-            );
-            check_timeline(&stats);
-        } else if crate::config::get().trace_sample == 1 {
-            assert_eq!(slow, 2 * THREADS + deep, "calls timed in Rust");
-        } else {
-            assert!(slow <= 2 * THREADS + deep, "calls timed in Rust: {slow}");
-        }
-        println!(
-            "child checked: {outer:?} {inner:?} ({slow} calls timed in Rust, {} direct calls \
-             returned to a full buffer)",
-            super::DIRECT_FULL.load(Ordering::Relaxed)
-        );
-    }
-
-    /// The timeline written now holds one call event per call counted, with sane times.
-    fn check_timeline(stats: &cudaw_trace::Stats) {
-        let path =
-            std::env::temp_dir().join(format!("cudaw-tracing-test-{}.json", std::process::id()));
-        let written = super::write_timeline(&path).expect("writing the timeline");
-        let text = std::fs::read_to_string(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let mut by_name = std::collections::HashMap::<String, u64>::new();
-        for e in json["traceEvents"].as_array().unwrap() {
-            if e["cat"] == "call" {
-                assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}");
-                *by_name
-                    .entry(e["name"].as_str().unwrap().to_owned())
-                    .or_default() += 1;
-            }
-        }
-        for c in &stats.calls {
-            assert_eq!(
-                by_name.get(&c.name).copied().unwrap_or(0),
-                c.count,
-                "{}: call events in the timeline ({} events, {} dropped)",
-                c.name,
-                written.events,
-                written.dropped
-            );
-        }
-    }
 }

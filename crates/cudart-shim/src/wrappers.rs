@@ -7,11 +7,12 @@
 
 use crate::boundary::guard;
 use crate::dispatch::idx;
-use crate::memory::{self, align_up, tag, to_real, translated, write_out, PITCH_ALIGNMENT};
+use crate::memory::{self, tag, to_real, translated, write_out};
 use crate::registry;
 use crate::tracing;
 use crate::types::*;
 use crate::{call_real, log};
+use cudaw_engine::memory_calls as calls;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -57,20 +58,17 @@ use crate::variants;
 // ---------------------------------------------------------------- allocation (always)
 
 fn malloc_impl(_i: usize, out: *mut *mut c_void, size: usize) -> cudaError_t {
+    alloc_into(out, size, tag::MALLOC)
+}
+
+/// `size` bytes of cudaw's memory (tagged `tag`), written through `out` (null for 0 bytes).
+fn alloc_into(out: *mut *mut c_void, size: usize, tag: u32) -> cudaError_t {
     if out.is_null() {
         return ERROR_INVALID_VALUE;
     }
-    if size == 0 {
+    match calls::alloc(size as u64, tag) {
         // SAFETY: non-null out-pointer from the application.
-        return unsafe { write_out(out, std::ptr::null_mut()) };
-    }
-    let mem = match memory::current() {
-        Ok(m) => m,
-        Err(e) => return e,
-    };
-    match mem.alloc(size as u64, tag::MALLOC) {
-        // SAFETY: non-null out-pointer from the application.
-        Ok(a) => unsafe { write_out(out, a.base as *mut c_void) },
+        Ok(base) => unsafe { write_out(out, base as *mut c_void) },
         Err(e) => e,
     }
 }
@@ -116,23 +114,11 @@ fn malloc_pitch_impl(
     if out.is_null() || pitch.is_null() {
         return ERROR_INVALID_VALUE;
     }
-    let Some(p) = align_up(width.max(1), PITCH_ALIGNMENT) else {
-        return ERROR_INVALID_VALUE;
-    };
-    let Some(size) = p.checked_mul(height) else {
-        return ERROR_MEMORY_ALLOCATION;
-    };
-    let mem = match memory::current() {
-        Ok(m) => m,
+    let (p, base) = match calls::pitched(width, height)
+        .and_then(|(p, size)| Ok((p, calls::alloc(size as u64, tag::PITCH)?)))
+    {
+        Ok(v) => v,
         Err(e) => return e,
-    };
-    let base = if size == 0 {
-        0
-    } else {
-        match mem.alloc(size as u64, tag::PITCH) {
-            Ok(a) => a.base,
-            Err(e) => return e,
-        }
     };
     // SAFETY: both out-pointers are non-null and come from the application.
     unsafe {
@@ -147,26 +133,11 @@ fn malloc_3d_impl(_i: usize, out: *mut cudaPitchedPtr, extent: cudaExtent) -> cu
     if out.is_null() {
         return ERROR_INVALID_VALUE;
     }
-    let Some(p) = align_up(extent.width.max(1), PITCH_ALIGNMENT) else {
-        return ERROR_INVALID_VALUE;
-    };
-    let Some(size) = p
-        .checked_mul(extent.height)
-        .and_then(|s| s.checked_mul(extent.depth))
-    else {
-        return ERROR_MEMORY_ALLOCATION;
-    };
-    let mem = match memory::current() {
-        Ok(m) => m,
+    let (p, base) = match calls::pitched_3d(extent.width, extent.height, extent.depth)
+        .and_then(|(p, size)| Ok((p, calls::alloc(size as u64, tag::MALLOC_3D)?)))
+    {
+        Ok(v) => v,
         Err(e) => return e,
-    };
-    let base = if size == 0 {
-        0
-    } else {
-        match mem.alloc(size as u64, tag::MALLOC_3D) {
-            Ok(a) => a.base,
-            Err(e) => return e,
-        }
     };
     let v = cudaPitchedPtr {
         ptr: base as *mut c_void,
@@ -202,22 +173,7 @@ fn malloc_async_impl(
             stream
         );
     }
-    if out.is_null() {
-        return ERROR_INVALID_VALUE;
-    }
-    if size == 0 {
-        // SAFETY: non-null out-pointer from the application.
-        return unsafe { write_out(out, std::ptr::null_mut()) };
-    }
-    let mem = match memory::current() {
-        Ok(m) => m,
-        Err(e) => return e,
-    };
-    match mem.alloc(size as u64, tag::ASYNC) {
-        // SAFETY: non-null out-pointer from the application.
-        Ok(a) => unsafe { write_out(out, a.base as *mut c_void) },
-        Err(e) => e,
-    }
+    alloc_into(out, size, tag::ASYNC)
 }
 variants!(malloc_async_impl => cudaMallocAsync, cudaMallocAsync_ptsz; (out: *mut *mut c_void, size: usize, stream: cudaStream_t));
 
@@ -259,25 +215,15 @@ fn mem_get_info_impl(i: usize, free: *mut usize, total: *mut usize) -> cudaError
     if free.is_null() || total.is_null() {
         return forward!(i, cudaMemGetInfo: fn(*mut usize, *mut usize), free, total);
     }
-    let dev = memory::current_device();
-    if let Ok(d) = dev {
-        memory::reap_completed(d);
+    match calls::memory_info(|f, t| forward!(i, cudaMemGetInfo: fn(*mut usize, *mut usize), f, t)) {
+        // SAFETY: both non-null out-pointers from the application.
+        Ok((f, t)) => unsafe {
+            free.write(f);
+            total.write(t);
+            SUCCESS
+        },
+        Err(rc) => rc,
     }
-    let (mut f, mut t) = (0usize, 0usize);
-    let rc = forward!(i, cudaMemGetInfo: fn(*mut usize, *mut usize), &mut f, &mut t);
-    if rc != SUCCESS {
-        return rc;
-    }
-    let (f, t) = match dev {
-        Ok(d) => memory::reported_memory(d, f as u64, t as u64),
-        Err(_) => (f as u64, t as u64),
-    };
-    // SAFETY: both non-null out-pointers from the application.
-    unsafe {
-        free.write(f as usize);
-        total.write(t as usize);
-    }
-    SUCCESS
 }
 variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut usize));
 
@@ -285,15 +231,12 @@ variants!(mem_get_info_impl => cudaMemGetInfo; (free: *mut usize, total: *mut us
 /// it has one below the card's memory.
 fn get_device_properties_impl(i: usize, prop: *mut c_void, dev: i32) -> cudaError_t {
     let rc = forward!(i, cudaGetDeviceProperties: fn(*mut c_void, i32), prop, dev);
-    if rc != SUCCESS || prop.is_null() || !memory::has_limit(dev) {
-        return rc;
-    }
-    if let Some(limit) = memory::budget(dev).ok().and_then(|b| b.limit()) {
+    if rc == SUCCESS && !prop.is_null() && memory::has_limit(dev) {
         // SAFETY: the real runtime filled the application's cudaDeviceProp, whose
         // totalGlobalMem (a size_t, 8-aligned) lies at this offset in every CUDA version.
         unsafe {
             let p = (prop as *mut u8).add(memory::PROP_TOTAL_GLOBAL_MEM) as *mut u64;
-            p.write(p.read().min(limit));
+            p.write(calls::limited_total(dev, p.read()));
         }
     }
     rc
@@ -303,25 +246,17 @@ variants!(get_device_properties_impl => cudaGetDeviceProperties, cudaGetDevicePr
 /// `cudaMallocManaged`: forwarded (the real runtime manages migration), its size counted
 /// against the current device's budget, rounded up to 2 MiB, until it is freed.
 fn malloc_managed_impl(i: usize, out: *mut *mut c_void, size: usize, flags: u32) -> cudaError_t {
+    let forward =
+        || forward!(i, cudaMallocManaged: fn(*mut *mut c_void, usize, u32), out, size, flags);
     if out.is_null() || size == 0 {
-        return forward!(i, cudaMallocManaged: fn(*mut *mut c_void, usize, u32), out, size, flags);
+        return forward();
     }
-    let dev = match memory::current_device() {
-        Ok(d) => d,
-        Err(e) => return e,
+    let made = || match forward() {
+        // SAFETY: the real runtime wrote the pointer through the non-null `out`.
+        SUCCESS => (SUCCESS, Some(unsafe { out.read() } as u64)),
+        rc => (rc, None),
     };
-    let charged = match memory::charge_managed(dev, size as u64) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let rc = forward!(i, cudaMallocManaged: fn(*mut *mut c_void, usize, u32), out, size, flags);
-    if rc == SUCCESS {
-        // SAFETY: the real runtime wrote the new pointer through the application's out-pointer.
-        memory::record_managed(unsafe { out.read() } as u64, dev, charged);
-    } else {
-        memory::uncharge(dev, charged);
-    }
-    rc
+    calls::managed(size as u64, made).unwrap_or_else(|e| e)
 }
 variants!(malloc_managed_impl => cudaMallocManaged; (out: *mut *mut c_void, size: usize, flags: u32));
 
@@ -574,18 +509,48 @@ fn forward_launch(
 ) -> cudaError_t {
     let mut buf = translate_args(rec, args);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
-    tracing::launch(i, rec, lookup_ticks, g.into(), b.into(), shm, args, || {
-        forward!(
-            i, cudaLaunchKernel:
-            fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
-            f,
-            g,
-            b,
-            a,
-            shm,
-            s
-        )
-    })
+    tracing::launch(
+        rec,
+        lookup_ticks,
+        g.into(),
+        b.into(),
+        shm,
+        args,
+        device_sm,
+        |on| {
+            launched(i, on, || {
+                forward!(
+                    i, cudaLaunchKernel:
+                    fn(*const c_void, Dim3, Dim3, *mut *mut c_void, usize, cudaStream_t),
+                    f,
+                    g,
+                    b,
+                    a,
+                    shm,
+                    s
+                )
+            })
+        },
+    )
+}
+
+/// Runs launch `f` of export `i` as tracing in mode `timeline` needs it (`None`: tracing
+/// is off): its result, and whether cudaw's driver layer recorded it already.
+///
+/// Under `metrics`, the first launch through export `i` while it is still to be observed
+/// ([`crate::launch_bypass`]) is left to cudaw's driver layer, which counts it when the
+/// real runtime's launch reaches it (`driver_layer_counts_launches`; the export goes
+/// straight to the real runtime from then on); this layer records it only when it did not.
+fn launched(i: usize, timeline: Option<bool>, f: impl FnOnce() -> u32) -> (u32, bool) {
+    match timeline {
+        None => (f(), false),
+        Some(false)
+            if crate::launch_bypass::untested(i) && tracing::driver_layer_counts_launches() =>
+        {
+            crate::launch_bypass::observe_unrecorded(i, f)
+        }
+        Some(_) => (crate::inflight::recording_launch_of(f), false),
+    }
 }
 
 fn launch_impl(
@@ -632,14 +597,16 @@ fn launch_ex_impl(
     let (g, b, shm) = shape.map_or(([0; 3], [0; 3], 0), |c| {
         (c.grid_dim.into(), c.block_dim.into(), c.dynamic_smem_bytes)
     });
-    tracing::launch(i, rec, lookup, g, b, shm, args, || {
-        forward!(
-            i, cudaLaunchKernelExC:
-            fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
-            cfg,
-            f,
-            a
-        )
+    tracing::launch(rec, lookup, g, b, shm, args, device_sm, |on| {
+        launched(i, on, || {
+            forward!(
+                i, cudaLaunchKernelExC:
+                fn(*const cudaLaunchConfig_t, *const c_void, *mut *mut c_void),
+                cfg,
+                f,
+                a
+            )
+        })
     })
 }
 variants!(marked launch_ex_impl => cudaLaunchKernelExC, cudaLaunchKernelExC_ptsz;
@@ -1160,6 +1127,31 @@ pub mod list {
     include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
+/// Sets tracing up (once; [`tracing::init`]) with the list's `timed` group.
+pub fn init_tracing() {
+    tracing::init(&list::TIMED);
+}
+
+/// `cudaw_trace_active_v1(on)`: a program's own switch ([`tracing::set_active`]): `on` non-zero
+/// switches tracing on, zero off. Returns whether it was on before (1 or 0), or -1 where
+/// tracing cannot be switched (the process started without `CUDAW_TRACE`). Found with
+/// `dlsym` in the process's libcudart; benchmarks use it to time the same work traced and
+/// untraced in one process.
+#[no_mangle]
+pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
+    crate::boundary::guard("switching tracing", -1, || {
+        match tracing::set_active(on != 0, switch_launch_entries) {
+            Ok(was) => i32::from(was),
+            Err(e) => {
+                // Once: a program may ask in a loop.
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| log::warn(format_args!("{e}")));
+                -1
+            }
+        }
+    })
+}
+
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
     let mut v = list::always_wrappers().to_vec();
@@ -1200,7 +1192,7 @@ fn launch_entries(wrapped: bool) -> Vec<(usize, usize)> {
 }
 
 /// Points the launch entries at the wrappers tracing needs (`traced`) or at what runs
-/// untraced: [`crate::tracing::set_active`] switches tracing on and off in a running
+/// untraced: [`tracing::set_active`] switches tracing on and off in a running
 /// process. With translated addressing the wrappers stay (they translate).
 pub(crate) fn switch_launch_entries(traced: bool) {
     if translated() {

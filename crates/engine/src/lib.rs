@@ -35,12 +35,14 @@ pub mod image;
 pub mod inflight;
 pub mod lifecycle;
 pub mod memory;
+pub mod memory_calls;
 pub mod registry;
 pub mod requests;
 pub mod signals;
 pub mod staging;
 pub mod state;
 pub mod summary;
+pub mod trace;
 pub mod types;
 
 pub use host::{install, Host};

@@ -1,0 +1,182 @@
+//! The memory calls both APIs serve from cudaw's memory, as plain functions the cdylib's
+//! thin `extern "C"` wrappers call (`cudaMalloc*`, `cudaMemGetInfo`, `cudaMallocManaged`,
+//! and the driver's `cuMemAlloc*`, `cuMemGetInfo`, `cuDeviceTotalMem`,
+//! `cuMemAllocManaged`, `cuMemAddressReserve`): the pitch arithmetic, the limit the
+//! program sees, managed memory charged to the budget, and the driver-level address
+//! reservations.
+
+use crate::memory::{self, align_up, PITCH_ALIGNMENT};
+use crate::types::*;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+
+/// `CUresult` values for what cudaw answers itself.
+pub const CU_SUCCESS: u32 = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CU_ERROR_INVALID_VALUE: u32 = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CU_ERROR_OUT_OF_MEMORY: u32 = 2;
+
+/// A runtime error code as the driver API's `CUresult`.
+pub fn to_cu(rc: cudaError_t) -> u32 {
+    match rc {
+        SUCCESS => CU_SUCCESS,
+        ERROR_MEMORY_ALLOCATION => CU_ERROR_OUT_OF_MEMORY,
+        _ => CU_ERROR_INVALID_VALUE,
+    }
+}
+
+/// `size` bytes from the current device's memory, tagged `tag` (`memory::tag`); 0 for a
+/// size of 0, as the runtime answers.
+pub fn alloc(size: u64, tag: u32) -> Result<u64, cudaError_t> {
+    if size == 0 {
+        return Ok(0);
+    }
+    Ok(memory::current()?.alloc(size, tag)?.base)
+}
+
+/// `cudaMallocPitch`'s pitch and size for `width` bytes by `height` rows: the width rounded
+/// up to [`PITCH_ALIGNMENT`] (at least one), times the rows.
+pub fn pitched(width: usize, height: usize) -> Result<(usize, usize), cudaError_t> {
+    pitched_3d(width, height, 1)
+}
+
+/// `cudaMalloc3D`'s pitch and size for `width` bytes by `height` rows by `depth` slices.
+pub fn pitched_3d(
+    width: usize,
+    height: usize,
+    depth: usize,
+) -> Result<(usize, usize), cudaError_t> {
+    let p = align_up(width.max(1), PITCH_ALIGNMENT).ok_or(ERROR_INVALID_VALUE)?;
+    let size = p
+        .checked_mul(height)
+        .and_then(|s| s.checked_mul(depth))
+        .ok_or(ERROR_MEMORY_ALLOCATION)?;
+    Ok((p, size))
+}
+
+/// `cuMemAllocPitch`'s pitch and size: as [`pitched`], for an element size of 4, 8 or 16
+/// bytes and a size that is not 0; `None` (`CUDA_ERROR_INVALID_VALUE`) otherwise.
+pub fn driver_pitched(width: usize, height: usize, element: u32) -> Option<(usize, usize)> {
+    if !matches!(element, 4 | 8 | 16) {
+        return None;
+    }
+    let p = align_up(width.max(1), PITCH_ALIGNMENT)?;
+    let size = p.checked_mul(height).filter(|&s| s > 0)?;
+    Some((p, size))
+}
+
+/// `(free, total)` of the current device as the program must see them (its limit, the
+/// stream-ordered frees its streams have passed released first), from what `query` (the
+/// real `cudaMemGetInfo` or `cuMemGetInfo`) answers for the card; `Err` is `query`'s code.
+pub fn memory_info(
+    query: impl FnOnce(&mut usize, &mut usize) -> u32,
+) -> Result<(usize, usize), u32> {
+    let dev = memory::current_device();
+    if let Ok(d) = dev {
+        memory::reap_completed(d);
+    }
+    let (mut f, mut t) = (0usize, 0usize);
+    match query(&mut f, &mut t) {
+        0 => {}
+        rc => return Err(rc),
+    }
+    let (f, t) = match dev {
+        Ok(d) => memory::reported_memory(d, f as u64, t as u64),
+        Err(_) => (f as u64, t as u64),
+    };
+    Ok((f as usize, t as usize))
+}
+
+/// The total memory device `ordinal` reports (`totalGlobalMem`, `cuDeviceTotalMem`): the
+/// card's `total`, or its limit where it has one below that.
+pub fn limited_total(ordinal: i32, total: u64) -> u64 {
+    if !memory::has_limit(ordinal) {
+        return total;
+    }
+    match memory::budget(ordinal).ok().and_then(|b| b.limit()) {
+        Some(limit) => total.min(limit),
+        None => total,
+    }
+}
+
+/// A managed allocation of `size` bytes made by `forward` (the real `cudaMallocManaged` or
+/// `cuMemAllocManaged`: its code, and the pointer it made when it succeeded), charged
+/// against the current device's budget (rounded up to 2 MiB) until it is freed; refused
+/// over the limit before `forward` runs. `Err` is a runtime error code of cudaw's own.
+pub fn managed(
+    size: u64,
+    forward: impl FnOnce() -> (u32, Option<u64>),
+) -> Result<u32, cudaError_t> {
+    let dev = memory::current_device()?;
+    let charged = memory::charge_managed(dev, size)?;
+    match forward() {
+        (0, Some(ptr)) => {
+            memory::record_managed(ptr, dev, charged);
+            Ok(0)
+        }
+        (rc, _) => {
+            memory::uncharge(dev, charged);
+            Ok(rc)
+        }
+    }
+}
+
+/// Driver-level address reservations that went through cudaw's entry points
+/// (`cuMemAddressReserve`): base → bytes. The handles and mappings are
+/// [`crate::handles`]'.
+static RESERVATIONS: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+
+/// Records the reservation of `size` bytes at `base`.
+pub fn reserved(base: u64, size: u64) {
+    RESERVATIONS.lock().insert(base, size);
+}
+
+/// Forgets the reservation at `base` (freed).
+pub fn unreserved(base: u64) {
+    RESERVATIONS.lock().remove(&base);
+}
+
+/// The reservations recorded now.
+pub fn reservations() -> BTreeMap<u64, u64> {
+    RESERVATIONS.lock().clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pitches() {
+        assert_eq!(pitched(1, 3), Ok((512, 1536)));
+        assert_eq!(pitched(0, 2), Ok((512, 1024)));
+        assert_eq!(pitched(513, 0), Ok((1024, 0)));
+        assert_eq!(pitched(usize::MAX, 1), Err(ERROR_INVALID_VALUE));
+        assert_eq!(pitched(1 << 40, 1 << 40), Err(ERROR_MEMORY_ALLOCATION));
+        assert_eq!(pitched_3d(100, 2, 3), Ok((512, 3072)));
+        assert_eq!(pitched_3d(100, 2, usize::MAX), Err(ERROR_MEMORY_ALLOCATION));
+    }
+
+    #[test]
+    fn driver_pitches() {
+        assert_eq!(driver_pitched(100, 2, 4), Some((512, 1024)));
+        assert_eq!(driver_pitched(100, 2, 3), None, "element size");
+        assert_eq!(driver_pitched(100, 0, 8), None, "no rows");
+        assert_eq!(driver_pitched(usize::MAX, 1, 16), None);
+    }
+
+    #[test]
+    fn error_codes_as_curesult() {
+        assert_eq!(to_cu(SUCCESS), CU_SUCCESS);
+        assert_eq!(to_cu(ERROR_MEMORY_ALLOCATION), CU_ERROR_OUT_OF_MEMORY);
+        assert_eq!(to_cu(ERROR_NOT_SUPPORTED), CU_ERROR_INVALID_VALUE);
+    }
+
+    #[test]
+    fn reservations_are_recorded_and_forgotten() {
+        reserved(0x7000_0000_0000, 4 << 20);
+        assert_eq!(reservations().get(&0x7000_0000_0000), Some(&(4 << 20)));
+        unreserved(0x7000_0000_0000);
+        assert!(!reservations().contains_key(&0x7000_0000_0000));
+    }
+}

@@ -1,0 +1,414 @@
+//! What the runtime side of tracing records into the process's tracer
+//! ([`cudaw_trace::Tracer`]) and reads out of it: launches with the allocations their
+//! arguments point into (read through the kernels' parameter layouts, or at their learned
+//! pointer sites), the driver layer's launches, the timeline written safely, the metrics,
+//! and the summary at exit. The timing of the calls themselves (the shadow stack and its
+//! thunks) stays in the library that carries the trampolines (`crates/cudart-shim`).
+
+use crate::log;
+use crate::registry::{self, FunctionRecord};
+use cudaw_trace::{timeline::Event, LaunchShape, Stats, Tracer};
+use driver::hooks::TraceLaunch;
+use driver::selfcost::ticks;
+use std::ffi::c_void;
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The events the timeline's writer adds to the ring's (the calls the threads' buffers
+/// hold), run under the ring's lock ([`Tracer::write_timeline_with`]).
+pub type Pending = fn() -> Vec<Event>;
+
+/// The kernel's id in the tracer (its mangled name interned once per registration).
+fn kernel_id(t: &Tracer, rec: &FunctionRecord) -> u32 {
+    *rec.trace_id.get_or_init(|| t.kernel_id(&rec.name))
+}
+
+/// The 8-byte words of a launch's arguments that may be pointers (with the parameter
+/// each came from): those inside the span of the live allocations
+/// ([`Tracer::memory_span`]). A `sampled` launch (and one whose kernel's sites are not
+/// known) is scanned whole through the kernel's parameter layout, and the words it found
+/// teach the kernel's [`fatbin::sites::PointerSites`]; any other reads only the words at
+/// those sites (a few loads where a scan reads the whole parameter block, hundreds of bytes
+/// for most of PyTorch's kernels). Returns the bytes read, with `timed` the tick at which
+/// the layout (or the sites) was at hand (0: no words were read), and whether the sites
+/// were read.
+///
+/// # Safety
+/// `args` is null or the launch's argument array: one pointer per kernel parameter, each
+/// null or pointing at that parameter's bytes.
+unsafe fn pointer_words(
+    t: &Tracer,
+    rec: &FunctionRecord,
+    args: *mut *mut c_void,
+    out: &mut smallvec::SmallVec<[(u16, u64); 16]>,
+    timed: bool,
+    sampled: bool,
+    sm: fn() -> u32,
+) -> (u64, u64, bool) {
+    let (lo, hi) = t.memory_span();
+    if lo >= hi || args.is_null() {
+        return (0, 0, false);
+    }
+    if !sampled {
+        if let Some(sites) = rec.sites.try_lock().filter(|s| s.ready()) {
+            let at = if timed { ticks() } else { 0 };
+            let bytes = sites.read(
+                (lo, hi),
+                |s| {
+                    // SAFETY: the launch passes one argument pointer per kernel parameter.
+                    let base = unsafe { *args.add(s.param as usize) } as *const u8;
+                    // SAFETY: a scan of this kernel found a whole word at `at` in this
+                    // parameter's bytes, which the launch's argument points at.
+                    (!base.is_null())
+                        .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
+                },
+                |param, v| out.push((param as u16, v)),
+            );
+            return (bytes, at, true);
+        }
+    }
+    let Some(layout) = rec.layout(sm()) else {
+        return (0, 0, false);
+    };
+    let at = if timed { ticks() } else { 0 };
+    let mut hits = Vec::new();
+    fatbin::sites::scan(
+        layout,
+        |p| {
+            // SAFETY: the launch passes one argument pointer per kernel parameter.
+            let base = unsafe { *args.add(p.ordinal as usize) } as *const u8;
+            // SAFETY: `base` points at this parameter's `size` bytes (the launch's
+            // contract).
+            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
+        },
+        (lo, hi),
+        &mut hits,
+        |param, v| out.push((param as u16, v)),
+    );
+    rec.sites.lock().learn(&hits);
+    // The bytes scanned, for CUDAW_TRACE_SELF's report only.
+    let bytes = if timed {
+        layout.params.iter().map(|p| u64::from(p.size)).sum()
+    } else {
+        0
+    };
+    (bytes, at, false)
+}
+
+/// The kernel the program registered under mangled name `name`, whose tracer id is `id`
+/// (for the driver layer's sampled launches of the real runtime's kernels: one a sampled
+/// launch). Found by name once per id, then kept by id: PyTorch's mangled names run to
+/// hundreds of bytes, a hash each time. A record stays allocated when its fatbin is
+/// unregistered, and a kernel's parameters follow from its mangled name, so a kept record
+/// serves any later kernel of that name; it is kept only once its layout is parsed (while
+/// its fatbin was registered).
+pub fn named_record(id: u32, name: &str, sm: fn() -> u32) -> Option<&'static FunctionRecord> {
+    static BY_ID: parking_lot::RwLock<Vec<Option<&'static FunctionRecord>>> =
+        parking_lot::RwLock::new(Vec::new());
+    if let Some(Some(rec)) = BY_ID.read().get(id as usize) {
+        return Some(rec);
+    }
+    let rec = registry::function_named(name)?;
+    rec.layout(sm())?;
+    let mut by_id = BY_ID.write();
+    if by_id.len() <= id as usize {
+        by_id.resize(id as usize + 1, None);
+    }
+    by_id[id as usize] = Some(rec);
+    Some(rec)
+}
+
+/// The words of a launch of `rec`'s kernel (arguments `args`) that may be pointers, read
+/// through its parameter layout as a sampled launch's are ([`pointer_words`]): for a launch
+/// cudaw's driver layer counted and sampled but cannot read ([`record_named_launch`]).
+///
+/// # Safety
+/// As [`pointer_words`]'.
+pub unsafe fn sampled_words(
+    t: &Tracer,
+    rec: &FunctionRecord,
+    args: *mut *mut c_void,
+    sm: fn() -> u32,
+) -> smallvec::SmallVec<[(u16, u64); 16]> {
+    let mut words = smallvec::SmallVec::new();
+    // SAFETY: the caller's contract.
+    unsafe { pointer_words(t, rec, args, &mut words, false, true, sm) };
+    words
+}
+
+/// Records a launch of `rec`'s kernel that succeeded (name, grid, block, the allocations its
+/// arguments `args` point into): `start` is the tick read before it (with the timeline),
+/// `lookup_ticks` what finding `rec` took (`CUDAW_TRACE_SELF`), `sm` the device's SM
+/// number for the kernel's parameter layout.
+///
+/// # Safety
+/// As [`pointer_words`]'.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn record_launch(
+    t: &Tracer,
+    rec: Option<&FunctionRecord>,
+    lookup_ticks: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: usize,
+    args: *mut *mut c_void,
+    sm: fn() -> u32,
+    start: u64,
+) {
+    let timeline = t.timeline();
+    let end = if timeline { t.now() } else { 0 };
+    let Some(rec) = rec else { return };
+    let timed = driver::selfcost::enabled();
+    let t0 = if timed { ticks() } else { 0 };
+    let k = kernel_id(t, rec);
+    let weight = t.count_launch(k);
+    let t1 = if timed { ticks() } else { 0 };
+    let mut words = smallvec::SmallVec::new();
+    // The words of one launch in CUDAW_TRACE_BUFFER_SAMPLE of each kernel go to the memory
+    // history; the timeline keeps every launch's (resolved when it is read).
+    let (bytes, tl, short) = if weight != 0 || timeline {
+        // SAFETY: the caller's contract.
+        unsafe { pointer_words(t, rec, args, &mut words, timed, weight != 0, sm) }
+    } else {
+        (0, 0, false)
+    };
+    let t2 = if timed { ticks() } else { 0 };
+    let (start, end) = match (timeline, words.is_empty()) {
+        (true, _) => (start, end),
+        (false, true) => (0, 0),
+        (false, false) => {
+            let now = t.now();
+            (now, now)
+        }
+    };
+    let shape = LaunchShape {
+        grid,
+        block,
+        shared: shared as u32,
+    };
+    // Counted already: without the timeline, a launch whose buffers are not looked up
+    // has nothing more to record.
+    if timeline || weight != 0 {
+        t.record_counted_launch(k, shape, start, end, words.iter().copied(), weight);
+    }
+    if timed && SELF_COST.begin(t0) {
+        SELF_COST.add(0, lookup_ticks);
+        // Without words read, the whole span is the layout's.
+        let tl = if tl == 0 { t2 } else { tl };
+        SELF_COST.add(1, t1.saturating_sub(t0));
+        SELF_COST.add(2, tl.saturating_sub(t1));
+        SELF_COST.add(3, t2.saturating_sub(tl));
+        SELF_COST.add(4, ticks().saturating_sub(t2));
+        SELF_COST.end(words.len() as u64, bytes);
+        SITE_READS.fetch_add(u64::from(short), Ordering::Relaxed);
+    }
+}
+
+/// `CUDAW_TRACE_SELF=1`: of the launches timed, those whose words were read at their
+/// kernels' learned pointer sites (the rest were scanned whole, or had none read).
+static SITE_READS: AtomicU64 = AtomicU64::new(0);
+
+/// `CUDAW_TRACE_SELF=1`: the phases of this layer's traced launches (summary at exit).
+static SELF_COST: driver::selfcost::SelfCost = driver::selfcost::SelfCost::new(
+    "runtime layer",
+    [
+        "record lookup",
+        "kernel id",
+        "layout",
+        "argument words",
+        "record",
+    ],
+    None,
+);
+
+/// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing `on`, the ticks it took (else 0): a
+/// launch wrapper times its record lookup with it.
+#[inline]
+pub fn self_timed<R>(on: bool, f: impl FnOnce() -> R) -> (R, u64) {
+    if !(driver::selfcost::enabled() && on) {
+        return (f(), 0);
+    }
+    let t0 = ticks();
+    let r = f();
+    (r, ticks().saturating_sub(t0))
+}
+
+/// Records launch `l`, which cudaw's driver layer made and read, counted (or counted now)
+/// by `count`, which gives its weight.
+pub fn record_driver_launch(t: &Tracer, l: &TraceLaunch, count: impl FnOnce(&Tracer, u32) -> u32) {
+    if l.kernel == u32::MAX {
+        return;
+    }
+    let weight = count(t, l.kernel);
+    let words: &[driver::hooks::TraceWord] = if l.words.is_null() || l.words_len == 0 {
+        &[]
+    } else {
+        // SAFETY: `words_len` words at `words`, owned by the driver shim for this call
+        // (`TraceLaunch`'s contract).
+        unsafe { std::slice::from_raw_parts(l.words, l.words_len) }
+    };
+    let shape = LaunchShape {
+        grid: l.grid,
+        block: l.block,
+        shared: l.shared,
+    };
+    t.record_counted_launch(
+        l.kernel,
+        shape,
+        l.start,
+        l.end,
+        words.iter().map(|w| (w.param, w.value)),
+        weight,
+    );
+}
+
+/// Records launch `l` of the kernel registered as `name` (arguments `params`), which cudaw's
+/// driver layer counted and sampled but cannot read: read here through the kernel's
+/// parameter layout. Whether it was recorded (the kernel is known).
+///
+/// # Safety
+/// As [`pointer_words`]' for `params`.
+pub unsafe fn record_named_launch(
+    t: &Tracer,
+    l: &TraceLaunch,
+    name: &str,
+    params: *mut *mut c_void,
+    weight: u32,
+    sm: fn() -> u32,
+) -> bool {
+    if l.kernel == u32::MAX {
+        return false;
+    }
+    let Some(rec) = named_record(l.kernel, name, sm) else {
+        return false;
+    };
+    // SAFETY: the caller's contract.
+    let words = unsafe { sampled_words(t, rec, params, sm) };
+    let now = if words.is_empty() { 0 } else { t.now() };
+    let shape = LaunchShape {
+        grid: l.grid,
+        block: l.block,
+        shared: l.shared,
+    };
+    t.record_counted_launch(l.kernel, shape, now, now, words.iter().copied(), weight);
+    true
+}
+
+// ------------------------------------------------------------------ reading
+
+/// The metrics and the `top` hottest and coldest allocations, or why not (also while
+/// tracing is switched off: what was recorded).
+pub fn stats(top: usize) -> Result<Stats, String> {
+    match cudaw_trace::get() {
+        Some(t) => Ok(t.stats(std::process::id(), top)),
+        None => Err(format!(
+            "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
+            std::process::id()
+        )),
+    }
+}
+
+/// What writing the timeline did.
+pub struct Written {
+    /// Events written.
+    pub events: u64,
+    /// Bytes written.
+    pub bytes: u64,
+    /// Events dropped from the ring before.
+    pub dropped: u64,
+}
+
+/// Writes the timeline so far to `path`, the safe way ([`cudaw_files::NewFile`]: a
+/// temporary beside it, created exclusive, no-follow, mode 0600, under a random name,
+/// synced and renamed into place; a `path` that is a link, a FIFO or a device is refused).
+pub fn write_timeline(path: &Path, pending: Pending) -> Result<Written, String> {
+    let t = timeline_tracer()?;
+    let events = cudaw_files::write_file(path, |f| write_events(t, f, pending))
+        .map_err(|e| format!("writing the timeline: {e}"))?;
+    Ok(written(
+        t,
+        events,
+        std::fs::symlink_metadata(path).map_or(0, |m| m.len()),
+    ))
+}
+
+/// Writes the timeline so far into `file`, a file a client created and passed (it renames
+/// it to `path` afterwards): from its start, replacing what it held, then synced.
+pub fn write_timeline_into(file: &File, path: &Path, pending: Pending) -> Result<Written, String> {
+    let t = timeline_tracer()?;
+    let fail = |e: std::io::Error| format!("writing the timeline to {}: {e}", path.display());
+    cudaw_files::check_input(file, path).map_err(|e| format!("writing the timeline: {e}"))?;
+    file.set_len(0).map_err(fail)?;
+    let mut f = file;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0)).map_err(fail)?;
+    let events = write_events(t, file, pending).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
+    Ok(written(t, events, file.metadata().map_or(0, |m| m.len())))
+}
+
+fn timeline_tracer() -> Result<&'static Tracer, String> {
+    let Some(t) = cudaw_trace::get() else {
+        return Err(stats(0).err().unwrap_or_default());
+    };
+    if !t.timeline() {
+        return Err(format!(
+            "process {} keeps no timeline (CUDAW_TRACE=metrics; start it with CUDAW_TRACE=timeline)",
+            std::process::id()
+        ));
+    }
+    Ok(t)
+}
+
+fn write_events(t: &Tracer, f: &File, pending: Pending) -> std::io::Result<u64> {
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let n = t.write_timeline_with(
+        &mut w,
+        std::process::id(),
+        &cudaw_trace::files::process_name(),
+        pending,
+    )?;
+    std::io::Write::flush(&mut w)?;
+    Ok(n)
+}
+
+fn written(t: &Tracer, events: u64, bytes: u64) -> Written {
+    Written {
+        events,
+        bytes,
+        dropped: t
+            .stats(std::process::id(), 0)
+            .timeline
+            .map_or(0, |s| s.dropped),
+    }
+}
+
+/// The summary at exit (with the timeline, written to `path` first): the counters' summary,
+/// `CUDAW_TRACE_SELF`'s report, and the `rust_enters` calls timed on the slow path.
+pub fn log_exit_summary(path: &Path, pending: Pending, rust_enters: u64) {
+    let Some(t) = cudaw_trace::get() else { return };
+    if t.timeline() {
+        match write_timeline(path, pending) {
+            Ok(w) => log::warn_plain(format_args!(
+                "trace: timeline of {} events ({} dropped) written to {}",
+                w.events,
+                w.dropped,
+                path.display()
+            )),
+            Err(e) => log::error(format_args!("trace: {e}")),
+        }
+    }
+    let s = t.stats(std::process::id(), 5);
+    for line in s.summary(10).lines() {
+        log::warn_plain(format_args!("trace: {line}"));
+    }
+    if let Some(line) = SELF_COST.report(ticks()) {
+        log::warn_plain(format_args!(
+            "trace: {line}; {} read at their kernels' learned pointer sites",
+            SITE_READS.load(Ordering::Relaxed)
+        ));
+    }
+    log::warn_plain(format_args!(
+        "trace: {rust_enters} calls timed on the Rust path (the rest on the fast path)"
+    ));
+}
