@@ -1,7 +1,7 @@
 //! The C signatures of the CUDA runtime's and driver's functions, generated from the CUDA
 //! headers ([`runtime`], [`driver`]: `scripts/gen-signatures.py`, committed, checked by a
 //! test that regenerates them), and the compile-time check of a signature written in Rust
-//! against them ([`check_signature!`]): every typed call of a real CUDA function in cudaw
+//! against them ([`check_signature!`](crate::check_signature)): every typed call of a real CUDA function in cudaw
 //! (`call_real!`, `forward!`, the driver loader's table, the wrappers' own signatures)
 //! names the function and the Rust type it calls it with; a type whose ABI differs from
 //! the header's — a missing or extra argument, a `u64` for an `int`, a pointer for a
@@ -146,7 +146,7 @@ signatures! {
     (A, B, C, D, E, F, G, H, I, J, K, L)
 }
 
-/// Whether two signatures have the same classes (a `const fn`, for [`check_signature!`]).
+/// Whether two signatures have the same classes (a `const fn`, for [`check_signature!`](crate::check_signature)).
 pub const fn same(a: &[Class], b: &[Class]) -> bool {
     if a.len() != b.len() {
         return false;
