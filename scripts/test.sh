@@ -2,7 +2,8 @@
 # The test command: what CI runs (.ci/run) and what a developer runs on a fresh machine.
 # Installs what it needs (the CUDA compilers, into target/cuda-venv, from the Python
 # package index; the aarch64 Rust target and C cross compiler), then checks formatting and
-# lints (x86-64 and aarch64), builds the shims for aarch64 and runs every test.
+# lints (x86-64 and aarch64), the modules' layering and the commit subjects, builds the
+# shims for aarch64, runs every test, and builds the book and the API docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-cuda.sh
@@ -10,6 +11,11 @@ scripts/setup-cuda.sh
 export CUDAW_REQUIRE_CUDA_TOOLS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# No import cycle between the modules of the engine, the plumbing and the two shims; commit
+# subjects in the form `area: what changed`, at most 72 characters.
+python3 scripts/module-cycles.py crates/engine crates/shim-core crates/config \
+  crates/cudart-shim crates/driver-shim
+scripts/check-history.sh
 # The aarch64 host build (GH200, GB200): the whole workspace type-checks and lints for it
 # (clippy runs `cargo check` and more), and the two shims, whose generated trampolines
 # are AArch64 assembly there, assemble and link.
