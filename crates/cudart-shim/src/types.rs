@@ -5,25 +5,15 @@
 
 use std::ffi::c_void;
 
-/// `cudaError_t`.
-pub type cudaError_t = u32;
-/// `cudaSuccess`.
-pub const SUCCESS: cudaError_t = 0;
-/// `cudaErrorInvalidValue`.
-pub const ERROR_INVALID_VALUE: cudaError_t = 1;
-/// `cudaErrorMemoryAllocation`.
-pub const ERROR_MEMORY_ALLOCATION: cudaError_t = 2;
-/// `cudaErrorInitializationError`.
-pub const ERROR_INITIALIZATION: cudaError_t = 3;
-/// `cudaErrorNotReady`.
-pub const ERROR_NOT_READY: cudaError_t = 600;
-/// `cudaErrorNotSupported`.
-pub const ERROR_NOT_SUPPORTED: cudaError_t = 801;
+// The error codes and handle types the engine's calls use too, defined once there.
+pub use cudaw_engine::types::{
+    cudaError_t, cudaStream_t, ERROR_INITIALIZATION, ERROR_INVALID_VALUE, ERROR_MEMORY_ALLOCATION,
+    ERROR_NOT_READY, ERROR_NOT_SUPPORTED, SUCCESS,
+};
+
 /// `cudaErrorUnknown`.
 pub const ERROR_UNKNOWN: cudaError_t = 999;
 
-/// `cudaStream_t`.
-pub type cudaStream_t = *mut c_void;
 /// `cudaEvent_t`.
 pub type cudaEvent_t = *mut c_void;
 

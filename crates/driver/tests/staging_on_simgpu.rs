@@ -22,17 +22,7 @@ fn new_vmm(config: Config) -> Vmm<DriverBackend> {
     Vmm::new(DriverBackend::new(lib, 0).unwrap(), config).unwrap()
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use simgpu::testing::pattern;
 
 /// A small pipeline so that many batches, shared buffers and buffer reuse all happen.
 fn small(streams: usize, buffer: usize, threads: usize) -> StagingConfig {

@@ -25,5 +25,6 @@ mod os;
 pub mod runtime;
 pub mod runtime_api;
 pub mod stream;
+pub mod testing;
 
 pub use error::{CuError, CuResult};

@@ -14,16 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
-/// `libsimgpu.so`, built by cargo (simgpu is a dev-dependency) into the same `deps/` folder
-/// as the test binary.
-pub fn simgpu_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("deps folder");
-    [deps.join("libsimgpu.so"), deps.join("../libsimgpu.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libsimgpu.so not found next to {}", exe.display()))
-}
+pub use simgpu::testing::library_path as simgpu_path;
 
 /// The test's host: its own gate, simgpu's driver as the runtime.
 pub struct TestHost {
@@ -162,18 +153,7 @@ pub fn device() -> &'static memory::DeviceMemory {
     memory::device(0).expect("device 0 through the engine")
 }
 
-/// `len` bytes of a pattern that differs with `seed`.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use simgpu::testing::pattern;
 
 /// Allocations of these sizes through the engine, each filled with its pattern.
 pub fn fill(sizes: &[u64], seed: u64) -> Vec<vmm::Allocation> {
