@@ -10,7 +10,7 @@ use cudaw_engine::host::{Code, TracerRequest};
 use cudaw_engine::{control, memory, Host};
 use driver::{Driver, Event, Stream};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
