@@ -95,8 +95,10 @@
 
 pub use cudaw_shim_core::{boundary, log};
 
+pub mod counts;
 pub mod dispatch;
 pub mod inflight;
+pub mod init;
 pub mod launch;
 pub mod memory;
 pub mod modules;
