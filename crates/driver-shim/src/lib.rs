@@ -53,7 +53,7 @@
 //!   which passes the gate and reaches cudaw's wrapper where there is one. A pointer that
 //!   is no export passes through untouched, and so does everything `cuGetExportTable`
 //!   returns (it is forwarded like any function).
-//! - **Launches** ([`launch`]): `cuLaunchKernel`, `cuLaunchKernelEx`,
+//! - **Launches** ([`launch`], counted in [`counts`]): `cuLaunchKernel`, `cuLaunchKernelEx`,
 //!   `cuLaunchCooperativeKernel` (and their `_ptsz` forms) are counted per kernel name;
 //!   `cuGraphLaunch` per graph launch. Names are recorded at `cuModuleGetFunction`,
 //!   `cuLibraryGetKernel` and `cuKernelGetFunction`, else asked of the real driver
