@@ -6,7 +6,7 @@
 //! `cudaw_driver_trampolines` of their addresses) and `slow.s`, assembled by `crate::init`.
 //! A trampoline loads
 //! [`GATE_PTR`], tests the "paused" bit of the word it points to, and jumps through
-//! [`TABLE`]. Until this library is initialised `GATE_PTR` points to a local word with
+//! [`DISPATCH`]. Until this library is initialised `GATE_PTR` points to a local word with
 //! that bit set, so the first call of any function takes the slow path (`crate::init`),
 //! which loads the real driver and fills the tables ([`DISPATCH`]'s first stage, also run
 //! by the first [`real`] lookup), installs cudaw's wrappers and points `GATE_PTR` at the

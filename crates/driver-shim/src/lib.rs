@@ -11,7 +11,7 @@
 //! `cudaTypedefs.h` (plus `data/libcuda-*.nm`, a real driver's `nm -D`, for the few names the
 //! headers do not declare) and committed. `build.rs` turns it, through `shim-build` (shared
 //! with the runtime shim), into one assembly trampoline per function: a load of the gate
-//! pointer, a test of the "paused" bit, an indirect jump through [`dispatch::TABLE`]; any
+//! pointer, a test of the "paused" bit, an indirect jump through [`dispatch::DISPATCH`]; any
 //! signature passes untouched.
 //!
 //! # Decisions
