@@ -5,10 +5,60 @@
 //! hooks), whose pause waits until no registered thread has such a call in flight; with
 //! no runtime shim in the process there is no pause, and nothing is registered.
 
-use crate::dispatch::{self, Driver};
+use crate::dispatch;
 use crate::runtime;
+use cudaw_shim_core::Library;
 use driver::inflight::{self, Block, Gate};
+use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
+
+/// What [`Driver`]'s `ensure_initialised` runs: the layer above names its own (the whole
+/// initialisation, `crate::init`), so that this layer need not name it.
+pub trait Initialise: 'static {
+    /// Initialises this library as far as its caller needs (once).
+    fn ensure();
+}
+
+/// Inside one of cudaw's wrappers (reached only once the whole initialisation installed
+/// it): the real driver's table, which the wrapper's forwarding needs, is all there is to
+/// ensure.
+pub struct Installed;
+
+impl Initialise for Installed {
+    fn ensure() {
+        dispatch::DISPATCH.ensure_initialised();
+    }
+}
+
+/// The driver shim, as the shared plumbing sees it, initialised by `I`.
+pub struct Driver<I>(PhantomData<I>);
+
+impl<I: Initialise> Library for Driver<I> {
+    const SLOW_PATH: &'static str = "the driver slow path";
+    const IN_FLIGHT_SLOW_PATH: &'static str = "the driver's in-flight slow path";
+    const IN_FLIGHT_ADMISSION: &'static str = "the driver's in-flight admission";
+
+    fn ensure_initialised() {
+        I::ensure();
+        runtime::install_pause_once();
+    }
+    fn target(index: u32) -> usize {
+        dispatch::DISPATCH.target(index)
+    }
+    fn wait_while_paused() {
+        runtime::wait_if_paused();
+    }
+    #[inline(always)]
+    fn block() -> &'static Block {
+        block()
+    }
+    fn return_thunk() -> usize {
+        return_thunk()
+    }
+    fn with_gate<R>(f: impl FnOnce(&Gate<'_>) -> R) -> R {
+        with_gate(f)
+    }
+}
 
 extern "C" {
     /// The return thunk of the in-flight trampolines (never called directly).
@@ -76,12 +126,5 @@ fn gate_closed() -> bool {
 /// return goes straight back to the caller: [`inflight::marked`] with this library's gate.
 #[inline(always)]
 pub(crate) fn marked<R>(f: impl FnOnce() -> R) -> R {
-    cudaw_shim_core::inflight::marked::<Driver, R>(|| !gate_closed(), f)
-}
-
-/// The slow path of the in-flight trampolines ([`cudaw_shim_core::inflight::resolve`]).
-pub(crate) extern "C" fn resolve(index: u32, slot: *mut usize) -> usize {
-    // SAFETY: the assembly passes the address of this export call's return address, and
-    // jumps to the result next.
-    unsafe { cudaw_shim_core::inflight::resolve::<Driver>(index, slot) }
+    cudaw_shim_core::inflight::marked::<Driver<Installed>, R>(|| !gate_closed(), f)
 }

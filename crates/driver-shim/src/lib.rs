@@ -11,7 +11,7 @@
 //! `cudaTypedefs.h` (plus `data/libcuda-*.nm`, a real driver's `nm -D`, for the few names the
 //! headers do not declare) and committed. `build.rs` turns it, through `shim-build` (shared
 //! with the runtime shim), into one assembly trampoline per function: a load of the gate
-//! pointer, a test of the "paused" bit, an indirect jump through [`dispatch::TABLE`]; any
+//! pointer, a test of the "paused" bit, an indirect jump through [`dispatch::DISPATCH`]; any
 //! signature passes untouched.
 //!
 //! # Decisions
@@ -53,7 +53,7 @@
 //!   which passes the gate and reaches cudaw's wrapper where there is one. A pointer that
 //!   is no export passes through untouched, and so does everything `cuGetExportTable`
 //!   returns (it is forwarded like any function).
-//! - **Launches** ([`launch`]): `cuLaunchKernel`, `cuLaunchKernelEx`,
+//! - **Launches** ([`launch`], counted in [`counts`]): `cuLaunchKernel`, `cuLaunchKernelEx`,
 //!   `cuLaunchCooperativeKernel` (and their `_ptsz` forms) are counted per kernel name;
 //!   `cuGraphLaunch` per graph launch. Names are recorded at `cuModuleGetFunction`,
 //!   `cuLibraryGetKernel` and `cuKernelGetFunction`, else asked of the real driver
@@ -95,8 +95,10 @@
 
 pub use cudaw_shim_core::{boundary, log};
 
+pub mod counts;
 pub mod dispatch;
 pub mod inflight;
+pub mod init;
 pub mod launch;
 pub mod memory;
 pub mod modules;

@@ -294,27 +294,7 @@ pub fn layout(handle: usize) -> Option<Arc<KernelInfo>> {
     found
 }
 
-/// `{"name":...,"param_bytes":N,"params":[{"ordinal":..,"offset":..,"size":..},...]}`.
-pub fn layout_json(k: &KernelInfo) -> String {
-    let params: Vec<String> = k
-        .params
-        .iter()
-        .map(|p| {
-            format!(
-                "{{\"ordinal\":{},\"offset\":{},\"size\":{}}}",
-                p.ordinal, p.offset, p.size
-            )
-        })
-        .collect();
-    format!(
-        "{{\"name\":{},\"param_bytes\":{},\"params\":[{}]}}",
-        crate::launch::json_string(&k.name),
-        k.param_bytes,
-        params.join(",")
-    )
-}
-
-/// Writes [`layout_json`] of `handle`'s kernel into `buf` (at most `len` bytes,
+/// Writes [`cudaw_trace::driver_side::layout_json`] of `handle`'s kernel into `buf` (at most `len` bytes,
 /// NUL-terminated when it fits); returns the length of the whole text without its NUL, 0
 /// when the handle has no known layout.
 #[no_mangle]
@@ -325,7 +305,7 @@ pub extern "C" fn cudaw_driver_kernel_layout_v1(
 ) -> usize {
     crate::boundary::guard("cudaw_driver_kernel_layout_v1", 0, || {
         let Some(k) = layout(handle) else { return 0 };
-        let text = layout_json(&k);
+        let text = cudaw_trace::driver_side::layout_json(&k);
         if !buf.is_null() && len > text.len() {
             // SAFETY: the caller's buffer holds `len` bytes, more than the text and its NUL.
             unsafe {

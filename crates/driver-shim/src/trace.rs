@@ -16,9 +16,11 @@
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
+use cudaw_trace::driver_side::{self, probe, SLOTS};
 use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
 };
+use driver::launch_args::{Args, Dims};
 use fatbin::sites::PointerSites;
 use fatbin::KernelInfo;
 use std::cell::{Cell, RefCell};
@@ -97,175 +99,51 @@ fn timeline() -> bool {
 /// A launch's argument words that may be pointers: on the stack for up to 16.
 type Words = smallvec::SmallVec<[TraceWord; 16]>;
 
-/// The grid, block, shared memory and stream of a launch.
-#[derive(Debug, Clone, Copy)]
-pub struct Dims {
-    /// Grid dimensions.
-    pub grid: [u32; 3],
-    /// Block dimensions.
-    pub block: [u32; 3],
-    /// Dynamic shared memory.
-    pub shared: u32,
-    /// The stream.
-    pub stream: *mut c_void,
-}
-
-/// `CUlaunchConfig` (cuda.h), the first fields of which `cuLaunchKernelEx` reads.
-#[repr(C)]
-struct LaunchConfig {
-    grid: [u32; 3],
-    block: [u32; 3],
-    shared: u32,
-    stream: *mut c_void,
-}
-
-/// The dimensions of a `cuLaunchKernelEx` launch (`None` for a null config).
-pub fn dims_of_config(config: *const c_void) -> Option<Dims> {
-    // SAFETY: the caller's `CUlaunchConfig`, read before the launch uses it (null checked).
-    let c = unsafe { config.cast::<LaunchConfig>().as_ref() }?;
-    Some(Dims {
-        grid: c.grid,
-        block: c.block,
-        shared: c.shared,
-        stream: c.stream,
-    })
-}
-
-/// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER` (cuda.h).
-const PARAM_END: usize = 0;
-const PARAM_BUFFER_POINTER: usize = 1;
-
-/// The argument buffer `extra` names (`CU_LAUNCH_PARAM_BUFFER_POINTER`), if any.
-fn extra_buffer(extra: *mut *mut c_void) -> *const u8 {
-    if extra.is_null() {
-        return std::ptr::null();
-    }
-    let mut i = 0;
-    // At most 16 pairs: the list holds three keys at most, and a corrupt one is not chased.
-    while i < 32 {
-        // SAFETY: `extra` is the launch's key/value list, ended by CU_LAUNCH_PARAM_END
-        // (the launch succeeded with it).
-        let key = unsafe { *extra.add(i) } as usize;
-        if key == PARAM_END {
-            break;
-        }
-        // SAFETY: every key but the end is followed by its value.
-        let value = unsafe { *extra.add(i + 1) };
-        if key == PARAM_BUFFER_POINTER {
-            return value as *const u8;
-        }
-        i += 2;
-    }
-    std::ptr::null()
-}
-
-/// Where parameter `p`'s bytes are: `params[p.ordinal]` (one pointer per parameter) or,
-/// without `params`, `buffer + p.offset` (the buffer `extra` names); null when neither.
-fn param_base(params: *mut *mut c_void, buffer: *const u8, ordinal: u32, offset: u32) -> *const u8 {
-    if params.is_null() {
-        if buffer.is_null() {
-            return std::ptr::null();
-        }
-        // SAFETY: the buffer holds the whole parameter block (the launch's contract).
-        unsafe { buffer.add(offset as usize) }
-    } else {
-        // SAFETY: the launch passes one argument pointer per kernel parameter.
-        (unsafe { *params.add(ordinal as usize) }) as *const u8
-    }
-}
-
-/// The 8-byte words of a launch's arguments that may be pointers (with the parameter each
-/// came from), read through the kernel's layout from `params` (one pointer per parameter)
-/// or, without them, from the buffer `extra` names; the sites of the words found teach
-/// `sites`.
+/// A launch's argument words that may be pointers ([`driver_side::pointer_words`]) from
+/// its `params` or `extra` buffer.
 fn pointer_words(
     layout: &KernelInfo,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    (lo, hi): (u64, u64),
+    args: &Args,
+    span: (u64, u64),
     sites: Option<&parking_lot::Mutex<PointerSites>>,
     out: &mut Words,
 ) {
-    if lo >= hi {
+    if args.is_empty() {
         return;
     }
-    let buffer = if params.is_null() {
-        extra_buffer(extra)
-    } else {
-        std::ptr::null()
-    };
-    if params.is_null() && buffer.is_null() {
-        return;
-    }
-    let mut hits = Vec::new();
-    fatbin::sites::scan(
-        layout,
-        |p| {
-            let base = param_base(params, buffer, p.ordinal, p.offset);
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-            (!base.is_null()).then(|| unsafe { std::slice::from_raw_parts(base, p.size as usize) })
-        },
-        (lo, hi),
-        &mut hits,
-        |param, v| {
-            out.push(TraceWord {
-                param: param as u16,
-                value: v,
-            })
-        },
-    );
-    if let Some(s) = sites {
-        s.lock().learn(&hits);
-    }
+    let bytes = |p: &fatbin::ParamInfo| args.param(p.ordinal, p.offset, p.size);
+    driver_side::pointer_words(layout, bytes, span, sites, |param, value| {
+        out.push(TraceWord { param, value })
+    });
 }
 
-/// [`pointer_words`] from the words at the learned `sites` only (a few loads, no layout);
-/// `false` when the sites are not ready (nothing learned, too many, or busy): scan instead.
+/// [`driver_side::site_words`] from a launch's `params` or `extra` buffer: `false` when
+/// the kernel's sites are not ready (scan instead).
 fn site_words(
     sites: &parking_lot::Mutex<PointerSites>,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    (lo, hi): (u64, u64),
+    args: &Args,
+    span: (u64, u64),
     out: &mut Words,
     bytes: &mut u64,
 ) -> bool {
-    let Some(sites) = sites.try_lock().filter(|s| s.ready()) else {
-        return false;
-    };
-    if lo >= hi {
-        *bytes = 8 * sites.sites().len() as u64;
-        return true;
+    // SAFETY: a scan of this kernel found a whole word at `s.at` in the parameter.
+    let word = |s: &fatbin::sites::Site| unsafe { args.word(s.param, s.offset, s.at) };
+    let push = |param, value| out.push(TraceWord { param, value });
+    match driver_side::site_words(sites, word, span, push) {
+        Some(n) => {
+            *bytes = n;
+            true
+        }
+        None => false,
     }
-    let buffer = if params.is_null() {
-        extra_buffer(extra)
-    } else {
-        std::ptr::null()
-    };
-    *bytes = sites.read(
-        (lo, hi),
-        |s| {
-            let base = param_base(params, buffer, s.param, s.offset);
-            // SAFETY: a scan of this kernel found a whole word at `at` in this parameter's
-            // bytes, which `base` points at (the launch's contract).
-            (!base.is_null())
-                .then(|| unsafe { base.add(s.at as usize).cast::<u64>().read_unaligned() })
-        },
-        |param, v| {
-            out.push(TraceWord {
-                param: param as u16,
-                value: v,
-            })
-        },
-    );
-    true
 }
 
 /// One thread's layouts of the handles it launched: a table with the launch counts' slots
-/// (`crate::launch::probe`), valid for one generation of handles
-/// ([`crate::launch::generation`]). On the heap: this library's static TLS stays small.
+/// (`crate::counts::probe`), valid for one generation of handles
+/// ([`crate::counts::generation`]). On the heap: this library's static TLS stays small.
 struct Layouts {
     generation: Cell<u64>,
-    slots: RefCell<[LayoutSlot; crate::launch::SLOTS]>,
+    slots: RefCell<[LayoutSlot; SLOTS]>,
 }
 
 /// A handle and its kernel's layout (`None`: unknown), or nothing cached.
@@ -274,7 +152,7 @@ type LayoutSlot = Option<(usize, Option<Arc<KernelInfo>>)>;
 thread_local! {
     static LAYOUTS: Box<Layouts> = Box::new(Layouts {
         generation: Cell::new(0),
-        slots: RefCell::new([const { None }; crate::launch::SLOTS]),
+        slots: RefCell::new([const { None }; SLOTS]),
     });
 }
 
@@ -282,7 +160,7 @@ thread_local! {
 /// thread's table, else from [`crate::modules::layout`] (whose lock is taken on a thread's
 /// first launch of a handle), without cloning it on the way.
 fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R {
-    let generation = crate::launch::generation();
+    let generation = crate::counts::generation();
     let mut f = Some(f);
     let r = LAYOUTS.try_with(|c| {
         let Ok(mut slots) = c.slots.try_borrow_mut() else {
@@ -292,11 +170,10 @@ fn with_layout<R>(handle: usize, f: impl FnOnce(Option<&KernelInfo>) -> R) -> R 
             slots.iter_mut().for_each(|s| *s = None);
             c.generation.set(generation);
         }
-        let i = crate::launch::probe(handle, |i| slots[i].as_ref().map_or(0, |(h, _)| *h))
-            .unwrap_or_else(|i| {
-                slots[i] = Some((handle, crate::modules::layout(handle)));
-                i
-            });
+        let i = probe(handle, |i| slots[i].as_ref().map_or(0, |(h, _)| *h)).unwrap_or_else(|i| {
+            slots[i] = Some((handle, crate::modules::layout(handle)));
+            i
+        });
         let layout = slots[i].as_ref().and_then(|(_, l)| l.as_deref());
         f.take().map(|f| f(layout))
     });
@@ -328,10 +205,10 @@ fn runtime_records_launch(h: &TraceHooks) -> bool {
     flags.load(Ordering::Relaxed) & driver::hooks::RECORDING_LAUNCH != 0
 }
 
-/// Counts the launch `f` of handle `handle` ([`crate::launch::count`]) and runs it,
+/// Counts the launch `f` of handle `handle` ([`crate::counts::count`]) and runs it,
 /// recording it when it succeeds, tracing is on and the caller is not cudaw's runtime
 /// (which records its own). With `metrics`, the launch is counted here
-/// ([`crate::launch::count_traced`]: the runtime shim adds these counts in when it reads
+/// ([`crate::counts::count_traced`]: the runtime shim adds these counts in when it reads
 /// its own) and only one launch in `CUDAW_TRACE_BUFFER_SAMPLE` of each thread's launches of
 /// a handle goes further (its kernel and argument words to the memory history): the others
 /// cost what an untraced launch does, and a few plain adds. With the timeline, every
@@ -353,7 +230,7 @@ pub fn launch(
     let plan = if on() {
         plan(handle)
     } else {
-        crate::launch::count(handle);
+        crate::counts::count(handle);
         None
     };
     let start = match plan {
@@ -380,20 +257,20 @@ fn plan(
     handle: usize,
 ) -> Option<(
     &'static TraceHooks,
-    &'static crate::launch::Kernel,
+    &'static crate::counts::Kernel,
     Option<u32>,
 )> {
     let h = match hooks() {
         Some(h) if !runtime_records_launch(h) => h,
         _ => {
-            crate::launch::count(handle);
+            crate::counts::count(handle);
             return None;
         }
     };
     if timeline() {
-        return Some((h, crate::launch::count(handle), None));
+        return Some((h, crate::counts::count(handle), None));
     }
-    let (k, seen) = crate::launch::count_traced(handle);
+    let (k, seen) = crate::counts::count_traced(handle);
     let sample = BUFFER_SAMPLE.load(Ordering::Relaxed);
     if seen & u64::from(sample - 1) != 0 {
         return None;
@@ -411,7 +288,7 @@ fn plan(
 fn record_launch(
     h: &TraceHooks,
     handle: usize,
-    k: &'static crate::launch::Kernel,
+    k: &'static crate::counts::Kernel,
     sampled: Option<u32>,
     d: Dims,
     params: *mut *mut c_void,
@@ -439,11 +316,14 @@ fn record_launch(
     if weight != 0 || timeline {
         (h.memory_span)(&mut span.0, &mut span.1);
     }
+    // SAFETY: the arguments of the launch that just succeeded with them, read in its
+    // wrapper: one pointer per parameter, or an `extra` list ended by its end key.
+    let args = unsafe { Args::new(params, extra) };
     let short = weight == 0 && timeline && {
         if timed {
             tl = ticks();
         }
-        site_words(&k.sites, params, extra, span, &mut words, &mut bytes)
+        site_words(&k.sites, &args, span, &mut words, &mut bytes)
     };
     // Whether this layer knows the kernel's parameter layout (where it read no words).
     let mut known = short;
@@ -454,7 +334,7 @@ fn record_launch(
                 if timed {
                     tl = ticks();
                 }
-                pointer_words(layout, params, extra, span, Some(&k.sites), &mut words);
+                pointer_words(layout, &args, span, Some(&k.sites), &mut words);
                 if timed {
                     bytes = layout.params.iter().map(|p| p.size as u64).sum();
                 }
@@ -534,7 +414,7 @@ extern "C" fn report_self_cost() {
             // a lock and a hash.
             crate::log::warn(format_args!(
                 "trace: {line}; handle generation {}, {} layout lookups past the threads' caches; {} read at their kernels' learned pointer sites",
-                crate::launch::generation(),
+                crate::counts::generation(),
                 crate::modules::layout_lookups(),
                 SITE_READS.load(Ordering::Relaxed)
             ));
@@ -601,163 +481,3 @@ copy_wrapper!(cuMemcpy(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpy_ptds(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpyAsync(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
 copy_wrapper!(cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn layout(params: &[(u32, u32, u32)]) -> KernelInfo {
-        KernelInfo::with_params(params)
-    }
-
-    /// A launch's `extra` list naming `buffer` (CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer,
-    /// CU_LAUNCH_PARAM_BUFFER_SIZE, its size, CU_LAUNCH_PARAM_END): valid while both live.
-    fn extra_for(buffer: &mut [u64], size: &mut usize) -> [*mut c_void; 5] {
-        *size = std::mem::size_of_val(buffer);
-        [
-            PARAM_BUFFER_POINTER as *mut c_void,
-            buffer.as_mut_ptr().cast(),
-            2 as *mut c_void,
-            (size as *mut usize).cast(),
-            PARAM_END as *mut c_void,
-        ]
-    }
-
-    #[test]
-    fn pointer_words_come_from_params_or_the_extra_buffer() {
-        // The words read, as (parameter, value).
-        let words = |layout: &KernelInfo, params, extra, span| {
-            let mut out = Words::new();
-            pointer_words(layout, params, extra, span, None, &mut out);
-            out.iter()
-                .map(|w| (w.param, w.value))
-                .collect::<Vec<(u16, u64)>>()
-        };
-        let all = (1, u64::MAX);
-        let none = std::ptr::null_mut();
-
-        // params: one pointer per argument.
-        let (mut v, mut n, mut k) = (0x7f00_1000u64, 1024i32, 2.0f32);
-        let mut params: [*mut c_void; 3] = [
-            (&mut v as *mut u64).cast(),
-            (&mut n as *mut i32).cast(),
-            (&mut k as *mut f32).cast(),
-        ];
-        let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 12, 4)]);
-        assert_eq!(
-            words(&scale, params.as_mut_ptr(), none, all),
-            [(0, 0x7f00_1000)]
-        );
-        // Outside the span of the live allocations: not handed over.
-        let elsewhere = (0x7f00_2000, 0x7f00_3000);
-        assert!(words(&scale, params.as_mut_ptr(), none, elsewhere).is_empty());
-
-        // extra: CU_LAUNCH_PARAM_BUFFER_POINTER, the buffer, its size, the end; a 16-byte
-        // struct at offset 8 gives two words.
-        let mut buffer = [0xaaaa_u64, 0xbbbb, 0xcccc];
-        let mut size = 0;
-        let mut extra = extra_for(&mut buffer, &mut size);
-        let two = layout(&[(0, 0, 8), (1, 8, 16)]);
-        assert_eq!(
-            words(&two, none, extra.as_mut_ptr(), all),
-            [(0, 0xaaaa), (1, 0xbbbb), (1, 0xcccc)]
-        );
-        // Only the words inside the span.
-        assert_eq!(
-            words(&two, none, extra.as_mut_ptr(), (0xbbbb, 0xcccc)),
-            [(1, 0xbbbb)]
-        );
-
-        // Neither: nothing.
-        assert!(words(&two, none, none, all).is_empty());
-    }
-
-    /// A scanned launch teaches the kernel's sites; a later launch's words are then read
-    /// at those sites only (from `params` or the `extra` buffer alike), in the span.
-    #[test]
-    fn launches_read_the_sites_their_kernels_scans_learned() {
-        let sites = parking_lot::Mutex::new(PointerSites::new());
-        let none = std::ptr::null_mut();
-        let all = (1, u64::MAX);
-        let scale = layout(&[(0, 0, 8), (1, 8, 4), (2, 16, 16)]);
-        let (mut v, mut n, mut s) = (0x7f00_1000u64, 1024i32, [0x7f00_2000u64, 9]);
-        let mut params: [*mut c_void; 3] = [
-            (&mut v as *mut u64).cast(),
-            (&mut n as *mut i32).cast(),
-            s.as_mut_ptr().cast(),
-        ];
-        let mut out = Words::new();
-        assert!(
-            !site_words(&sites, params.as_mut_ptr(), none, all, &mut out, &mut 0),
-            "nothing learned: scan"
-        );
-        let span = (0x7f00_0000, 0x7f01_0000);
-        pointer_words(
-            &scale,
-            params.as_mut_ptr(),
-            none,
-            span,
-            Some(&sites),
-            &mut out,
-        );
-        let pairs = |w: &Words| w.iter().map(|w| (w.param, w.value)).collect::<Vec<_>>();
-        assert_eq!(pairs(&out), [(0, 0x7f00_1000), (2, 0x7f00_2000)]);
-        // The next launch: other values, read at the same sites only (a pointer now in
-        // the struct's second word, never seen there by a scan, is not read; a sampled
-        // launch's scan would learn it); a word outside the span is left.
-        // SAFETY: `params` point at `v` and `s`, alive and of these types.
-        unsafe {
-            params[0].cast::<u64>().write(0x7f00_3000);
-            params[2].cast::<[u64; 2]>().write([0x10, 0x7f00_4000]);
-        }
-        let mut out = Words::new();
-        let mut bytes = 0;
-        assert!(site_words(
-            &sites,
-            params.as_mut_ptr(),
-            none,
-            span,
-            &mut out,
-            &mut bytes
-        ));
-        assert_eq!(bytes, 16, "two sites read");
-        assert_eq!(pairs(&out), [(0, 0x7f00_3000)]);
-        // The same layout through an extra buffer: the parameters at their offsets.
-        let mut buffer = [0x7f00_5000u64, 0, 0x7f00_6000, 0];
-        let mut size = 0;
-        let mut extra = extra_for(&mut buffer, &mut size);
-        let mut out = Words::new();
-        assert!(site_words(
-            &sites,
-            none,
-            extra.as_mut_ptr(),
-            all,
-            &mut out,
-            &mut 0
-        ));
-        assert_eq!(pairs(&out), [(0, 0x7f00_5000), (2, 0x7f00_6000)]);
-    }
-
-    #[test]
-    fn launch_config_dims_are_read_from_cu_launch_config() {
-        #[repr(C)]
-        struct Config {
-            dims: [u32; 7],
-            stream: usize,
-            attrs: usize,
-            n: u32,
-        }
-        let c = Config {
-            dims: [4, 2, 1, 128, 1, 1, 512],
-            stream: 0x5000,
-            attrs: 0,
-            n: 0,
-        };
-        let d = dims_of_config((&c as *const Config).cast()).unwrap();
-        assert_eq!(
-            (d.grid, d.block, d.shared, d.stream as usize),
-            ([4, 2, 1], [128, 1, 1], 512, 0x5000)
-        );
-        assert!(dims_of_config(std::ptr::null()).is_none());
-    }
-}

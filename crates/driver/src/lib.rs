@@ -14,6 +14,7 @@ pub mod backend;
 pub mod error;
 pub mod hooks;
 pub mod inflight;
+pub mod launch_args;
 pub mod loader;
 pub mod locate;
 pub mod selfcost;

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod counters;
+pub mod driver_side;
 pub mod files;
 pub mod history;
 pub mod report;
