@@ -488,7 +488,15 @@ pub fn cudaw_ckpt_for_others(tag: &str) -> CkptForOthers {
     std::fs::create_dir_all(&dir).expect("creating a folder for the copy");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let exe = dir.join("cudaw-ckpt");
-    std::fs::copy(cudaw_ckpt(), &exe).expect("copying cudaw-ckpt");
+    // Copied by `cp`, never opened for writing in this process: a child another test thread
+    // forks while this process held the copy open would keep the descriptor until its exec,
+    // and exec'ing the copy meanwhile fails with "Text file busy" (ETXTBSY).
+    let status = Command::new("cp")
+        .arg(cudaw_ckpt())
+        .arg(&exe)
+        .status()
+        .expect("running cp");
+    assert!(status.success(), "copying cudaw-ckpt: cp {status}");
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     CkptForOthers { dir, exe }
 }
