@@ -18,6 +18,7 @@ pub mod dispatch;
 pub mod inflight;
 pub mod log;
 pub mod real;
+pub mod shadow;
 
 pub use dispatch::Dispatch;
 
