@@ -749,152 +749,87 @@ fn rm(p: *mut c_void) -> *mut c_void {
     r(p) as *mut c_void
 }
 
-fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
-    tracing::copy(k, n, d, s, || {
-        forward!(
-            i, cudaMemcpy:
-            fn(*mut c_void, *const c_void, usize, i32),
-            rm(d),
-            r(s),
-            n,
-            k
-        )
-    })
+/// The copy and set forwarders: per entry the wrapper, the exports it serves, the copy it
+/// records (`copy(kind, bytes, dst, src)`; a set records none) and its arguments, each
+/// passed through the translation named after `=>` (`rm`/`r`: a device pointer; `pitched`:
+/// a pitched pointer's) or as it is.
+macro_rules! forwarders {
+    ($(
+        $imp:ident => $name:ident $(, $variant:ident)*;
+        $(copy($k:expr, $n:expr, $d:ident, $s:ident);)?
+        ($($a:ident : $t:ty $(=> $f:ident)?),*);
+    )+) => {$(
+        #[allow(clippy::too_many_arguments)]
+        fn $imp(i: usize, $($a: $t),*) -> cudaError_t {
+            let run = || forward!(i, $name: fn($($t),*), $(translate!($a $(, $f)?)),*);
+            copy_or_run!(run $(, $k, $n, $d, $s)?)
+        }
+        variants!($imp => $name $(, $variant)*; ($($a: $t),*));
+    )+};
 }
-variants!(memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; (d: *mut c_void, s: *const c_void, n: usize, k: i32));
 
-fn memcpy_async_impl(
-    i: usize,
-    d: *mut c_void,
-    s: *const c_void,
-    n: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(k, n, d, s, || {
-        forward!(
-            i, cudaMemcpyAsync:
-            fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
-            rm(d),
-            r(s),
-            n,
-            k,
-            st
-        )
-    })
+/// An argument of [`forwarders!`], translated or as it is.
+macro_rules! translate {
+    ($a:ident) => {
+        $a
+    };
+    ($a:ident, $f:ident) => {
+        $f($a)
+    };
 }
-variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
-    (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
 
-fn memset_impl(i: usize, d: *mut c_void, v: i32, n: usize) -> cudaError_t {
-    forward!(i, cudaMemset: fn(*mut c_void, i32, usize), rm(d), v, n)
+/// Runs a forwarder's call, recording its copy when it names one ([`tracing::copy`]).
+macro_rules! copy_or_run {
+    ($run:ident) => {
+        $run()
+    };
+    ($run:ident, $k:expr, $n:expr, $d:ident, $s:ident) => {
+        tracing::copy($k, $n, $d, $s, $run)
+    };
 }
-variants!(memset_impl => cudaMemset, cudaMemset_ptds; (d: *mut c_void, v: i32, n: usize));
 
-fn memset_async_impl(i: usize, d: *mut c_void, v: i32, n: usize, st: cudaStream_t) -> cudaError_t {
-    forward!(
-        i, cudaMemsetAsync:
-        fn(*mut c_void, i32, usize, cudaStream_t),
-        rm(d),
-        v,
-        n,
-        st
-    )
+/// A pitched pointer with its device pointer translated.
+fn pitched(mut p: cudaPitchedPtr) -> cudaPitchedPtr {
+    p.ptr = rm(p.ptr);
+    p
 }
-variants!(memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz; (d: *mut c_void, v: i32, n: usize, st: cudaStream_t));
 
-fn memcpy_2d_impl(
-    i: usize,
-    d: *mut c_void,
-    dp: usize,
-    s: *const c_void,
-    sp: usize,
-    w: usize,
-    h: usize,
-    k: i32,
-) -> cudaError_t {
-    tracing::copy(k, w.saturating_mul(h), d, s, || {
-        forward!(
-            i, cudaMemcpy2D:
-            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
-            rm(d),
-            dp,
-            r(s),
-            sp,
-            w,
-            h,
-            k
-        )
-    })
+forwarders! {
+    memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; copy(k, n, d, s);
+        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32);
+    memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz; copy(k, n, d, s);
+        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32, st: cudaStream_t);
+    memset_impl => cudaMemset, cudaMemset_ptds;
+        (d: *mut c_void => rm, v: i32, n: usize);
+    memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz;
+        (d: *mut c_void => rm, v: i32, n: usize, st: cudaStream_t);
+    memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds; copy(k, w.saturating_mul(h), d, s);
+        (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32);
+    memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
+        copy(k, w.saturating_mul(h), d, s);
+        (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32,
+         st: cudaStream_t);
+    memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds;
+        (d: *mut c_void => rm, p: usize, v: i32, w: usize, h: usize);
+    memset_2d_async_impl => cudaMemset2DAsync, cudaMemset2DAsync_ptsz;
+        (d: *mut c_void => rm, p: usize, v: i32, w: usize, h: usize, st: cudaStream_t);
+    memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds;
+        (p: cudaPitchedPtr => pitched, v: i32, e: cudaExtent);
+    memset_3d_async_impl => cudaMemset3DAsync, cudaMemset3DAsync_ptsz;
+        (p: cudaPitchedPtr => pitched, v: i32, e: cudaExtent, st: cudaStream_t);
+    memcpy_peer_impl => cudaMemcpyPeer; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
+        (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize);
+    memcpy_peer_async_impl => cudaMemcpyPeerAsync; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
+        (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize, st: cudaStream_t);
+    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
+        (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32);
+    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
+        (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32);
+    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
+        (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32, st: cudaStream_t);
+    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
+        (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t);
 }
-variants!(memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds;
-    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32));
-
-#[allow(clippy::too_many_arguments)]
-fn memcpy_2d_async_impl(
-    i: usize,
-    d: *mut c_void,
-    dp: usize,
-    s: *const c_void,
-    sp: usize,
-    w: usize,
-    h: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(k, w.saturating_mul(h), d, s, || {
-        forward!(
-            i, cudaMemcpy2DAsync:
-            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
-            rm(d),
-            dp,
-            r(s),
-            sp,
-            w,
-            h,
-            k,
-            st
-        )
-    })
-}
-variants!(memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
-    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32, st: cudaStream_t));
-
-fn memset_2d_impl(i: usize, d: *mut c_void, p: usize, v: i32, w: usize, h: usize) -> cudaError_t {
-    forward!(
-        i, cudaMemset2D:
-        fn(*mut c_void, usize, i32, usize, usize),
-        rm(d),
-        p,
-        v,
-        w,
-        h
-    )
-}
-variants!(memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds; (d: *mut c_void, p: usize, v: i32, w: usize, h: usize));
-
-fn memset_2d_async_impl(
-    i: usize,
-    d: *mut c_void,
-    p: usize,
-    v: i32,
-    w: usize,
-    h: usize,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemset2DAsync:
-        fn(*mut c_void, usize, i32, usize, usize, cudaStream_t),
-        rm(d),
-        p,
-        v,
-        w,
-        h,
-        st
-    )
-}
-variants!(memset_2d_async_impl => cudaMemset2DAsync, cudaMemset2DAsync_ptsz;
-    (d: *mut c_void, p: usize, v: i32, w: usize, h: usize, st: cudaStream_t));
 
 fn translated_3d(p: *const cudaMemcpy3DParms) -> Option<cudaMemcpy3DParms> {
     if p.is_null() {
@@ -920,167 +855,6 @@ fn memcpy_3d_async_impl(i: usize, p: *const cudaMemcpy3DParms, st: cudaStream_t)
     forward!(i, cudaMemcpy3DAsync: fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
 }
 variants!(memcpy_3d_async_impl => cudaMemcpy3DAsync, cudaMemcpy3DAsync_ptsz; (p: *const cudaMemcpy3DParms, st: cudaStream_t));
-
-fn memset_3d_impl(i: usize, mut p: cudaPitchedPtr, v: i32, e: cudaExtent) -> cudaError_t {
-    p.ptr = rm(p.ptr);
-    forward!(i, cudaMemset3D: fn(cudaPitchedPtr, i32, cudaExtent), p, v, e)
-}
-variants!(memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds; (p: cudaPitchedPtr, v: i32, e: cudaExtent));
-
-fn memset_3d_async_impl(
-    i: usize,
-    mut p: cudaPitchedPtr,
-    v: i32,
-    e: cudaExtent,
-    st: cudaStream_t,
-) -> cudaError_t {
-    p.ptr = rm(p.ptr);
-    forward!(
-        i, cudaMemset3DAsync:
-        fn(cudaPitchedPtr, i32, cudaExtent, cudaStream_t),
-        p,
-        v,
-        e,
-        st
-    )
-}
-variants!(memset_3d_async_impl => cudaMemset3DAsync, cudaMemset3DAsync_ptsz;
-    (p: cudaPitchedPtr, v: i32, e: cudaExtent, st: cudaStream_t));
-
-fn memcpy_peer_impl(
-    i: usize,
-    d: *mut c_void,
-    dd: i32,
-    s: *const c_void,
-    sd: i32,
-    n: usize,
-) -> cudaError_t {
-    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
-        forward!(
-            i, cudaMemcpyPeer:
-            fn(*mut c_void, i32, *const c_void, i32, usize),
-            rm(d),
-            dd,
-            r(s),
-            sd,
-            n
-        )
-    })
-}
-variants!(memcpy_peer_impl => cudaMemcpyPeer; (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize));
-
-fn memcpy_peer_async_impl(
-    i: usize,
-    d: *mut c_void,
-    dd: i32,
-    s: *const c_void,
-    sd: i32,
-    n: usize,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
-        forward!(
-            i, cudaMemcpyPeerAsync:
-            fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
-            rm(d),
-            dd,
-            r(s),
-            sd,
-            n,
-            st
-        )
-    })
-}
-variants!(memcpy_peer_async_impl => cudaMemcpyPeerAsync;
-    (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize, st: cudaStream_t));
-
-fn to_symbol_impl(
-    i: usize,
-    sym: *const c_void,
-    s: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyToSymbol:
-        fn(*const c_void, *const c_void, usize, usize, i32),
-        sym,
-        r(s),
-        n,
-        off,
-        k
-    )
-}
-variants!(to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
-    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32));
-
-fn from_symbol_impl(
-    i: usize,
-    d: *mut c_void,
-    sym: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyFromSymbol:
-        fn(*mut c_void, *const c_void, usize, usize, i32),
-        rm(d),
-        sym,
-        n,
-        off,
-        k
-    )
-}
-variants!(from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
-    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32));
-
-fn to_symbol_async_impl(
-    i: usize,
-    sym: *const c_void,
-    s: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyToSymbolAsync:
-        fn(*const c_void, *const c_void, usize, usize, i32, cudaStream_t),
-        sym,
-        r(s),
-        n,
-        off,
-        k,
-        st
-    )
-}
-variants!(to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
-    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
-
-fn from_symbol_async_impl(
-    i: usize,
-    d: *mut c_void,
-    sym: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyFromSymbolAsync:
-        fn(*mut c_void, *const c_void, usize, usize, i32, cudaStream_t),
-        rm(d),
-        sym,
-        n,
-        off,
-        k,
-        st
-    )
-}
-variants!(from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
-    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
 
 fn pointer_attributes_impl(
     i: usize,
