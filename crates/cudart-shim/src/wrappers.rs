@@ -12,6 +12,7 @@ use crate::registry;
 use crate::tracing;
 use crate::types::*;
 use crate::{call_real, log};
+use cudaw_engine::launch_args::{translate_args, ArgBuffer};
 use cudaw_engine::memory_calls as calls;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -385,19 +386,6 @@ variants!(get_kernel_impl => __cudaGetKernel; (out: *mut *mut c_void, host_fun: 
 
 // ---------------------------------------------------------------- translated addressing
 
-/// Kernel arguments rewritten for the real runtime: translated pointers in their own
-/// storage, `ptrs[i]` pointing at parameter `i`.
-pub struct ArgBuffer {
-    _storage: Vec<u64>,
-    ptrs: Vec<*mut c_void>,
-}
-
-impl ArgBuffer {
-    fn as_args(&mut self) -> *mut *mut c_void {
-        self.ptrs.as_mut_ptr()
-    }
-}
-
 static DEVICE_SM: AtomicU32 = AtomicU32::new(0);
 
 /// The current device's SM number (e.g. 90), cached.
@@ -415,84 +403,6 @@ pub(crate) fn device_sm() -> u32 {
     sm
 }
 
-/// Rewrites the arguments of a launch of `rec`: every 8-byte-aligned 8-byte word of a
-/// parameter whose value is a translated pointer. `None`: nothing to rewrite (or no layout).
-fn translate_args(
-    rec: Option<&registry::FunctionRecord>,
-    args: *mut *mut c_void,
-) -> Option<ArgBuffer> {
-    if !translated() {
-        return None;
-    }
-    let rec = rec?;
-    if args.is_null() {
-        return None;
-    }
-    let layout = rec.layout(device_sm())?;
-    let n = layout
-        .params
-        .iter()
-        .map(|p| p.ordinal as usize + 1)
-        .max()
-        .unwrap_or(0);
-    // SAFETY: the launch passes one argument pointer per kernel parameter.
-    let src: &[*mut c_void] = unsafe { std::slice::from_raw_parts(args, n) };
-    let total = layout
-        .params
-        .iter()
-        .map(|p| p.offset as usize + p.size as usize)
-        .max()
-        .unwrap_or(0);
-    let mut storage: Option<Vec<u64>> = None;
-    for p in &layout.params {
-        let base = src[p.ordinal as usize] as *const u8;
-        if base.is_null() {
-            continue;
-        }
-        let off = p.offset as usize;
-        for w in p.aligned_words() {
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-            let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
-            let t = to_real(v as *const c_void) as u64;
-            if t != v {
-                let buf = storage.get_or_insert_with(|| {
-                    let mut s = vec![0u64; total.div_ceil(8)];
-                    let bytes = s.as_mut_ptr() as *mut u8;
-                    for q in &layout.params {
-                        let qb = src[q.ordinal as usize] as *const u8;
-                        if !qb.is_null() {
-                            // SAFETY: copying each parameter's bytes into its slot of a
-                            // buffer sized for the whole parameter block.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    qb,
-                                    bytes.add(q.offset as usize),
-                                    q.size as usize,
-                                )
-                            };
-                        }
-                    }
-                    s
-                });
-                let bytes = buf.as_mut_ptr() as *mut u8;
-                // SAFETY: `off + w + 8 <= total`, and `off + w` is 8-aligned in the buffer.
-                unsafe { (bytes.add(off + w) as *mut u64).write(t) };
-            }
-        }
-    }
-    let mut storage = storage?;
-    let bytes = storage.as_mut_ptr() as *mut u8;
-    let mut ptrs = src.to_vec();
-    for p in &layout.params {
-        // SAFETY: within the buffer (offset < total).
-        ptrs[p.ordinal as usize] = unsafe { bytes.add(p.offset as usize) } as *mut c_void;
-    }
-    Some(ArgBuffer {
-        _storage: storage,
-        ptrs,
-    })
-}
-
 /// Forwards a launch of `rec`'s kernel (`f` is what the caller named it by: a host stub or a
 /// `cudaKernel_t`), its arguments rewritten for translated addressing.
 #[allow(clippy::too_many_arguments)]
@@ -507,7 +417,7 @@ fn forward_launch(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let mut buf = translate_args(rec, args);
+    let mut buf = translate_args(rec, args, device_sm);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     tracing::launch(
         rec,
@@ -590,7 +500,7 @@ fn launch_ex_impl(
     args: *mut *mut c_void,
 ) -> cudaError_t {
     let (rec, lookup) = tracing::self_timed(|| registry::function(f as usize));
-    let mut buf = translate_args(rec, args);
+    let mut buf = translate_args(rec, args, device_sm);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.
     let shape = (!cfg.is_null()).then(|| unsafe { cfg.read() });
@@ -679,7 +589,11 @@ fn translated_node(p: *const cudaKernelNodeParams) -> Option<(cudaKernelNodePara
     }
     // SAFETY: non-null pointer to the application's node parameters.
     let mut q = unsafe { p.read() };
-    let mut buf = translate_args(registry::function(q.func as usize), q.kernel_params)?;
+    let mut buf = translate_args(
+        registry::function(q.func as usize),
+        q.kernel_params,
+        device_sm,
+    )?;
     q.kernel_params = buf.as_args();
     Some((q, buf))
 }
