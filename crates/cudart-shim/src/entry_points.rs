@@ -25,30 +25,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const CU_ERROR_NOT_SUPPORTED: u32 = 801;
 
-/// The driver functions cudaw replaces: (name, index in [`REAL`]).
-const NAMES: [&str; 21] = [
-    "cuMemAlloc",
-    "cuMemFree",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemGetInfo",
-    "cuDeviceTotalMem",
-    "cuMemAllocManaged",
-    "cuMemAllocPitch",
-    "cuMemSetAccess",
-    "cuMemGetAllocationPropertiesFromHandle",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
-    "cuMemRetainAllocationHandle",
-    "cuMulticastBindMem",
-    "cuMulticastBindMem_v2",
-];
+/// The driver functions cudaw replaces, each by the function of this module of its name
+/// (indices into [`NAMES`] and [`REAL`] follow this order): [`NAMES`] and
+/// [`replacement_at`].
+macro_rules! replaced {
+    ($($name:ident),+ $(,)?) => {
+        /// The driver functions cudaw replaces: (name, index in [`REAL`]).
+        const NAMES: [&str; [$(stringify!($name)),+].len()] = [$(stringify!($name)),+];
+
+        /// cudaw's replacement for `NAMES[i]`.
+        fn replacement_at(i: usize) -> usize {
+            [$($name as *const () as usize),+][i]
+        }
+    };
+}
+
+replaced! {
+    cuMemAlloc, cuMemFree, cuMemAllocAsync, cuMemFreeAsync, cuMemCreate, cuMemRelease, cuMemMap,
+    cuMemUnmap, cuMemAddressReserve, cuMemAddressFree, cuMemGetInfo, cuDeviceTotalMem,
+    cuMemAllocManaged, cuMemAllocPitch, cuMemSetAccess, cuMemGetAllocationPropertiesFromHandle,
+    cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMemRetainAllocationHandle,
+    cuMulticastBindMem, cuMulticastBindMem_v2,
+}
 
 /// The real driver function behind each of [`NAMES`], as the entry point returned it.
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
@@ -329,30 +327,7 @@ extern "C" fn cuMemAllocPitch(
 /// cudaw's replacement for driver function `name`, if it has one.
 fn replacement(name: &str) -> Option<(usize, usize)> {
     let i = NAMES.iter().position(|n| *n == name)?;
-    let f = match i {
-        0 => cuMemAlloc as *const () as usize,
-        1 => cuMemFree as *const () as usize,
-        2 => cuMemAllocAsync as *const () as usize,
-        3 => cuMemFreeAsync as *const () as usize,
-        4 => cuMemCreate as *const () as usize,
-        5 => cuMemRelease as *const () as usize,
-        6 => cuMemMap as *const () as usize,
-        7 => cuMemUnmap as *const () as usize,
-        8 => cuMemAddressReserve as *const () as usize,
-        9 => cuMemAddressFree as *const () as usize,
-        10 => cuMemGetInfo as *const () as usize,
-        11 => cuDeviceTotalMem as *const () as usize,
-        12 => cuMemAllocManaged as *const () as usize,
-        13 => cuMemAllocPitch as *const () as usize,
-        14 => cuMemSetAccess as *const () as usize,
-        15 => cuMemGetAllocationPropertiesFromHandle as *const () as usize,
-        16 => cuMemExportToShareableHandle as *const () as usize,
-        17 => cuMemImportFromShareableHandle as *const () as usize,
-        18 => cuMemRetainAllocationHandle as *const () as usize,
-        19 => cuMulticastBindMem as *const () as usize,
-        _ => cuMulticastBindMem_v2 as *const () as usize,
-    };
-    Some((i, f))
+    Some((i, replacement_at(i)))
 }
 
 /// After the real entry point answered for `symbol` into `func`: swap in cudaw's version.
