@@ -76,118 +76,69 @@ pub extern "C" fn cudaw_runtime_hooks_v1() -> *const RuntimeHooks {
     &HOOKS
 }
 
-mod handle_hooks {
-    use crate::boundary::guard;
-    use crate::handles;
-    use driver::hooks::HandleHooks;
-    use std::ffi::c_void;
+/// One `extern "C"` function per field of [`driver::hooks::HandleHooks`], each the driver
+/// layer's call (named for the log, `(driver layer)` added) of a [`crate::handles`]
+/// function inside the panic boundary, and the table of them. `unsafe`: the handles
+/// function reads or writes the program's pointers, which the driver shim passes on.
+macro_rules! handle_hooks {
+    ($($field:ident: $call:literal => $(#$unsafe:ident)? $f:ident($($a:ident: $t:ty),*);)+) => {
+        mod handle_hooks {
+            use crate::boundary::guard;
+            use crate::handles;
+            use driver::hooks::HandleHooks;
+            use std::ffi::c_void;
 
-    /// `CUDA_ERROR_UNKNOWN`, for a panic.
-    const UNKNOWN: u32 = 999;
+            /// `CUDA_ERROR_UNKNOWN`, for a panic.
+            const UNKNOWN: u32 = 999;
 
-    extern "C" fn mem_create(
-        out: *mut u64,
-        size: usize,
-        prop: *const c_void,
-        flags: u64,
-        charge: bool,
-    ) -> u32 {
-        // SAFETY: the program's pointers, passed on by the driver shim.
-        guard("cuMemCreate (driver layer)", UNKNOWN, || unsafe {
-            handles::create(out, size, prop, flags, charge)
-        })
-    }
-    extern "C" fn mem_release(h: u64) -> u32 {
-        guard("cuMemRelease (driver layer)", UNKNOWN, || {
-            handles::release(h)
-        })
-    }
-    extern "C" fn mem_map(ptr: u64, size: usize, offset: usize, h: u64, flags: u64) -> u32 {
-        guard("cuMemMap (driver layer)", UNKNOWN, || {
-            handles::map(ptr, size, offset, h, flags)
-        })
-    }
-    extern "C" fn mem_unmap(ptr: u64, size: usize) -> u32 {
-        guard("cuMemUnmap (driver layer)", UNKNOWN, || {
-            handles::unmap(ptr, size)
-        })
-    }
-    extern "C" fn mem_set_access(ptr: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
-        // SAFETY: the program's descriptors, passed on by the driver shim.
-        guard("cuMemSetAccess (driver layer)", UNKNOWN, || unsafe {
-            handles::set_access(ptr, size, desc, count)
-        })
-    }
-    extern "C" fn mem_properties(prop: *mut c_void, h: u64) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemGetAllocationPropertiesFromHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::properties(prop, h) },
-        )
-    }
-    extern "C" fn mem_export(out: *mut c_void, h: u64, kind: u32, flags: u64) -> u32 {
-        guard(
-            "cuMemExportToShareableHandle (driver layer)",
-            UNKNOWN,
-            || handles::export(out, h, kind, flags),
-        )
-    }
-    extern "C" fn mem_import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemImportFromShareableHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::import(out, os, kind) },
-        )
-    }
-    extern "C" fn mem_retain(out: *mut u64, addr: *mut c_void) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemRetainAllocationHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::retain(out, addr) },
-        )
-    }
-    extern "C" fn bind(mc: u64, mco: usize, h: u64, off: usize, size: usize, flags: u64) -> u32 {
-        guard("cuMulticastBindMem (driver layer)", UNKNOWN, || {
-            handles::bind(mc, mco, h, off, size, flags)
-        })
-    }
-    extern "C" fn bind_v2(
-        mc: u64,
-        dev: i32,
-        mco: usize,
-        h: u64,
-        off: usize,
-        size: usize,
-        flags: u64,
-    ) -> u32 {
-        guard("cuMulticastBindMem_v2 (driver layer)", UNKNOWN, || {
-            handles::bind_v2(mc, dev, mco, h, off, size, flags)
-        })
-    }
+            $(
+            extern "C" fn $field($($a: $t),*) -> u32 {
+                guard(concat!($call, " (driver layer)"), UNKNOWN, || {
+                    handle_hooks!(@call $($unsafe)? handles::$f($($a),*))
+                })
+            }
+            )+
 
-    static HANDLES: HandleHooks = HandleHooks {
-        size: std::mem::size_of::<HandleHooks>(),
-        mem_create,
-        mem_release,
-        mem_map,
-        mem_unmap,
-        mem_set_access,
-        mem_properties,
-        mem_export,
-        mem_import,
-        mem_retain,
-        multicast_bind_mem: bind,
-        multicast_bind_mem_v2: bind_v2,
+            static HANDLES: HandleHooks = HandleHooks {
+                size: std::mem::size_of::<HandleHooks>(),
+                $($field),+
+            };
+
+            /// The handle table for the driver shim (`driver::hooks::RUNTIME_HANDLES_SYMBOL`).
+            #[no_mangle]
+            pub extern "C" fn cudaw_runtime_handles_v1() -> *const HandleHooks {
+                &HANDLES
+            }
+        }
     };
+    (@call unsafe $e:expr) => {
+        // SAFETY: the program's pointers, passed on by the driver shim.
+        unsafe { $e }
+    };
+    (@call $e:expr) => {
+        $e
+    };
+}
 
-    /// The handle table for the driver shim (`driver::hooks::RUNTIME_HANDLES_SYMBOL`).
-    #[no_mangle]
-    pub extern "C" fn cudaw_runtime_handles_v1() -> *const HandleHooks {
-        &HANDLES
-    }
+handle_hooks! {
+    mem_create: "cuMemCreate" => #unsafe create(
+        out: *mut u64, size: usize, prop: *const c_void, flags: u64, charge: bool);
+    mem_release: "cuMemRelease" => release(h: u64);
+    mem_map: "cuMemMap" => map(ptr: u64, size: usize, offset: usize, h: u64, flags: u64);
+    mem_unmap: "cuMemUnmap" => unmap(ptr: u64, size: usize);
+    mem_set_access: "cuMemSetAccess" => #unsafe set_access(
+        ptr: u64, size: usize, desc: *const c_void, count: usize);
+    mem_properties: "cuMemGetAllocationPropertiesFromHandle" => #unsafe properties(
+        prop: *mut c_void, h: u64);
+    mem_export: "cuMemExportToShareableHandle" => export(
+        out: *mut c_void, h: u64, kind: u32, flags: u64);
+    mem_import: "cuMemImportFromShareableHandle" => #unsafe import(
+        out: *mut u64, os: *mut c_void, kind: u32);
+    mem_retain: "cuMemRetainAllocationHandle" => #unsafe retain(out: *mut u64, addr: *mut c_void);
+    multicast_bind_mem: "cuMulticastBindMem" => bind(
+        mc: u64, mco: usize, h: u64, off: usize, size: usize, flags: u64);
+    multicast_bind_mem_v2: "cuMulticastBindMem_v2" => bind_v2(
+        mc: u64, dev: i32, mco: usize, h: u64, off: usize, size: usize, flags: u64);
 }
 
 mod memory_hooks {
