@@ -412,3 +412,57 @@ pub fn log_exit_summary(path: &Path, pending: Pending, rust_enters: u64) {
         "trace: {rust_enters} calls timed on the Rust path (the rest on the fast path)"
     ));
 }
+
+/// The reply to a control request addressed to the tracer
+/// ([`crate::host::Host::tracer_request`]): `switch` switches tracing on or off and says
+/// whether it was on (or why it cannot), `pending` gives the calls the per-thread buffers
+/// hold.
+pub fn reply(
+    req: crate::host::TracerRequest<'_>,
+    switch: impl FnOnce(bool) -> Result<bool, String>,
+    pending: Pending,
+) -> cudaw_control::Reply {
+    use crate::host::TracerRequest;
+    use cudaw_control::{ErrorKind, Reply, TraceWritten, TracingSwitched};
+    match req {
+        TracerRequest::Stats { top } => match stats(top) {
+            Ok(s) => Reply {
+                ok: true,
+                stats: Some(Box::new(s)),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(ErrorKind::Failed, e),
+        },
+        TracerRequest::Switch { on } => match switch(on) {
+            Ok(was_on) => Reply {
+                ok: true,
+                tracing: Some(TracingSwitched {
+                    mode: crate::config::get().trace.as_str().to_owned(),
+                    on,
+                    was_on,
+                }),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(ErrorKind::Failed, e),
+        },
+        TracerRequest::Timeline { path, file } => {
+            let written = match file {
+                Some(f) => write_timeline_into(f, path, pending),
+                None => write_timeline(path, pending),
+            };
+            match written {
+                Ok(w) => Reply {
+                    ok: true,
+                    trace: Some(TraceWritten {
+                        path: path.to_string_lossy().into_owned(),
+                        events: w.events,
+                        bytes: w.bytes,
+                        dropped: w.dropped,
+                    }),
+                    ..Reply::default()
+                },
+                Err(e) => Reply::error(ErrorKind::Failed, e),
+            }
+        }
+    }
+}
