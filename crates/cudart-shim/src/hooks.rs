@@ -144,62 +144,20 @@ handle_hooks! {
 mod memory_hooks {
     //! `cuMemAlloc*` / `cuMemFree*` of the driver shim's callers, from the VMM (mapped
     //! addressing only: in translated addressing the program would get a pointer the real
-    //! driver does not know, so the driver shim keeps forwarding those).
+    //! driver does not know, so the driver shim keeps forwarding those): the work is
+    //! [`cudaw_engine::memory_calls`]' `driver_*` functions.
     use crate::boundary::guard;
-    use crate::memory::{self, tag};
-    use crate::types::*;
-    use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
-    use driver::hooks::{MemoryHooks, NOT_MINE};
+    use crate::memory::tag;
+    use cudaw_engine::memory_calls as calls;
+    use driver::hooks::MemoryHooks;
     use std::ffi::c_void;
 
     /// `CUDA_ERROR_UNKNOWN`, for a panic.
     const UNKNOWN: u32 = 999;
 
-    /// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
-    /// context if `f` changed it. A driver-API caller may have a context of its own
-    /// (`cuCtxCreate`): the VMM works in the device's primary context (and its first use
-    /// initialises the runtime there), which must not stay current in the caller's place.
-    fn keeping_context<R>(f: impl FnOnce() -> R) -> R {
-        let drv = memory::driver().ok();
-        let _kept = drv
-            .as_deref()
-            .and_then(|d| driver::KeptContext::new(d).ok());
-        f()
-    }
-
-    /// Allocates `size` bytes on device `ordinal` from its VMM and writes the address
-    /// through `out`; [`NOT_MINE`] where the VMM does not serve the driver shim.
-    fn alloc(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
-        keeping_context(|| alloc_in_vmm(out, size, ordinal, tag))
-    }
-
-    fn alloc_in_vmm(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
-        if memory::translated() {
-            return NOT_MINE;
-        }
-        if out.is_null() || size == 0 {
-            return CU_ERROR_INVALID_VALUE;
-        }
-        let _in_flight = cudaw_engine::inflight::enter();
-        let mem = match memory::device(ordinal) {
-            Ok(m) => m,
-            // No VMM for this device (logged): the driver shim forwards instead.
-            Err(ERROR_INITIALIZATION) => return NOT_MINE,
-            Err(e) => return to_cu(e),
-        };
-        match mem.alloc(size, tag) {
-            Ok(a) => {
-                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
-                unsafe { out.write(a.base) };
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
-    }
-
     extern "C" fn mem_alloc(out: *mut u64, size: usize, ordinal: i32) -> u32 {
         guard("cuMemAlloc (driver layer)", UNKNOWN, || {
-            alloc(out, size as u64, ordinal, tag::DRIVER)
+            calls::driver_alloc(out, size as u64, ordinal, tag::DRIVER)
         })
     }
 
@@ -212,67 +170,25 @@ mod memory_hooks {
         ordinal: i32,
     ) -> u32 {
         guard("cuMemAllocPitch (driver layer)", UNKNOWN, || {
-            if memory::translated() {
-                return NOT_MINE;
-            }
-            let pitched = calls::driver_pitched(width, height, element);
-            let (false, false, Some((p, size))) = (out.is_null(), pitch.is_null(), pitched) else {
-                return CU_ERROR_INVALID_VALUE;
-            };
-            let rc = alloc(out, size as u64, ordinal, tag::PITCH);
-            if rc == CU_SUCCESS {
-                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
-                unsafe { pitch.write(p) };
-            }
-            rc
+            calls::driver_alloc_pitch(out, pitch, width, height, element, ordinal)
         })
     }
 
     extern "C" fn mem_free(ptr: u64) -> u32 {
         guard("cuMemFree (driver layer)", UNKNOWN, || {
-            keeping_context(|| match memory::lookup(ptr) {
-                Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = cudaw_engine::inflight::enter();
-                    mem.synchronise_before_free("cuMemFree");
-                    crate::tracing::free(ptr);
-                    match mem.vmm.free(ptr) {
-                        Ok(()) => CU_SUCCESS,
-                        Err(e) => to_cu(e.cuda_error_code()),
-                    }
-                }
-                Some(_) => CU_ERROR_INVALID_VALUE,
-                None => NOT_MINE,
-            })
+            calls::driver_free(ptr, crate::tracing::free)
         })
     }
 
     extern "C" fn mem_free_async(ptr: u64, stream: *mut c_void) -> u32 {
         guard("cuMemFreeAsync (driver layer)", UNKNOWN, || {
-            keeping_context(|| match memory::lookup(ptr) {
-                Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = cudaw_engine::inflight::enter();
-                    to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
-                }
-                Some(_) => CU_ERROR_INVALID_VALUE,
-                None => NOT_MINE,
-            })
+            calls::driver_free_async(ptr, stream)
         })
     }
 
     extern "C" fn allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {
         guard("a pointer query (driver layer)", false, || {
-            let Some((_, a)) = memory::lookup(ptr) else {
-                return false;
-            };
-            if base.is_null() || size.is_null() {
-                return false;
-            }
-            // SAFETY: the driver shim's non-null out-pointers.
-            unsafe {
-                base.write(a.base);
-                size.write(a.size);
-            }
-            true
+            calls::driver_allocation(ptr, base, size)
         })
     }
 
