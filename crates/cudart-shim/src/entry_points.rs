@@ -129,91 +129,41 @@ extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     })
 }
 
-extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
-    guard("cuMemCreate", 999, || {
+/// One replacement per entry that runs a [`crate::handles`] function inside the panic
+/// boundary (named by the replaced function); `#unsafe` where it reads or writes the
+/// application's pointers, as the API requires.
+macro_rules! handle_calls {
+    ($($name:ident => $(#$unsafe:ident)? $f:ident($($a:ident: $t:ty),*) $(, $extra:expr)?;)+) => {$(
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), 999, || {
+                handle_calls!(@call $($unsafe)? handles::$f($($a),* $(, $extra)?))
+            })
+        }
+    )+};
+    (@call unsafe $e:expr) => {
         // SAFETY: the application's pointers, as the API requires.
-        unsafe { handles::create(handle, size, prop, flags, true) }
-    })
+        unsafe { $e }
+    };
+    (@call $e:expr) => {
+        $e
+    };
 }
 
-extern "C" fn cuMemRelease(handle: u64) -> u32 {
-    guard("cuMemRelease", 999, || handles::release(handle))
-}
-
-extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32 {
-    guard("cuMemMap", 999, || {
-        handles::map(ptr, size, offset, handle, flags)
-    })
-}
-
-extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> u32 {
-    guard("cuMemUnmap", 999, || handles::unmap(ptr, size))
-}
-
-extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
-    guard("cuMemSetAccess", 999, || {
-        // SAFETY: the application's descriptors, as the API requires.
-        unsafe { handles::set_access(ptr, size, desc, count) }
-    })
-}
-
-extern "C" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64) -> u32 {
-    guard("cuMemGetAllocationPropertiesFromHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::properties(prop, handle) }
-    })
-}
-
-extern "C" fn cuMemExportToShareableHandle(
-    out: *mut c_void,
-    handle: u64,
-    kind: u32,
-    flags: u64,
-) -> u32 {
-    guard("cuMemExportToShareableHandle", 999, || {
-        handles::export(out, handle, kind, flags)
-    })
-}
-
-extern "C" fn cuMemImportFromShareableHandle(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
-    guard("cuMemImportFromShareableHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::import(out, os, kind) }
-    })
-}
-
-extern "C" fn cuMemRetainAllocationHandle(out: *mut u64, addr: *mut c_void) -> u32 {
-    guard("cuMemRetainAllocationHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::retain(out, addr) }
-    })
-}
-
-extern "C" fn cuMulticastBindMem(
-    mc: u64,
-    mc_offset: usize,
-    handle: u64,
-    offset: usize,
-    size: usize,
-    flags: u64,
-) -> u32 {
-    guard("cuMulticastBindMem", 999, || {
-        handles::bind(mc, mc_offset, handle, offset, size, flags)
-    })
-}
-
-extern "C" fn cuMulticastBindMem_v2(
-    mc: u64,
-    dev: i32,
-    mc_offset: usize,
-    handle: u64,
-    offset: usize,
-    size: usize,
-    flags: u64,
-) -> u32 {
-    guard("cuMulticastBindMem_v2", 999, || {
-        handles::bind_v2(mc, dev, mc_offset, handle, offset, size, flags)
-    })
+handle_calls! {
+    cuMemCreate => #unsafe create(handle: *mut u64, size: usize, prop: *const c_void, flags: u64),
+        true;
+    cuMemRelease => release(handle: u64);
+    cuMemMap => map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64);
+    cuMemUnmap => unmap(ptr: u64, size: usize);
+    cuMemSetAccess => #unsafe set_access(ptr: u64, size: usize, desc: *const c_void, count: usize);
+    cuMemGetAllocationPropertiesFromHandle => #unsafe properties(prop: *mut c_void, handle: u64);
+    cuMemExportToShareableHandle => export(out: *mut c_void, handle: u64, kind: u32, flags: u64);
+    cuMemImportFromShareableHandle => #unsafe import(out: *mut u64, os: *mut c_void, kind: u32);
+    cuMemRetainAllocationHandle => #unsafe retain(out: *mut u64, addr: *mut c_void);
+    cuMulticastBindMem => bind(
+        mc: u64, mc_offset: usize, handle: u64, offset: usize, size: usize, flags: u64);
+    cuMulticastBindMem_v2 => bind_v2(
+        mc: u64, dev: i32, mc_offset: usize, handle: u64, offset: usize, size: usize, flags: u64);
 }
 
 extern "C" fn cuMemAddressReserve(
