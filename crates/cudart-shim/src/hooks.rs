@@ -230,7 +230,7 @@ mod trace_hooks {
 
     extern "C" fn mode() -> u32 {
         guard("the tracing mode (driver layer)", TRACE_OFF, || {
-            tracing::trace_mode_word(tracing::driver_mode(tracing::mode()))
+            trace::trace_mode_word(trace::driver_mode(tracing::mode()))
         })
     }
 

@@ -33,8 +33,9 @@
 
 use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
+use cudaw_engine::trace;
 use cudaw_shim_core::shadow;
-use cudaw_trace::{Config, Direction, Mode, Tracer};
+use cudaw_trace::{Config, Mode, Tracer};
 // The tick source: the time stamp counter on x86-64 (constant rate on every CPU that runs
 // CUDA), the virtual counter on AArch64; calibrated against the monotonic clock.
 use driver::selfcost::ticks;
@@ -73,7 +74,7 @@ fn init_once() {
         buffer_sample: cfg.trace_buffer_sample,
     });
     FUNCTION_BASE.store(t.register_functions(&ALL_NAMES), Ordering::Relaxed);
-    t.set_launch_source(Box::new(driver_layer_launches));
+    t.set_launch_source(Box::new(trace::driver_layer_launches));
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
@@ -102,39 +103,6 @@ fn init_once() {
         },
         t.clock().rate()
     ));
-}
-
-/// The launches cudaw's driver layer counted under `metrics` (it hands over only those whose
-/// buffers the memory history looks up: `crates/driver-shim`'s `trace::launch`), by kernel,
-/// to `each`; nothing without a driver layer of cudaw's.
-fn driver_layer_launches(each: &mut dyn FnMut(&str, u64)) {
-    type Export = extern "C" fn(driver::hooks::TracedLaunches, *mut c_void);
-    extern "C" fn one(ctx: *mut c_void, name: *const u8, len: usize, n: u64) {
-        crate::boundary::guard("reading the driver layer's launches", (), || {
-            // SAFETY: `ctx` is the `&mut &mut dyn FnMut` passed below, alive for the call.
-            let each = unsafe { &mut *(ctx as *mut &mut dyn FnMut(&str, u64)) };
-            // SAFETY: the driver layer passes its kernel name's bytes, `len` of them.
-            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
-            each(&String::from_utf8_lossy(bytes), n);
-        })
-    }
-    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
-    let f = unsafe {
-        libc::dlsym(
-            libc::RTLD_DEFAULT,
-            driver::hooks::TRACED_LAUNCHES_SYMBOL.as_ptr(),
-        )
-    };
-    if f.is_null() {
-        return;
-    }
-    // SAFETY: cudaw's driver layer exports this name with the signature `Export`.
-    let f: Export = unsafe { std::mem::transmute(f) };
-    let mut each = each;
-    f(
-        one,
-        &mut each as *mut &mut dyn FnMut(&str, u64) as *mut c_void,
-    );
 }
 
 /// The process's tracer, when tracing is on (and not switched off by [`set_active`]).
@@ -227,11 +195,11 @@ pub fn set_active(on: bool, switch_launch_entries: fn(bool)) -> Result<bool, Str
     if on {
         SUSPENDED.store(false, Ordering::SeqCst);
         switch_launch_entries(true);
-        driver_layer_mode(mode());
+        trace::driver_layer_mode(mode());
         gate::GATE.fetch_or(bits, Ordering::SeqCst);
     } else {
         gate::GATE.fetch_and(!bits, Ordering::SeqCst);
-        driver_layer_mode(Mode::Off);
+        trace::driver_layer_mode(Mode::Off);
         switch_launch_entries(false);
         SUSPENDED.store(true, Ordering::SeqCst);
     }
@@ -252,50 +220,6 @@ fn gate_bits(mode: Mode) -> u32 {
         // The timeline's calls take the assembly fast path too: its thunk writes each
         // call's event into the thread's buffer ([`Block::events`]).
         Mode::Timeline | Mode::Metrics => gate::TRACING,
-    }
-}
-
-/// The mode cudaw's driver layer records in while tracing runs in `mode`: none with
-/// `CUDAW_TRACE_DRIVER=off`.
-pub(crate) fn driver_mode(mode: Mode) -> Mode {
-    if crate::config::get().trace_driver {
-        mode
-    } else {
-        Mode::Off
-    }
-}
-
-/// Tells cudaw's driver layer (`libcuda.so.1`), when it is the loaded driver, to record or
-/// not (`driver::hooks::TRACE_MODE_SYMBOL`) while tracing runs in `mode`.
-fn driver_layer_mode(mode: Mode) {
-    let mode = driver_mode(mode);
-    // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up; dlsym reads the
-    // loader's tables. The driver layer exports the name as `extern "C" fn(u32)`; no other
-    // library exports it.
-    unsafe {
-        let h = libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        );
-        if h.is_null() {
-            return;
-        }
-        let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
-        if !f.is_null() {
-            let set: extern "C" fn(u32) = std::mem::transmute(f);
-            set(trace_mode_word(mode));
-        }
-        libc::dlclose(h);
-    }
-}
-
-/// `mode` as the driver shim's word for it.
-pub fn trace_mode_word(mode: Mode) -> u32 {
-    use driver::hooks::{TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
-    match mode {
-        Mode::Off => TRACE_OFF,
-        Mode::Metrics => TRACE_METRICS,
-        Mode::Timeline => TRACE_TIMELINE,
     }
 }
 
@@ -430,7 +354,7 @@ pub fn free(base: u64) {
 }
 
 /// Runs the copy `f` of `bytes` (`cudaMemcpyKind` `kind`) from `src` to `dst`, recording it
-/// when it succeeds.
+/// when it succeeds ([`cudaw_engine::trace::copy`]).
 #[inline]
 pub fn copy(
     kind: i32,
@@ -439,32 +363,11 @@ pub fn copy(
     src: *const c_void,
     f: impl FnOnce() -> u32,
 ) -> u32 {
-    let Some(t) = tracer() else { return f() };
-    // The clock is read only where it is kept: the timeline's start, the last use.
-    let timeline = t.timeline();
-    let start = if timeline { t.now() } else { 0 };
-    let rc = f();
-    if rc == 0 {
-        let end = t.now();
-        let start = if timeline { start } else { end };
-        t.record_copy(
-            Direction::from_kind(kind),
-            bytes as u64,
-            dst as u64,
-            src as u64,
-            start,
-            end,
-        );
-    }
-    rc
+    trace::copy(tracer(), kind, bytes, dst, src, f)
 }
 
-/// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
-/// allocations its arguments point into) when it succeeds
-/// ([`cudaw_engine::trace::record_launch`]). `run` is told whether the timeline is on
-/// (`None`: tracing is off) and returns the launch's result and whether cudaw's driver
-/// layer recorded it already (then this layer does not); `sm` gives the device's SM number
-/// for the kernel's parameter layout.
+/// Runs the launch `run` of `rec`'s kernel, recording it when it succeeds
+/// ([`cudaw_engine::trace::launch`]).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
@@ -477,31 +380,20 @@ pub fn launch(
     sm: fn() -> u32,
     run: impl FnOnce(Option<bool>) -> (u32, bool),
 ) -> u32 {
-    let Some(t) = tracer() else {
-        return run(None).0;
-    };
-    // The clock is read only where it is kept: the timeline, and the last use of the
-    // allocations the launch received (none for a kernel without pointers).
-    let start = if t.timeline() { t.now() } else { 0 };
-    let (rc, elsewhere) = run(Some(t.timeline()));
-    if rc == 0 && !elsewhere {
-        // SAFETY: `args` is the launch's argument array (the launch's contract, which
-        // the real runtime relied on just now).
-        unsafe {
-            cudaw_engine::trace::record_launch(
-                t,
-                rec,
-                lookup_ticks,
-                grid,
-                block,
-                shared,
-                args,
-                sm,
-                start,
-            )
-        };
+    // SAFETY: `args` is the launch's argument array (the launch's contract).
+    unsafe {
+        trace::launch(
+            tracer(),
+            rec,
+            lookup_ticks,
+            grid,
+            block,
+            shared,
+            args,
+            sm,
+            run,
+        )
     }
-    rc
 }
 
 /// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing on, the ticks it took (else 0): a launch
