@@ -275,34 +275,10 @@ extern "C" fn __cudaRegisterFatBinary(wrapper: *mut c_void) -> *mut *mut c_void 
         // SAFETY: forwarding the compiler-generated wrapper unchanged.
         let handle = unsafe { real(wrapper) };
         // SAFETY: `wrapper` is the `__fatBinC_Wrapper_t` nvcc emitted, alive for the process.
-        let data = unsafe { fatbin_bytes(wrapper) };
+        let data = unsafe { registry::fatbin_bytes(wrapper) };
         registry::add_fatbin(handle as usize, data);
         handle
     })
-}
-
-/// The container bytes of a registration wrapper, reading only what its headers declare.
-///
-/// # Safety
-/// `wrapper` is null or points to a `__fatBinC_Wrapper_t` and the container it names,
-/// both alive for the rest of the process (they are in the program's image).
-unsafe fn fatbin_bytes(wrapper: *const c_void) -> Option<&'static [u8]> {
-    if wrapper.is_null() {
-        return None;
-    }
-    // SAFETY: a wrapper is 24 bytes (caller's contract).
-    let w = unsafe { std::slice::from_raw_parts(wrapper as *const u8, 24) };
-    let info = fatbin::parse_wrapper(w).ok()?;
-    let container = info.container as *const u8;
-    if container.is_null() {
-        return None;
-    }
-    // SAFETY: the wrapper names a container, whose 16-byte header is readable.
-    let head = unsafe { std::slice::from_raw_parts(container, 16) };
-    let len = fatbin::container_len(head).ok()?;
-    let len = usize::try_from(len).ok()?;
-    // SAFETY: the container's header declares `len` bytes, all part of the program image.
-    Some(unsafe { std::slice::from_raw_parts(container, len) })
 }
 
 extern "C" fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
