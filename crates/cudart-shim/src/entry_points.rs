@@ -17,7 +17,7 @@
 
 use crate::boundary::guard;
 use crate::handles;
-use crate::memory::{self, tag};
+use crate::memory;
 use crate::types::*;
 use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
 use std::ffi::{c_void, CStr};
@@ -73,20 +73,7 @@ macro_rules! drv_forward {
 }
 
 extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
-    guard("cuMemAlloc", 999, || {
-        let _in_flight = cudaw_engine::inflight::enter();
-        if dptr.is_null() || size == 0 {
-            return CU_ERROR_INVALID_VALUE;
-        }
-        match calls::alloc(size as u64, tag::DRIVER) {
-            Ok(base) => {
-                // SAFETY: non-null out-pointer from the caller.
-                unsafe { dptr.write(base) };
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
-    })
+    guard("cuMemAlloc", 999, || calls::entry_alloc(dptr, size))
 }
 
 extern "C" fn cuMemFree(ptr: u64) -> u32 {
@@ -255,22 +242,7 @@ extern "C" fn cuMemAllocPitch(
     element: u32,
 ) -> u32 {
     guard("cuMemAllocPitch", 999, || {
-        let _in_flight = cudaw_engine::inflight::enter();
-        let pitched = calls::driver_pitched(width, height, element);
-        let (false, false, Some((p, size))) = (dptr.is_null(), pitch.is_null(), pitched) else {
-            return CU_ERROR_INVALID_VALUE;
-        };
-        match calls::alloc(size as u64, tag::PITCH) {
-            Ok(base) => {
-                // SAFETY: non-null out-pointers from the caller.
-                unsafe {
-                    dptr.write(base);
-                    pitch.write(p);
-                }
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
+        calls::entry_alloc_pitch(dptr, pitch, width, height, element)
     })
 }
 

@@ -261,6 +261,49 @@ pub fn driver_allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {
     true
 }
 
+/// `cuMemAlloc` as the runtime's driver entry point hands it out: `size` bytes of the
+/// current device's memory, written through `dptr`.
+pub fn entry_alloc(dptr: *mut u64, size: usize) -> u32 {
+    let _in_flight = crate::inflight::enter();
+    if dptr.is_null() || size == 0 {
+        return CU_ERROR_INVALID_VALUE;
+    }
+    match alloc(size as u64, memory::tag::DRIVER) {
+        Ok(base) => {
+            // SAFETY: non-null out-pointer from the caller.
+            unsafe { dptr.write(base) };
+            CU_SUCCESS
+        }
+        Err(e) => to_cu(e),
+    }
+}
+
+/// `cuMemAllocPitch` as the runtime's driver entry point hands it out.
+pub fn entry_alloc_pitch(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: u32,
+) -> u32 {
+    let _in_flight = crate::inflight::enter();
+    let pitched = driver_pitched(width, height, element);
+    let (false, false, Some((p, size))) = (dptr.is_null(), pitch.is_null(), pitched) else {
+        return CU_ERROR_INVALID_VALUE;
+    };
+    match alloc(size as u64, memory::tag::PITCH) {
+        Ok(base) => {
+            // SAFETY: non-null out-pointers from the caller.
+            unsafe {
+                dptr.write(base);
+                pitch.write(p);
+            }
+            CU_SUCCESS
+        }
+        Err(e) => to_cu(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
