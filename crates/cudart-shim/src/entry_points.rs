@@ -17,7 +17,7 @@
 
 use crate::boundary::guard;
 use crate::handles;
-use crate::memory::{self, tag};
+use crate::memory;
 use crate::types::*;
 use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
 use std::ffi::{c_void, CStr};
@@ -25,30 +25,28 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const CU_ERROR_NOT_SUPPORTED: u32 = 801;
 
-/// The driver functions cudaw replaces: (name, index in [`REAL`]).
-const NAMES: [&str; 21] = [
-    "cuMemAlloc",
-    "cuMemFree",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemGetInfo",
-    "cuDeviceTotalMem",
-    "cuMemAllocManaged",
-    "cuMemAllocPitch",
-    "cuMemSetAccess",
-    "cuMemGetAllocationPropertiesFromHandle",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
-    "cuMemRetainAllocationHandle",
-    "cuMulticastBindMem",
-    "cuMulticastBindMem_v2",
-];
+/// The driver functions cudaw replaces, each by the function of this module of its name
+/// (indices into [`NAMES`] and [`REAL`] follow this order): [`NAMES`] and
+/// [`replacement_at`].
+macro_rules! replaced {
+    ($($name:ident),+ $(,)?) => {
+        /// The driver functions cudaw replaces: (name, index in [`REAL`]).
+        const NAMES: [&str; [$(stringify!($name)),+].len()] = [$(stringify!($name)),+];
+
+        /// cudaw's replacement for `NAMES[i]`.
+        fn replacement_at(i: usize) -> usize {
+            [$($name as *const () as usize),+][i]
+        }
+    };
+}
+
+replaced! {
+    cuMemAlloc, cuMemFree, cuMemAllocAsync, cuMemFreeAsync, cuMemCreate, cuMemRelease, cuMemMap,
+    cuMemUnmap, cuMemAddressReserve, cuMemAddressFree, cuMemGetInfo, cuDeviceTotalMem,
+    cuMemAllocManaged, cuMemAllocPitch, cuMemSetAccess, cuMemGetAllocationPropertiesFromHandle,
+    cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMemRetainAllocationHandle,
+    cuMulticastBindMem, cuMulticastBindMem_v2,
+}
 
 /// The real driver function behind each of [`NAMES`], as the entry point returned it.
 static REAL: [AtomicUsize; NAMES.len()] = [const { AtomicUsize::new(0) }; NAMES.len()];
@@ -75,20 +73,7 @@ macro_rules! drv_forward {
 }
 
 extern "C" fn cuMemAlloc(dptr: *mut u64, size: usize) -> u32 {
-    guard("cuMemAlloc", 999, || {
-        let _in_flight = cudaw_engine::inflight::enter();
-        if dptr.is_null() || size == 0 {
-            return CU_ERROR_INVALID_VALUE;
-        }
-        match calls::alloc(size as u64, tag::DRIVER) {
-            Ok(base) => {
-                // SAFETY: non-null out-pointer from the caller.
-                unsafe { dptr.write(base) };
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
-    })
+    guard("cuMemAlloc", 999, || calls::entry_alloc(dptr, size))
 }
 
 extern "C" fn cuMemFree(ptr: u64) -> u32 {
@@ -131,91 +116,41 @@ extern "C" fn cuMemFreeAsync(ptr: u64, stream: cudaStream_t) -> u32 {
     })
 }
 
-extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const c_void, flags: u64) -> u32 {
-    guard("cuMemCreate", 999, || {
+/// One replacement per entry that runs a [`crate::handles`] function inside the panic
+/// boundary (named by the replaced function); `#unsafe` where it reads or writes the
+/// application's pointers, as the API requires.
+macro_rules! handle_calls {
+    ($($name:ident => $(#$unsafe:ident)? $f:ident($($a:ident: $t:ty),*) $(, $extra:expr)?;)+) => {$(
+        extern "C" fn $name($($a: $t),*) -> u32 {
+            guard(stringify!($name), 999, || {
+                handle_calls!(@call $($unsafe)? handles::$f($($a),* $(, $extra)?))
+            })
+        }
+    )+};
+    (@call unsafe $e:expr) => {
         // SAFETY: the application's pointers, as the API requires.
-        unsafe { handles::create(handle, size, prop, flags, true) }
-    })
+        unsafe { $e }
+    };
+    (@call $e:expr) => {
+        $e
+    };
 }
 
-extern "C" fn cuMemRelease(handle: u64) -> u32 {
-    guard("cuMemRelease", 999, || handles::release(handle))
-}
-
-extern "C" fn cuMemMap(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64) -> u32 {
-    guard("cuMemMap", 999, || {
-        handles::map(ptr, size, offset, handle, flags)
-    })
-}
-
-extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> u32 {
-    guard("cuMemUnmap", 999, || handles::unmap(ptr, size))
-}
-
-extern "C" fn cuMemSetAccess(ptr: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
-    guard("cuMemSetAccess", 999, || {
-        // SAFETY: the application's descriptors, as the API requires.
-        unsafe { handles::set_access(ptr, size, desc, count) }
-    })
-}
-
-extern "C" fn cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: u64) -> u32 {
-    guard("cuMemGetAllocationPropertiesFromHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::properties(prop, handle) }
-    })
-}
-
-extern "C" fn cuMemExportToShareableHandle(
-    out: *mut c_void,
-    handle: u64,
-    kind: u32,
-    flags: u64,
-) -> u32 {
-    guard("cuMemExportToShareableHandle", 999, || {
-        handles::export(out, handle, kind, flags)
-    })
-}
-
-extern "C" fn cuMemImportFromShareableHandle(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
-    guard("cuMemImportFromShareableHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::import(out, os, kind) }
-    })
-}
-
-extern "C" fn cuMemRetainAllocationHandle(out: *mut u64, addr: *mut c_void) -> u32 {
-    guard("cuMemRetainAllocationHandle", 999, || {
-        // SAFETY: the application's out-pointer, as the API requires.
-        unsafe { handles::retain(out, addr) }
-    })
-}
-
-extern "C" fn cuMulticastBindMem(
-    mc: u64,
-    mc_offset: usize,
-    handle: u64,
-    offset: usize,
-    size: usize,
-    flags: u64,
-) -> u32 {
-    guard("cuMulticastBindMem", 999, || {
-        handles::bind(mc, mc_offset, handle, offset, size, flags)
-    })
-}
-
-extern "C" fn cuMulticastBindMem_v2(
-    mc: u64,
-    dev: i32,
-    mc_offset: usize,
-    handle: u64,
-    offset: usize,
-    size: usize,
-    flags: u64,
-) -> u32 {
-    guard("cuMulticastBindMem_v2", 999, || {
-        handles::bind_v2(mc, dev, mc_offset, handle, offset, size, flags)
-    })
+handle_calls! {
+    cuMemCreate => #unsafe create(handle: *mut u64, size: usize, prop: *const c_void, flags: u64),
+        true;
+    cuMemRelease => release(handle: u64);
+    cuMemMap => map(ptr: u64, size: usize, offset: usize, handle: u64, flags: u64);
+    cuMemUnmap => unmap(ptr: u64, size: usize);
+    cuMemSetAccess => #unsafe set_access(ptr: u64, size: usize, desc: *const c_void, count: usize);
+    cuMemGetAllocationPropertiesFromHandle => #unsafe properties(prop: *mut c_void, handle: u64);
+    cuMemExportToShareableHandle => export(out: *mut c_void, handle: u64, kind: u32, flags: u64);
+    cuMemImportFromShareableHandle => #unsafe import(out: *mut u64, os: *mut c_void, kind: u32);
+    cuMemRetainAllocationHandle => #unsafe retain(out: *mut u64, addr: *mut c_void);
+    cuMulticastBindMem => bind(
+        mc: u64, mc_offset: usize, handle: u64, offset: usize, size: usize, flags: u64);
+    cuMulticastBindMem_v2 => bind_v2(
+        mc: u64, dev: i32, mc_offset: usize, handle: u64, offset: usize, size: usize, flags: u64);
 }
 
 extern "C" fn cuMemAddressReserve(
@@ -307,52 +242,14 @@ extern "C" fn cuMemAllocPitch(
     element: u32,
 ) -> u32 {
     guard("cuMemAllocPitch", 999, || {
-        let _in_flight = cudaw_engine::inflight::enter();
-        let pitched = calls::driver_pitched(width, height, element);
-        let (false, false, Some((p, size))) = (dptr.is_null(), pitch.is_null(), pitched) else {
-            return CU_ERROR_INVALID_VALUE;
-        };
-        match calls::alloc(size as u64, tag::PITCH) {
-            Ok(base) => {
-                // SAFETY: non-null out-pointers from the caller.
-                unsafe {
-                    dptr.write(base);
-                    pitch.write(p);
-                }
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
+        calls::entry_alloc_pitch(dptr, pitch, width, height, element)
     })
 }
 
 /// cudaw's replacement for driver function `name`, if it has one.
 fn replacement(name: &str) -> Option<(usize, usize)> {
     let i = NAMES.iter().position(|n| *n == name)?;
-    let f = match i {
-        0 => cuMemAlloc as *const () as usize,
-        1 => cuMemFree as *const () as usize,
-        2 => cuMemAllocAsync as *const () as usize,
-        3 => cuMemFreeAsync as *const () as usize,
-        4 => cuMemCreate as *const () as usize,
-        5 => cuMemRelease as *const () as usize,
-        6 => cuMemMap as *const () as usize,
-        7 => cuMemUnmap as *const () as usize,
-        8 => cuMemAddressReserve as *const () as usize,
-        9 => cuMemAddressFree as *const () as usize,
-        10 => cuMemGetInfo as *const () as usize,
-        11 => cuDeviceTotalMem as *const () as usize,
-        12 => cuMemAllocManaged as *const () as usize,
-        13 => cuMemAllocPitch as *const () as usize,
-        14 => cuMemSetAccess as *const () as usize,
-        15 => cuMemGetAllocationPropertiesFromHandle as *const () as usize,
-        16 => cuMemExportToShareableHandle as *const () as usize,
-        17 => cuMemImportFromShareableHandle as *const () as usize,
-        18 => cuMemRetainAllocationHandle as *const () as usize,
-        19 => cuMulticastBindMem as *const () as usize,
-        _ => cuMulticastBindMem_v2 as *const () as usize,
-    };
-    Some((i, f))
+    Some((i, replacement_at(i)))
 }
 
 /// After the real entry point answered for `symbol` into `func`: swap in cudaw's version.

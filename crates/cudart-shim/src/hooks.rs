@@ -76,179 +76,88 @@ pub extern "C" fn cudaw_runtime_hooks_v1() -> *const RuntimeHooks {
     &HOOKS
 }
 
-mod handle_hooks {
-    use crate::boundary::guard;
-    use crate::handles;
-    use driver::hooks::HandleHooks;
-    use std::ffi::c_void;
+/// One `extern "C"` function per field of [`driver::hooks::HandleHooks`], each the driver
+/// layer's call (named for the log, `(driver layer)` added) of a [`crate::handles`]
+/// function inside the panic boundary, and the table of them. `unsafe`: the handles
+/// function reads or writes the program's pointers, which the driver shim passes on.
+macro_rules! handle_hooks {
+    ($($field:ident: $call:literal => $(#$unsafe:ident)? $f:ident($($a:ident: $t:ty),*);)+) => {
+        mod handle_hooks {
+            use crate::boundary::guard;
+            use crate::handles;
+            use driver::hooks::HandleHooks;
+            use std::ffi::c_void;
 
-    /// `CUDA_ERROR_UNKNOWN`, for a panic.
-    const UNKNOWN: u32 = 999;
+            /// `CUDA_ERROR_UNKNOWN`, for a panic.
+            const UNKNOWN: u32 = 999;
 
-    extern "C" fn mem_create(
-        out: *mut u64,
-        size: usize,
-        prop: *const c_void,
-        flags: u64,
-        charge: bool,
-    ) -> u32 {
-        // SAFETY: the program's pointers, passed on by the driver shim.
-        guard("cuMemCreate (driver layer)", UNKNOWN, || unsafe {
-            handles::create(out, size, prop, flags, charge)
-        })
-    }
-    extern "C" fn mem_release(h: u64) -> u32 {
-        guard("cuMemRelease (driver layer)", UNKNOWN, || {
-            handles::release(h)
-        })
-    }
-    extern "C" fn mem_map(ptr: u64, size: usize, offset: usize, h: u64, flags: u64) -> u32 {
-        guard("cuMemMap (driver layer)", UNKNOWN, || {
-            handles::map(ptr, size, offset, h, flags)
-        })
-    }
-    extern "C" fn mem_unmap(ptr: u64, size: usize) -> u32 {
-        guard("cuMemUnmap (driver layer)", UNKNOWN, || {
-            handles::unmap(ptr, size)
-        })
-    }
-    extern "C" fn mem_set_access(ptr: u64, size: usize, desc: *const c_void, count: usize) -> u32 {
-        // SAFETY: the program's descriptors, passed on by the driver shim.
-        guard("cuMemSetAccess (driver layer)", UNKNOWN, || unsafe {
-            handles::set_access(ptr, size, desc, count)
-        })
-    }
-    extern "C" fn mem_properties(prop: *mut c_void, h: u64) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemGetAllocationPropertiesFromHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::properties(prop, h) },
-        )
-    }
-    extern "C" fn mem_export(out: *mut c_void, h: u64, kind: u32, flags: u64) -> u32 {
-        guard(
-            "cuMemExportToShareableHandle (driver layer)",
-            UNKNOWN,
-            || handles::export(out, h, kind, flags),
-        )
-    }
-    extern "C" fn mem_import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemImportFromShareableHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::import(out, os, kind) },
-        )
-    }
-    extern "C" fn mem_retain(out: *mut u64, addr: *mut c_void) -> u32 {
-        // SAFETY: the program's out-pointer, passed on by the driver shim.
-        guard(
-            "cuMemRetainAllocationHandle (driver layer)",
-            UNKNOWN,
-            || unsafe { handles::retain(out, addr) },
-        )
-    }
-    extern "C" fn bind(mc: u64, mco: usize, h: u64, off: usize, size: usize, flags: u64) -> u32 {
-        guard("cuMulticastBindMem (driver layer)", UNKNOWN, || {
-            handles::bind(mc, mco, h, off, size, flags)
-        })
-    }
-    extern "C" fn bind_v2(
-        mc: u64,
-        dev: i32,
-        mco: usize,
-        h: u64,
-        off: usize,
-        size: usize,
-        flags: u64,
-    ) -> u32 {
-        guard("cuMulticastBindMem_v2 (driver layer)", UNKNOWN, || {
-            handles::bind_v2(mc, dev, mco, h, off, size, flags)
-        })
-    }
+            $(
+            extern "C" fn $field($($a: $t),*) -> u32 {
+                guard(concat!($call, " (driver layer)"), UNKNOWN, || {
+                    handle_hooks!(@call $($unsafe)? handles::$f($($a),*))
+                })
+            }
+            )+
 
-    static HANDLES: HandleHooks = HandleHooks {
-        size: std::mem::size_of::<HandleHooks>(),
-        mem_create,
-        mem_release,
-        mem_map,
-        mem_unmap,
-        mem_set_access,
-        mem_properties,
-        mem_export,
-        mem_import,
-        mem_retain,
-        multicast_bind_mem: bind,
-        multicast_bind_mem_v2: bind_v2,
+            static HANDLES: HandleHooks = HandleHooks {
+                size: std::mem::size_of::<HandleHooks>(),
+                $($field),+
+            };
+
+            /// The handle table for the driver shim (`driver::hooks::RUNTIME_HANDLES_SYMBOL`).
+            #[no_mangle]
+            pub extern "C" fn cudaw_runtime_handles_v1() -> *const HandleHooks {
+                &HANDLES
+            }
+        }
     };
+    (@call unsafe $e:expr) => {
+        // SAFETY: the program's pointers, passed on by the driver shim.
+        unsafe { $e }
+    };
+    (@call $e:expr) => {
+        $e
+    };
+}
 
-    /// The handle table for the driver shim (`driver::hooks::RUNTIME_HANDLES_SYMBOL`).
-    #[no_mangle]
-    pub extern "C" fn cudaw_runtime_handles_v1() -> *const HandleHooks {
-        &HANDLES
-    }
+handle_hooks! {
+    mem_create: "cuMemCreate" => #unsafe create(
+        out: *mut u64, size: usize, prop: *const c_void, flags: u64, charge: bool);
+    mem_release: "cuMemRelease" => release(h: u64);
+    mem_map: "cuMemMap" => map(ptr: u64, size: usize, offset: usize, h: u64, flags: u64);
+    mem_unmap: "cuMemUnmap" => unmap(ptr: u64, size: usize);
+    mem_set_access: "cuMemSetAccess" => #unsafe set_access(
+        ptr: u64, size: usize, desc: *const c_void, count: usize);
+    mem_properties: "cuMemGetAllocationPropertiesFromHandle" => #unsafe properties(
+        prop: *mut c_void, h: u64);
+    mem_export: "cuMemExportToShareableHandle" => export(
+        out: *mut c_void, h: u64, kind: u32, flags: u64);
+    mem_import: "cuMemImportFromShareableHandle" => #unsafe import(
+        out: *mut u64, os: *mut c_void, kind: u32);
+    mem_retain: "cuMemRetainAllocationHandle" => #unsafe retain(out: *mut u64, addr: *mut c_void);
+    multicast_bind_mem: "cuMulticastBindMem" => bind(
+        mc: u64, mco: usize, h: u64, off: usize, size: usize, flags: u64);
+    multicast_bind_mem_v2: "cuMulticastBindMem_v2" => bind_v2(
+        mc: u64, dev: i32, mco: usize, h: u64, off: usize, size: usize, flags: u64);
 }
 
 mod memory_hooks {
     //! `cuMemAlloc*` / `cuMemFree*` of the driver shim's callers, from the VMM (mapped
     //! addressing only: in translated addressing the program would get a pointer the real
-    //! driver does not know, so the driver shim keeps forwarding those).
+    //! driver does not know, so the driver shim keeps forwarding those): the work is
+    //! [`cudaw_engine::memory_calls`]' `driver_*` functions.
     use crate::boundary::guard;
-    use crate::memory::{self, tag};
-    use crate::types::*;
-    use cudaw_engine::memory_calls::{self as calls, to_cu, CU_ERROR_INVALID_VALUE, CU_SUCCESS};
-    use driver::hooks::{MemoryHooks, NOT_MINE};
+    use crate::memory::tag;
+    use cudaw_engine::memory_calls as calls;
+    use driver::hooks::MemoryHooks;
     use std::ffi::c_void;
 
     /// `CUDA_ERROR_UNKNOWN`, for a panic.
     const UNKNOWN: u32 = 999;
 
-    /// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
-    /// context if `f` changed it. A driver-API caller may have a context of its own
-    /// (`cuCtxCreate`): the VMM works in the device's primary context (and its first use
-    /// initialises the runtime there), which must not stay current in the caller's place.
-    fn keeping_context<R>(f: impl FnOnce() -> R) -> R {
-        let drv = memory::driver().ok();
-        let _kept = drv
-            .as_deref()
-            .and_then(|d| driver::KeptContext::new(d).ok());
-        f()
-    }
-
-    /// Allocates `size` bytes on device `ordinal` from its VMM and writes the address
-    /// through `out`; [`NOT_MINE`] where the VMM does not serve the driver shim.
-    fn alloc(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
-        keeping_context(|| alloc_in_vmm(out, size, ordinal, tag))
-    }
-
-    fn alloc_in_vmm(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
-        if memory::translated() {
-            return NOT_MINE;
-        }
-        if out.is_null() || size == 0 {
-            return CU_ERROR_INVALID_VALUE;
-        }
-        let _in_flight = cudaw_engine::inflight::enter();
-        let mem = match memory::device(ordinal) {
-            Ok(m) => m,
-            // No VMM for this device (logged): the driver shim forwards instead.
-            Err(ERROR_INITIALIZATION) => return NOT_MINE,
-            Err(e) => return to_cu(e),
-        };
-        match mem.alloc(size, tag) {
-            Ok(a) => {
-                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
-                unsafe { out.write(a.base) };
-                CU_SUCCESS
-            }
-            Err(e) => to_cu(e),
-        }
-    }
-
     extern "C" fn mem_alloc(out: *mut u64, size: usize, ordinal: i32) -> u32 {
         guard("cuMemAlloc (driver layer)", UNKNOWN, || {
-            alloc(out, size as u64, ordinal, tag::DRIVER)
+            calls::driver_alloc(out, size as u64, ordinal, tag::DRIVER)
         })
     }
 
@@ -261,67 +170,25 @@ mod memory_hooks {
         ordinal: i32,
     ) -> u32 {
         guard("cuMemAllocPitch (driver layer)", UNKNOWN, || {
-            if memory::translated() {
-                return NOT_MINE;
-            }
-            let pitched = calls::driver_pitched(width, height, element);
-            let (false, false, Some((p, size))) = (out.is_null(), pitch.is_null(), pitched) else {
-                return CU_ERROR_INVALID_VALUE;
-            };
-            let rc = alloc(out, size as u64, ordinal, tag::PITCH);
-            if rc == CU_SUCCESS {
-                // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
-                unsafe { pitch.write(p) };
-            }
-            rc
+            calls::driver_alloc_pitch(out, pitch, width, height, element, ordinal)
         })
     }
 
     extern "C" fn mem_free(ptr: u64) -> u32 {
         guard("cuMemFree (driver layer)", UNKNOWN, || {
-            keeping_context(|| match memory::lookup(ptr) {
-                Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = cudaw_engine::inflight::enter();
-                    mem.synchronise_before_free("cuMemFree");
-                    crate::tracing::free(ptr);
-                    match mem.vmm.free(ptr) {
-                        Ok(()) => CU_SUCCESS,
-                        Err(e) => to_cu(e.cuda_error_code()),
-                    }
-                }
-                Some(_) => CU_ERROR_INVALID_VALUE,
-                None => NOT_MINE,
-            })
+            calls::driver_free(ptr, crate::tracing::free)
         })
     }
 
     extern "C" fn mem_free_async(ptr: u64, stream: *mut c_void) -> u32 {
         guard("cuMemFreeAsync (driver layer)", UNKNOWN, || {
-            keeping_context(|| match memory::lookup(ptr) {
-                Some((mem, a)) if a.base == ptr => {
-                    let _in_flight = cudaw_engine::inflight::enter();
-                    to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
-                }
-                Some(_) => CU_ERROR_INVALID_VALUE,
-                None => NOT_MINE,
-            })
+            calls::driver_free_async(ptr, stream)
         })
     }
 
     extern "C" fn allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {
         guard("a pointer query (driver layer)", false, || {
-            let Some((_, a)) = memory::lookup(ptr) else {
-                return false;
-            };
-            if base.is_null() || size.is_null() {
-                return false;
-            }
-            // SAFETY: the driver shim's non-null out-pointers.
-            unsafe {
-                base.write(a.base);
-                size.write(a.size);
-            }
-            true
+            calls::driver_allocation(ptr, base, size)
         })
     }
 
@@ -363,7 +230,7 @@ mod trace_hooks {
 
     extern "C" fn mode() -> u32 {
         guard("the tracing mode (driver layer)", TRACE_OFF, || {
-            tracing::trace_mode_word(tracing::driver_mode(tracing::mode()))
+            trace::trace_mode_word(trace::driver_mode(tracing::mode()))
         })
     }
 

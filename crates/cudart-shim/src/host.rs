@@ -6,7 +6,7 @@
 
 use crate::types::*;
 use crate::{call_real, gate, tracing};
-use cudaw_control::{Reply, TraceWritten, TracingSwitched};
+use cudaw_control::Reply;
 use cudaw_engine::host::{Code, TracerRequest};
 use cudaw_engine::trace;
 use std::ffi::c_void;
@@ -134,49 +134,8 @@ impl cudaw_engine::Host for Shim {
     }
 
     fn tracer_request(&self, req: TracerRequest<'_>) -> Reply {
-        match req {
-            TracerRequest::Stats { top } => match trace::stats(top) {
-                Ok(s) => Reply {
-                    ok: true,
-                    stats: Some(Box::new(s)),
-                    ..Reply::default()
-                },
-                Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
-            },
-            TracerRequest::Switch { on } => {
-                match tracing::set_active(on, crate::wrappers::switch_launch_entries) {
-                    Ok(was_on) => Reply {
-                        ok: true,
-                        tracing: Some(TracingSwitched {
-                            mode: crate::config::get().trace.as_str().to_owned(),
-                            on,
-                            was_on,
-                        }),
-                        ..Reply::default()
-                    },
-                    Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
-                }
-            }
-            TracerRequest::Timeline { path, file } => {
-                let written = match file {
-                    Some(f) => trace::write_timeline_into(f, path, tracing::pending_calls),
-                    None => trace::write_timeline(path, tracing::pending_calls),
-                };
-                match written {
-                    Ok(w) => Reply {
-                        ok: true,
-                        trace: Some(TraceWritten {
-                            path: path.to_string_lossy().into_owned(),
-                            events: w.events,
-                            bytes: w.bytes,
-                            dropped: w.dropped,
-                        }),
-                        ..Reply::default()
-                    },
-                    Err(e) => Reply::error(cudaw_control::ErrorKind::Failed, e),
-                }
-            }
-        }
+        let switch = |on| tracing::set_active(on, crate::wrappers::switch_launch_entries);
+        trace::reply(req, switch, tracing::pending_calls)
     }
 
     fn driver_reservations(&self) -> usize {

@@ -33,13 +33,15 @@
 
 use crate::dispatch::ALL_NAMES;
 use crate::{gate, log, registry};
-use cudaw_trace::{Config, Direction, Mode, Tracer};
+use cudaw_engine::trace;
+use cudaw_shim_core::shadow;
+use cudaw_trace::{Config, Mode, Tracer};
 // The tick source: the time stamp counter on x86-64 (constant rate on every CPU that runs
 // CUDA), the virtual counter on AArch64; calibrated against the monotonic clock.
 use driver::selfcost::ticks;
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// The id of `ALL_NAMES[0]` in the tracer's function table.
 static FUNCTION_BASE: AtomicU32 = AtomicU32::new(0);
@@ -72,7 +74,7 @@ fn init_once() {
         buffer_sample: cfg.trace_buffer_sample,
     });
     FUNCTION_BASE.store(t.register_functions(&ALL_NAMES), Ordering::Relaxed);
-    t.set_launch_source(Box::new(driver_layer_launches));
+    t.set_launch_source(Box::new(trace::driver_layer_launches));
     // SAFETY: registers a function with no arguments that never unwinds (it runs inside
     // the panic boundary).
     unsafe { libc::atexit(at_exit) };
@@ -101,39 +103,6 @@ fn init_once() {
         },
         t.clock().rate()
     ));
-}
-
-/// The launches cudaw's driver layer counted under `metrics` (it hands over only those whose
-/// buffers the memory history looks up: `crates/driver-shim`'s `trace::launch`), by kernel,
-/// to `each`; nothing without a driver layer of cudaw's.
-fn driver_layer_launches(each: &mut dyn FnMut(&str, u64)) {
-    type Export = extern "C" fn(driver::hooks::TracedLaunches, *mut c_void);
-    extern "C" fn one(ctx: *mut c_void, name: *const u8, len: usize, n: u64) {
-        crate::boundary::guard("reading the driver layer's launches", (), || {
-            // SAFETY: `ctx` is the `&mut &mut dyn FnMut` passed below, alive for the call.
-            let each = unsafe { &mut *(ctx as *mut &mut dyn FnMut(&str, u64)) };
-            // SAFETY: the driver layer passes its kernel name's bytes, `len` of them.
-            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
-            each(&String::from_utf8_lossy(bytes), n);
-        })
-    }
-    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
-    let f = unsafe {
-        libc::dlsym(
-            libc::RTLD_DEFAULT,
-            driver::hooks::TRACED_LAUNCHES_SYMBOL.as_ptr(),
-        )
-    };
-    if f.is_null() {
-        return;
-    }
-    // SAFETY: cudaw's driver layer exports this name with the signature `Export`.
-    let f: Export = unsafe { std::mem::transmute(f) };
-    let mut each = each;
-    f(
-        one,
-        &mut each as *mut &mut dyn FnMut(&str, u64) as *mut c_void,
-    );
 }
 
 /// The process's tracer, when tracing is on (and not switched off by [`set_active`]).
@@ -226,11 +195,11 @@ pub fn set_active(on: bool, switch_launch_entries: fn(bool)) -> Result<bool, Str
     if on {
         SUSPENDED.store(false, Ordering::SeqCst);
         switch_launch_entries(true);
-        driver_layer_mode(mode());
+        trace::driver_layer_mode(mode());
         gate::GATE.fetch_or(bits, Ordering::SeqCst);
     } else {
         gate::GATE.fetch_and(!bits, Ordering::SeqCst);
-        driver_layer_mode(Mode::Off);
+        trace::driver_layer_mode(Mode::Off);
         switch_launch_entries(false);
         SUSPENDED.store(true, Ordering::SeqCst);
     }
@@ -254,50 +223,6 @@ fn gate_bits(mode: Mode) -> u32 {
     }
 }
 
-/// The mode cudaw's driver layer records in while tracing runs in `mode`: none with
-/// `CUDAW_TRACE_DRIVER=off`.
-pub(crate) fn driver_mode(mode: Mode) -> Mode {
-    if crate::config::get().trace_driver {
-        mode
-    } else {
-        Mode::Off
-    }
-}
-
-/// Tells cudaw's driver layer (`libcuda.so.1`), when it is the loaded driver, to record or
-/// not (`driver::hooks::TRACE_MODE_SYMBOL`) while tracing runs in `mode`.
-fn driver_layer_mode(mode: Mode) {
-    let mode = driver_mode(mode);
-    // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up; dlsym reads the
-    // loader's tables. The driver layer exports the name as `extern "C" fn(u32)`; no other
-    // library exports it.
-    unsafe {
-        let h = libc::dlopen(
-            c"libcuda.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        );
-        if h.is_null() {
-            return;
-        }
-        let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
-        if !f.is_null() {
-            let set: extern "C" fn(u32) = std::mem::transmute(f);
-            set(trace_mode_word(mode));
-        }
-        libc::dlclose(h);
-    }
-}
-
-/// `mode` as the driver shim's word for it.
-pub fn trace_mode_word(mode: Mode) -> u32 {
-    use driver::hooks::{TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
-    match mode {
-        Mode::Off => TRACE_OFF,
-        Mode::Metrics => TRACE_METRICS,
-        Mode::Timeline => TRACE_TIMELINE,
-    }
-}
-
 /// `CUDAW_TRACE_FILE` (`%p` in it standing for the PID), or `cudaw-PID.trace.json` in the
 /// working folder ([`cudaw_trace::files::trace_file_for`]).
 pub fn trace_file() -> PathBuf {
@@ -309,528 +234,103 @@ pub fn trace_file() -> PathBuf {
 
 // ------------------------------------------------------------------ the shadow stack
 
-/// Calls a thread may nest (deeper calls run untimed).
-const DEPTH: usize = 32;
+/// This library's shadow stack ([`cudaw_shim_core::shadow`]).
+pub(crate) struct Rt;
 
-/// One timed call on the shadow stack (`shim-build`'s `TRACE_FRAME` layout).
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Frame {
-    /// Where the caller's return address was (a thunk's address is there now).
-    slot: usize,
-    /// The caller's return address.
-    ret: usize,
-    /// The export's index in `ALL_NAMES`.
-    index: u64,
-    /// Ticks at entry.
-    start: u64,
-}
-
-/// A thread's tracing state, shared with the assembly fast path (`shim-build`'s
-/// `trace_fast_path`: `TRACE_TOP`, `TRACE_LIMIT`, `TRACE_CALLS`), reached through a
-/// word of static TLS (`cudaw_rt_trace_tls`, [`TraceTls`]). Made on the thread's first
-/// traced call and never freed (the tracer keeps every thread's counters anyway), so calls
-/// made while a thread exits are timed too.
-#[repr(C)]
-pub(crate) struct Block {
-    /// The next free frame.
-    top: *mut Frame,
-    /// One past the last frame.
-    limit: *mut Frame,
-    /// The thread's counters of `ALL_NAMES[i]`, at `i` (`ThreadCounters::flat_calls`).
-    calls: *const cudaw_trace::counters::CallSlot,
-    /// `CUDAW_TRACE_SAMPLE` - 1: the fast path times a call when its export's count so far
-    /// has none of these bits.
-    mask: u64,
-    /// The timeline's call buffer: where the fast thunk writes the next call's event (null
-    /// with `metrics`). Only this thread writes it (plain stores from the assembly); a
-    /// reader of the timeline loads it under the ring's lock ([`pending_calls`]).
-    events: AtomicPtr<CallEvent>,
-    /// The buffer's soft end ([`EVENTS`] events in; `usize::MAX` without a buffer): a
-    /// timed call that finds `events` there takes the Rust path, which empties it.
-    events_end: *mut CallEvent,
-    /// The buffer's first event (null with `metrics`).
-    events_base: *mut CallEvent,
-    /// The thread's counters.
-    counters: &'static cudaw_trace::counters::ThreadCounters,
-    /// `frames[0]` is a sentinel (slot `usize::MAX`: never stale, never matched).
-    frames: [Frame; DEPTH + 1],
-    /// Calls this thread timed on the Rust path ([`rust_enters`]): written by this thread
-    /// alone, with a plain add.
-    rust_enters: std::sync::atomic::AtomicU64,
-}
-
-const _: () = {
-    assert!(std::mem::offset_of!(Block, top) == 0);
-    assert!(std::mem::offset_of!(Block, limit) == 8);
-    assert!(std::mem::offset_of!(Block, calls) == 16);
-    assert!(std::mem::offset_of!(Block, mask) == 24);
-    assert!(std::mem::offset_of!(Block, events) == 32);
-    assert!(std::mem::offset_of!(Block, events_end) == 40);
-    assert!(std::mem::size_of::<CallEvent>() == 24);
-    assert!(std::mem::size_of::<Frame>() == 32);
-    assert!(std::mem::size_of::<cudaw_trace::counters::CallSlot>() == 32);
-};
-
-/// One call the fast thunk wrote into a thread's timeline buffer (`shim-build`'s
-/// `TRACE_EVENT` layout).
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct CallEvent {
-    start: u64,
-    ticks: u64,
-    /// The export's index in `ALL_NAMES`.
-    index: u64,
-}
-
-/// Calls a thread's timeline buffer holds before they go to the ring (under its lock, all
-/// at once), and the room past that for the calls on the shadow stack, whose thunks write
-/// without looking.
-#[doc(hidden)]
-pub const EVENTS: usize = 1024;
-const EVENTS_ROOM: usize = EVENTS + DEPTH + 1;
-
-const EMPTY: Frame = Frame {
-    slot: 0,
-    ret: 0,
-    index: 0,
-    start: 0,
-};
+/// Its blocks and counts.
+static SHADOW: shadow::State = shadow::State::new();
 
 extern "C" {
-    /// The calling thread's words (`trace.s`, [`TraceTls`]): 0 until [`block`] makes the
-    /// block.
+    /// The calling thread's words (`trace.s`, [`shadow::TraceTls`]): 0 until the shadow
+    /// stack makes the block.
     fn cudaw_rt_trace_block() -> *mut *mut c_void;
     /// The thread-pointer offset of those words, which the gate's line keeps for the fast
     /// path ([`gate::set_trace_tls`]).
     fn cudaw_rt_trace_tls_offset() -> usize;
 }
 
-/// A thread's words of static TLS (`shim-build`'s `TRACE_TLS_*`): its block, and copies of
-/// the block's `calls` and `mask`, which a call the sampling leaves untimed reads instead
-/// of the block.
-#[repr(C)]
-struct TraceTls {
-    block: *mut Block,
-    /// Written last: nonzero means all three are set.
-    calls: *const cudaw_trace::counters::CallSlot,
-    mask: u64,
-}
-
-const _: () = {
-    assert!(std::mem::offset_of!(TraceTls, calls) == 8);
-    assert!(std::mem::offset_of!(TraceTls, mask) == 16);
-    assert!(std::mem::size_of::<TraceTls>() == 24);
-};
-
-/// The calling thread's words.
-fn thread_words() -> *mut TraceTls {
-    // SAFETY: the accessor returns the address of the calling thread's static TLS words,
-    // which live as long as the thread and are used by this thread only.
-    unsafe { cudaw_rt_trace_block() }.cast()
-}
-
-/// The calling thread's block, made on first use (`None`: tracing is off).
-fn block() -> Option<*mut Block> {
-    if let Some(b) = existing_block() {
-        return Some(b);
+// SAFETY: `cudaw_rt_trace_block` returns the calling thread's static TLS words
+// (`shim-build`'s `TRACE_TLS_*`, zeroed at thread start, the thread's alone); the thunk is
+// the one `return_thunk!` made for `Rt`.
+unsafe impl shadow::Host for Rt {
+    fn words() -> *mut shadow::TraceTls {
+        // SAFETY: the accessor only computes the address of the calling thread's words.
+        unsafe { cudaw_rt_trace_block() }.cast()
     }
-    let t = tracer()?;
-    let counters = t.thread_counters();
-    let base = FUNCTION_BASE.load(Ordering::Relaxed);
-    let slots = counters.flat_calls(base, ALL_NAMES.len())?;
-    // Allocations are always timed: the shadow stack's frame gives their creation site.
-    let always_timed = ALWAYS_TIMED.get().copied().unwrap_or(&[]);
-    for &i in always_timed {
-        if let Some(s) = slots.get(i) {
-            s.time_always();
+    fn tracer() -> Option<&'static Tracer> {
+        tracer()
+    }
+    fn state() -> &'static shadow::State {
+        &SHADOW
+    }
+    fn function_base() -> u32 {
+        FUNCTION_BASE.load(Ordering::Relaxed)
+    }
+    fn exports() -> usize {
+        ALL_NAMES.len()
+    }
+    fn always_timed() -> &'static [usize] {
+        ALWAYS_TIMED.get().copied().unwrap_or(&[])
+    }
+    fn direct_exports() -> &'static [usize] {
+        if crate::config::get().trace_direct {
+            &crate::dispatch::REGISTER_ARGS
+        } else {
+            &[]
         }
     }
-    // Exports whose arguments all travel in registers are called from the fast path's
-    // own frame (their returns stay predicted), allocations excepted.
-    if crate::config::get().trace_direct {
-        for i in crate::dispatch::REGISTER_ARGS {
-            if let (Some(s), false) = (slots.get(i), always_timed.contains(&i)) {
-                s.call_direct();
-            }
-        }
+    fn sample() -> u32 {
+        crate::config::get().trace_sample
     }
-    let calls = slots.as_ptr();
-    let mut frames = [EMPTY; DEPTH + 1];
-    frames[0].slot = usize::MAX;
-    // The timeline: every call timed, its event written by the fast thunk into the
-    // thread's buffer (leaked with the block).
-    let (mask, events_base, events_end) = if t.timeline() {
-        let buf: &'static mut [CallEvent] = Box::leak(
-            vec![
-                CallEvent {
-                    start: 0,
-                    ticks: 0,
-                    index: 0
-                };
-                EVENTS_ROOM
-            ]
-            .into_boxed_slice(),
-        );
-        let base = buf.as_mut_ptr();
-        // SAFETY: EVENTS < EVENTS_ROOM: inside the buffer.
-        (0, base, unsafe { base.add(EVENTS) })
-    } else {
-        (
-            crate::config::get().trace_sample.max(1) as u64 - 1,
-            std::ptr::null_mut(),
-            usize::MAX as *mut CallEvent,
-        )
-    };
-    let b = Box::into_raw(Box::new(Block {
-        top: std::ptr::null_mut(),
-        limit: std::ptr::null_mut(),
-        calls,
-        mask,
-        events: AtomicPtr::new(events_base),
-        events_end,
-        events_base,
-        counters,
-        frames,
-        rust_enters: std::sync::atomic::AtomicU64::new(0),
-    }));
-    BLOCKS.lock().push(b as usize);
-    // SAFETY: `b` is a fresh allocation, leaked for the life of the process; the frames
-    // array has DEPTH + 1 elements, so both pointers are in bounds (or one past the end).
-    unsafe {
-        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>();
-        (*b).top = first.add(1);
-        (*b).limit = first.add(DEPTH + 1);
-        // The fast path reads the calls pointer first: it goes last, each a volatile
-        // store in this order (only this thread reads its words, a signal handler on it
-        // included).
-        let words = thread_words();
-        std::ptr::addr_of_mut!((*words).block).write_volatile(b);
-        std::ptr::addr_of_mut!((*words).mask).write_volatile(mask);
-        std::ptr::addr_of_mut!((*words).calls).write_volatile(calls);
+    fn thunk() -> usize {
+        cudaw_trace_return as *const () as usize
     }
-    Some(b)
 }
 
-/// Moves the calls the fast thunk wrote into the thread's timeline buffer (`b`, the calling
-/// thread's block) to the ring, under its lock, and empties the buffer.
-fn flush_calls(b: &Block) {
-    let base = b.events_base;
-    if base.is_null() {
-        return;
-    }
-    let Some(t) = tracer() else { return };
-    if b.events.load(Ordering::Relaxed) == base {
-        return;
-    }
-    t.push_batch(|push| {
-        // SAFETY: the calling thread's own buffer: nothing else writes it meanwhile.
-        unsafe { buffered_calls(b, push) };
-        b.events.store(base, Ordering::Relaxed);
-    });
+cudaw_shim_core::return_thunk!(pub(crate) cudaw_trace_return, Rt);
+
+/// Calls a thread's timeline buffer holds before they go to the ring.
+#[doc(hidden)]
+pub use shadow::EVENTS;
+
+/// Starts timing the call of export `index` whose return address is at `slot`
+/// ([`shadow::enter`]).
+///
+/// # Safety
+/// `slot` is the address of the return address of the export call in progress on this
+/// thread.
+pub unsafe fn enter(index: u32, slot: *mut usize) {
+    // SAFETY: the caller's contract.
+    unsafe { shadow::enter::<Rt>(index, slot) }
 }
 
-/// A call the fast path made from its own frame (`shim-build`'s `TRACE_DIRECT`) that
-/// returned to a full timeline buffer (calls nested in it filled it): the buffer goes to
-/// the ring, then this call's event. Its counters are already updated.
+/// A fast-path call from its own frame that returned to a full timeline buffer
+/// ([`shadow::direct_full`]; `shim-build`'s `TRACE_DIRECT`).
 pub(crate) extern "C" fn direct_full(index: u64, start: u64, ticks: u64) {
-    DIRECT_FULL.fetch_add(1, Ordering::Relaxed);
-    crate::boundary::guard("tracing a call", (), || {
-        let Some(b) = existing_block() else { return };
-        // SAFETY: blocks are leaked when made, never freed; this is the calling thread's.
-        let b = unsafe { &*b };
-        flush_calls(b);
-        if let Some(t) = tracer() {
-            let f = FUNCTION_BASE.load(Ordering::Relaxed) + index as u32;
-            let tid = b.counters.tid;
-            t.push_batch(|push| {
-                push(cudaw_trace::timeline::Event::Call {
-                    f,
-                    tid,
-                    start,
-                    end: start.wrapping_add(ticks),
-                })
-            });
-        }
-    })
+    shadow::direct_full::<Rt>(index, start, ticks)
 }
 
 /// Calls [`direct_full`] recorded so far (the fast path's test reads it).
 #[doc(hidden)]
 pub fn direct_full_calls() -> u64 {
-    DIRECT_FULL.load(Ordering::Relaxed)
+    shadow::direct_full_calls::<Rt>()
 }
 
-/// Room left in the calling thread's timeline buffer, in calls (0 without one): the fast
-/// path's test fills it exactly.
+/// Room left in the calling thread's timeline buffer, in calls (0 without one).
 #[doc(hidden)]
 pub fn timeline_room() -> usize {
-    existing_block().map_or(0, |b| {
-        // SAFETY: the calling thread's own block (leaked, never freed); the cursor stays
-        // inside its buffer, or is null with its end at usize::MAX without one.
-        let (end, at) = unsafe { ((*b).events_end, (*b).events.load(Ordering::Relaxed)) };
-        if at.is_null() {
-            0
-        } else {
-            (end as usize).saturating_sub(at as usize) / std::mem::size_of::<CallEvent>()
-        }
-    })
+    shadow::timeline_room::<Rt>()
 }
 
-/// Calls [`direct_full`] recorded.
-static DIRECT_FULL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Hands `each` the calls block `b`'s timeline buffer holds, as timeline events.
-///
-/// # Safety
-/// Nobody empties the buffer meanwhile: the caller is its thread, or holds the ring's lock
-/// (which emptying takes). Its thread may go on writing past the cursor read here.
-unsafe fn buffered_calls(b: &Block, each: &mut dyn FnMut(cudaw_trace::timeline::Event)) {
-    let base = b.events_base;
-    if base.is_null() {
-        return;
-    }
-    let fbase = FUNCTION_BASE.load(Ordering::Relaxed);
-    // The thread wrote every event below the cursor before it stored the cursor (x86
-    // stores are seen in order).
-    let end = b.events.load(Ordering::Acquire);
-    // SAFETY: the cursor stays within the buffer, at or past its base.
-    let n = unsafe { end.offset_from(base) }.max(0) as usize;
-    // SAFETY: `n` events written, inside the buffer, not rewritten meanwhile (caller's
-    // contract).
-    for e in unsafe { std::slice::from_raw_parts(base, n) } {
-        each(cudaw_trace::timeline::Event::Call {
-            f: fbase + e.index as u32,
-            tid: b.counters.tid,
-            start: e.start,
-            end: e.start.wrapping_add(e.ticks),
-        });
-    }
-}
-
-/// The calls every thread's timeline buffer holds, not yet in the ring: run under the
-/// ring's lock ([`cudaw_trace::Tracer::write_timeline_with`]), so no thread empties its
-/// buffer meanwhile (emptying takes that lock); the events up to each cursor read are
-/// complete (x86 stores are seen in order).
+/// The calls every thread's timeline buffer holds, not yet in the ring
+/// ([`shadow::pending_calls`]).
 pub fn pending_calls() -> Vec<cudaw_trace::timeline::Event> {
-    let mut out = Vec::new();
-    for &b in BLOCKS.lock().iter() {
-        // SAFETY: blocks are leaked when made, never freed; we run under the ring's lock,
-        // which a thread takes to empty its buffer.
-        unsafe { buffered_calls(&*(b as *const Block), &mut |e| out.push(e)) };
-    }
-    out
+    shadow::pending_calls::<Rt>()
 }
 
-/// The calling thread's block, if it has one.
-fn existing_block() -> Option<*mut Block> {
-    // SAFETY: the thread's own TLS words.
-    let b = unsafe { (*thread_words()).block };
-    (!b.is_null()).then_some(b)
-}
-
-/// Every thread's block (addresses; blocks are never freed).
-static BLOCKS: parking_lot::Mutex<Vec<usize>> = parking_lot::Mutex::new(Vec::new());
-
-/// Calls timed on the Rust path rather than the assembly fast path (a pause, a thread's
-/// first call, a full shadow stack or call buffer), summed over the threads: the summary
-/// at exit reports them, and the tests check the fast path took the rest. Each thread
-/// counts its own in its block with a plain add.
+/// Calls timed on the Rust path rather than the assembly fast path ([`shadow::rust_enters`]).
 pub fn rust_enters() -> u64 {
-    BLOCKS
-        .lock()
-        .iter()
-        .map(|&b| {
-            // SAFETY: blocks are leaked when made, never freed.
-            let b = unsafe { &*(b as *const Block) };
-            b.rust_enters.load(Ordering::Relaxed)
-        })
-        .sum()
-}
-
-/// Starts timing the call of export `index` whose return address is at `slot`: called by
-/// the slow path just before it jumps to the export.
-///
-/// # Safety
-/// `slot` is the address of the return address of the export call in progress on this
-/// thread (the word the `call` instruction pushed).
-pub unsafe fn enter(index: u32, slot: *mut usize) {
-    let Some(b) = block() else { return };
-    // SAFETY: this thread's block (leaked, never freed).
-    unsafe { flush_calls(&*b) };
-    // SAFETY: this thread's block; only this thread writes its count.
-    let n = unsafe { &(*b).rust_enters };
-    n.store(n.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    let at = slot as usize;
-    // SAFETY: `b` is this thread's block; only this thread (here, the assembly fast path
-    // and the thunks, never at the same time) touches it. `top` stays within
-    // frames[1..=DEPTH]; the sentinel frames[0] ends the loop.
-    unsafe {
-        // A frame at or below this one on the stack cannot be live: a longjmp skipped it.
-        while (*(*b).top.sub(1)).slot <= at {
-            (*b).top = (*b).top.sub(1);
-        }
-        if (*b).top >= (*b).limit {
-            return;
-        }
-        let f = (*b).top;
-        (*b).top = f.add(1);
-        // SAFETY (slot): holds this call's return address (caller's contract); the export
-        // returns into the thunk, which returns to it.
-        f.write(Frame {
-            slot: at,
-            ret: slot.read(),
-            index: u64::from(index),
-            start: 0,
-        });
-        slot.write(cudaw_trace_return as *const () as usize);
-        (*f).start = ticks();
-    }
-}
-
-/// The return thunk's work: ends the timing of the call whose return address was at
-/// `slot` and returns that address.
-extern "C" fn exit(slot: usize) -> usize {
-    let end = ticks();
-    // SAFETY: this thread's block (see `enter`); the search stays above the sentinel.
-    let popped = existing_block().and_then(|b| unsafe {
-        let first = std::ptr::addr_of_mut!((*b).frames).cast::<Frame>().add(1);
-        let mut f = (*b).top;
-        while f > first {
-            f = f.sub(1);
-            if (*f).slot == slot {
-                (*b).top = f;
-                return Some((f.read(), (*b).counters));
-            }
-        }
-        None
-    });
-    let Some((f, counters)) = popped else {
-        // No frame for this return: nowhere to go back to. Never expected.
-        log::error(format_args!(
-            "tracing: a traced call returned with no frame recorded (slot {slot:#x}); aborting"
-        ));
-        std::process::abort();
-    };
-    crate::boundary::guard("tracing a call", (), || {
-        if let Some(t) = tracer() {
-            let id = FUNCTION_BASE.load(Ordering::Relaxed) + f.index as u32;
-            t.record_call_on(counters, id, f.start, end);
-        }
-    });
-    f.ret
-}
-
-// The thunk a call timed in Rust returns into (and the fast thunk's fallback): %rsp is the
-// return address's slot + 8. Saves the return registers (%rax, %rdx, %xmm0, %xmm1), calls
-// exit(slot) on an aligned stack, restores them and jumps to the caller's real return
-// address.
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".pushsection .text.cudaw_trace,\"ax\",@progbits",
-    ".p2align 4",
-    ".globl {thunk}",
-    ".hidden {thunk}",
-    ".type {thunk},@function",
-    "{thunk}:",
-    "    push %rbp",
-    "    mov %rsp, %rbp",
-    "    push %rax",
-    "    push %rdx",
-    "    sub $32, %rsp",
-    "    and $-16, %rsp",
-    "    movdqu %xmm0, 0(%rsp)",
-    "    movdqu %xmm1, 16(%rsp)",
-    "    mov %rbp, %rdi",
-    "    call {exit}",
-    "    mov %rax, %r11",
-    "    movdqu 0(%rsp), %xmm0",
-    "    movdqu 16(%rsp), %xmm1",
-    "    lea -16(%rbp), %rsp",
-    "    pop %rdx",
-    "    pop %rax",
-    "    pop %rbp",
-    "    jmp *%r11",
-    ".size {thunk}, .-{thunk}",
-    ".popsection",
-    thunk = sym cudaw_trace_return,
-    exit = sym exit,
-    options(att_syntax)
-);
-
-// The same on AArch64: the slow path kept the return address at its stack pointer - 8
-// (shim-build's `aarch64.rs`), so `slot` is the thunk's stack pointer - 8 on entry. Saves
-// the return registers (x0-x7, q0-q3) around exit(slot) and returns to its result.
-#[cfg(target_arch = "aarch64")]
-std::arch::global_asm!(
-    ".pushsection .text.cudaw_trace,\"ax\",%progbits",
-    ".p2align 4",
-    ".globl {thunk}",
-    ".hidden {thunk}",
-    ".type {thunk},%function",
-    "{thunk}:",
-    "    sub sp, sp, #144",
-    "    stp x29, x30, [sp, #128]",
-    "    add x29, sp, #128",
-    "    stp x0, x1, [sp, #0]",
-    "    stp x2, x3, [sp, #16]",
-    "    stp x4, x5, [sp, #32]",
-    "    stp x6, x7, [sp, #48]",
-    "    stp q0, q1, [sp, #64]",
-    "    stp q2, q3, [sp, #96]",
-    "    add x0, sp, #136",
-    "    bl {exit}",
-    "    mov x16, x0",
-    "    ldp q2, q3, [sp, #96]",
-    "    ldp q0, q1, [sp, #64]",
-    "    ldp x6, x7, [sp, #48]",
-    "    ldp x4, x5, [sp, #32]",
-    "    ldp x2, x3, [sp, #16]",
-    "    ldp x0, x1, [sp, #0]",
-    "    ldp x29, x30, [sp, #128]",
-    "    add sp, sp, #144",
-    "    ret x16",
-    ".size {thunk}, .-{thunk}",
-    ".popsection",
-    thunk = sym cudaw_trace_return,
-    exit = sym exit,
-);
-
-extern "C" {
-    /// The return thunk (defined above in assembly; never called directly).
-    pub(crate) fn cudaw_trace_return();
-}
-
-/// The return address of the traced export call in progress on this thread (the
-/// innermost cudaw sees), if any.
-fn caller_address() -> Option<usize> {
-    let b = existing_block()?;
-    // SAFETY: this thread's block; `top - 1` is the sentinel at worst (slot usize::MAX).
-    let f = unsafe { (*b).top.sub(1).read() };
-    (f.slot != usize::MAX).then_some(f.ret)
-}
-
-/// The file name of the library (or program) containing `addr`.
-fn library_of(addr: usize) -> Option<String> {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
-    let ok = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
-    if ok == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-    let s = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy();
-    let name = s.rsplit('/').next().unwrap_or(&s);
-    Some(if name.is_empty() {
-        "the program".to_owned()
-    } else {
-        name.to_owned()
-    })
+    shadow::rust_enters::<Rt>()
 }
 
 // ------------------------------------------------------------------ what wrappers record
@@ -841,7 +341,7 @@ static ALWAYS_TIMED: std::sync::OnceLock<&'static [usize]> = std::sync::OnceLock
 /// A new allocation (any API cudaw serves), named by the API that made it.
 pub fn alloc(base: u64, size: u64, api: &'static str) {
     if let Some(t) = tracer() {
-        let site = caller_address().and_then(library_of);
+        let site = shadow::caller_address::<Rt>().and_then(shadow::library_of);
         t.record_alloc(base, size, api, site.as_deref());
     }
 }
@@ -854,7 +354,7 @@ pub fn free(base: u64) {
 }
 
 /// Runs the copy `f` of `bytes` (`cudaMemcpyKind` `kind`) from `src` to `dst`, recording it
-/// when it succeeds.
+/// when it succeeds ([`cudaw_engine::trace::copy`]).
 #[inline]
 pub fn copy(
     kind: i32,
@@ -863,32 +363,11 @@ pub fn copy(
     src: *const c_void,
     f: impl FnOnce() -> u32,
 ) -> u32 {
-    let Some(t) = tracer() else { return f() };
-    // The clock is read only where it is kept: the timeline's start, the last use.
-    let timeline = t.timeline();
-    let start = if timeline { t.now() } else { 0 };
-    let rc = f();
-    if rc == 0 {
-        let end = t.now();
-        let start = if timeline { start } else { end };
-        t.record_copy(
-            Direction::from_kind(kind),
-            bytes as u64,
-            dst as u64,
-            src as u64,
-            start,
-            end,
-        );
-    }
-    rc
+    trace::copy(tracer(), kind, bytes, dst, src, f)
 }
 
-/// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
-/// allocations its arguments point into) when it succeeds
-/// ([`cudaw_engine::trace::record_launch`]). `run` is told whether the timeline is on
-/// (`None`: tracing is off) and returns the launch's result and whether cudaw's driver
-/// layer recorded it already (then this layer does not); `sm` gives the device's SM number
-/// for the kernel's parameter layout.
+/// Runs the launch `run` of `rec`'s kernel, recording it when it succeeds
+/// ([`cudaw_engine::trace::launch`]).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
@@ -901,31 +380,20 @@ pub fn launch(
     sm: fn() -> u32,
     run: impl FnOnce(Option<bool>) -> (u32, bool),
 ) -> u32 {
-    let Some(t) = tracer() else {
-        return run(None).0;
-    };
-    // The clock is read only where it is kept: the timeline, and the last use of the
-    // allocations the launch received (none for a kernel without pointers).
-    let start = if t.timeline() { t.now() } else { 0 };
-    let (rc, elsewhere) = run(Some(t.timeline()));
-    if rc == 0 && !elsewhere {
-        // SAFETY: `args` is the launch's argument array (the launch's contract, which
-        // the real runtime relied on just now).
-        unsafe {
-            cudaw_engine::trace::record_launch(
-                t,
-                rec,
-                lookup_ticks,
-                grid,
-                block,
-                shared,
-                args,
-                sm,
-                start,
-            )
-        };
+    // SAFETY: `args` is the launch's argument array (the launch's contract).
+    unsafe {
+        trace::launch(
+            tracer(),
+            rec,
+            lookup_ticks,
+            grid,
+            block,
+            shared,
+            args,
+            sm,
+            run,
+        )
     }
-    rc
 }
 
 /// `f()` and, with `CUDAW_TRACE_SELF=1` and tracing on, the ticks it took (else 0): a launch

@@ -12,6 +12,7 @@ use crate::registry;
 use crate::tracing;
 use crate::types::*;
 use crate::{call_real, log};
+use cudaw_engine::launch_args::{translate_args, ArgBuffer};
 use cudaw_engine::memory_calls as calls;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -274,34 +275,10 @@ extern "C" fn __cudaRegisterFatBinary(wrapper: *mut c_void) -> *mut *mut c_void 
         // SAFETY: forwarding the compiler-generated wrapper unchanged.
         let handle = unsafe { real(wrapper) };
         // SAFETY: `wrapper` is the `__fatBinC_Wrapper_t` nvcc emitted, alive for the process.
-        let data = unsafe { fatbin_bytes(wrapper) };
+        let data = unsafe { registry::fatbin_bytes(wrapper) };
         registry::add_fatbin(handle as usize, data);
         handle
     })
-}
-
-/// The container bytes of a registration wrapper, reading only what its headers declare.
-///
-/// # Safety
-/// `wrapper` is null or points to a `__fatBinC_Wrapper_t` and the container it names,
-/// both alive for the rest of the process (they are in the program's image).
-unsafe fn fatbin_bytes(wrapper: *const c_void) -> Option<&'static [u8]> {
-    if wrapper.is_null() {
-        return None;
-    }
-    // SAFETY: a wrapper is 24 bytes (caller's contract).
-    let w = unsafe { std::slice::from_raw_parts(wrapper as *const u8, 24) };
-    let info = fatbin::parse_wrapper(w).ok()?;
-    let container = info.container as *const u8;
-    if container.is_null() {
-        return None;
-    }
-    // SAFETY: the wrapper names a container, whose 16-byte header is readable.
-    let head = unsafe { std::slice::from_raw_parts(container, 16) };
-    let len = fatbin::container_len(head).ok()?;
-    let len = usize::try_from(len).ok()?;
-    // SAFETY: the container's header declares `len` bytes, all part of the program image.
-    Some(unsafe { std::slice::from_raw_parts(container, len) })
 }
 
 extern "C" fn __cudaUnregisterFatBinary(handle: *mut *mut c_void) {
@@ -385,19 +362,6 @@ variants!(get_kernel_impl => __cudaGetKernel; (out: *mut *mut c_void, host_fun: 
 
 // ---------------------------------------------------------------- translated addressing
 
-/// Kernel arguments rewritten for the real runtime: translated pointers in their own
-/// storage, `ptrs[i]` pointing at parameter `i`.
-pub struct ArgBuffer {
-    _storage: Vec<u64>,
-    ptrs: Vec<*mut c_void>,
-}
-
-impl ArgBuffer {
-    fn as_args(&mut self) -> *mut *mut c_void {
-        self.ptrs.as_mut_ptr()
-    }
-}
-
 static DEVICE_SM: AtomicU32 = AtomicU32::new(0);
 
 /// The current device's SM number (e.g. 90), cached.
@@ -415,84 +379,6 @@ pub(crate) fn device_sm() -> u32 {
     sm
 }
 
-/// Rewrites the arguments of a launch of `rec`: every 8-byte-aligned 8-byte word of a
-/// parameter whose value is a translated pointer. `None`: nothing to rewrite (or no layout).
-fn translate_args(
-    rec: Option<&registry::FunctionRecord>,
-    args: *mut *mut c_void,
-) -> Option<ArgBuffer> {
-    if !translated() {
-        return None;
-    }
-    let rec = rec?;
-    if args.is_null() {
-        return None;
-    }
-    let layout = rec.layout(device_sm())?;
-    let n = layout
-        .params
-        .iter()
-        .map(|p| p.ordinal as usize + 1)
-        .max()
-        .unwrap_or(0);
-    // SAFETY: the launch passes one argument pointer per kernel parameter.
-    let src: &[*mut c_void] = unsafe { std::slice::from_raw_parts(args, n) };
-    let total = layout
-        .params
-        .iter()
-        .map(|p| p.offset as usize + p.size as usize)
-        .max()
-        .unwrap_or(0);
-    let mut storage: Option<Vec<u64>> = None;
-    for p in &layout.params {
-        let base = src[p.ordinal as usize] as *const u8;
-        if base.is_null() {
-            continue;
-        }
-        let off = p.offset as usize;
-        for w in p.aligned_words() {
-            // SAFETY: `base` points at this parameter's `size` bytes (the launch's contract).
-            let v = unsafe { (base.add(w) as *const u64).read_unaligned() };
-            let t = to_real(v as *const c_void) as u64;
-            if t != v {
-                let buf = storage.get_or_insert_with(|| {
-                    let mut s = vec![0u64; total.div_ceil(8)];
-                    let bytes = s.as_mut_ptr() as *mut u8;
-                    for q in &layout.params {
-                        let qb = src[q.ordinal as usize] as *const u8;
-                        if !qb.is_null() {
-                            // SAFETY: copying each parameter's bytes into its slot of a
-                            // buffer sized for the whole parameter block.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    qb,
-                                    bytes.add(q.offset as usize),
-                                    q.size as usize,
-                                )
-                            };
-                        }
-                    }
-                    s
-                });
-                let bytes = buf.as_mut_ptr() as *mut u8;
-                // SAFETY: `off + w + 8 <= total`, and `off + w` is 8-aligned in the buffer.
-                unsafe { (bytes.add(off + w) as *mut u64).write(t) };
-            }
-        }
-    }
-    let mut storage = storage?;
-    let bytes = storage.as_mut_ptr() as *mut u8;
-    let mut ptrs = src.to_vec();
-    for p in &layout.params {
-        // SAFETY: within the buffer (offset < total).
-        ptrs[p.ordinal as usize] = unsafe { bytes.add(p.offset as usize) } as *mut c_void;
-    }
-    Some(ArgBuffer {
-        _storage: storage,
-        ptrs,
-    })
-}
-
 /// Forwards a launch of `rec`'s kernel (`f` is what the caller named it by: a host stub or a
 /// `cudaKernel_t`), its arguments rewritten for translated addressing.
 #[allow(clippy::too_many_arguments)]
@@ -507,7 +393,7 @@ fn forward_launch(
     shm: usize,
     s: cudaStream_t,
 ) -> cudaError_t {
-    let mut buf = translate_args(rec, args);
+    let mut buf = translate_args(rec, args, device_sm);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     tracing::launch(
         rec,
@@ -590,7 +476,7 @@ fn launch_ex_impl(
     args: *mut *mut c_void,
 ) -> cudaError_t {
     let (rec, lookup) = tracing::self_timed(|| registry::function(f as usize));
-    let mut buf = translate_args(rec, args);
+    let mut buf = translate_args(rec, args, device_sm);
     let a = buf.as_mut().map_or(args, ArgBuffer::as_args);
     // SAFETY: a non-null launch configuration from the application.
     let shape = (!cfg.is_null()).then(|| unsafe { cfg.read() });
@@ -679,7 +565,11 @@ fn translated_node(p: *const cudaKernelNodeParams) -> Option<(cudaKernelNodePara
     }
     // SAFETY: non-null pointer to the application's node parameters.
     let mut q = unsafe { p.read() };
-    let mut buf = translate_args(registry::function(q.func as usize), q.kernel_params)?;
+    let mut buf = translate_args(
+        registry::function(q.func as usize),
+        q.kernel_params,
+        device_sm,
+    )?;
     q.kernel_params = buf.as_args();
     Some((q, buf))
 }
@@ -749,152 +639,87 @@ fn rm(p: *mut c_void) -> *mut c_void {
     r(p) as *mut c_void
 }
 
-fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
-    tracing::copy(k, n, d, s, || {
-        forward!(
-            i, cudaMemcpy:
-            fn(*mut c_void, *const c_void, usize, i32),
-            rm(d),
-            r(s),
-            n,
-            k
-        )
-    })
+/// The copy and set forwarders: per entry the wrapper, the exports it serves, the copy it
+/// records (`copy(kind, bytes, dst, src)`; a set records none) and its arguments, each
+/// passed through the translation named after `=>` (`rm`/`r`: a device pointer; `pitched`:
+/// a pitched pointer's) or as it is.
+macro_rules! forwarders {
+    ($(
+        $imp:ident => $name:ident $(, $variant:ident)*;
+        $(copy($k:expr, $n:expr, $d:ident, $s:ident);)?
+        ($($a:ident : $t:ty $(=> $f:ident)?),*);
+    )+) => {$(
+        #[allow(clippy::too_many_arguments)]
+        fn $imp(i: usize, $($a: $t),*) -> cudaError_t {
+            let run = || forward!(i, $name: fn($($t),*), $(translate!($a $(, $f)?)),*);
+            copy_or_run!(run $(, $k, $n, $d, $s)?)
+        }
+        variants!($imp => $name $(, $variant)*; ($($a: $t),*));
+    )+};
 }
-variants!(memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; (d: *mut c_void, s: *const c_void, n: usize, k: i32));
 
-fn memcpy_async_impl(
-    i: usize,
-    d: *mut c_void,
-    s: *const c_void,
-    n: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(k, n, d, s, || {
-        forward!(
-            i, cudaMemcpyAsync:
-            fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
-            rm(d),
-            r(s),
-            n,
-            k,
-            st
-        )
-    })
+/// An argument of [`forwarders!`], translated or as it is.
+macro_rules! translate {
+    ($a:ident) => {
+        $a
+    };
+    ($a:ident, $f:ident) => {
+        $f($a)
+    };
 }
-variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
-    (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
 
-fn memset_impl(i: usize, d: *mut c_void, v: i32, n: usize) -> cudaError_t {
-    forward!(i, cudaMemset: fn(*mut c_void, i32, usize), rm(d), v, n)
+/// Runs a forwarder's call, recording its copy when it names one ([`tracing::copy`]).
+macro_rules! copy_or_run {
+    ($run:ident) => {
+        $run()
+    };
+    ($run:ident, $k:expr, $n:expr, $d:ident, $s:ident) => {
+        tracing::copy($k, $n, $d, $s, $run)
+    };
 }
-variants!(memset_impl => cudaMemset, cudaMemset_ptds; (d: *mut c_void, v: i32, n: usize));
 
-fn memset_async_impl(i: usize, d: *mut c_void, v: i32, n: usize, st: cudaStream_t) -> cudaError_t {
-    forward!(
-        i, cudaMemsetAsync:
-        fn(*mut c_void, i32, usize, cudaStream_t),
-        rm(d),
-        v,
-        n,
-        st
-    )
+/// A pitched pointer with its device pointer translated.
+fn pitched(mut p: cudaPitchedPtr) -> cudaPitchedPtr {
+    p.ptr = rm(p.ptr);
+    p
 }
-variants!(memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz; (d: *mut c_void, v: i32, n: usize, st: cudaStream_t));
 
-fn memcpy_2d_impl(
-    i: usize,
-    d: *mut c_void,
-    dp: usize,
-    s: *const c_void,
-    sp: usize,
-    w: usize,
-    h: usize,
-    k: i32,
-) -> cudaError_t {
-    tracing::copy(k, w.saturating_mul(h), d, s, || {
-        forward!(
-            i, cudaMemcpy2D:
-            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32),
-            rm(d),
-            dp,
-            r(s),
-            sp,
-            w,
-            h,
-            k
-        )
-    })
+forwarders! {
+    memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; copy(k, n, d, s);
+        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32);
+    memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz; copy(k, n, d, s);
+        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32, st: cudaStream_t);
+    memset_impl => cudaMemset, cudaMemset_ptds;
+        (d: *mut c_void => rm, v: i32, n: usize);
+    memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz;
+        (d: *mut c_void => rm, v: i32, n: usize, st: cudaStream_t);
+    memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds; copy(k, w.saturating_mul(h), d, s);
+        (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32);
+    memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
+        copy(k, w.saturating_mul(h), d, s);
+        (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32,
+         st: cudaStream_t);
+    memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds;
+        (d: *mut c_void => rm, p: usize, v: i32, w: usize, h: usize);
+    memset_2d_async_impl => cudaMemset2DAsync, cudaMemset2DAsync_ptsz;
+        (d: *mut c_void => rm, p: usize, v: i32, w: usize, h: usize, st: cudaStream_t);
+    memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds;
+        (p: cudaPitchedPtr => pitched, v: i32, e: cudaExtent);
+    memset_3d_async_impl => cudaMemset3DAsync, cudaMemset3DAsync_ptsz;
+        (p: cudaPitchedPtr => pitched, v: i32, e: cudaExtent, st: cudaStream_t);
+    memcpy_peer_impl => cudaMemcpyPeer; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
+        (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize);
+    memcpy_peer_async_impl => cudaMemcpyPeerAsync; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
+        (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize, st: cudaStream_t);
+    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
+        (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32);
+    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
+        (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32);
+    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
+        (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32, st: cudaStream_t);
+    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
+        (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t);
 }
-variants!(memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds;
-    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32));
-
-#[allow(clippy::too_many_arguments)]
-fn memcpy_2d_async_impl(
-    i: usize,
-    d: *mut c_void,
-    dp: usize,
-    s: *const c_void,
-    sp: usize,
-    w: usize,
-    h: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(k, w.saturating_mul(h), d, s, || {
-        forward!(
-            i, cudaMemcpy2DAsync:
-            fn(*mut c_void, usize, *const c_void, usize, usize, usize, i32, cudaStream_t),
-            rm(d),
-            dp,
-            r(s),
-            sp,
-            w,
-            h,
-            k,
-            st
-        )
-    })
-}
-variants!(memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
-    (d: *mut c_void, dp: usize, s: *const c_void, sp: usize, w: usize, h: usize, k: i32, st: cudaStream_t));
-
-fn memset_2d_impl(i: usize, d: *mut c_void, p: usize, v: i32, w: usize, h: usize) -> cudaError_t {
-    forward!(
-        i, cudaMemset2D:
-        fn(*mut c_void, usize, i32, usize, usize),
-        rm(d),
-        p,
-        v,
-        w,
-        h
-    )
-}
-variants!(memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds; (d: *mut c_void, p: usize, v: i32, w: usize, h: usize));
-
-fn memset_2d_async_impl(
-    i: usize,
-    d: *mut c_void,
-    p: usize,
-    v: i32,
-    w: usize,
-    h: usize,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemset2DAsync:
-        fn(*mut c_void, usize, i32, usize, usize, cudaStream_t),
-        rm(d),
-        p,
-        v,
-        w,
-        h,
-        st
-    )
-}
-variants!(memset_2d_async_impl => cudaMemset2DAsync, cudaMemset2DAsync_ptsz;
-    (d: *mut c_void, p: usize, v: i32, w: usize, h: usize, st: cudaStream_t));
 
 fn translated_3d(p: *const cudaMemcpy3DParms) -> Option<cudaMemcpy3DParms> {
     if p.is_null() {
@@ -920,167 +745,6 @@ fn memcpy_3d_async_impl(i: usize, p: *const cudaMemcpy3DParms, st: cudaStream_t)
     forward!(i, cudaMemcpy3DAsync: fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
 }
 variants!(memcpy_3d_async_impl => cudaMemcpy3DAsync, cudaMemcpy3DAsync_ptsz; (p: *const cudaMemcpy3DParms, st: cudaStream_t));
-
-fn memset_3d_impl(i: usize, mut p: cudaPitchedPtr, v: i32, e: cudaExtent) -> cudaError_t {
-    p.ptr = rm(p.ptr);
-    forward!(i, cudaMemset3D: fn(cudaPitchedPtr, i32, cudaExtent), p, v, e)
-}
-variants!(memset_3d_impl => cudaMemset3D, cudaMemset3D_ptds; (p: cudaPitchedPtr, v: i32, e: cudaExtent));
-
-fn memset_3d_async_impl(
-    i: usize,
-    mut p: cudaPitchedPtr,
-    v: i32,
-    e: cudaExtent,
-    st: cudaStream_t,
-) -> cudaError_t {
-    p.ptr = rm(p.ptr);
-    forward!(
-        i, cudaMemset3DAsync:
-        fn(cudaPitchedPtr, i32, cudaExtent, cudaStream_t),
-        p,
-        v,
-        e,
-        st
-    )
-}
-variants!(memset_3d_async_impl => cudaMemset3DAsync, cudaMemset3DAsync_ptsz;
-    (p: cudaPitchedPtr, v: i32, e: cudaExtent, st: cudaStream_t));
-
-fn memcpy_peer_impl(
-    i: usize,
-    d: *mut c_void,
-    dd: i32,
-    s: *const c_void,
-    sd: i32,
-    n: usize,
-) -> cudaError_t {
-    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
-        forward!(
-            i, cudaMemcpyPeer:
-            fn(*mut c_void, i32, *const c_void, i32, usize),
-            rm(d),
-            dd,
-            r(s),
-            sd,
-            n
-        )
-    })
-}
-variants!(memcpy_peer_impl => cudaMemcpyPeer; (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize));
-
-fn memcpy_peer_async_impl(
-    i: usize,
-    d: *mut c_void,
-    dd: i32,
-    s: *const c_void,
-    sd: i32,
-    n: usize,
-    st: cudaStream_t,
-) -> cudaError_t {
-    tracing::copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s, || {
-        forward!(
-            i, cudaMemcpyPeerAsync:
-            fn(*mut c_void, i32, *const c_void, i32, usize, cudaStream_t),
-            rm(d),
-            dd,
-            r(s),
-            sd,
-            n,
-            st
-        )
-    })
-}
-variants!(memcpy_peer_async_impl => cudaMemcpyPeerAsync;
-    (d: *mut c_void, dd: i32, s: *const c_void, sd: i32, n: usize, st: cudaStream_t));
-
-fn to_symbol_impl(
-    i: usize,
-    sym: *const c_void,
-    s: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyToSymbol:
-        fn(*const c_void, *const c_void, usize, usize, i32),
-        sym,
-        r(s),
-        n,
-        off,
-        k
-    )
-}
-variants!(to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
-    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32));
-
-fn from_symbol_impl(
-    i: usize,
-    d: *mut c_void,
-    sym: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyFromSymbol:
-        fn(*mut c_void, *const c_void, usize, usize, i32),
-        rm(d),
-        sym,
-        n,
-        off,
-        k
-    )
-}
-variants!(from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
-    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32));
-
-fn to_symbol_async_impl(
-    i: usize,
-    sym: *const c_void,
-    s: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyToSymbolAsync:
-        fn(*const c_void, *const c_void, usize, usize, i32, cudaStream_t),
-        sym,
-        r(s),
-        n,
-        off,
-        k,
-        st
-    )
-}
-variants!(to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
-    (sym: *const c_void, s: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
-
-fn from_symbol_async_impl(
-    i: usize,
-    d: *mut c_void,
-    sym: *const c_void,
-    n: usize,
-    off: usize,
-    k: i32,
-    st: cudaStream_t,
-) -> cudaError_t {
-    forward!(
-        i, cudaMemcpyFromSymbolAsync:
-        fn(*mut c_void, *const c_void, usize, usize, i32, cudaStream_t),
-        rm(d),
-        sym,
-        n,
-        off,
-        k,
-        st
-    )
-}
-variants!(from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
-    (d: *mut c_void, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t));
 
 fn pointer_attributes_impl(
     i: usize,

@@ -33,6 +33,7 @@ pub mod handles;
 pub mod host;
 pub mod image;
 pub mod inflight;
+pub mod launch_args;
 pub mod lifecycle;
 pub mod memory;
 pub mod memory_calls;

@@ -2,13 +2,16 @@
 //! thin `extern "C"` wrappers call (`cudaMalloc*`, `cudaMemGetInfo`, `cudaMallocManaged`,
 //! and the driver's `cuMemAlloc*`, `cuMemGetInfo`, `cuDeviceTotalMem`,
 //! `cuMemAllocManaged`, `cuMemAddressReserve`): the pitch arithmetic, the limit the
-//! program sees, managed memory charged to the budget, and the driver-level address
-//! reservations.
+//! program sees, managed memory charged to the budget, the driver-level address
+//! reservations, and the driver layer's `cuMemAlloc*` / `cuMemFree*` from the VMM
+//! (`driver_*`).
 
 use crate::memory::{self, align_up, PITCH_ALIGNMENT};
 use crate::types::*;
+use driver::hooks::NOT_MINE;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::ffi::c_void;
 
 /// `CUresult` values for what cudaw answers itself.
 pub const CU_SUCCESS: u32 = 0;
@@ -140,6 +143,165 @@ pub fn unreserved(base: u64) {
 /// The reservations recorded now.
 pub fn reservations() -> BTreeMap<u64, u64> {
     RESERVATIONS.lock().clone()
+}
+
+// ------------------------------------------------------------------ the driver layer's calls
+
+/// Runs `f`, a driver-layer call the VMM serves, and puts back the calling thread's
+/// context if `f` changed it. A driver-API caller may have a context of its own
+/// (`cuCtxCreate`): the VMM works in the device's primary context (and its first use
+/// initialises the runtime there), which must not stay current in the caller's place.
+fn keeping_context<R>(f: impl FnOnce() -> R) -> R {
+    let drv = memory::driver().ok();
+    let _kept = drv
+        .as_deref()
+        .and_then(|d| driver::KeptContext::new(d).ok());
+    f()
+}
+
+/// The driver layer's `cuMemAlloc`: allocates `size` bytes on device `ordinal` from its
+/// VMM and writes the address through `out`; [`NOT_MINE`] where the VMM does not serve the
+/// driver shim.
+pub fn driver_alloc(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
+    keeping_context(|| alloc_in_vmm(out, size, ordinal, tag))
+}
+
+fn alloc_in_vmm(out: *mut u64, size: u64, ordinal: i32, tag: u32) -> u32 {
+    if memory::translated() {
+        return NOT_MINE;
+    }
+    if out.is_null() || size == 0 {
+        return CU_ERROR_INVALID_VALUE;
+    }
+    let _in_flight = crate::inflight::enter();
+    let mem = match memory::device(ordinal) {
+        Ok(m) => m,
+        // No VMM for this device (logged): the driver shim forwards instead.
+        Err(ERROR_INITIALIZATION) => return NOT_MINE,
+        Err(e) => return to_cu(e),
+    };
+    match mem.alloc(size, tag) {
+        Ok(a) => {
+            // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
+            unsafe { out.write(a.base) };
+            CU_SUCCESS
+        }
+        Err(e) => to_cu(e),
+    }
+}
+
+/// The driver layer's `cuMemAllocPitch` ([`driver_alloc`] of the pitched size, the pitch
+/// written through `pitch`).
+pub fn driver_alloc_pitch(
+    out: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: u32,
+    ordinal: i32,
+) -> u32 {
+    if memory::translated() {
+        return NOT_MINE;
+    }
+    let pitched = driver_pitched(width, height, element);
+    let (false, false, Some((p, size))) = (out.is_null(), pitch.is_null(), pitched) else {
+        return CU_ERROR_INVALID_VALUE;
+    };
+    let rc = driver_alloc(out, size as u64, ordinal, memory::tag::PITCH);
+    if rc == CU_SUCCESS {
+        // SAFETY: the program's non-null out-pointer, passed on by the driver shim.
+        unsafe { pitch.write(p) };
+    }
+    rc
+}
+
+/// The driver layer's `cuMemFree` of `ptr`; `traced` records the free with the tracer.
+pub fn driver_free(ptr: u64, traced: fn(u64)) -> u32 {
+    keeping_context(|| match memory::lookup(ptr) {
+        Some((mem, a)) if a.base == ptr => {
+            let _in_flight = crate::inflight::enter();
+            mem.synchronise_before_free("cuMemFree");
+            traced(ptr);
+            match mem.vmm.free(ptr) {
+                Ok(()) => CU_SUCCESS,
+                Err(e) => to_cu(e.cuda_error_code()),
+            }
+        }
+        Some(_) => CU_ERROR_INVALID_VALUE,
+        None => NOT_MINE,
+    })
+}
+
+/// The driver layer's `cuMemFreeAsync` of `ptr` on `stream`.
+pub fn driver_free_async(ptr: u64, stream: *mut c_void) -> u32 {
+    keeping_context(|| match memory::lookup(ptr) {
+        Some((mem, a)) if a.base == ptr => {
+            let _in_flight = crate::inflight::enter();
+            to_cu(mem.free_on_stream(ptr, stream as cudaStream_t))
+        }
+        Some(_) => CU_ERROR_INVALID_VALUE,
+        None => NOT_MINE,
+    })
+}
+
+/// The allocation of cudaw's holding `ptr`: its base and size written through `base` and
+/// `size`; false for none (or a null out-pointer).
+pub fn driver_allocation(ptr: u64, base: *mut u64, size: *mut u64) -> bool {
+    let Some((_, a)) = memory::lookup(ptr) else {
+        return false;
+    };
+    if base.is_null() || size.is_null() {
+        return false;
+    }
+    // SAFETY: the driver shim's non-null out-pointers.
+    unsafe {
+        base.write(a.base);
+        size.write(a.size);
+    }
+    true
+}
+
+/// `cuMemAlloc` as the runtime's driver entry point hands it out: `size` bytes of the
+/// current device's memory, written through `dptr`.
+pub fn entry_alloc(dptr: *mut u64, size: usize) -> u32 {
+    let _in_flight = crate::inflight::enter();
+    if dptr.is_null() || size == 0 {
+        return CU_ERROR_INVALID_VALUE;
+    }
+    match alloc(size as u64, memory::tag::DRIVER) {
+        Ok(base) => {
+            // SAFETY: non-null out-pointer from the caller.
+            unsafe { dptr.write(base) };
+            CU_SUCCESS
+        }
+        Err(e) => to_cu(e),
+    }
+}
+
+/// `cuMemAllocPitch` as the runtime's driver entry point hands it out.
+pub fn entry_alloc_pitch(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element: u32,
+) -> u32 {
+    let _in_flight = crate::inflight::enter();
+    let pitched = driver_pitched(width, height, element);
+    let (false, false, Some((p, size))) = (dptr.is_null(), pitch.is_null(), pitched) else {
+        return CU_ERROR_INVALID_VALUE;
+    };
+    match alloc(size as u64, memory::tag::PITCH) {
+        Ok(base) => {
+            // SAFETY: non-null out-pointers from the caller.
+            unsafe {
+                dptr.write(base);
+                pitch.write(p);
+            }
+            CU_SUCCESS
+        }
+        Err(e) => to_cu(e),
+    }
 }
 
 #[cfg(test)]

@@ -158,6 +158,30 @@ fn registry() -> &'static RwLock<Registry> {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// The container bytes of a registration wrapper, reading only what its headers declare.
+///
+/// # Safety
+/// `wrapper` is null or points to a `__fatBinC_Wrapper_t` and the container it names,
+/// both alive for the rest of the process (they are in the program's image).
+pub unsafe fn fatbin_bytes(wrapper: *const std::ffi::c_void) -> Option<&'static [u8]> {
+    if wrapper.is_null() {
+        return None;
+    }
+    // SAFETY: a wrapper is 24 bytes (caller's contract).
+    let w = unsafe { std::slice::from_raw_parts(wrapper as *const u8, 24) };
+    let info = fatbin::parse_wrapper(w).ok()?;
+    let container = info.container as *const u8;
+    if container.is_null() {
+        return None;
+    }
+    // SAFETY: the wrapper names a container, whose 16-byte header is readable.
+    let head = unsafe { std::slice::from_raw_parts(container, 16) };
+    let len = fatbin::container_len(head).ok()?;
+    let len = usize::try_from(len).ok()?;
+    // SAFETY: the container's header declares `len` bytes, all part of the program image.
+    Some(unsafe { std::slice::from_raw_parts(container, len) })
+}
+
 /// Records a fatbin registration.
 pub fn add_fatbin(handle: usize, data: Option<&'static [u8]>) {
     let rec = Arc::new(FatbinRecord {

@@ -7,7 +7,7 @@
 
 use crate::log;
 use crate::registry::{self, FunctionRecord};
-use cudaw_trace::{timeline::Event, LaunchShape, Stats, Tracer};
+use cudaw_trace::{timeline::Event, Direction, LaunchShape, Mode, Stats, Tracer};
 use driver::hooks::TraceLaunch;
 use driver::selfcost::ticks;
 use std::ffi::c_void;
@@ -411,4 +411,205 @@ pub fn log_exit_summary(path: &Path, pending: Pending, rust_enters: u64) {
     log::warn_plain(format_args!(
         "trace: {rust_enters} calls timed on the Rust path (the rest on the fast path)"
     ));
+}
+
+/// The reply to a control request addressed to the tracer
+/// ([`crate::host::Host::tracer_request`]): `switch` switches tracing on or off and says
+/// whether it was on (or why it cannot), `pending` gives the calls the per-thread buffers
+/// hold.
+pub fn reply(
+    req: crate::host::TracerRequest<'_>,
+    switch: impl FnOnce(bool) -> Result<bool, String>,
+    pending: Pending,
+) -> cudaw_control::Reply {
+    use crate::host::TracerRequest;
+    use cudaw_control::{ErrorKind, Reply, TraceWritten, TracingSwitched};
+    match req {
+        TracerRequest::Stats { top } => match stats(top) {
+            Ok(s) => Reply {
+                ok: true,
+                stats: Some(Box::new(s)),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(ErrorKind::Failed, e),
+        },
+        TracerRequest::Switch { on } => match switch(on) {
+            Ok(was_on) => Reply {
+                ok: true,
+                tracing: Some(TracingSwitched {
+                    mode: crate::config::get().trace.as_str().to_owned(),
+                    on,
+                    was_on,
+                }),
+                ..Reply::default()
+            },
+            Err(e) => Reply::error(ErrorKind::Failed, e),
+        },
+        TracerRequest::Timeline { path, file } => {
+            let written = match file {
+                Some(f) => write_timeline_into(f, path, pending),
+                None => write_timeline(path, pending),
+            };
+            match written {
+                Ok(w) => Reply {
+                    ok: true,
+                    trace: Some(TraceWritten {
+                        path: path.to_string_lossy().into_owned(),
+                        events: w.events,
+                        bytes: w.bytes,
+                        dropped: w.dropped,
+                    }),
+                    ..Reply::default()
+                },
+                Err(e) => Reply::error(ErrorKind::Failed, e),
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the runtime side
+
+/// Runs the copy `f` of `bytes` (`cudaMemcpyKind` `kind`) from `src` to `dst`, recording it
+/// when it succeeds with `tracer` (none: tracing is off).
+#[inline]
+pub fn copy(
+    tracer: Option<&Tracer>,
+    kind: i32,
+    bytes: usize,
+    dst: *const c_void,
+    src: *const c_void,
+    f: impl FnOnce() -> u32,
+) -> u32 {
+    let Some(t) = tracer else { return f() };
+    // The clock is read only where it is kept: the timeline's start, the last use.
+    let timeline = t.timeline();
+    let start = if timeline { t.now() } else { 0 };
+    let rc = f();
+    if rc == 0 {
+        let end = t.now();
+        let start = if timeline { start } else { end };
+        t.record_copy(
+            Direction::from_kind(kind),
+            bytes as u64,
+            dst as u64,
+            src as u64,
+            start,
+            end,
+        );
+    }
+    rc
+}
+
+/// Runs the launch `run` of `rec`'s kernel, recording it (name, grid, block, the
+/// allocations its arguments point into) when it succeeds
+/// ([`record_launch`]). `run` is told whether the timeline is on
+/// (`None`: tracing is off) and returns the launch's result and whether cudaw's driver
+/// layer recorded it already (then this layer does not); `sm` gives the device's SM number
+/// for the kernel's parameter layout.
+///
+/// # Safety
+/// `args` is the launch's argument array (the launch's contract).
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch(
+    tracer: Option<&Tracer>,
+    rec: Option<&FunctionRecord>,
+    lookup_ticks: u64,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: usize,
+    args: *mut *mut c_void,
+    sm: fn() -> u32,
+    run: impl FnOnce(Option<bool>) -> (u32, bool),
+) -> u32 {
+    let Some(t) = tracer else {
+        return run(None).0;
+    };
+    // The clock is read only where it is kept: the timeline, and the last use of the
+    // allocations the launch received (none for a kernel without pointers).
+    let start = if t.timeline() { t.now() } else { 0 };
+    let (rc, elsewhere) = run(Some(t.timeline()));
+    if rc == 0 && !elsewhere {
+        // SAFETY: `args` is the launch's argument array (the launch's contract, which
+        // the real runtime relied on just now).
+        unsafe { record_launch(t, rec, lookup_ticks, grid, block, shared, args, sm, start) };
+    }
+    rc
+}
+
+/// The launches cudaw's driver layer counted under `metrics` (it hands over only those whose
+/// buffers the memory history looks up: `crates/driver-shim`'s `trace::launch`), by kernel,
+/// to `each`; nothing without a driver layer of cudaw's.
+pub fn driver_layer_launches(each: &mut dyn FnMut(&str, u64)) {
+    type Export = extern "C" fn(driver::hooks::TracedLaunches, *mut c_void);
+    extern "C" fn one(ctx: *mut c_void, name: *const u8, len: usize, n: u64) {
+        crate::boundary::guard("reading the driver layer's launches", (), || {
+            // SAFETY: `ctx` is the `&mut &mut dyn FnMut` passed below, alive for the call.
+            let each = unsafe { &mut *(ctx as *mut &mut dyn FnMut(&str, u64)) };
+            // SAFETY: the driver layer passes its kernel name's bytes, `len` of them.
+            let bytes = unsafe { std::slice::from_raw_parts(name, len) };
+            each(&String::from_utf8_lossy(bytes), n);
+        })
+    }
+    // SAFETY: dlsym reads the loader's tables; RTLD_DEFAULT searches the global scope.
+    let f = unsafe {
+        libc::dlsym(
+            libc::RTLD_DEFAULT,
+            driver::hooks::TRACED_LAUNCHES_SYMBOL.as_ptr(),
+        )
+    };
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: cudaw's driver layer exports this name with the signature `Export`.
+    let f: Export = unsafe { std::mem::transmute(f) };
+    let mut each = each;
+    f(
+        one,
+        &mut each as *mut &mut dyn FnMut(&str, u64) as *mut c_void,
+    );
+}
+
+/// The mode cudaw's driver layer records in while tracing runs in `mode`: none with
+/// `CUDAW_TRACE_DRIVER=off`.
+pub fn driver_mode(mode: Mode) -> Mode {
+    if crate::config::get().trace_driver {
+        mode
+    } else {
+        Mode::Off
+    }
+}
+
+/// Tells cudaw's driver layer (`libcuda.so.1`), when it is the loaded driver, to record or
+/// not (`driver::hooks::TRACE_MODE_SYMBOL`) while tracing runs in `mode`.
+pub fn driver_layer_mode(mode: Mode) {
+    let mode = driver_mode(mode);
+    // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up; dlsym reads the
+    // loader's tables. The driver layer exports the name as `extern "C" fn(u32)`; no other
+    // library exports it.
+    unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return;
+        }
+        let f = libc::dlsym(h, driver::hooks::TRACE_MODE_SYMBOL.as_ptr());
+        if !f.is_null() {
+            let set: extern "C" fn(u32) = std::mem::transmute(f);
+            set(trace_mode_word(mode));
+        }
+        libc::dlclose(h);
+    }
+}
+
+/// `mode` as the driver shim's word for it.
+pub fn trace_mode_word(mode: Mode) -> u32 {
+    use driver::hooks::{TRACE_METRICS, TRACE_OFF, TRACE_TIMELINE};
+    match mode {
+        Mode::Off => TRACE_OFF,
+        Mode::Metrics => TRACE_METRICS,
+        Mode::Timeline => TRACE_TIMELINE,
+    }
 }

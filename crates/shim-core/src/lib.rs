@@ -11,6 +11,8 @@
 //! - [`inflight`]: the slow path of the in-flight trampolines, and the marking of the calls
 //!   whose wrappers mark themselves.
 //! - [`real`]: finding and loading the real library, never cudaw itself.
+//! - [`shadow`]: the tracing shadow stack (per-thread blocks of timed calls, the Rust
+//!   path's enter and exit, the return thunk, the timeline's call buffers).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod boundary;
@@ -18,6 +20,7 @@ pub mod dispatch;
 pub mod inflight;
 pub mod log;
 pub mod real;
+pub mod shadow;
 
 pub use dispatch::Dispatch;
 
