@@ -212,7 +212,12 @@ extern "C" fn cuDeviceTotalMem(bytes: *mut usize, dev: i32) -> u32 {
         let rc = drv_forward!(11, cuDeviceTotalMem_v2: fn(*mut usize, i32), bytes, dev);
         if rc == CU_SUCCESS && !bytes.is_null() && memory::has_limit(dev) {
             // SAFETY: the driver wrote the total through the caller's non-null pointer.
-            unsafe { bytes.write(calls::limited_total(dev, bytes.read() as u64) as usize) };
+            let card = unsafe { bytes.read() } as u64;
+            let limited = calls::limited_total(dev, card);
+            if limited != card {
+                // SAFETY: as above; written only when the limit changes it.
+                unsafe { bytes.write(limited as usize) };
+            }
         }
         rc
     })

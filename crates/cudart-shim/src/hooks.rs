@@ -73,6 +73,9 @@ static HOOKS: RuntimeHooks = RuntimeHooks {
 /// The hook table (exported; see the module docs).
 #[no_mangle]
 pub extern "C" fn cudaw_runtime_hooks_v1() -> *const RuntimeHooks {
+    // The driver layer may ask before this library's constructor ran (its own
+    // constructor first): the engine gets its host before any hook runs.
+    crate::host::install();
     &HOOKS
 }
 
@@ -107,6 +110,9 @@ macro_rules! handle_hooks {
             /// The handle table for the driver shim (`driver::hooks::RUNTIME_HANDLES_SYMBOL`).
             #[no_mangle]
             pub extern "C" fn cudaw_runtime_handles_v1() -> *const HandleHooks {
+                // The driver layer may ask before this library's constructor ran (its
+                // own constructor first): the engine gets its host before any hook runs.
+                crate::host::install();
                 &HANDLES
             }
         }
@@ -204,6 +210,9 @@ mod memory_hooks {
     /// The memory table for the driver shim (`driver::hooks::RUNTIME_MEMORY_SYMBOL`).
     #[no_mangle]
     pub extern "C" fn cudaw_runtime_memory_v1() -> *const MemoryHooks {
+        // The driver layer may ask before this library's constructor ran (its own
+        // constructor first): the engine gets its host before any hook runs.
+        crate::host::install();
         &MEMORY
     }
 }
@@ -365,6 +374,9 @@ mod trace_hooks {
     /// The tracing table for the driver shim (`driver::hooks::RUNTIME_TRACE_SYMBOL`).
     #[no_mangle]
     pub extern "C" fn cudaw_runtime_trace_v1() -> *const TraceHooks {
+        // The driver layer may ask before this library's constructor ran (its own
+        // constructor first): the engine gets its host before any hook runs.
+        crate::host::install();
         &TRACE
     }
 }

@@ -43,6 +43,9 @@ use dispatch::{DISPATCH, EXPORTED_COUNT, SONAME};
 /// layer — the table (`dispatch`, the bottom), tracing, the wrappers above them — so that
 /// the table itself names nothing above it.
 fn initialise() {
+    // Normally done by the load-time constructor; a first call that runs before it (from
+    // another library's constructor) installs the engine's host here.
+    host::install();
     let cfg = config::get();
     for w in &cfg.warnings {
         log::warn(format_args!("{w}"));

@@ -116,7 +116,7 @@ fn malloc_pitch_impl(
         return ERROR_INVALID_VALUE;
     }
     let (p, base) = match calls::pitched(width, height)
-        .and_then(|(p, size)| Ok((p, calls::alloc(size as u64, tag::PITCH)?)))
+        .and_then(|(p, size)| Ok((p, calls::alloc_pitched(size as u64, tag::PITCH)?)))
     {
         Ok(v) => v,
         Err(e) => return e,
@@ -135,7 +135,7 @@ fn malloc_3d_impl(_i: usize, out: *mut cudaPitchedPtr, extent: cudaExtent) -> cu
         return ERROR_INVALID_VALUE;
     }
     let (p, base) = match calls::pitched_3d(extent.width, extent.height, extent.depth)
-        .and_then(|(p, size)| Ok((p, calls::alloc(size as u64, tag::MALLOC_3D)?)))
+        .and_then(|(p, size)| Ok((p, calls::alloc_pitched(size as u64, tag::MALLOC_3D)?)))
     {
         Ok(v) => v,
         Err(e) => return e,
@@ -237,7 +237,11 @@ fn get_device_properties_impl(i: usize, prop: *mut c_void, dev: i32) -> cudaErro
         // totalGlobalMem (a size_t, 8-aligned) lies at this offset in every CUDA version.
         unsafe {
             let p = (prop as *mut u8).add(memory::PROP_TOTAL_GLOBAL_MEM) as *mut u64;
-            p.write(calls::limited_total(dev, p.read()));
+            let (card, limited) = (p.read(), calls::limited_total(dev, p.read()));
+            // Written only when the limit changes it: the struct is the program's.
+            if limited != card {
+                p.write(limited);
+            }
         }
     }
     rc

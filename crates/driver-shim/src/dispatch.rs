@@ -63,6 +63,9 @@ pub fn absent() -> usize {
 /// everywhere without it). The rest (cudaw's wrappers, the gate) is `crate::init`'s,
 /// which runs this first.
 fn load_real() {
+    // Also set by the load-time constructor; a first call made before it (from another
+    // library's constructor) must log with the library's name too.
+    cudaw_shim_core::log::set_origin("driver");
     let stub = |_: &str| cudaw_shim_core::dispatch::unsupported_address();
     match crate::real::get() {
         Ok(real) => {

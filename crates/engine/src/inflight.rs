@@ -30,13 +30,14 @@ pub struct InFlight(());
 /// Enters a wrapped call: waits while paused, then counts the thread in flight. Nested
 /// calls on one thread count once and never wait (the outer call is already counted).
 pub fn enter() -> InFlight {
+    // The host first: a panic here (none installed) must leave the depth as it was.
+    let h = host();
     let depth = DEPTH.with(|d| {
         let v = d.get();
         d.set(v + 1);
         v
     });
     if depth == 0 {
-        let h = host();
         loop {
             IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
             // Either pause sees our count, or we see its closed gate (both SeqCst). A

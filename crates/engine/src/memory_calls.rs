@@ -38,6 +38,17 @@ pub fn alloc(size: u64, tag: u32) -> Result<u64, cudaError_t> {
     Ok(memory::current()?.alloc(size, tag)?.base)
 }
 
+/// An allocation of `size` bytes for `cudaMallocPitch` / `cudaMalloc3D`: as [`alloc`], but
+/// the current device is set up first, so that a device that cannot be used fails the call
+/// even when the extent is empty (as the runtime's does).
+pub fn alloc_pitched(size: u64, tag: u32) -> Result<u64, cudaError_t> {
+    let m = memory::current()?;
+    if size == 0 {
+        return Ok(0);
+    }
+    Ok(m.alloc(size, tag)?.base)
+}
+
 /// `cudaMallocPitch`'s pitch and size for `width` bytes by `height` rows: the width rounded
 /// up to [`PITCH_ALIGNMENT`] (at least one), times the rows.
 pub fn pitched(width: usize, height: usize) -> Result<(usize, usize), cudaError_t> {
