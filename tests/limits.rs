@@ -1062,14 +1062,23 @@ fn forged_saturating_and_zombie_entries_grant_nothing() {
     // SAFETY: kill has no memory preconditions; a.pid is our own child, not yet reaped.
     assert_eq!(unsafe { libc::kill(a.pid as i32, libc::SIGKILL) }, 0);
     let stat = format!("/proc/{}/stat", a.pid);
+    let status = format!("/proc/{}/status", a.pid);
+    // A zombie as the ledger sees one: the state is Z and no thread is still exiting (the
+    // group leader shows Z while its other threads are torn down).
     let zombie = || {
-        std::fs::read_to_string(&stat)
+        let state_z = std::fs::read_to_string(&stat)
             .ok()
             .and_then(|s| {
                 s.rsplit_once(')')
                     .map(|(_, r)| r.trim_start().starts_with('Z'))
             })
-            .unwrap_or(false)
+            .unwrap_or(false);
+        let threads = std::fs::read_to_string(&status).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        });
+        state_z && threads.is_none_or(|n| n <= 1)
     };
     // A bounded wait for the kernel to finish the kill (an event, not a timing).
     for _ in 0..2000 {
