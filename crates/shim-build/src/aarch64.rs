@@ -148,19 +148,7 @@ pub(crate) fn trampolines(
     }
     writeln!(asm, ".popsection").unwrap();
     if let Some(label) = address_table {
-        writeln!(
-            asm,
-            ".pushsection .data.rel.ro.cudaw_trampolines,\"aw\",%progbits\n.p2align 3\n.globl {label}\n.hidden {label}\n{label}:"
-        )
-        .unwrap();
-        for (i, name) in all.iter().enumerate() {
-            if exported.iter().any(|e| e == name) {
-                writeln!(asm, "    .xword cudaw_t{i}").unwrap();
-            } else {
-                writeln!(asm, "    .xword 0").unwrap();
-            }
-        }
-        writeln!(asm, ".popsection").unwrap();
+        crate::address_table_asm(&mut asm, label, all, exported, "%progbits", ".xword");
     }
     asm
 }

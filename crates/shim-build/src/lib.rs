@@ -229,21 +229,35 @@ pub fn trampolines(
     }
     writeln!(asm, ".popsection").unwrap();
     if let Some(label) = address_table {
-        writeln!(
-            asm,
-            ".pushsection .data.rel.ro.cudaw_trampolines,\"aw\",@progbits\n.p2align 3\n.globl {label}\n.hidden {label}\n{label}:"
-        )
-        .unwrap();
-        for (i, name) in all.iter().enumerate() {
-            if exported.iter().any(|e| e == name) {
-                writeln!(asm, "    .quad cudaw_t{i}").unwrap();
-            } else {
-                writeln!(asm, "    .quad 0").unwrap();
-            }
-        }
-        writeln!(asm, ".popsection").unwrap();
+        address_table_asm(&mut asm, label, all, exported, "@progbits", ".quad");
     }
     asm
+}
+
+/// The table of every name's trampoline address (0 for a name this build does not export),
+/// under `label`: `section_type` and `word` are the target assembler's (`@progbits`/`.quad`
+/// on x86-64, `%progbits`/`.xword` on AArch64).
+pub(crate) fn address_table_asm(
+    asm: &mut String,
+    label: &str,
+    all: &[String],
+    exported: &[String],
+    section_type: &str,
+    word: &str,
+) {
+    writeln!(
+        asm,
+        ".pushsection .data.rel.ro.cudaw_trampolines,\"aw\",{section_type}\n.p2align 3\n.globl {label}\n.hidden {label}\n{label}:"
+    )
+    .unwrap();
+    for (i, name) in all.iter().enumerate() {
+        if exported.iter().any(|e| e == name) {
+            writeln!(asm, "    {word} cudaw_t{i}").unwrap();
+        } else {
+            writeln!(asm, "    {word} 0").unwrap();
+        }
+    }
+    writeln!(asm, ".popsection").unwrap();
 }
 
 /// `slow.s`: the slow path every trampoline jumps to when the gate word is not zero, with
