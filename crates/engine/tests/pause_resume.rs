@@ -90,8 +90,17 @@ fn a_wrapped_call_waits_at_the_closed_gate_until_the_resume() {
         let _call = inflight::enter();
         e.store(true, Ordering::SeqCst);
     });
-    // Bounded: the call must still be waiting a while after the pause.
-    std::thread::sleep(Duration::from_millis(100));
+    // The caller reaches the closed gate and waits there (an event, waited for with a
+    // bound); it has not entered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while HOST.waiting() == 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        HOST.waiting(),
+        1,
+        "the caller never waited at the closed gate"
+    );
     assert!(
         !entered.load(Ordering::SeqCst),
         "a wrapped call entered while paused"

@@ -11,7 +11,7 @@ use cudaw_engine::{control, memory, Host};
 use driver::{Driver, Event, Stream};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 
 pub use simgpu::testing::library_path as simgpu_path;
@@ -21,13 +21,23 @@ pub struct TestHost {
     closed: AtomicBool,
     lock: Mutex<()>,
     opened: Condvar,
+    /// Threads waiting at the closed gate now.
+    waiting: AtomicUsize,
 }
 
 pub static HOST: TestHost = TestHost {
     closed: AtomicBool::new(false),
     lock: Mutex::new(()),
     opened: Condvar::new(),
+    waiting: AtomicUsize::new(0),
 };
+
+impl TestHost {
+    /// Threads waiting at the closed gate now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+}
 
 fn driver() -> std::sync::Arc<driver::LibCuda> {
     memory::driver().expect("simgpu's driver")
@@ -54,9 +64,11 @@ impl Host for TestHost {
     }
     fn wait_while_closed(&self) {
         let mut g = self.lock.lock();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
         while self.closed.load(Ordering::SeqCst) {
             self.opened.wait(&mut g);
         }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
     fn in_marked_call(&self) -> bool {
         false
