@@ -8,6 +8,7 @@
 mod out;
 mod ckpt_client;
 mod ckpt_inspect;
+mod ckpt_job;
 mod ckpt_progress;
 // Shared with cudaw, which reports kinds this binary never makes.
 #[allow(dead_code)]
@@ -17,6 +18,7 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use clap::{Parser, Subcommand};
@@ -91,6 +93,14 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// PID names a job: act on every process under cudaw in its tree together (the
+        /// launcher's: torchrun, mpirun, the shell that started the ranks).
+        #[arg(long)]
+        job: bool,
+        /// With --job: how long to look for an instant when every process is at rest
+        /// together ("60", "2.5s", "500ms", "2m", "off").
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        timeout: Timeout,
     },
     /// Resume a paused process: restore its device memory at the same addresses.
     ///
@@ -104,6 +114,10 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// PID names a job: act on every process under cudaw in its tree together (the
+        /// launcher's: torchrun, mpirun, the shell that started the ranks).
+        #[arg(long)]
+        job: bool,
     },
     /// Show a process's state (running or paused), addressing mode and memory per device
     /// (its limit, use and peak; what the GPU's processes under cudaw hold together);
@@ -122,6 +136,9 @@ enum Command {
         /// removed]}.
         #[arg(long)]
         json: bool,
+        /// PID names a job: every process under cudaw in its tree.
+        #[arg(long, requires = "pid")]
+        job: bool,
     },
     /// Write a checkpoint image of a process's device memory.
     ///
@@ -153,6 +170,14 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// PID names a job: pause every process of it together, then each writes its
+        /// image into the folder FILE (made if missing: PID.cudaw each, and job.json).
+        #[arg(long)]
+        job: bool,
+        /// With --job: how long to look for an instant when every process is at rest
+        /// together ("60", "2.5s", "500ms", "2m", "off").
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        timeout: Timeout,
     },
     /// Load a checkpoint image into a process's device memory and resume it.
     ///
@@ -180,6 +205,15 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// PID names a job and FILE the folder `dump --job` wrote: pause every process of
+        /// the job together, then each loads its own image (matched by PID; --force pairs
+        /// them in PID order) and runs on.
+        #[arg(long)]
+        job: bool,
+        /// With --job: how long to look for an instant when every process is at rest
+        /// together ("60", "2.5s", "500ms", "2m", "off").
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        timeout: Timeout,
     },
     /// Show a process's metrics (it must run with CUDAW_TRACE=metrics or timeline).
     ///
@@ -296,24 +330,61 @@ fn main() -> ExitCode {
     };
     let json = cli.command.json();
     let result = match cli.command {
-        Command::Pause { pid, json } => pause_or_resume(pid, true, json),
-        Command::Resume { pid, json } => pause_or_resume(pid, false, json),
+        Command::Pause {
+            pid,
+            json,
+            job: true,
+            timeout,
+        } => job_pause(pid, timeout.0, json),
+        Command::Resume {
+            pid,
+            json,
+            job: true,
+        } => job_resume(pid, json),
+        Command::Pause { pid, json, .. } => pause_or_resume(pid, true, json),
+        Command::Resume { pid, json, .. } => pause_or_resume(pid, false, json),
         Command::Status {
             pid: Some(pid),
             json,
+            job: true,
+        } => job_status(pid, json),
+        Command::Status {
+            pid: Some(pid),
+            json,
+            ..
         } => status_one(pid, json),
-        Command::Status { pid: None, json } => status_all(json),
+        Command::Status {
+            pid: None, json, ..
+        } => status_all(json),
         Command::Dump {
             pid,
             output,
             leave_running,
             json,
+            job: true,
+            timeout,
+        } => job_dump(pid, &output, leave_running, timeout.0, json),
+        Command::Dump {
+            pid,
+            output,
+            leave_running,
+            json,
+            ..
         } => dump(pid, &output, leave_running, json),
         Command::Restore {
             pid,
             input,
             force,
             json,
+            job: true,
+            timeout,
+        } => job_restore(pid, &input, force, timeout.0, json),
+        Command::Restore {
+            pid,
+            input,
+            force,
+            json,
+            ..
         } => restore(pid, &input, force, json),
         Command::Inspect {
             file,
@@ -331,6 +402,167 @@ fn main() -> ExitCode {
         Command::Tracing { pid, state, json } => tracing(pid, state == "on", json),
     };
     failure::finish("cudaw-ckpt", result, json)
+}
+
+/// `--timeout`'s value: `None` waits for ever.
+#[derive(Debug, Clone, Copy)]
+struct Timeout(Option<Duration>);
+
+fn parse_timeout(v: &str) -> std::result::Result<Timeout, String> {
+    cudaw_control::parse_timeout(v)
+        .map(Timeout)
+        .ok_or_else(|| format!("{v:?} is not a time ({})", cudaw_control::TIMEOUT_SYNTAX))
+}
+
+fn job_pause(pid: u32, timeout: Option<Duration>, json: bool) -> Result<()> {
+    let job = ckpt_job::find(pid)?;
+    let p = ckpt_job::pause(&job, timeout)?;
+    if json {
+        outln!("{}", serde_json::to_string(&p)?)?;
+        return Ok(());
+    }
+    print_job_paused(&p)
+}
+
+fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
+    for m in &p.members {
+        if m.moved.changed {
+            outln!(
+                "{}: paused: {} allocations, {} bytes ({}) evicted in {:.1} ms",
+                m.pid,
+                m.moved.allocations,
+                m.moved.bytes,
+                mib(m.moved.bytes),
+                m.moved.ms
+            )?;
+        } else {
+            outln!("{}: already paused", m.pid)?;
+        }
+    }
+    let tries = if p.attempts > 1 {
+        format!(
+            " ({} tries to find an instant when every process was at rest)",
+            p.attempts
+        )
+    } else {
+        String::new()
+    };
+    outln!(
+        "job of {}: {} processes paused: {} allocations, {} ({}) evicted in {:.1} ms{tries}",
+        p.root,
+        p.members.len(),
+        p.allocations,
+        p.bytes,
+        mib(p.bytes),
+        p.ms
+    )
+}
+
+fn job_resume(pid: u32, json: bool) -> Result<()> {
+    let job = ckpt_job::find(pid)?;
+    let started = std::time::Instant::now();
+    let members = ckpt_job::resume(&job)?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let bytes: u64 = members.iter().map(|m| m.moved.bytes).sum();
+    if json {
+        let v = serde_json::json!({"root": job.root, "members": members, "bytes": bytes, "ms": ms});
+        outln!("{v}")?;
+        return Ok(());
+    }
+    for m in &members {
+        if m.moved.changed {
+            outln!(
+                "{}: resumed: {} allocations, {} bytes ({}) restored in {:.1} ms",
+                m.pid,
+                m.moved.allocations,
+                m.moved.bytes,
+                mib(m.moved.bytes),
+                m.moved.ms
+            )?;
+        } else {
+            outln!("{}: not paused; nothing to resume", m.pid)?;
+        }
+    }
+    outln!(
+        "job of {}: {} processes running: {} ({}) restored in {ms:.1} ms",
+        job.root,
+        members.len(),
+        bytes,
+        mib(bytes)
+    )
+}
+
+fn job_status(pid: u32, json: bool) -> Result<()> {
+    let job = ckpt_job::find(pid)?;
+    let all = ckpt_job::status(&job)?;
+    if json {
+        let v = serde_json::json!({"root": job.root, "processes": all});
+        outln!("{v}")?;
+        return Ok(());
+    }
+    outln!("job of {}: {} processes under cudaw", job.root, all.len())?;
+    for s in &all {
+        print_status(s)?;
+    }
+    Ok(())
+}
+
+fn job_dump(
+    pid: u32,
+    output: &Path,
+    leave_running: bool,
+    timeout: Option<Duration>,
+    json: bool,
+) -> Result<()> {
+    let job = ckpt_job::find(pid)?;
+    let d = ckpt_job::dump(&job, output, leave_running, timeout, |p, path, leave| {
+        dump_one(p, path, leave, true)
+    })?;
+    if json {
+        outln!("{}", serde_json::to_string(&d)?)?;
+        return Ok(());
+    }
+    print_job_paused(&d.pause)?;
+    for (pid, m) in job.members.iter().zip(&d.members) {
+        print_dumped(*pid, m)?;
+    }
+    let bytes: u64 = d.members.iter().map(|m| m.image_bytes).sum();
+    outln!(
+        "job of {}: {} images and {} written to {} ({} bytes) in {:.1} ms",
+        job.root,
+        d.members.len(),
+        ckpt_job::MANIFEST,
+        d.path,
+        bytes,
+        d.ms
+    )
+}
+
+fn job_restore(
+    pid: u32,
+    input: &Path,
+    force: bool,
+    timeout: Option<Duration>,
+    json: bool,
+) -> Result<()> {
+    let job = ckpt_job::find(pid)?;
+    let r = ckpt_job::restore(&job, input, force, timeout, |p, path, force| {
+        restore_one(p, path, force, true)
+    })?;
+    if json {
+        outln!("{}", serde_json::to_string(&r)?)?;
+        return Ok(());
+    }
+    for (pid, m) in job.members.iter().zip(&r.members) {
+        print_restored(*pid, m)?;
+    }
+    outln!(
+        "job of {}: {} processes restored from {} in {:.1} ms; running",
+        job.root,
+        r.members.len(),
+        r.path,
+        r.ms
+    )
 }
 
 fn mib(bytes: u64) -> String {
@@ -357,6 +589,8 @@ fn with_bars_and_file(
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress = true,
             Request::Status {}
+            | Request::Hold { .. }
+            | Request::Release {}
             | Request::Stats { .. }
             | Request::Trace { .. }
             | Request::Tracing { .. } => {}
@@ -434,6 +668,22 @@ fn check_output(path: &Path) -> Result<()> {
 }
 
 fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> {
+    let d = dump_one(pid, output, leave_running, json)?;
+    if json {
+        outln!("{}", serde_json::to_string(&d)?)?;
+        return Ok(());
+    }
+    print_dumped(pid, &d)
+}
+
+/// Has `pid` write its image to `output` (created here, passed to it, renamed into place):
+/// the result. Progress bars unless `quiet`.
+fn dump_one(
+    pid: u32,
+    output: &Path,
+    leave_running: bool,
+    quiet: bool,
+) -> Result<cudaw_control::Dumped> {
     let path = absolute(output)?;
     check_output(&path)?;
     // Created here, as the user, beside the target (exclusive, no-follow, 0600); the
@@ -446,7 +696,7 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
         fd: true,
         progress: false,
     };
-    let reply = with_bars_and_file(pid, req, Some(image.file().as_fd()), json)?;
+    let reply = with_bars_and_file(pid, req, Some(image.file().as_fd()), quiet)?;
     if !leave_running {
         // The process holds its memory in this file now: never removed, even if the
         // rename fails.
@@ -467,11 +717,10 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
             ),
         )
     })?;
-    let d = carried(reply.dump, "dump result")?;
-    if json {
-        outln!("{}", serde_json::to_string(&d)?)?;
-        return Ok(());
-    }
+    carried(reply.dump, "dump result")
+}
+
+fn print_dumped(pid: u32, d: &cudaw_control::Dumped) -> Result<()> {
     let paused = if d.pause.changed {
         format!(
             "paused ({} evicted in {:.1} ms), ",
@@ -501,6 +750,22 @@ fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> 
 }
 
 fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
+    let r = restore_one(pid, input, force, json)?;
+    if json {
+        outln!("{}", serde_json::to_string(&r)?)?;
+        return Ok(());
+    }
+    print_restored(pid, &r)
+}
+
+/// Has `pid` check and load the image `input` (opened here, passed to it): the result.
+/// Progress bars unless `quiet`.
+fn restore_one(
+    pid: u32,
+    input: &Path,
+    force: bool,
+    quiet: bool,
+) -> Result<cudaw_control::Restored> {
     let path = absolute(input)?;
     let image = ckpt_inspect::open(&path).map(drop);
     if !ckpt_client::process_exists(pid) {
@@ -531,12 +796,11 @@ fn restore(pid: u32, input: &Path, force: bool, json: bool) -> Result<()> {
         fd: true,
         progress: false,
     };
-    let reply = with_bars_and_file(pid, req, Some(file.as_fd()), json)?;
-    let r = carried(reply.restore, "restore result")?;
-    if json {
-        outln!("{}", serde_json::to_string(&r)?)?;
-        return Ok(());
-    }
+    let reply = with_bars_and_file(pid, req, Some(file.as_fd()), quiet)?;
+    carried(reply.restore, "restore result")
+}
+
+fn print_restored(pid: u32, r: &cudaw_control::Restored) -> Result<()> {
     outln!(
         "{pid}: restored {} allocations, {} bytes ({}) from {} (checked in {:.1} ms, loaded in {:.1} ms); running",
         r.allocations,

@@ -49,6 +49,8 @@
 //! | --- | --- |
 //! | `{"cmd":"pause","progress":false}` | `"pause"`: [`Moved`] (`allocations`, `bytes`, `ms`, `changed`) |
 //! | `{"cmd":"resume","progress":false}` | `"resume"`: [`Moved`] |
+//! | `{"cmd":"hold","window_ms":250,"lease_ms":30000}` | `"hold"`: [`Held`] (`idle`, `busy_devices`, `calls_in_flight`, `changed`, `ms`) |
+//! | `{"cmd":"release"}` | `"release"`: [`Held`] (`changed`) |
 //! | `{"cmd":"status"}` | `"status"`: [`Status`] (`pid`, `state`, `addressing`, `image`?, `kept_host`, `arena`, `arena_building`, `devices`: a list of [`DeviceStatus`], `busy`?) |
 //! | `{"cmd":"dump","path":P,"leave_running":false,"fd":false,"progress":false}` | `"dump"`: [`Dumped`] |
 //! | `{"cmd":"restore","path":P,"force":false,"fd":false,"progress":false}` | `"restore"`: [`Restored`] |
@@ -57,10 +59,21 @@
 //! | `{"cmd":"tracing","on":B}` | `"tracing"`: [`TracingSwitched`] (needs `CUDAW_TRACE` at start) |
 //!
 //! `status`, `stats` and `trace` are answered at once, also while a long request runs
-//! (`status` then names it in `busy`); `pause`, `resume`, `dump`, `restore` and `tracing`
-//! run one at a time on the process's control thread, in the order they came, as the
+//! (`status` then names it in `busy`); `pause`, `resume`, `hold`, `release`, `dump`,
+//! `restore` and `tracing` run one at a time on the process's control thread, in the order they came, as the
 //! pause and resume signals do. A pause while paused, or a resume while running, succeeds
 //! with `changed: false`.
+//!
+//! # Jobs: hold, then pause
+//!
+//! The ranks of a job wait for each other inside their collectives: a rank paused after
+//! launching an all-reduce that another rank, held back before launching its own, never
+//! joins would wait on the device for ever. `cudaw-ckpt pause --job` therefore pauses in
+//! two steps: a `hold` to every process at once (each closes its gate and reports whether
+//! its devices' work finished within the window); when every process is idle, a `pause`
+//! to each (it only evicts); when some are not (the cut fell between two ranks'
+//! launches of one collective), a `release` to every process, a short wait, and another
+//! try. A hold that no pause, release or resume follows ends by itself at its lease.
 //!
 //! # Progress lines
 //!
@@ -145,6 +158,23 @@ pub enum Request {
     },
     /// Report the process's state and memory.
     Status {},
+    /// A job pause's first step ([`Held`]): close the gate (calls entering the library
+    /// wait), wait up to `window_ms` for the calls in flight to leave and every device to
+    /// finish its work, and say whether it did; the memory stays where it is. The gate
+    /// stays closed either way until a `pause` (evicts; the devices' work must be done by
+    /// then), a `release` or `resume` (opens it), or the end of `lease_ms` without one of
+    /// them (the process opens it itself: a coordinator that died never leaves a job held).
+    /// A `hold` while held waits again, for up to `window_ms`, and renews the lease.
+    Hold {
+        /// How long to wait for the process to be idle, in milliseconds.
+        #[serde(default = "default_window_ms")]
+        window_ms: u64,
+        /// How long the hold lasts without a pause, release or resume, in milliseconds.
+        #[serde(default = "default_lease_ms")]
+        lease_ms: u64,
+    },
+    /// Undo a `hold`: open the gate (a paused process is not resumed by it).
+    Release {},
     /// Pause (if running), write every allocation to the image at `path` (written by the
     /// process itself, as its owner, through a temporary file renamed into place), then
     /// stay paused with the allocations' bytes only in the image (a later resume reads
@@ -210,6 +240,19 @@ pub enum Request {
 /// The hottest and coldest allocations a `stats` request reports by default.
 pub const DEFAULT_TOP: u32 = 10;
 
+/// How long a `hold` waits for the process to be idle by default, in milliseconds.
+pub const DEFAULT_HOLD_WINDOW_MS: u64 = 250;
+/// How long a `hold` lasts without a pause, release or resume by default, in milliseconds.
+pub const DEFAULT_HOLD_LEASE_MS: u64 = 30_000;
+
+fn default_window_ms() -> u64 {
+    DEFAULT_HOLD_WINDOW_MS
+}
+
+fn default_lease_ms() -> u64 {
+    DEFAULT_HOLD_LEASE_MS
+}
+
 impl Request {
     /// `{"cmd":"pause"}`.
     pub const PAUSE: Request = Request::Pause { progress: false };
@@ -220,7 +263,7 @@ impl Request {
     pub fn parse(line: &str) -> Result<Request, String> {
         serde_json::from_str(line.trim()).map_err(|e| {
             format!(
-                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"stats\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"trace\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"tracing\",\"on\":false}})",
+                "malformed request {:?}: {e} (expected one JSON line such as {{\"cmd\":\"pause\"}}, {{\"cmd\":\"resume\"}}, {{\"cmd\":\"status\"}}, {{\"cmd\":\"hold\"}}, {{\"cmd\":\"release\"}}, {{\"cmd\":\"stats\"}}, {{\"cmd\":\"dump\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"restore\",\"path\":\"/abs/file\"}}, {{\"cmd\":\"trace\",\"path\":\"/abs/file\"}} or {{\"cmd\":\"tracing\",\"on\":false}})",
                 truncate(line.trim(), 80)
             )
         })
@@ -239,6 +282,8 @@ impl Request {
             Request::Pause { .. } => "pause",
             Request::Resume { .. } => "resume",
             Request::Status {} => "status",
+            Request::Hold { .. } => "hold",
+            Request::Release {} => "release",
             Request::Dump { .. } => "dump",
             Request::Restore { .. } => "restore",
             Request::Stats { .. } => "stats",
@@ -265,6 +310,8 @@ impl Request {
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress,
             Request::Status {}
+            | Request::Hold { .. }
+            | Request::Release {}
             | Request::Stats { .. }
             | Request::Trace { .. }
             | Request::Tracing { .. } => false,
@@ -287,6 +334,8 @@ pub enum State {
     Running,
     /// Memory evicted, CUDA calls held.
     Paused,
+    /// CUDA calls held, memory on the device: a job pause's first step (`hold`).
+    Held,
 }
 
 impl State {
@@ -295,6 +344,7 @@ impl State {
         match self {
             State::Running => "running",
             State::Paused => "paused",
+            State::Held => "held",
         }
     }
 }
@@ -464,6 +514,12 @@ pub struct Reply {
     /// A status request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// A hold's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Held>,
+    /// A release's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<Held>,
     /// A dump's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dump: Option<Dumped>,
@@ -479,6 +535,28 @@ pub struct Reply {
     /// A tracing switch's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracing: Option<TracingSwitched>,
+}
+
+/// What a `hold` or `release` found and did.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Held {
+    /// Calls held at the gate, none in flight, and every device's work finished: a `pause`
+    /// now only evicts.
+    pub idle: bool,
+    /// The devices whose work had not finished when the window closed (ordinals).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub busy_devices: Vec<i32>,
+    /// Calls that can put work on a device still in flight when the window closed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calls_in_flight: u64,
+    /// Whether the gate changed (closed by this hold, opened by this release).
+    pub changed: bool,
+    /// Milliseconds the request took.
+    pub ms: f64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The metrics, as `cudaw-ckpt stats --json` prints them (defined by `cudaw-trace`).

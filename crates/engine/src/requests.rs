@@ -8,8 +8,9 @@ use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::state::{Ctl, CTL};
 use crate::{evict, image, lifecycle, log, memory};
-use cudaw_control::{Dumped, ErrorKind, Moved, Restored};
+use cudaw_control::{Dumped, ErrorKind, Held, Moved, Restored};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// One control request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +19,16 @@ pub enum Request {
     Pause,
     /// Resume.
     Resume,
+    /// A job pause's first step: close the gate, wait up to `window` for the process to be
+    /// idle; the gate opens by itself after `lease` without a pause, release or resume.
+    Hold {
+        /// How long to wait for idle.
+        window: Duration,
+        /// How long the hold lasts.
+        lease: Duration,
+    },
+    /// End a hold.
+    Release,
     /// Write an image of every allocation to `path` (absolute); stay paused with the bytes
     /// only in the image, or resume when `leave_running`.
     Dump {
@@ -42,6 +53,10 @@ pub enum Outcome {
     Pause(Moved),
     /// A resume's result.
     Resume(Moved),
+    /// A hold's result.
+    Hold(Held),
+    /// A release's result.
+    Release(Held),
     /// A dump's result.
     Dump(Dumped),
     /// A restore's result.
@@ -52,7 +67,32 @@ pub enum Outcome {
 /// what it did, or why it failed. `report` receives progress.
 pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
     let mut ctl = CTL.lock();
+    let held = ctl.hold.is_some();
+    let out = serve(&mut ctl, req, report);
+    // A pause, resume, dump or restore takes the gate over from a hold: whatever it did,
+    // the hold is over, and a process left running must not stay behind a closed gate.
+    if held && ctl.hold.is_some() && !matches!(out, Ok(Outcome::Hold(_))) {
+        evict::release(&mut ctl);
+    }
+    out
+}
+
+fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
     match req {
+        Request::Hold { .. } if !ctl.paused && exiting() => {
+            let msg = "the process is exiting: hold refused";
+            log::info(format_args!("{msg}"));
+            Err(Failure::new(ErrorKind::Failed, msg))
+        }
+        Request::Hold { window, lease } => evict::hold(ctl, window, lease).map(Outcome::Hold),
+        Request::Release => Ok(Outcome::Release(evict::release(ctl))),
+        Request::Resume if !ctl.paused && ctl.hold.is_some() => {
+            evict::release(ctl);
+            Ok(Outcome::Resume(Moved {
+                changed: true,
+                ..Moved::default()
+            }))
+        }
         Request::Pause if ctl.paused => {
             log::info(format_args!("pause: already paused"));
             Ok(Outcome::Pause(Moved::default()))
@@ -79,7 +119,7 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
         }
         Request::Resume => {
             let t0 = host().trace_now();
-            let m = match evict::resume(&mut ctl, report) {
+            let m = match evict::resume(ctl, report) {
                 Ok(m) => m,
                 Err(e) if driver_shut_down() => {
                     lifecycle::mark_exiting_from_control();
@@ -87,7 +127,7 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
                         "{}; the driver has shut down (CUDA_ERROR_DEINITIALIZED): the process is exiting",
                         e.message
                     );
-                    abandon(&mut ctl, &msg);
+                    abandon(ctl, &msg);
                     return Err(Failure::new(
                         ErrorKind::Failed,
                         format!("{msg}; the pause was abandoned and its threads let go"),
@@ -101,9 +141,9 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
         Request::Dump {
             path,
             leave_running,
-        } => image::dump(&mut ctl, &path, leave_running, report).map(Outcome::Dump),
+        } => image::dump(ctl, &path, leave_running, report).map(Outcome::Dump),
         Request::Restore { path, force } => {
-            image::restore(&mut ctl, &path, force, report).map(Outcome::Restore)
+            image::restore(ctl, &path, force, report).map(Outcome::Restore)
         }
     }
 }
@@ -112,6 +152,10 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
 /// that the program's teardown runs with its gate open; then lets the exiting thread go.
 pub(crate) fn serve_exit() {
     let mut ctl = CTL.lock();
+    if ctl.hold.is_some() {
+        evict::release(&mut ctl);
+        log::info(format_args!("exiting while held: the hold ends"));
+    }
     if ctl.paused {
         match evict::resume(&mut ctl, &mut |_| {}) {
             Ok(m) => log::info(format_args!(
@@ -161,4 +205,11 @@ fn driver_shut_down() -> bool {
     memory::managed_devices().any(|(_, m)| {
         matches!(m.vmm.backend().synchronize(), Err(e) if e.code as i32 == CUDA_ERROR_DEINITIALIZED)
     })
+}
+
+/// Ends a hold whose lease has passed (the control thread looks while the gate is closed).
+pub(crate) fn expire_hold() {
+    if let Some(mut ctl) = CTL.try_lock() {
+        evict::expire_hold(&mut ctl);
+    }
 }

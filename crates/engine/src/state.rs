@@ -11,6 +11,8 @@ use std::path::PathBuf;
 pub(crate) struct Ctl {
     /// cudaw has paused it (memory evicted, gate closed).
     pub paused: bool,
+    /// A job pause's first step holds it (gate closed, memory on the device).
+    pub hold: Option<crate::evict::Hold>,
     /// The image holding allocations' bytes after a dump without `--leave-running`
     /// (open: a resume reads it even if the file is renamed or removed meanwhile).
     pub image: Option<Held>,
@@ -26,12 +28,20 @@ pub(crate) struct Held {
 
 pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
     paused: false,
+    hold: None,
     image: None,
 });
 
 /// Whether the process is paused now.
 pub fn is_paused() -> bool {
     CTL.lock().paused
+}
+
+/// Whether a job pause's first step holds the process now (calls wait, memory on the
+/// device).
+pub fn is_held() -> bool {
+    let c = CTL.lock();
+    c.hold.is_some() && !c.paused
 }
 
 /// The image holding the paused process's memory, if a dump left it there.

@@ -186,6 +186,9 @@ fn control_loop(fd: i32, listener: Option<std::os::unix::net::UnixListener>) {
         // While paused, the thread also wakes to notice an interpreter's shutdown: a
         // Python job whose finalizers call CUDA would wait behind the gate for ever.
         let paused = host().gate_closed();
+        if paused {
+            crate::boundary::guard("the hold's lease", (), requests::expire_hold);
+        }
         if paused
             && !lifecycle::is_exiting()
             && crate::boundary::guard("the exit watch", false, requests::exiting)

@@ -627,6 +627,14 @@ fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
                 ..Reply::default()
             }
         }
+        Request::Hold {
+            window_ms,
+            lease_ms,
+        } => requests::Request::Hold {
+            window: std::time::Duration::from_millis(window_ms),
+            lease: std::time::Duration::from_millis(lease_ms),
+        },
+        Request::Release {} => requests::Request::Release,
         Request::Pause { .. } => requests::Request::Pause,
         Request::Resume { .. } => requests::Request::Resume,
         Request::Dump {
@@ -673,6 +681,8 @@ fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             match out {
                 Outcome::Pause(m) => r.pause = Some(m),
                 Outcome::Resume(m) => r.resume = Some(m),
+                Outcome::Hold(h) => r.hold = Some(h),
+                Outcome::Release(h) => r.release = Some(h),
                 Outcome::Dump(d) => r.dump = Some(d),
                 Outcome::Restore(d) => r.restore = Some(d),
             }
@@ -752,6 +762,8 @@ fn status_now(busy: Option<String>) -> Status {
         pid: std::process::id(),
         state: if busy.is_some() && host().gate_closed() || busy.is_none() && state::is_paused() {
             State::Paused
+        } else if busy.is_none() && state::is_held() {
+            State::Held
         } else {
             State::Running
         },

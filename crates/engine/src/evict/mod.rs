@@ -14,10 +14,12 @@
 //! Dump and restore ([`crate::image`]) build on these functions.
 
 mod adapters;
+mod hold;
 mod sync;
 
 use adapters::Evict;
 pub(crate) use adapters::Load;
+pub(crate) use hold::{expire as expire_hold, hold, release, Hold};
 pub(crate) use sync::synchronise_all;
 
 use crate::failure::{Failure, Report};

@@ -1,0 +1,341 @@
+//! Jobs (`cudaw-ckpt … --job PID`): a job of two processes, each on its own simulated
+//! device, started by one shell under `cudaw run`, paused and resumed as a job at random
+//! instants, dumped into a job folder and restored from it, and both outputs equal to the
+//! uninterrupted run's (`pause_target.expected`).
+
+use cudaw_tests::{
+    compile_program, cudaw, cudaw_ckpt, expected, node_dir, nvcc, shims, simgpu, Rng,
+};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A process group started by the test, killed whole when dropped (a failed test leaves
+/// none of the ranks behind).
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's process group; no memory involved.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+fn ckpt(run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(cudaw_ckpt())
+        .args(args)
+        .env("CUDAW_RUN_DIR", run_dir)
+        .output()
+        .expect("running cudaw-ckpt")
+}
+
+fn ok_json(out: &Output, what: &str) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"))
+}
+
+/// Two `pause_target`s, on simulated devices 0 and 1, started by one shell under cudaw.
+struct TwoRanks {
+    group: Group,
+    run_dir: tempfile::TempDir,
+    work: tempfile::TempDir,
+}
+
+impl TwoRanks {
+    fn start(exe: &Path) -> TwoRanks {
+        let run_dir = tempfile::Builder::new()
+            .prefix("cj")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let sim = simgpu();
+        let script = format!(
+            "CUDA_VISIBLE_DEVICES=0 '{exe}' >'{w}/out0' 2>'{w}/err0' & \
+             CUDA_VISIBLE_DEVICES=1 '{exe}' >'{w}/out1' 2>'{w}/err1' & wait",
+            exe = exe.display(),
+            w = work.path().display()
+        );
+        let mut cmd = Command::new(cudaw());
+        cmd.arg("run")
+            .arg("--lib-dir")
+            .arg(shims())
+            .arg("--real-cudart")
+            .arg(&sim)
+            .args(["--", "sh", "-c", &script])
+            .env("CUDAW_LIBCUDA", &sim)
+            .env("CUDAW_NODE_DIR", node_dir())
+            .env("CUDAW_RUN_DIR", run_dir.path())
+            .env("CUDAW_LOG", "info")
+            .env("SIMGPU_MEM", "4G")
+            .env("SIMGPU_DEVICES", "2")
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .process_group(0);
+        let group = Group(cmd.spawn().expect("starting the job"));
+        let ranks = TwoRanks {
+            group,
+            run_dir,
+            work,
+        };
+        // Each rank prints its first line once its memory is allocated.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !(0..2).all(|r| ranks.output(r).starts_with("pause_target:")) {
+            assert!(
+                Instant::now() < deadline,
+                "the ranks did not start within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ranks
+    }
+
+    fn pid(&self) -> String {
+        self.group.0.id().to_string()
+    }
+
+    fn output(&self, rank: usize) -> String {
+        std::fs::read_to_string(self.work.path().join(format!("out{rank}"))).unwrap_or_default()
+    }
+
+    fn ckpt(&self, args: &[&str]) -> Output {
+        ckpt(self.run_dir.path(), args)
+    }
+
+    fn states(&self) -> Vec<String> {
+        let v = ok_json(
+            &self.ckpt(&["status", &self.pid(), "--job", "--json"]),
+            "status --job",
+        );
+        v["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .map(|p| p["state"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+
+    fn finish(mut self) -> (String, String) {
+        let status = cudaw_tests::wait_timeout(&mut self.group.0, Duration::from_secs(300))
+            .expect("the job did not end within 300 s");
+        let errs: Vec<String> = (0..2)
+            .map(|r| {
+                std::fs::read_to_string(self.work.path().join(format!("err{r}")))
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert!(
+            status.success(),
+            "the job failed: {status:?}\n{}",
+            errs.join("\n")
+        );
+        (self.output(0), self.output(1))
+    }
+}
+
+fn job_image(dir: &Path) -> PathBuf {
+    dir.join("job")
+}
+
+#[test]
+fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "pause_target");
+    let want = expected("pause_target");
+    let job = TwoRanks::start(&exe);
+    let pid = job.pid();
+    let seed = std::env::var("CUDAW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_0026);
+    eprintln!("seed {seed} (CUDAW_TEST_SEED replays it)");
+    let mut rng = Rng(seed);
+
+    for i in 0..3 {
+        rng.sleep_us(30_000);
+        let p = ok_json(
+            &job.ckpt(&["pause", &pid, "--job", "--json"]),
+            "pause --job",
+        );
+        let members = p["members"].as_array().expect("members");
+        // Both ranks; the shell serves no socket (it never loaded CUDA).
+        assert_eq!(members.len(), 2, "pause {i}: {p}");
+        assert!(p["attempts"].as_u64().unwrap() >= 1, "{p}");
+        assert!(
+            members.iter().all(|m| m["changed"] == true),
+            "pause {i}: {p}"
+        );
+        assert_eq!(job.states(), ["paused", "paused"], "pause {i}");
+        let r = ok_json(
+            &job.ckpt(&["resume", &pid, "--job", "--json"]),
+            "resume --job",
+        );
+        assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
+        assert_eq!(job.states(), ["running", "running"], "resume {i}");
+    }
+
+    // A job image: one image per rank and the manifest; the ranks stay paused, their memory
+    // only in the images, until restored from them.
+    let dir = job_image(job.work.path());
+    let d = ok_json(
+        &job.ckpt(&["dump", &pid, "--job", "-o", dir.to_str().unwrap(), "--json"]),
+        "dump --job",
+    );
+    assert_eq!(d["members"].as_array().unwrap().len(), 2, "{d}");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("job.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "cudaw-job/1");
+    for m in manifest["members"].as_array().unwrap() {
+        let img = dir.join(m["image"].as_str().unwrap());
+        assert!(img.is_file(), "{} missing", img.display());
+    }
+    assert_eq!(job.states(), ["paused", "paused"]);
+    let r = ok_json(
+        &job.ckpt(&[
+            "restore",
+            &pid,
+            "--job",
+            "-i",
+            dir.to_str().unwrap(),
+            "--json",
+        ]),
+        "restore --job",
+    );
+    assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(job.states(), ["running", "running"]);
+
+    // Once more, left running, then restored into the running job (each rank paused with
+    // the others first).
+    rng.sleep_us(20_000);
+    ok_json(
+        &job.ckpt(&[
+            "dump",
+            &pid,
+            "--job",
+            "-o",
+            dir.to_str().unwrap(),
+            "--leave-running",
+            "--json",
+        ]),
+        "dump --job --leave-running",
+    );
+    assert_eq!(job.states(), ["running", "running"]);
+
+    let (out0, out1) = job.finish();
+    assert_eq!(out0, want, "rank 0's output");
+    assert_eq!(out1, want, "rank 1's output");
+}
+
+#[test]
+fn a_job_with_no_process_under_cudaw_is_refused_by_kind() {
+    let run_dir = tempfile::tempdir().unwrap();
+    // Our own PID: a process, with no control socket in its tree.
+    let me = std::process::id().to_string();
+    let out = ckpt(run_dir.path(), &["pause", &me, "--job", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "not_under_cudaw", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("no process under cudaw"),
+        "{v}"
+    );
+    // A PID that is no process.
+    let out = ckpt(run_dir.path(), &["resume", "999999999", "--job", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "no_process", "{v}");
+    // A job restore from a folder that holds no job manifest.
+    let out = ckpt(
+        run_dir.path(),
+        &[
+            "restore",
+            &me,
+            "--job",
+            "-i",
+            run_dir.path().to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "not_under_cudaw", "{v}");
+}
+
+/// One raw request line to process `pid`'s socket in `run_dir`: its reply.
+fn raw(run_dir: &Path, pid: u32, line: &str) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(run_dir.join(format!("{pid}.sock")))
+        .expect("connecting to the control socket");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(line.as_bytes()).unwrap();
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).unwrap();
+    serde_json::from_str(&reply).unwrap_or_else(|e| panic!("reply {reply:?}: {e}"))
+}
+
+#[test]
+fn a_hold_is_released_undone_by_a_pause_and_ends_at_its_lease() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "pause_target");
+    let job = TwoRanks::start(&exe);
+    let v = ok_json(
+        &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
+        "status",
+    );
+    let rank = v["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let dir = job.run_dir.path();
+    let state = || raw(dir, rank, "{\"cmd\":\"status\"}\n")["status"]["state"].clone();
+
+    // Held: calls wait, memory stays; a release lets them go.
+    let h = raw(dir, rank, "{\"cmd\":\"hold\",\"window_ms\":5000}\n");
+    assert_eq!(h["ok"], true, "{h}");
+    assert_eq!(h["hold"]["changed"], true, "{h}");
+    assert_eq!(h["hold"]["idle"], true, "a lone rank drains: {h}");
+    assert_eq!(state(), "held");
+    let again = raw(dir, rank, "{\"cmd\":\"hold\",\"window_ms\":100}\n");
+    assert_eq!(again["hold"]["changed"], false, "{again}");
+    let r = raw(dir, rank, "{\"cmd\":\"release\"}\n");
+    assert_eq!(r["release"]["changed"], true, "{r}");
+    assert_eq!(state(), "running");
+    let r = raw(dir, rank, "{\"cmd\":\"release\"}\n");
+    assert_eq!(r["release"]["changed"], false, "nothing to release: {r}");
+
+    // A pause takes a hold over; the resume undoes both.
+    raw(dir, rank, "{\"cmd\":\"hold\",\"window_ms\":5000}\n");
+    let p = raw(dir, rank, "{\"cmd\":\"pause\"}\n");
+    assert_eq!(p["pause"]["changed"], true, "{p}");
+    assert_eq!(state(), "paused");
+    let h = raw(dir, rank, "{\"cmd\":\"hold\"}\n");
+    assert_eq!(h["hold"]["idle"], true, "a paused process is at rest: {h}");
+    let r = raw(dir, rank, "{\"cmd\":\"resume\"}\n");
+    assert_eq!(r["resume"]["changed"], true, "{r}");
+    assert_eq!(state(), "running");
+
+    // A hold nobody follows up ends by itself.
+    raw(
+        dir,
+        rank,
+        "{\"cmd\":\"hold\",\"window_ms\":5000,\"lease_ms\":200}\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while state() != "running" {
+        assert!(
+            Instant::now() < deadline,
+            "the hold outlived its lease by 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (out0, out1) = job.finish();
+    let want = expected("pause_target");
+    assert_eq!(out0, want);
+    assert_eq!(out1, want);
+}
