@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace (multigpu jobbench: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -22,6 +22,9 @@
 #   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~290 s (in-process A/B, TORCH_STEPS=6000, and CUDAW_TRACE_SELF)
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
+# On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
+#   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
+#   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -474,6 +477,82 @@ if want exitrace; then
   grep -qE '^(PASS|FAIL) ' "$OUT/exitrace.out" || row "exitrace" FAIL "no verdicts (rc $rc); see exitrace.out"
 fi
 lap exitrace
+
+# The multi-GPU sections run where nvidia-smi -L shows two or more GPUs (nvidia-h100-x2 or
+# x4): elsewhere they are skipped with a row saying so. NVLink multicast stays off.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if want multigpu || want jobbench; then
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+fi
+if want multigpu && [ "$gpus" -lt 2 ]; then
+  row "multigpu" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+elif want multigpu; then
+  # 1. One process driving two GPUs with peer access (tests/cuda/gpu/multi/peer_loop.cu: a
+  #    kernel on GPU 1 reading GPU 0's cudaMalloc memory, cudaMemcpyPeer), paused and
+  #    resumed 10 times and dumped/restored twice at random instants: its digest must equal
+  #    the native run's. About 40 s.
+  mg="$WORK/multigpu"; mkdir -p "$mg"
+  if nvcc -O2 -arch="$ARCH" -cudart shared -o "$mg/peer_loop" tests/cuda/gpu/multi/peer_loop.cu >>"$OUT/programs.log" 2>&1; then
+    iters=${PEER_ITERS:-600}
+    "$mg/peer_loop" "$iters" 20000 1024 >"$mg/native.out" 2>&1; nrc=$?
+    CUDAW_RUN_DIR="$mg/run" CUDAW_LOG=info "$CUDAW" run -- "$mg/peer_loop" "$iters" 20000 1024 >"$mg/cudaw.out" 2>"$mg/cudaw.err" &
+    ppid=$!
+    for _ in $(seq 1 600); do grep -q ready "$mg/cudaw.out" 2>/dev/null && break; sleep 0.05; done
+    before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')
+    perr=""; during=""
+    for i in $(seq 1 12); do
+      sleep "0.$((RANDOM % 9 + 1))"
+      if [ "$i" -le 10 ]; then
+        CUDAW_RUN_DIR="$mg/run" "$ROOT/dist/bin/cudaw-ckpt" pause "$ppid" >>"$mg/ckpt.log" 2>&1 || { perr="pause $i failed"; break; }
+        [ "$i" = 1 ] && during=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | tr '\n' ' ')
+        CUDAW_RUN_DIR="$mg/run" "$ROOT/dist/bin/cudaw-ckpt" resume "$ppid" >>"$mg/ckpt.log" 2>&1 || { perr="resume $i failed"; break; }
+      else
+        CUDAW_RUN_DIR="$mg/run" "$ROOT/dist/bin/cudaw-ckpt" dump "$ppid" -o "$mg/img" >>"$mg/ckpt.log" 2>&1 || { perr="dump $i failed"; break; }
+        CUDAW_RUN_DIR="$mg/run" "$ROOT/dist/bin/cudaw-ckpt" restore "$ppid" -i "$mg/img" >>"$mg/ckpt.log" 2>&1 || { perr="restore $i failed"; break; }
+      fi
+    done
+    timeout 300 tail --pid="$ppid" -f /dev/null; wait "$ppid"; crc=$?
+    cp "$mg/ckpt.log" "$OUT/peer_ckpt.log"; cp "$mg/cudaw.err" "$OUT/peer_cudaw.err"
+    want_d=$(grep -o 'digest=[0-9a-f]* held_bad=[0-9]*' "$mg/native.out")
+    got_d=$(grep -o 'digest=[0-9a-f]* held_bad=[0-9]*' "$mg/cudaw.out")
+    if [ $nrc -eq 0 ] && [ $crc -eq 0 ] && [ -z "$perr" ] && [ -n "$want_d" ] && [ "$want_d" = "$got_d" ]; then
+      row "peer: 2 GPUs, 10 pauses + 2 dumps, digest = native" PASS "$got_d; nvidia-smi MiB before: $before, paused: $during"
+    else
+      row "peer: 2 GPUs, 10 pauses + 2 dumps, digest = native" FAIL "native rc $nrc '$want_d', cudaw rc $crc '$got_d' $perr; see peer_cudaw.err, peer_ckpt.log"
+    fi
+  else
+    row "peer: build" FAIL "nvcc failed; see programs.log"
+  fi
+  # 2. A 2-rank DDP job (torchrun, NCCL) paused/resumed as a job 20 times and
+  #    dumped/restored 3 times at random instants, bit-identical to the native job. ~3 min.
+  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus 2 \
+    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} >"$OUT/ddp.out" 2>&1; rc=$?
+  cp "$WORK/ddp/cudaw/ckpt.log" "$OUT/ddp_ckpt.log" 2>/dev/null; cp "$WORK/ddp/cudaw/job.err" "$OUT/ddp_job.err" 2>/dev/null
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;;
+      INFO) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" info "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
+  done <"$OUT/ddp.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/ddp.out" || row "ddp" FAIL "no verdicts (rc $rc); see ddp.out"
+  [ $rc -eq 0 ] || row "ddp: script exit status" FAIL "rc $rc (124: timed out); see ddp.out"
+fi
+lap multigpu
+
+if want jobbench && [ "$gpus" -lt 2 ]; then
+  row "jobbench" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+elif want jobbench; then
+  # Job pause and resume of a 2-rank DDP job whose ranks hold JOB_SIZES GiB each, beside a
+  # pinned device-to-host copy of the same size on each GPU. About 2 minutes for "8 32".
+  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/jobbench" --gpus 2 \
+    --bench "$(echo "${JOB_SIZES:-8 32}" | tr ' ' ',')" --reps "${JOB_REPS:-3}" >"$OUT/jobbench.out" 2>&1; rc=$?
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" FAIL "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;;
+      INFO) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" info "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
+  done <"$OUT/jobbench.out"
+  grep -qE '^(INFO|FAIL) ' "$OUT/jobbench.out" || row "jobbench" FAIL "no figures (rc $rc); see jobbench.out"
+fi
+lap jobbench
 
 if want expandable; then
   # PyTorch with expandable segments (cuMemCreate + cuMemMap through the runtime's driver

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""A data-parallel PyTorch job (examples/ddp_train.py: DDP over NCCL, all-reduce, broadcast
+and send/recv) paused, resumed, dumped and restored as a job under cudaw, against the same
+job run without cudaw (issue #26's GPU acceptance). Needs two or more GPUs.
+
+  1. native:  torchrun --standalone --nproc_per_node N examples/ddp_train.py --steps S ...
+  2. cudaw:   the same under `cudaw run`; while it trains, at random instants (seeded):
+              PAUSES `cudaw-ckpt pause --job` / `resume --job` pairs, and DUMPS
+              `dump --job -o DIR` + `restore --job -i DIR`. During the first pause every GPU's
+              memory use (nvidia-smi, per GPU) is read and another process allocates on each
+              GPU more than was free before the pause.
+  3. every rank's digests (losses, weights, the p2p ring) and every step's loss must be
+     identical to the native run's.
+
+With --bench GIB[,GIB...] it instead times job pauses and resumes of a job whose ranks each
+hold GIB GiB (three of each), beside a pinned device-to-host copy of the same size on each
+GPU, and prints per-GPU bandwidths.
+
+Prints `PASS | name | detail` / `FAIL | name | detail` / `INFO | name | detail` lines
+(gpu-check.sh turns them into table rows) and exits 0 when all passed.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "examples", "ddp_train.py")
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+ALLOC = """
+import sys, torch
+n = int(sys.argv[1])
+for d in range(torch.cuda.device_count()):
+    x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}")
+    x.fill_(7)
+    torch.cuda.synchronize(d)
+    del x
+print(f"allocated {n >> 20} MiB on each of {torch.cuda.device_count()} GPUs ok")
+"""
+PINNED = """
+import sys, time, torch
+gib = float(sys.argv[1])
+n = int(gib * (1 << 30))
+for d in range(torch.cuda.device_count()):
+    x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}")
+    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    best = None
+    for _ in range(3):
+        torch.cuda.synchronize(d)
+        t = time.perf_counter()
+        h.copy_(x, non_blocking=True)
+        torch.cuda.synchronize(d)
+        s = time.perf_counter() - t
+        best = s if best is None else min(best, s)
+    print(f"pinned gpu {d} {n / best / 1e9:.2f}")
+    del x, h
+"""
+
+verdicts = []
+
+
+def verdict(ok, name, detail):
+    if ok is not None:
+        verdicts.append(ok)
+    word = "INFO" if ok is None else ("PASS" if ok else "FAIL")
+    print(f"{word} | {name} | {detail}", flush=True)
+
+
+def smi():
+    """[(used MiB, free MiB)] per GPU, or []."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.free",
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return [tuple(int(x) for x in line.split(",")) for line in out.strip().splitlines()]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+class Job:
+    def __init__(self, args, tag, extra):
+        self.args = args
+        self.dir = os.path.join(args.work, tag)
+        os.makedirs(self.dir, exist_ok=True)
+        self.run_dir = os.path.join(self.dir, "run")
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.pid_dir = os.path.join(self.dir, "pids")
+        self.env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=self.run_dir, **MULTICAST_OFF)
+        cmd = [os.path.join(args.dist, "bin", "cudaw"), "run", "--", *torchrun(args), TRAIN,
+               "--pid-dir", self.pid_dir, *extra]
+        self.out = open(os.path.join(self.dir, "job.out"), "w")
+        self.err = open(os.path.join(self.dir, "job.err"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=self.env,
+                                     start_new_session=True)
+        self.log = open(os.path.join(self.dir, "ckpt.log"), "a")
+
+    def started(self, timeout=300):
+        t = time.monotonic()
+        while time.monotonic() - t < timeout and self.proc.poll() is None:
+            if all(os.path.exists(os.path.join(self.pid_dir, f"rank{r}.pid")) for r in range(self.args.gpus)):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def ckpt(self, *words, timeout=600):
+        t = time.monotonic()
+        p = subprocess.run([os.path.join(self.args.dist, "bin", "cudaw-ckpt"), *words],
+                           capture_output=True, text=True, timeout=timeout, env=self.env)
+        self.log.write(f"$ cudaw-ckpt {' '.join(words)} -> rc {p.returncode} ({time.monotonic() - t:.3f} s)\n"
+                       f"{p.stdout}{p.stderr}")
+        self.log.flush()
+        return p
+
+    def job(self, *words):
+        p = self.ckpt(*words[:1], str(self.proc.pid), "--job", "--json", *words[1:])
+        try:
+            return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return p.returncode, {"error": (p.stdout + p.stderr)[-300:]}
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait()
+
+
+def torchrun(args):
+    return ["torchrun", "--standalone", "--nproc_per_node", str(args.gpus)]
+
+
+def digest_lines(path):
+    """The comparable lines of a job's output: every step's loss and every rank's digests."""
+    keep = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("step ") or line.startswith("rank "):
+                keep.append(line.strip())
+    return keep
+
+
+def check(args):
+    rng = random.Random(args.seed)
+    extra = ["--steps", str(args.steps), "--print-losses", "--hold-gib", str(args.hold_gib),
+             "--step-sleep", str(args.step_sleep)]
+    t = time.monotonic()
+    native_out = os.path.join(args.work, "native.out")
+    with open(native_out, "w") as out, open(os.path.join(args.work, "native.err"), "w") as err:
+        rn = subprocess.run([*torchrun(args), TRAIN, *extra], stdout=out, stderr=err, timeout=900,
+                            env=dict(os.environ, **MULTICAST_OFF)).returncode
+    native_s = time.monotonic() - t
+    want = digest_lines(native_out)
+    verdict(rn == 0 and len(want) > args.steps, "ddp: native run",
+            f"rc {rn}, {native_s:.1f} s, {len(want)} digest lines")
+
+    job = Job(args, "cudaw", extra)
+    if not job.started():
+        verdict(False, "ddp under cudaw: started", f"rc {job.proc.poll()}; see cudaw/job.err")
+        job.kill()
+        return
+    before = smi()
+    pauses = dumps = 0
+    failures = []
+    pause_ms, resume_ms, attempts = [], [], []
+    plan = ["pause"] * args.pauses + ["dump"] * args.dumps
+    rng.shuffle(plan)
+    freed_checked = False
+    for i, what in enumerate(plan):
+        time.sleep(rng.uniform(0.05, args.gap))
+        if job.proc.poll() is not None:
+            failures.append(f"the job ended before event {i} ({what})")
+            break
+        if what == "pause":
+            rc, p = job.job("pause")
+            if rc != 0:
+                failures.append(f"pause {i}: {p.get('error', p)}")
+                break
+            pause_ms.append(p["ms"])
+            attempts.append(p["attempts"])
+            if not freed_checked:
+                freed_checked = True
+                during = smi()
+                detail = "; ".join(f"GPU {g}: {b[0]} MiB used before, {d[0]} MiB paused"
+                                   for g, (b, d) in enumerate(zip(before, during)))
+                held = int(args.hold_gib * 1024)
+                freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
+                verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
+                verdict(None, "ddp: paused job's GPU memory (contexts + NCCL's exported buffers)",
+                        ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during)))
+                need = max(b[1] for b in before) + 1024
+                a = subprocess.run([sys.executable, "-c", ALLOC, str(need << 20)], capture_output=True,
+                                   text=True, timeout=120, env=dict(os.environ, **MULTICAST_OFF))
+                verdict(a.returncode == 0, "ddp: another process allocates what the job freed",
+                        f"{need} MiB on each GPU (free before the pause: "
+                        f"{', '.join(str(b[1]) for b in before)} MiB): "
+                        f"{(a.stdout + a.stderr).strip()[-160:]}")
+            rc, r = job.job("resume")
+            if rc != 0:
+                failures.append(f"resume {i}: {r.get('error', r)}")
+                break
+            resume_ms.append(r["ms"])
+            pauses += 1
+        else:
+            folder = os.path.join(job.dir, f"image{dumps % 2}")
+            rc, d = job.job("dump", "-o", folder)
+            if rc != 0:
+                failures.append(f"dump {i}: {d.get('error', d)}")
+                break
+            rc, r = job.job("restore", "-i", folder)
+            if rc != 0:
+                failures.append(f"restore {i}: {r.get('error', r)}")
+                break
+            dumps += 1
+    rc = job.wait(900)
+    if rc is None:
+        failures.append("the job did not end within 900 s after the events")
+        job.kill()
+    verdict(not failures and pauses == args.pauses and dumps == args.dumps,
+            f"ddp: {args.pauses} job pauses and {args.dumps} dumps/restores at random instants",
+            "; ".join(failures)[:300] if failures else
+            f"pause median {sorted(pause_ms)[len(pause_ms) // 2]:.0f} ms, resume median "
+            f"{sorted(resume_ms)[len(resume_ms) // 2]:.0f} ms, tries per pause max {max(attempts)} "
+            f"mean {sum(attempts) / len(attempts):.2f}" if pause_ms else "no pause done")
+    got = digest_lines(os.path.join(job.dir, "job.out"))
+    same = got == want
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    verdict(same and rc == 0, "ddp: job under cudaw bit-identical to native",
+            f"rc {rc}; {len(got)} lines vs {len(want)}" +
+            ("" if same else f"; first difference at line {first}: {got[first] if first is not None else ''!r}"))
+
+
+def bench(args):
+    sizes = [float(x) for x in args.bench.split(",")]
+    for gib in sizes:
+        p = subprocess.run([sys.executable, "-c", PINNED, str(gib)], capture_output=True, text=True,
+                           timeout=300)
+        pinned = [float(m) for m in re.findall(r"pinned gpu \d+ ([0-9.]+)", p.stdout)]
+        job = Job(args, f"bench{gib:g}", ["--steps", "1000000", "--hold-gib", str(gib), "--step-sleep", "0.01"])
+        if not job.started():
+            verdict(False, f"job pause {args.gpus}x{gib:g} GiB", "the job did not start; see its job.err")
+            job.kill()
+            continue
+        time.sleep(3)
+        rows = []
+        for _ in range(args.reps):
+            rc, p = job.job("pause")
+            if rc != 0:
+                verdict(False, f"job pause {args.gpus}x{gib:g} GiB", p.get("error", str(p))[:200])
+                break
+            rc2, r = job.job("resume")
+            if rc2 != 0:
+                verdict(False, f"job resume {args.gpus}x{gib:g} GiB", r.get("error", str(r))[:200])
+                break
+            # Per rank: bytes and ms of its own eviction / restore (ranks run in parallel).
+            ev = [(m["bytes"], m["ms"]) for m in p["members"] if m["bytes"] > 0]
+            rs = [(m["bytes"], m["ms"]) for m in r["members"] if m["bytes"] > 0]
+            rows.append((p["ms"], r["ms"], ev, rs))
+            time.sleep(1)
+        job.kill()
+        if not rows:
+            continue
+        best_p = min(rows, key=lambda x: x[0])
+        best_r = min(rows, key=lambda x: x[1])
+        gbs = lambda pairs: ", ".join(f"{b / ms / 1e6:.1f}" for b, ms in pairs)
+        pin = ", ".join(f"{x:.1f}" for x in pinned) or "n/a"
+        ratio = min(b / ms / 1e6 for b, ms in best_p[2]) / min(pinned) if pinned and best_p[2] else float("nan")
+        verdict(None, f"job pause {args.gpus}x{gib:g} GiB",
+                f"{best_p[0]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_p[2])}; "
+                f"pinned copy GB/s {pin}; slowest rank / slowest pinned {ratio:.2f}")
+        verdict(None, f"job resume {args.gpus}x{gib:g} GiB",
+                f"{best_r[1]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_r[3])}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dist", default=os.path.join(ROOT, "dist"))
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--step-sleep", type=float, default=0.01,
+                    help="seconds each rank sleeps after a step (room for the events; no effect on the numbers)")
+    ap.add_argument("--hold-gib", type=float, default=1)
+    ap.add_argument("--pauses", type=int, default=20)
+    ap.add_argument("--dumps", type=int, default=3)
+    ap.add_argument("--gap", type=float, default=1.0, help="longest wait between events, in seconds")
+    ap.add_argument("--bench", help="GiB per rank, comma-separated: time job pauses instead")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    print(f"seed {args.seed}", flush=True)
+    if args.bench:
+        bench(args)
+    else:
+        check(args)
+    return 0 if all(verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
