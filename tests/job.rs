@@ -1,7 +1,7 @@
 //! Jobs (`cudaw-ckpt … --job PID`): a job of two processes, each on its own simulated
 //! device, started by one shell under `cudaw run`, paused and resumed as a job at random
 //! instants, dumped into a job folder and restored from it, and both outputs equal to the
-//! uninterrupted run's (`pause_target.expected`).
+//! uninterrupted run's (`ckpt_target.expected`).
 
 use cudaw_tests::{
     compile_program, cudaw, cudaw_ckpt, expected, node_dir, nvcc, shims, simgpu, Rng,
@@ -42,11 +42,14 @@ fn ok_json(out: &Output, what: &str) -> serde_json::Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"))
 }
 
-/// Two `pause_target`s, on simulated devices 0 and 1, started by one shell under cudaw.
+/// Two `ckpt_target`s, on simulated devices 0 and 1, started by one shell under cudaw, each
+/// reading its commands ("run K", "end") from a FIFO the test writes: they advance only when
+/// told, so nothing here depends on timing.
 struct TwoRanks {
     group: Group,
     run_dir: tempfile::TempDir,
     work: tempfile::TempDir,
+    inputs: Vec<std::fs::File>,
 }
 
 impl TwoRanks {
@@ -56,10 +59,16 @@ impl TwoRanks {
             .tempdir_in("/tmp")
             .unwrap();
         let work = tempfile::tempdir().unwrap();
+        for r in 0..2 {
+            let fifo = std::ffi::CString::new(work.path().join(format!("in{r}")).to_str().unwrap())
+                .unwrap();
+            // SAFETY: mkfifo(3) on a NUL-terminated path we own.
+            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        }
         let sim = simgpu();
         let script = format!(
-            "CUDA_VISIBLE_DEVICES=0 '{exe}' >'{w}/out0' 2>'{w}/err0' & \
-             CUDA_VISIBLE_DEVICES=1 '{exe}' >'{w}/out1' 2>'{w}/err1' & wait",
+            "CUDA_VISIBLE_DEVICES=0 '{exe}' <'{w}/in0' >'{w}/out0' 2>'{w}/err0' & \
+             CUDA_VISIBLE_DEVICES=1 '{exe}' <'{w}/in1' >'{w}/out1' 2>'{w}/err1' & wait",
             exe = exe.display(),
             w = work.path().display()
         );
@@ -80,21 +89,44 @@ impl TwoRanks {
             .stdin(Stdio::null())
             .process_group(0);
         let group = Group(cmd.spawn().expect("starting the job"));
+        // Opening a FIFO for writing waits for its reader: the rank's shell redirection.
+        let inputs = (0..2)
+            .map(|r| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(work.path().join(format!("in{r}")))
+                    .expect("opening a rank's input")
+            })
+            .collect();
         let ranks = TwoRanks {
             group,
             run_dir,
             work,
+            inputs,
         };
-        // Each rank prints its first line once its memory is allocated.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !(0..2).all(|r| ranks.output(r).starts_with("pause_target:")) {
-            assert!(
-                Instant::now() < deadline,
-                "the ranks did not start within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Each rank prints its first line once its memory is allocated (a bounded wait for
+        // an event, not a timing assumption).
+        ranks.wait_for(
+            |out| out.starts_with("ckpt_target:"),
+            "the ranks' first line",
+        );
         ranks
+    }
+
+    fn wait_for(&self, done: impl Fn(&str) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !(0..2).all(|r| done(&self.output(r))) {
+            assert!(Instant::now() < deadline, "{what}: not within 120 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Tells both ranks to run `k` more iterations (not waiting for them).
+    fn run(&mut self, k: u32) {
+        use std::io::Write;
+        for f in &mut self.inputs {
+            writeln!(f, "run {k}").expect("writing a rank's input");
+        }
     }
 
     fn pid(&self) -> String {
@@ -122,7 +154,10 @@ impl TwoRanks {
             .collect()
     }
 
+    /// Ends the ranks' input (they run the rest and print their checksums): both outputs
+    /// without the "ran" lines.
     fn finish(mut self) -> (String, String) {
+        self.inputs.clear();
         let status = cudaw_tests::wait_timeout(&mut self.group.0, Duration::from_secs(300))
             .expect("the job did not end within 300 s");
         let errs: Vec<String> = (0..2)
@@ -136,7 +171,13 @@ impl TwoRanks {
             "the job failed: {status:?}\n{}",
             errs.join("\n")
         );
-        (self.output(0), self.output(1))
+        let strip = |s: String| -> String {
+            s.lines()
+                .filter(|l| !l.starts_with("ran "))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        };
+        (strip(self.output(0)), strip(self.output(1)))
     }
 }
 
@@ -147,9 +188,9 @@ fn job_image(dir: &Path) -> PathBuf {
 #[test]
 fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
     let Some(nvcc) = nvcc() else { return };
-    let exe = compile_program(&nvcc, "pause_target");
-    let want = expected("pause_target");
-    let job = TwoRanks::start(&exe);
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let want = expected("ckpt_target");
+    let mut job = TwoRanks::start(&exe);
     let pid = job.pid();
     let seed = std::env::var("CUDAW_TEST_SEED")
         .ok()
@@ -159,7 +200,9 @@ fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
     let mut rng = Rng(seed);
 
     for i in 0..3 {
-        rng.sleep_us(30_000);
+        // The ranks work while the job is paused: wherever their kernels and copies are.
+        job.run(10 + rng.below(20) as u32);
+        rng.sleep_us(5_000);
         let p = ok_json(
             &job.ckpt(&["pause", &pid, "--job", "--json"]),
             "pause --job",
@@ -181,6 +224,7 @@ fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
         assert_eq!(job.states(), ["running", "running"], "resume {i}");
     }
 
+    job.run(30);
     // A job image: one image per rank and the manifest; the ranks stay paused, their memory
     // only in the images, until restored from them.
     let dir = job_image(job.work.path());
@@ -211,9 +255,8 @@ fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
     assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
     assert_eq!(job.states(), ["running", "running"]);
 
-    // Once more, left running, then restored into the running job (each rank paused with
-    // the others first).
-    rng.sleep_us(20_000);
+    // Once more, left running.
+    job.run(30);
     ok_json(
         &job.ckpt(&[
             "dump",
@@ -285,8 +328,9 @@ fn raw(run_dir: &Path, pid: u32, line: &str) -> serde_json::Value {
 #[test]
 fn a_hold_is_released_undone_by_a_pause_and_ends_at_its_lease() {
     let Some(nvcc) = nvcc() else { return };
-    let exe = compile_program(&nvcc, "pause_target");
-    let job = TwoRanks::start(&exe);
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let mut job = TwoRanks::start(&exe);
+    job.run(5);
     let v = ok_json(
         &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
         "status",
@@ -335,7 +379,7 @@ fn a_hold_is_released_undone_by_a_pause_and_ends_at_its_lease() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let (out0, out1) = job.finish();
-    let want = expected("pause_target");
+    let want = expected("ckpt_target");
     assert_eq!(out0, want);
     assert_eq!(out1, want);
 }

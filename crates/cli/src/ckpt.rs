@@ -172,6 +172,8 @@ enum Command {
         json: bool,
         /// PID names a job: pause every process of it together, then each writes its
         /// image into the folder FILE (made if missing: PID.cudaw each, and job.json).
+        /// Memory the ranks share (NCCL's exported buffers) stays on the device, outside
+        /// the images: restore such a job image into the same job.
         #[arg(long)]
         job: bool,
         /// With --job: how long to look for an instant when every process is at rest
@@ -516,7 +518,7 @@ fn job_dump(
 ) -> Result<()> {
     let job = ckpt_job::find(pid)?;
     let d = ckpt_job::dump(&job, output, leave_running, timeout, |p, path, leave| {
-        dump_one(p, path, leave, true)
+        dump_one(p, path, leave, true, true)
     })?;
     if json {
         outln!("{}", serde_json::to_string(&d)?)?;
@@ -668,7 +670,7 @@ fn check_output(path: &Path) -> Result<()> {
 }
 
 fn dump(pid: u32, output: &Path, leave_running: bool, json: bool) -> Result<()> {
-    let d = dump_one(pid, output, leave_running, json)?;
+    let d = dump_one(pid, output, leave_running, false, json)?;
     if json {
         outln!("{}", serde_json::to_string(&d)?)?;
         return Ok(());
@@ -682,6 +684,7 @@ fn dump_one(
     pid: u32,
     output: &Path,
     leave_running: bool,
+    keep_shared: bool,
     quiet: bool,
 ) -> Result<cudaw_control::Dumped> {
     let path = absolute(output)?;
@@ -693,6 +696,7 @@ fn dump_one(
     let req = Request::Dump {
         path: utf8(&path)?,
         leave_running,
+        keep_shared,
         fd: true,
         progress: false,
     };

@@ -575,6 +575,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Dump {
             path: image_s.clone(),
             leave_running: false,
+            keep_shared: false,
             fd: false,
             progress: true,
         },

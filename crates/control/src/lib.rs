@@ -52,7 +52,7 @@
 //! | `{"cmd":"hold","window_ms":250,"lease_ms":30000}` | `"hold"`: [`Held`] (`idle`, `busy_devices`, `calls_in_flight`, `changed`, `ms`) |
 //! | `{"cmd":"release"}` | `"release"`: [`Held`] (`changed`) |
 //! | `{"cmd":"status"}` | `"status"`: [`Status`] (`pid`, `state`, `addressing`, `image`?, `kept_host`, `arena`, `arena_building`, `devices`: a list of [`DeviceStatus`], `busy`?) |
-//! | `{"cmd":"dump","path":P,"leave_running":false,"fd":false,"progress":false}` | `"dump"`: [`Dumped`] |
+//! | `{"cmd":"dump","path":P,"leave_running":false,"keep_shared":false,"fd":false,"progress":false}` | `"dump"`: [`Dumped`] |
 //! | `{"cmd":"restore","path":P,"force":false,"fd":false,"progress":false}` | `"restore"`: [`Restored`] |
 //! | `{"cmd":"stats","top":10}` | `"stats"`: [`Stats`] (fails with `failed` when tracing is off) |
 //! | `{"cmd":"trace","path":P,"fd":false}` | `"trace"`: [`TraceWritten`] (needs `CUDAW_TRACE=timeline`) |
@@ -185,6 +185,13 @@ pub enum Request {
         /// Resume once the image is written (the host copies are loaded back).
         #[serde(default, skip_serializing_if = "is_false")]
         leave_running: bool,
+        /// Leave on the device, outside the image, the driver-level memory the process
+        /// shares with other processes (exported or imported `cuMem` handles: NCCL's
+        /// buffers between ranks) instead of refusing the dump; for a job dump, every
+        /// process of which is paused (they stay as they are while it is), restored into
+        /// the same job.
+        #[serde(default, skip_serializing_if = "is_false")]
+        keep_shared: bool,
         /// The client passed the file to write (created beside `path`, open for reading
         /// and writing) with the request; it renames it to `path` after the reply.
         #[serde(default, skip_serializing_if = "is_false")]
@@ -772,6 +779,7 @@ mod tests {
             Request::Dump {
                 path: "/a b/c.img".into(),
                 leave_running: true,
+                keep_shared: false,
                 fd: true,
                 progress: true,
             },
@@ -806,6 +814,7 @@ mod tests {
             Request::Dump {
                 path: "/j.img".into(),
                 leave_running: false,
+                keep_shared: false,
                 fd: false,
                 progress: false
             }
@@ -830,6 +839,7 @@ mod tests {
             Ok(Request::Dump {
                 path: "/p".into(),
                 leave_running: false,
+                keep_shared: false,
                 fd: false,
                 progress: true
             })

@@ -529,7 +529,7 @@ pub fn export(out: *mut c_void, v: u64, kind: u32, flags: u64) -> u32 {
         flags
     );
     if rc == CU_SUCCESS {
-        pin(&mut t, v, "was exported to a shareable handle");
+        pin(&mut t, v, EXPORTED);
     }
     rc
 }
@@ -571,7 +571,7 @@ pub unsafe fn import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
             charged: 0,
             refs: 1,
             real_released: false,
-            pinned: Some("was imported from a shareable handle"),
+            pinned: Some(IMPORTED),
             saved: Vec::new(),
         },
     );
@@ -855,13 +855,39 @@ pub fn evicted_bytes() -> u64 {
         .sum()
 }
 
+/// Why an exported handle is pinned.
+const EXPORTED: &str = "was exported to a shareable handle";
+/// Why an imported handle is pinned.
+const IMPORTED: &str = "was imported from a shareable handle";
+
+/// Whether `h` is memory shared with other processes (exported or imported).
+fn is_shared(h: &Handle) -> bool {
+    matches!(h.pinned, Some(EXPORTED) | Some(IMPORTED))
+}
+
+/// The driver handles shared with other processes (exported or imported): (count, bytes).
+pub fn shared() -> Option<(usize, u64)> {
+    let t = TABLE.lock();
+    let (n, b) = t
+        .handles
+        .values()
+        .filter(|h| is_shared(h))
+        .fold((0, 0), |(n, b), h| (n + 1, b + h.size));
+    (n > 0).then_some((n, b))
+}
+
 /// The driver handles of device memory a pause cannot evict (exported, imported, bound to a
 /// multicast object, not fully mapped), which an image cannot hold: (count, bytes, the first
-/// one's reason). `None` when every one can be evicted.
-pub fn unevictable() -> Option<(usize, u64, String)> {
+/// one's reason). `None` when every one can be evicted. With `allow_shared`, memory shared
+/// with other processes is left out (a job dump leaves it on the device).
+pub fn unevictable(allow_shared: bool) -> Option<(usize, u64, String)> {
     let t = TABLE.lock();
     let mut out: Option<(usize, u64, String)> = None;
-    for (&v, h) in t.handles.iter().filter(|(_, h)| h.device.is_some()) {
+    for (&v, h) in t
+        .handles
+        .iter()
+        .filter(|(_, h)| h.device.is_some() && !(allow_shared && is_shared(h)))
+    {
         let why = match evictable(&t, v) {
             Ok(()) if ranges_of(&t, v).len() <= 16 => continue,
             Ok(()) => "is mapped over more than 16 distinct spans".to_owned(),

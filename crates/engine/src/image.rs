@@ -527,18 +527,31 @@ pub(crate) fn dump(
     ctl: &mut Ctl,
     path: &Path,
     leave_running: bool,
+    keep_shared: bool,
     report: Report<'_>,
 ) -> Result<Dumped, Failure> {
     let started = Instant::now();
     // Before touching the process: the image can hold its memory, and the file can be
     // created.
-    if let Some((n, bytes, first)) = handles::unevictable() {
+    if let Some((n, bytes, first)) = handles::unevictable(keep_shared) {
+        let job = if first.contains("shareable handle") {
+            " (memory shared with another process, such as NCCL's buffers between the ranks of a job: dump the whole job with `cudaw-ckpt dump --job`, which leaves them on the device while every rank is paused)"
+        } else {
+            ""
+        };
         return Err(Failure::new(
             ErrorKind::Unsupported,
             format!(
-                "the process holds {n} driver-level memory handles ({bytes} bytes, from cuMemCreate) that a pause cannot evict ({first}); a checkpoint image cannot hold them, so no image was written"
+                "the process holds {n} driver-level memory handles ({bytes} bytes, from cuMemCreate) that a pause cannot evict ({first}); a checkpoint image cannot hold them, so no image was written{job}"
             ),
         ));
+    }
+    if keep_shared {
+        if let Some((n, bytes)) = handles::shared() {
+            log::info(format_args!(
+                "dump: {n} driver-level handles ({bytes} bytes) shared with other processes stay on the device, outside the image (a job dump: every process of the job is paused)"
+            ));
+        }
     }
     // Dropped on any failure below: the temporary goes with it.
     let output = Output::create(path)?;

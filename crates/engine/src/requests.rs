@@ -36,6 +36,8 @@ pub enum Request {
         path: PathBuf,
         /// Resume once written.
         leave_running: bool,
+        /// Leave memory shared with other processes on the device, outside the image.
+        keep_shared: bool,
     },
     /// Check the image at `path` against the process, load it and resume.
     Restore {
@@ -141,7 +143,8 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
         Request::Dump {
             path,
             leave_running,
-        } => image::dump(ctl, &path, leave_running, report).map(Outcome::Dump),
+            keep_shared,
+        } => image::dump(ctl, &path, leave_running, keep_shared, report).map(Outcome::Dump),
         Request::Restore { path, force } => {
             image::restore(ctl, &path, force, report).map(Outcome::Restore)
         }

@@ -640,11 +640,13 @@ fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
         Request::Dump {
             path,
             leave_running,
+            keep_shared,
             ..
         } => match absolute(path) {
             Ok(path) => requests::Request::Dump {
                 path,
                 leave_running,
+                keep_shared,
             },
             Err(e) => return Reply::error(ErrorKind::Request, e),
         },
