@@ -224,6 +224,9 @@ def check(args):
                 failures.append(f"restore {i}: {r.get('error', r)}")
                 break
             dumps += 1
+    if failures:
+        # Never leave the job paused behind a failed step: it would wait for ever.
+        job.job("resume")
     rc = job.wait(900)
     if rc is None:
         failures.append("the job did not end within 900 s after the events")
