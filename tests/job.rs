@@ -236,10 +236,19 @@ fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("job.json")).unwrap()).unwrap();
     assert_eq!(manifest["format"], "cudaw-job/1");
+    let mut uuids = Vec::new();
     for m in manifest["members"].as_array().unwrap() {
         let img = dir.join(m["image"].as_str().unwrap());
         assert!(img.is_file(), "{} missing", img.display());
+        let i = ok_json(
+            &job.ckpt(&["inspect", img.to_str().unwrap(), "--json"]),
+            "inspect",
+        );
+        uuids.push(i["gpu"]["uuid"].as_str().unwrap_or_default().to_owned());
     }
+    // Each rank saw one device (CUDA_VISIBLE_DEVICES), a different one.
+    assert_eq!(uuids.len(), 2);
+    assert_ne!(uuids[0], uuids[1], "both ranks on one device: {uuids:?}");
     assert_eq!(job.states(), ["paused", "paused"]);
     let r = ok_json(
         &job.ckpt(&[
