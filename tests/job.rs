@@ -392,3 +392,59 @@ fn a_hold_is_released_undone_by_a_pause_and_ends_at_its_lease() {
     assert_eq!(out0, want);
     assert_eq!(out1, want);
 }
+
+#[test]
+fn a_rank_that_does_not_answer_fails_the_job_pause_and_the_others_run_on() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let mut job = TwoRanks::start(&exe);
+    let v = ok_json(
+        &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
+        "status",
+    );
+    let pids: Vec<i32> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(pids.len(), 2, "{v}");
+    // A stopped rank: its control thread cannot answer.
+    // SAFETY: kill(2) on a process of the test's own job.
+    unsafe { libc::kill(pids[1], libc::SIGSTOP) };
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let cont = Cont(pids[1]);
+    let out = job.ckpt(&["pause", &job.pid(), "--job", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["kind"], "timeout", "{e}");
+    let msg = e["error"].as_str().unwrap();
+    assert!(
+        msg.contains(&pids[1].to_string()),
+        "names the silent rank: {msg}"
+    );
+    assert!(msg.contains("released"), "{msg}");
+    // The other rank was let go: it runs, and takes work.
+    let s = raw(job.run_dir.path(), pids[0] as u32, "{\"cmd\":\"status\"}\n");
+    assert_eq!(s["status"]["state"], "running", "{s}");
+    drop(cont);
+    // The stopped rank, continued, serves the hold and the release it was sent, in order.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while raw(job.run_dir.path(), pids[1] as u32, "{\"cmd\":\"status\"}\n")["status"]["state"]
+        != "running"
+    {
+        assert!(Instant::now() < deadline, "the continued rank stayed held");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job.run(10);
+    let (out0, out1) = job.finish();
+    let want = expected("ckpt_target");
+    assert_eq!(out0, want);
+    assert_eq!(out1, want);
+}

@@ -160,8 +160,15 @@ pub fn exchange_with(
 ) -> anyhow::Result<Reply> {
     // Pausing, dumping or restoring a large process takes a while (progress lines, when
     // asked for, arrive at least every few seconds); status and a stalled server do not.
+    // A job's hold and release come back within their window: a member that does not
+    // answer by then (stopped, or its control thread stuck) fails the job operation, which
+    // lets the others go, rather than holding them for ever.
     let limit = match req {
         Request::Status {} => Duration::from_secs(10),
+        Request::Hold { window_ms, .. } => {
+            Duration::from_millis(*window_ms) + Duration::from_secs(15)
+        }
+        Request::Release {} => Duration::from_secs(15),
         _ => Duration::from_secs(3600),
     };
     stream.set_read_timeout(Some(limit))?;
@@ -178,7 +185,25 @@ pub fn exchange_with(
                 return Err(fail(Kind::Connection, format!("sending the request: {e}")));
             }
             if let Err(e) = read {
-                return Err(fail(Kind::Connection, format!("reading the reply: {e}")));
+                let late = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+                return Err(fail(
+                    if late {
+                        Kind::Timeout
+                    } else {
+                        Kind::Connection
+                    },
+                    if late {
+                        format!(
+                            "no reply within {:.0} s (the process is stopped, or its control thread is stuck)",
+                            limit.as_secs_f64()
+                        )
+                    } else {
+                        format!("reading the reply: {e}")
+                    },
+                ));
             }
             return Err(fail(
                 Kind::Connection,
