@@ -526,7 +526,7 @@ elif want multigpu; then
   # 2. A 2-rank DDP job (torchrun, NCCL) paused/resumed as a job 20 times and
   #    dumped/restored 3 times at random instants, bit-identical to the native job. ~3 min.
   timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus 2 \
-    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} >"$OUT/ddp.out" 2>&1; rc=$?
+    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} >"$OUT/ddp.out" 2>&1; rc=$?
   cp "$WORK/ddp/cudaw/ckpt.log" "$OUT/ddp_ckpt.log" 2>/dev/null; cp "$WORK/ddp/cudaw/job.err" "$OUT/ddp_job.err" 2>/dev/null
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
