@@ -64,6 +64,9 @@ pub struct DeviceMemory {
     /// Events of deferred frees released by a pause, destroyed by the next thread that
     /// reaps (the control thread does not call the real runtime).
     spent_events: Mutex<Vec<usize>>,
+    /// The peer access enabled before the device was managed is granted once it is
+    /// ([`crate::peer`]).
+    peers_applied: std::sync::Once,
 }
 
 static DRIVER: OnceLock<Result<Arc<LibCuda>, String>> = OnceLock::new();
@@ -141,10 +144,17 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             vmm,
             deferred: Mutex::new(Vec::new()),
             spent_events: Mutex::new(Vec::new()),
+            peers_applied: std::sync::Once::new(),
         })
     });
     match r {
-        Ok(m) => Ok(m),
+        Ok(m) => {
+            // After it is published: a pair enabled meanwhile is granted by `peer::enabled`
+            // or here (granting twice does nothing).
+            m.peers_applied
+                .call_once(|| crate::peer::apply_to_new_device(ordinal, m));
+            Ok(m)
+        }
         Err(e) => {
             log::error(format_args!("device {ordinal}: {e}"));
             Err(ERROR_INITIALIZATION)

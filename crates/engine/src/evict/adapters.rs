@@ -118,7 +118,8 @@ impl<'a> Load<'a> {
         backend: &DriverBackend,
         r: &LoadRange<'_>,
     ) -> Result<(), StagingError> {
-        let id = r.id.0;
+        // The VMM's ids are per device; the image's unique across devices.
+        let id = crate::image::image_id(backend.device(), r.id.0);
         let Some(img) = self.image.as_deref_mut() else {
             return Err(StagingError::Io(format!(
                 "allocation {id} is in an image, but no image is open"
