@@ -15,7 +15,7 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 12] = [
+const PROGRAMS: [&str; 13] = [
     "ckpt_target",
     "cudaw_demo",
     "exit_race",
@@ -24,6 +24,7 @@ const PROGRAMS: [&str; 12] = [
     "multithread",
     "pause_stress",
     "pause_target",
+    "peer_copy",
     "reduction",
     "streams_events",
     "struct_of_pointers",
@@ -109,6 +110,7 @@ programs!(
     multithread,
     pause_stress,
     pause_target,
+    peer_copy,
     reduction,
     streams_events,
     struct_of_pointers,

@@ -361,9 +361,9 @@ pub fn command_under_cudaw(
 }
 
 /// The node-ledger folder of this test process's programs (`CUDAW_NODE_DIR`, under
-/// `target/tmp`): every simulated device has the same UUID, and the programs of tests run
-/// by other test processes (or other clones) must not share one card's accounting with
-/// them. A test that needs another folder sets the variable itself.
+/// `target/tmp`): a simulated device has the same UUID in every process, and the programs
+/// of tests run by other test processes (or other clones) must not share one card's
+/// accounting with them. A test that needs another folder sets the variable itself.
 pub fn node_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {

@@ -112,7 +112,7 @@ fn init_version_and_attributes() {
     assert_eq!(cuda.driver_version().unwrap(), 13000);
     assert_eq!(cuda.device_count().unwrap(), 1);
     let dev = cuda.device_get(0).unwrap();
-    assert_eq!(cuda.device_name(dev).unwrap(), "simgpu (simulated H100)");
+    assert_eq!(cuda.device_name(dev).unwrap(), "simgpu (simulated H100) #0");
     use sys::CUdevice_attribute as A;
     let attr = |a| cuda.device_attribute(dev, a).unwrap();
     assert_eq!(attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), 9);

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::device::{self, Device};
+use crate::device::{self, Device, Machine};
 use crate::error::{CuError, CuResult};
 use crate::memory::{Access, GRANULARITY};
 use crate::stream::{Event, StreamId, Task};
@@ -124,6 +124,17 @@ fn copy_task(dst: u64, src: u64, len: usize) -> Task {
     })
 }
 
+/// The device and stream a `CUstream` names, with a context current.
+fn on_stream(stream: Handle) -> CuResult<(&'static Device, StreamId)> {
+    Device::with_context()?;
+    Machine::get()?.stream(stream as u64)
+}
+
+/// The current context's device's NULL stream.
+fn on_null_stream() -> CuResult<(&'static Device, StreamId)> {
+    Ok((Device::with_context()?, StreamId::Null))
+}
+
 /// Enqueues a copy after checking the device sides; `wait` makes it synchronous.
 fn enqueue_copy(
     dst: u64,
@@ -131,10 +142,9 @@ fn enqueue_copy(
     src: u64,
     src_device: bool,
     len: usize,
-    stream: StreamId,
+    (device, stream): (&Device, StreamId),
     wait: bool,
 ) -> CuResult<()> {
-    let device = Device::with_context()?;
     if len == 0 {
         return Ok(());
     }
@@ -157,8 +167,13 @@ fn enqueue_copy(
     Ok(())
 }
 
-fn enqueue_memset(dst: u64, value: u8, len: usize, stream: StreamId, wait: bool) -> CuResult<()> {
-    let device = Device::with_context()?;
+fn enqueue_memset(
+    dst: u64,
+    value: u8,
+    len: usize,
+    (device, stream): (&Device, StreamId),
+    wait: bool,
+) -> CuResult<()> {
     if len == 0 {
         return Ok(());
     }
@@ -183,7 +198,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
         if flags != 0 {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        Device::init().map(drop)
+        Machine::init().map(drop)
     })
 }
 
@@ -214,10 +229,13 @@ fn static_name(code: CUresult) -> Option<&'static [u8]> {
         "CUDA_ERROR_INVALID_CONTEXT",
         "CUDA_ERROR_ALREADY_MAPPED",
         "CUDA_ERROR_NOT_MAPPED",
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
         "CUDA_ERROR_INVALID_HANDLE",
         "CUDA_ERROR_NOT_FOUND",
         "CUDA_ERROR_NOT_READY",
         "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+        "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
         "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
         "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
         "CUDA_ERROR_NOT_PERMITTED",
@@ -245,22 +263,35 @@ pub unsafe extern "C" fn cuGetErrorString(code: CUresult, text: *mut *const c_ch
 
 // ---- devices ----
 
-/// `cuDeviceGetCount`.
+/// `cuDeviceGetCount`: the visible devices; 0 (and `cuInit`'s CUDA_ERROR_NO_DEVICE) when
+/// there are none.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     entry!({
-        Device::get()?;
+        let n = match Machine::get() {
+            Ok(m) => m.count(),
+            Err(CuError::CUDA_ERROR_NO_DEVICE) => {
+                // SAFETY: the caller passes a valid out-pointer or null.
+                unsafe { put(count, 0) }?;
+                return Err(CuError::CUDA_ERROR_NO_DEVICE);
+            }
+            Err(e) => return Err(e),
+        };
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(count, 1) }
+        unsafe { put(count, n as c_int) }
     })
+}
+
+/// Visible device `dev`, once `cuInit` has run.
+fn device_at(dev: CUdevice) -> CuResult<&'static Device> {
+    Machine::get()?.device(dev)
 }
 
 /// `cuDeviceGet`.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(ordinal)?;
+        device_at(ordinal)?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(dev, ordinal) }
     })
@@ -274,31 +305,37 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     dev: CUdevice,
 ) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(dev)?;
-        let v = device::attribute(attr)?;
+        let v = device::attribute(attr, device_at(dev)?)?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(value, v) }
     })
+}
+
+/// Writes `text` into a caller's buffer of `len` bytes, truncated to `len - 1` plus NUL.
+///
+/// # Safety
+/// `out` is null or valid for `len` bytes of writes.
+unsafe fn put_text(out: *mut c_char, len: c_int, text: &str) -> CuResult<()> {
+    if out.is_null() || len <= 0 {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    let bytes = text.as_bytes();
+    let n = bytes.len().min(len as usize - 1);
+    // SAFETY: the caller's buffer holds `len` bytes; we write `n + 1 <= len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.cast::<u8>(), n);
+        out.add(n).write(0);
+    }
+    Ok(())
 }
 
 /// `cuDeviceGetName`: truncated to `len - 1` bytes plus NUL.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(dev)?;
-        if name.is_null() || len <= 0 {
-            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
-        }
-        let bytes = device::NAME.as_bytes();
-        let n = bytes.len().min(len as usize - 1);
-        // SAFETY: the caller's buffer holds `len` bytes; we write `n + 1 <= len`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n);
-            name.add(n).write(0);
-        }
-        Ok(())
+        let device = device_at(dev)?;
+        // SAFETY: the caller's buffer of `len` bytes.
+        unsafe { put_text(name, len, device.name()) }
     })
 }
 
@@ -306,10 +343,226 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     entry!({
-        let device = Device::get()?;
-        device::check_ordinal(dev)?;
+        let device = device_at(dev)?;
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(bytes, device.config.mem_bytes as usize) }
+        unsafe { put(bytes, device.total_mem() as usize) }
+    })
+}
+
+/// `cuDeviceGetUuid_v2`: the 16 bytes of the device's UUID.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    entry!({
+        let device = device_at(dev)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(uuid, device.uuid()) }
+    })
+}
+
+/// `cuDeviceGetUuid`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    // SAFETY: the same contract.
+    unsafe { cuDeviceGetUuid_v2(uuid, dev) }
+}
+
+/// `cuDeviceGetPCIBusId`: `0000:BB:00.0`, truncated to `len - 1` bytes plus NUL.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
+    entry!({
+        let device = device_at(dev)?;
+        // SAFETY: the caller's buffer of `len` bytes.
+        unsafe { put_text(id, len, &device.pci_bus_id()) }
+    })
+}
+
+/// The bus number of a PCI location `[domain:]bus:device.function` (hexadecimal).
+pub fn parse_pci_bus(text: &str) -> Option<u32> {
+    let (head, function) = text.trim().rsplit_once('.')?;
+    let parts: Vec<&str> = head.split(':').collect();
+    let (domain, bus, dev) = match parts[..] {
+        [d, b, v] => (d, b, v),
+        [b, v] => ("0", b, v),
+        _ => return None,
+    };
+    let hex = |t: &str| u32::from_str_radix(t, 16).ok();
+    (hex(domain)? == 0 && hex(dev)? == 0 && hex(function)? == 0).then_some(())?;
+    hex(bus)
+}
+
+/// `cuDeviceGetByPCIBusId`: the visible device at a PCI location.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
+    entry!({
+        let machine = Machine::get()?;
+        if id.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated string from the caller.
+        let text = unsafe { std::ffi::CStr::from_ptr(id) }.to_string_lossy();
+        let bus = parse_pci_bus(&text).ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        let found = machine
+            .devices()
+            .iter()
+            .find(|d| d.pci_bus() == bus)
+            .ok_or(CuError::CUDA_ERROR_INVALID_DEVICE)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(dev, found.ordinal() as CUdevice) }
+    })
+}
+
+// ---- peers ----
+
+/// `cuDeviceCanAccessPeer`: 1 between two distinct devices, 0 for a device and itself.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    entry!({
+        let (a, b) = (device_at(dev)?, device_at(peer)?);
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(can, c_int::from(a.ordinal() != b.ordinal())) }
+    })
+}
+
+/// `cuDeviceGetP2PAttribute` between two distinct devices: performance rank (1) 0; access
+/// (2), native atomics (3) and CUDA array access (4) supported.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    entry!({
+        let v = p2p_attribute(attr, src, dst)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(value, v) }
+    })
+}
+
+/// The value of P2P attribute `attr` from `src` to `dst` (shared with the runtime).
+pub(crate) fn p2p_attribute(attr: c_int, src: CUdevice, dst: CUdevice) -> CuResult<c_int> {
+    let (a, b) = (device_at(src)?, device_at(dst)?);
+    if a.ordinal() == b.ordinal() {
+        return Err(CuError::CUDA_ERROR_INVALID_DEVICE);
+    }
+    match attr {
+        1 => Ok(0),
+        2..=4 => Ok(1),
+        _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuCtxEnablePeerAccess`: the current context's device may reach `peer`'s device's
+/// `cuMemAlloc` memory (kernels on it; VMM memory is governed by `cuMemSetAccess` alone).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: c_uint) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        let peer = Machine::get()?.device_of_context(peer as usize)?;
+        if flags != 0 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        device
+            .memory()
+            .enable_peer(device.ordinal(), peer.ordinal())
+    })
+}
+
+/// `cuCtxDisablePeerAccess`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        let peer = Machine::get()?.device_of_context(peer as usize)?;
+        device
+            .memory()
+            .disable_peer(device.ordinal(), peer.ordinal())
+    })
+}
+
+/// A copy of `len` bytes from device memory on `src_device` to device memory on
+/// `dst_device` (peer copies need no peer access). Synchronous (`on` is None): ordered
+/// after all work on both devices and the current one, done when it returns; else
+/// enqueued on `on`.
+pub(crate) fn peer_copy(
+    dst: u64,
+    dst_device: &Device,
+    src: u64,
+    src_device: &Device,
+    len: usize,
+    on: Option<(&Device, StreamId)>,
+) -> CuResult<()> {
+    let current = Device::with_context()?;
+    if len == 0 {
+        return Ok(());
+    }
+    {
+        let memory = current.memory();
+        memory.check_device(dst, len as u64, true)?;
+        memory.check_device(src, len as u64, false)?;
+        if memory.device_of(dst) != Some(dst_device.ordinal())
+            || memory.device_of(src) != Some(src_device.ordinal())
+        {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    match on {
+        Some((device, stream)) => {
+            device.streams.enqueue(stream, copy_task(dst, src, len))?;
+        }
+        None => {
+            for d in [dst_device, src_device] {
+                d.streams.synchronize_all();
+            }
+            current
+                .streams
+                .enqueue(StreamId::Null, copy_task(dst, src, len))?
+                .wait();
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemcpyPeer`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeer(
+    dst: CUdeviceptr,
+    dst_ctx: Handle,
+    src: CUdeviceptr,
+    src_ctx: Handle,
+    len: usize,
+) -> CUresult {
+    entry!({
+        let machine = Machine::get()?;
+        let d = machine.device_of_context(dst_ctx as usize)?;
+        let s = machine.device_of_context(src_ctx as usize)?;
+        peer_copy(dst, d, src, s, len, None)
+    })
+}
+
+/// `cuMemcpyPeerAsync`: returns before the copy is done.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    dst_ctx: Handle,
+    src: CUdeviceptr,
+    src_ctx: Handle,
+    len: usize,
+    stream: Handle,
+) -> CUresult {
+    entry!({
+        let machine = Machine::get()?;
+        let d = machine.device_of_context(dst_ctx as usize)?;
+        let s = machine.device_of_context(src_ctx as usize)?;
+        peer_copy(dst, d, src, s, len, Some(on_stream(stream)?))
     })
 }
 
@@ -319,10 +572,11 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, dev: CUdevice) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(dev)?;
+        let device = device_at(dev)?;
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(ctx, device::primary_context() as Handle) }
+        unsafe { put(ctx, device.primary_context() as Handle) }?;
+        device.retain_primary();
+        Ok(())
     })
 }
 
@@ -330,8 +584,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, dev: CUdevic
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(dev)
+        device_at(dev)?.release_primary();
+        Ok(())
     })
 }
 
@@ -342,8 +596,44 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
     unsafe { cuDevicePrimaryCtxRelease_v2(dev) }
 }
 
-/// `cuCtxCreate_v2`: the program's own context ([`device::own_context`]: the same device
-/// memory as the primary one, another handle); it becomes current.
+/// `cuDevicePrimaryCtxGetState`: its flags, and 1 when retained (or used by the runtime).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    entry!({
+        let (f, a) = device_at(dev)?.primary_state();
+        // SAFETY: the caller passes valid out-pointers or null.
+        unsafe {
+            put(flags, f)?;
+            put(active, c_int::from(a))
+        }
+    })
+}
+
+/// `cuDevicePrimaryCtxSetFlags_v2`: kept and reported, otherwise without effect.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: c_uint) -> CUresult {
+    entry!({
+        device_at(dev)?.set_primary_flags(flags);
+        Ok(())
+    })
+}
+
+/// `cuDevicePrimaryCtxReset_v2`: waits for the device's work; its memory stays (simgpu
+/// does not destroy a context's allocations).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    entry!({
+        device_at(dev)?.streams.synchronize_all();
+        Ok(())
+    })
+}
+
+/// `cuCtxCreate_v2`: the program's own context on `dev` ([`device::own_context`]: the
+/// same device memory as the primary one, another handle); it becomes current.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(
     ctx: *mut Handle,
@@ -351,11 +641,11 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
     dev: CUdevice,
 ) -> CUresult {
     entry!({
-        Device::get()?;
-        device::check_ordinal(dev)?;
+        let device = device_at(dev)?;
+        let own = device::own_context(device.ordinal());
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(ctx, device::own_context() as Handle) }?;
-        device::set_current(device::own_context())
+        unsafe { put(ctx, own as Handle) }?;
+        device::set_current(own)
     })
 }
 
@@ -363,10 +653,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
     entry!({
-        Device::get()?;
-        if ctx as usize != device::primary_context() && ctx as usize != device::own_context() {
-            return Err(CuError::CUDA_ERROR_INVALID_CONTEXT);
-        }
+        Machine::get()?.device_of_context(ctx as usize)?;
         if device::current() == ctx as usize {
             device::set_current(0)?;
         }
@@ -378,7 +665,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
     entry!({
-        Device::get()?;
+        Machine::get()?;
         device::set_current(ctx as usize)
     })
 }
@@ -387,23 +674,46 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Handle) -> CUresult {
     entry!({
-        Device::get()?;
+        Machine::get()?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(ctx, device::current() as Handle) }
     })
 }
 
-/// `cuCtxGetDevice`.
+/// `cuCtxPushCurrent_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
     entry!({
-        Device::with_context()?;
-        // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(dev, 0) }
+        Machine::get()?;
+        device::push_current(ctx as usize)
     })
 }
 
-/// `cuCtxSynchronize`.
+/// `cuCtxPopCurrent_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut Handle) -> CUresult {
+    entry!({
+        Machine::get()?;
+        let popped = device::pop_current()?;
+        if !ctx.is_null() {
+            // SAFETY: checked non-null; the caller's out-pointer.
+            unsafe { ctx.write(popped as Handle) };
+        }
+        Ok(())
+    })
+}
+
+/// `cuCtxGetDevice`: the current context's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(dev, device.ordinal() as CUdevice) }
+    })
+}
+
+/// `cuCtxSynchronize`: the current context's device's work.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     entry!({
@@ -414,11 +724,12 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 
 // ---- memory: information and VMM ----
 
-/// `cuMemGetInfo_v2`.
+/// `cuMemGetInfo_v2`: the current context's device's memory.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     entry!({
-        let (f, t) = Device::with_context()?.memory().info();
+        let device = Device::with_context()?;
+        let (f, t) = device.memory().info(device.ordinal())?;
         // SAFETY: the caller passes valid out-pointers or null.
         unsafe {
             put(free, f as usize)?;
@@ -435,7 +746,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     option: c_uint,
 ) -> CUresult {
     entry!({
-        Device::get()?;
+        Machine::get()?;
         // SAFETY: the caller passes a valid property pointer or null.
         let prop = unsafe { get(prop) }?;
         check_prop(&prop)?;
@@ -447,7 +758,8 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     })
 }
 
-fn check_prop(prop: &MemAllocationProp) -> CuResult<()> {
+/// Checks an allocation's properties; returns the device it is to live on.
+fn check_prop(prop: &MemAllocationProp) -> CuResult<usize> {
     if prop.type_ != ALLOCATION_PINNED || prop.location.type_ != LOCATION_DEVICE {
         return Err(CuError::CUDA_ERROR_INVALID_VALUE);
     }
@@ -486,7 +798,8 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
     })
 }
 
-/// `cuMemCreate`: pinned device memory on device 0.
+/// `cuMemCreate`: pinned device memory on the device `prop.location.id` names
+/// (CUDA_ERROR_INVALID_DEVICE for an ordinal no visible device has).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemCreate(
     handle: *mut u64,
@@ -498,11 +811,11 @@ pub unsafe extern "C" fn cuMemCreate(
         let device = Device::with_context()?;
         // SAFETY: the caller passes a valid property pointer or null.
         let prop = unsafe { get(prop) }?;
-        check_prop(&prop)?;
+        let on = check_prop(&prop)?;
         if flags != 0 || handle.is_null() {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        let h = device.memory().create(size as u64)?;
+        let h = device.memory().create(on, size as u64)?;
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(handle, h) }
     })
@@ -538,14 +851,15 @@ pub unsafe extern "C" fn cuMemMap(
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     entry!({
         let device = Device::with_context()?;
-        device.streams.synchronize_all();
+        Machine::get()?.synchronize_all();
         // SAFETY: device memory is only touched by stream work, finished above; host code
         // touching it afterwards faults, which is the point.
         unsafe { device.memory().unmap(ptr, size as u64) }
     })
 }
 
-/// `cuMemSetAccess`: device 0 only; the last descriptor wins.
+/// `cuMemSetAccess`: each descriptor sets one device's right on the range (a later
+/// descriptor for the same device wins); devices not named keep theirs.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemSetAccess(
     ptr: CUdeviceptr,
@@ -560,18 +874,46 @@ pub unsafe extern "C" fn cuMemSetAccess(
         }
         // SAFETY: the caller passes `count` descriptors at `desc` (checked non-null).
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
-        let mut access = Access::None;
+        let mut rights = Vec::with_capacity(descs.len());
         for d in descs {
             if d.location.type_ != LOCATION_DEVICE {
                 return Err(CuError::CUDA_ERROR_INVALID_VALUE);
             }
-            device::check_ordinal(d.location.id)?;
-            access = Access::from_flags(d.flags)?;
+            rights.push((
+                device::check_ordinal(d.location.id)?,
+                Access::from_flags(d.flags)?,
+            ));
         }
-        device.streams.synchronize_all();
+        Machine::get()?.synchronize_all();
         // SAFETY: stream work on the range is finished (above); host code touching it
         // afterwards faults when access is removed, which is the point.
-        unsafe { device.memory().set_access(ptr, size as u64, access) }
+        unsafe { device.memory().set_access(ptr, size as u64, &rights) }
+    })
+}
+
+/// `cuMemGetAccess`: the right of the device `location` names on the mapping at `ptr`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut u64,
+    location: *const MemLocation,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        // SAFETY: the caller passes a valid location pointer or null.
+        let location = unsafe { get(location) }?;
+        if location.type_ != LOCATION_DEVICE {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let on = device::check_ordinal(location.id)?;
+        let access = device.memory().access_of(ptr, on)?;
+        let value = match access {
+            Access::None => 0,
+            Access::Read => 1,
+            Access::ReadWrite => 3,
+        };
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(flags, value) }
     })
 }
 
@@ -585,7 +927,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(ptr: *mut CUdeviceptr, size: usize) -> CU
         if ptr.is_null() {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        let addr = device.memory().alloc(size as u64)?;
+        let addr = device.memory().alloc(device.ordinal(), size as u64)?;
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(ptr, addr) }
     })
@@ -604,7 +946,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
         if ptr.is_null() || size == 0 || !matches!(flags, 1 | 2) {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        let addr = device.memory().alloc(size as u64)?;
+        let addr = device.memory().alloc(device.ordinal(), size as u64)?;
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(ptr, addr) }
     })
@@ -615,7 +957,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
     entry!({
         let device = Device::with_context()?;
-        device.streams.synchronize_all();
+        Machine::get()?.synchronize_all();
         // SAFETY: stream work is finished; later host accesses fault, as intended.
         unsafe { device.memory().free(ptr) }
     })
@@ -669,7 +1011,7 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(ptr: *mut *mut c_void, size: usize) -
 pub unsafe extern "C" fn cuMemFreeHost(ptr: *mut c_void) -> CUresult {
     entry!({
         let device = Device::with_context()?;
-        device.streams.synchronize_all();
+        Machine::get()?.synchronize_all();
         // SAFETY: the caller gives the memory up; stream work using it is finished.
         unsafe { device.memory().host_free(ptr as u64) }
     })
@@ -705,7 +1047,7 @@ pub unsafe extern "C" fn cuMemHostRegister(
 pub unsafe extern "C" fn cuMemHostUnregister(ptr: *mut c_void) -> CUresult {
     entry!({
         let device = Device::with_context()?;
-        device.streams.synchronize_all();
+        Machine::get()?.synchronize_all();
         device.memory().host_unregister(ptr as u64)
     })
 }
@@ -719,7 +1061,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     len: usize,
 ) -> CUresult {
-    entry!({ enqueue_copy(dst, true, src as u64, false, len, StreamId::Null, true) })
+    entry!({ enqueue_copy(dst, true, src as u64, false, len, on_null_stream()?, true) })
 }
 
 /// `cuMemcpyDtoH_v2`.
@@ -729,7 +1071,7 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(
     src: CUdeviceptr,
     len: usize,
 ) -> CUresult {
-    entry!({ enqueue_copy(dst as u64, false, src, true, len, StreamId::Null, true) })
+    entry!({ enqueue_copy(dst as u64, false, src, true, len, on_null_stream()?, true) })
 }
 
 /// `cuMemcpyDtoD_v2`.
@@ -739,7 +1081,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
     src: CUdeviceptr,
     len: usize,
 ) -> CUresult {
-    entry!({ enqueue_copy(dst, true, src, true, len, StreamId::Null, true) })
+    entry!({ enqueue_copy(dst, true, src, true, len, on_null_stream()?, true) })
 }
 
 /// `cuMemcpyHtoDAsync_v2`: returns before the copy is done.
@@ -750,17 +1092,7 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     len: usize,
     stream: Handle,
 ) -> CUresult {
-    entry!({
-        enqueue_copy(
-            dst,
-            true,
-            src as u64,
-            false,
-            len,
-            device::stream_of(stream as u64)?,
-            false,
-        )
-    })
+    entry!({ enqueue_copy(dst, true, src as u64, false, len, on_stream(stream)?, false,) })
 }
 
 /// `cuMemcpyDtoHAsync_v2`: returns before the copy is done.
@@ -771,17 +1103,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     len: usize,
     stream: Handle,
 ) -> CUresult {
-    entry!({
-        enqueue_copy(
-            dst as u64,
-            false,
-            src,
-            true,
-            len,
-            device::stream_of(stream as u64)?,
-            false,
-        )
-    })
+    entry!({ enqueue_copy(dst as u64, false, src, true, len, on_stream(stream)?, false,) })
 }
 
 /// `cuMemcpyDtoDAsync_v2`: returns before the copy is done.
@@ -792,23 +1114,13 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     len: usize,
     stream: Handle,
 ) -> CUresult {
-    entry!({
-        enqueue_copy(
-            dst,
-            true,
-            src,
-            true,
-            len,
-            device::stream_of(stream as u64)?,
-            false,
-        )
-    })
+    entry!({ enqueue_copy(dst, true, src, true, len, on_stream(stream)?, false,) })
 }
 
 /// `cuMemsetD8_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult {
-    entry!({ enqueue_memset(dst, value, count, StreamId::Null, true) })
+    entry!({ enqueue_memset(dst, value, count, on_null_stream()?, true) })
 }
 
 /// `cuMemsetD8Async`.
@@ -819,12 +1131,12 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     count: usize,
     stream: Handle,
 ) -> CUresult {
-    entry!({ enqueue_memset(dst, value, count, device::stream_of(stream as u64)?, false) })
+    entry!({ enqueue_memset(dst, value, count, on_stream(stream)?, false) })
 }
 
 // ---- streams ----
 
-/// `cuStreamCreate`.
+/// `cuStreamCreate`: a stream of the current context's device.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> CUresult {
     entry!({
@@ -838,28 +1150,23 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut Handle, flags: c_uint) -> C
     })
 }
 
-fn created(stream: Handle) -> CuResult<u64> {
-    match device::stream_of(stream as u64)? {
-        StreamId::Created(id) => Ok(id),
-        StreamId::Null => Err(CuError::CUDA_ERROR_INVALID_HANDLE),
-    }
-}
-
 /// `cuStreamDestroy_v2`: work already enqueued still completes.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
-    entry!({ Device::with_context()?.streams.destroy(created(stream)?) })
+    entry!({
+        match on_stream(stream)? {
+            (device, StreamId::Created(id)) => device.streams.destroy(id),
+            (_, StreamId::Null) => Err(CuError::CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
 }
 
 /// `cuStreamSynchronize`.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
     entry!({
-        let device = Device::with_context()?;
-        device
-            .streams
-            .tail(device::stream_of(stream as u64)?)?
-            .wait();
+        let (device, stream) = on_stream(stream)?;
+        device.streams.tail(stream)?.wait();
         Ok(())
     })
 }
@@ -868,8 +1175,8 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     entry!({
-        let device = Device::with_context()?;
-        match device.streams.idle(device::stream_of(stream as u64)?)? {
+        let (device, stream) = on_stream(stream)?;
+        match device.streams.idle(stream)? {
             true => Ok(()),
             false => Err(CuError::CUDA_ERROR_NOT_READY),
         }
@@ -878,7 +1185,13 @@ pub unsafe extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
 
 // ---- events ----
 
-/// `cuEventCreate`.
+/// The device an event belongs to, and the event, with a context current.
+fn event_of(event: Handle) -> CuResult<(&'static Device, std::sync::Arc<Event>)> {
+    Device::with_context()?;
+    Machine::get()?.event(event as u64)
+}
+
+/// `cuEventCreate`: an event of the current context's device.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUresult {
     entry!({
@@ -892,13 +1205,17 @@ pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUr
     })
 }
 
-/// `cuEventRecord`.
+/// `cuEventRecord`: on a stream of the event's own device (CUDA_ERROR_INVALID_HANDLE for
+/// another device's, as on a GPU).
 #[no_mangle]
 pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
     entry!({
-        let device = Device::with_context()?;
-        let e = device.event(event as u64)?;
-        e.record(&device.streams, device::stream_of(stream as u64)?)
+        let (owner, e) = event_of(event)?;
+        let (device, stream) = on_stream(stream)?;
+        if owner.ordinal() != device.ordinal() {
+            return Err(CuError::CUDA_ERROR_INVALID_HANDLE);
+        }
+        e.record(&device.streams, stream)
     })
 }
 
@@ -906,7 +1223,7 @@ pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresul
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     entry!({
-        Device::with_context()?.event(event as u64)?.synchronize();
+        event_of(event)?.1.synchronize();
         Ok(())
     })
 }
@@ -915,7 +1232,7 @@ pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     entry!({
-        match Device::with_context()?.event(event as u64)?.done() {
+        match event_of(event)?.1.done() {
             true => Ok(()),
             false => Err(CuError::CUDA_ERROR_NOT_READY),
         }
@@ -926,8 +1243,7 @@ pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
     entry!({
-        let device = Device::with_context()?;
-        let value = Event::elapsed_ms(&*device.event(start as u64)?, &*device.event(end as u64)?)?;
+        let value = Event::elapsed_ms(&event_of(start)?.1, &event_of(end)?.1)?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(ms, value) }
     })
@@ -947,7 +1263,10 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 /// `cuEventDestroy_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
-    entry!({ Device::with_context()?.remove_event(event as u64) })
+    entry!({
+        Device::with_context()?;
+        Machine::get()?.remove_event(event as u64)
+    })
 }
 
 #[cfg(test)]

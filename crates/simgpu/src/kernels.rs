@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::memory::Memory;
+use crate::memory::{Accessor, Memory};
 use crate::runtime::{Dim3, RtError};
 
 /// A launch's shape.
@@ -186,9 +186,10 @@ impl Work {
         &self.regions
     }
 
-    /// Checks that every region is device memory the kernel may touch, aligned for its
-    /// elements.
-    pub fn check(&self, memory: &Memory) -> Result<(), Fault> {
+    /// Checks that every region is device memory the kernel, running on device `device`,
+    /// may touch (its own memory, memory it was granted access to, or memory of a device
+    /// it has peer access to), aligned for its elements.
+    pub fn check(&self, memory: &Memory, device: usize) -> Result<(), Fault> {
         let fault = |what: String, error| Fault {
             kernel: self.kernel,
             what,
@@ -204,17 +205,25 @@ impl Work {
                     RtError::cudaErrorMisalignedAddress,
                 ));
             }
-            if memory.check_device(r.addr, r.len, r.write).is_err() {
-                return Err(fault(
-                    format!(
-                        "{} of {} bytes at {:#x} is outside {} device memory",
-                        if r.write { "a write" } else { "a read" },
-                        r.len,
-                        r.addr,
-                        if r.write { "writable" } else { "readable" },
+            if memory
+                .check_access(r.addr, r.len, r.write, Accessor::Device(device))
+                .is_err()
+            {
+                let what = if r.write { "a write" } else { "a read" };
+                let right = if r.write { "writable" } else { "readable" };
+                let text = match memory.device_of(r.addr) {
+                    Some(owner) if owner != device => format!(
+                        "{what} of {} bytes at {:#x} on device {device} reaches device \
+                         {owner}'s memory without access (peer access not enabled, or no \
+                         access granted to device {device} with cuMemSetAccess)",
+                        r.len, r.addr
                     ),
-                    RtError::cudaErrorIllegalAddress,
-                ));
+                    _ => format!(
+                        "{what} of {} bytes at {:#x} is outside {right} device memory",
+                        r.len, r.addr
+                    ),
+                };
+                return Err(fault(text, RtError::cudaErrorIllegalAddress));
             }
         }
         Ok(())

@@ -8,8 +8,12 @@
 //! really faults and kernels can later run as host functions. Streams run on worker
 //! threads, so asynchronous work is really asynchronous.
 //!
-//! Environment: `SIMGPU_MEM` (device memory size, e.g. `8G`, `512M`; default 16G), read
-//! once at `cuInit`; `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
+//! Several devices ([`device`]): `SIMGPU_DEVICES` (how many, default 1; 0: none),
+//! `SIMGPU_MEM` (each device's memory, e.g. `8G`, or `8G,4G` device by device; default
+//! 16G) and `CUDA_VISIBLE_DEVICES` (as the driver reads it), read once at `cuInit`
+//! ([`config`]); each device has its own memory, contexts, streams and sticky error, and
+//! kernels reach another device's memory only with peer access or a `cuMemSetAccess`
+//! right, as on a GPU. `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
 //! call before queuing its kernel: tests widen the window of a launch in flight).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]

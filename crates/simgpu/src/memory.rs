@@ -2,10 +2,18 @@
 //! physical memory lives in one shared memory file, mappings map pieces of that file at
 //! reserved addresses. Touching memory that is not mapped with access faults, as on a GPU.
 //!
-//! [`Memory`] is plain state behind the device lock; it validates every argument the way
-//! the driver does and returns the driver's error codes.
+//! [`Memory`] is plain state behind the machine's memory lock; it validates every argument
+//! the way the driver does and returns the driver's error codes.
+//!
+//! Several devices share one address space (unified addressing), as on a GPU machine:
+//! reservations belong to no device, physical memory (and a `cuMemAlloc` allocation)
+//! belongs to one and counts against its capacity. Who may touch what is decided per
+//! device: a mapping carries an access right for each device (`cuMemSetAccess`), and a
+//! `cuMemAlloc` allocation is reachable from its own device and from devices that enabled
+//! peer access to it ([`Memory::enable_peer`]). The host protection of a range is the widest
+//! right any device has, so host code and copies fault where no device may go.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 
 use crate::error::{CuError, CuResult};
@@ -56,15 +64,29 @@ struct Reservation {
     mappings: BTreeMap<u64, Mapping>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Mapping {
     size: u64,
     handle: u64,
-    access: Access,
+    /// Each device's access, by device.
+    access: Vec<Access>,
+    /// The mapping of a `cuMemAlloc` allocation (reached by peer access, not by rights).
+    linear: bool,
+}
+
+/// Who touches device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accessor {
+    /// A copy or memset: any device that may touch the memory will do.
+    AnyDevice,
+    /// A kernel running on this device.
+    Device(usize),
 }
 
 #[derive(Debug)]
 struct Physical {
+    /// The device it lives on.
+    device: usize,
     offset: u64,
     size: u64,
     mappings: u32,
@@ -75,8 +97,11 @@ struct Physical {
 /// The simulated device's memory.
 #[derive(Debug)]
 pub struct Memory {
-    capacity: u64,
-    used: u64,
+    /// Each device's memory, and how much of it is in use.
+    capacity: Vec<u64>,
+    used: Vec<u64>,
+    /// Peer access enabled: (accessing device, device whose `cuMemAlloc` memory it reaches).
+    peers: BTreeSet<(usize, usize)>,
     file: OwnedFd,
     /// Free ranges of the physical file: offset → length.
     free_offsets: BTreeMap<u64, u64>,
@@ -105,12 +130,18 @@ fn os_err(e: std::io::Error) -> CuError {
 }
 
 impl Memory {
-    /// A device with `capacity` bytes of memory.
+    /// One device with `capacity` bytes of memory.
     pub fn new(capacity: u64) -> CuResult<Self> {
+        Self::with_devices(&[capacity])
+    }
+
+    /// Devices `0..capacities.len()`, each with its capacity in bytes.
+    pub fn with_devices(capacities: &[u64]) -> CuResult<Self> {
         let file = os::memfd("simgpu-device-memory", PHYSICAL_SPAN).map_err(os_err)?;
         Ok(Memory {
-            capacity,
-            used: 0,
+            capacity: capacities.to_vec(),
+            used: vec![0; capacities.len()],
+            peers: BTreeSet::new(),
             file,
             free_offsets: BTreeMap::from([(0, PHYSICAL_SPAN)]),
             reservations: BTreeMap::new(),
@@ -121,9 +152,57 @@ impl Memory {
         })
     }
 
-    /// Free and total bytes (`cuMemGetInfo`).
-    pub fn info(&self) -> (u64, u64) {
-        (self.capacity - self.used, self.capacity)
+    /// How many devices there are.
+    pub fn devices(&self) -> usize {
+        self.capacity.len()
+    }
+
+    fn check_device_index(&self, device: usize) -> CuResult<()> {
+        if device < self.devices() {
+            Ok(())
+        } else {
+            Err(CuError::CUDA_ERROR_INVALID_DEVICE)
+        }
+    }
+
+    /// Free and total bytes of `device` (`cuMemGetInfo`).
+    pub fn info(&self, device: usize) -> CuResult<(u64, u64)> {
+        self.check_device_index(device)?;
+        Ok((
+            self.capacity[device] - self.used[device],
+            self.capacity[device],
+        ))
+    }
+
+    /// `cuCtxEnablePeerAccess`: `from` may reach `to`'s `cuMemAlloc` memory.
+    pub fn enable_peer(&mut self, from: usize, to: usize) -> CuResult<()> {
+        self.check_device_index(from)?;
+        self.check_device_index(to)?;
+        if from == to {
+            return Err(CuError::CUDA_ERROR_INVALID_DEVICE);
+        }
+        if !self.peers.insert((from, to)) {
+            return Err(CuError::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        Ok(())
+    }
+
+    /// `cuCtxDisablePeerAccess`.
+    pub fn disable_peer(&mut self, from: usize, to: usize) -> CuResult<()> {
+        self.check_device_index(from)?;
+        self.check_device_index(to)?;
+        if from == to {
+            return Err(CuError::CUDA_ERROR_INVALID_DEVICE);
+        }
+        if !self.peers.remove(&(from, to)) {
+            return Err(CuError::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+        }
+        Ok(())
+    }
+
+    /// Whether `from` has peer access to `to` (or is `to`).
+    pub fn peer_enabled(&self, from: usize, to: usize) -> bool {
+        from == to || self.peers.contains(&(from, to))
     }
 
     /// `cuMemAddressReserve`: `size` a multiple of the granularity, `alignment` 0 (the
@@ -164,19 +243,19 @@ impl Memory {
         unsafe { os::release(base, size) }.map_err(os_err)
     }
 
-    /// `cuMemCreate`: `size` a multiple of the granularity. Returns the handle.
-    pub fn create(&mut self, size: u64) -> CuResult<u64> {
+    /// `cuMemCreate` on `device`: `size` a multiple of the granularity. Returns the handle.
+    pub fn create(&mut self, device: usize, size: u64) -> CuResult<u64> {
+        self.check_device_index(device)?;
         if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        self.create_unchecked(size)
+        self.create_unchecked(device, size)
     }
 
-    fn create_unchecked(&mut self, size: u64) -> CuResult<u64> {
-        if self
-            .used
+    fn create_unchecked(&mut self, device: usize, size: u64) -> CuResult<u64> {
+        if self.used[device]
             .checked_add(size)
-            .is_none_or(|u| u > self.capacity)
+            .is_none_or(|u| u > self.capacity[device])
         {
             return Err(CuError::CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -186,13 +265,14 @@ impl Memory {
         self.physicals.insert(
             handle,
             Physical {
+                device,
                 offset,
                 size,
                 mappings: 0,
                 released: false,
             },
         );
-        self.used += size;
+        self.used[device] += size;
         Ok(handle)
     }
 
@@ -243,8 +323,16 @@ impl Memory {
 
     fn free_physical(&mut self, handle: u64) {
         if let Some(p) = self.physicals.remove(&handle) {
-            self.used -= p.size;
+            self.used[p.device] -= p.size;
             self.give_offsets(p.offset, p.size);
+        }
+    }
+
+    /// The device of a live (not released) physical allocation.
+    pub fn physical_device(&self, handle: u64) -> CuResult<usize> {
+        match self.physicals.get(&handle) {
+            Some(p) if !p.released => Ok(p.device),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
         }
     }
 
@@ -281,10 +369,10 @@ impl Memory {
         {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        self.map_unchecked(addr, size, handle)
+        self.map_unchecked(addr, size, handle, false)
     }
 
-    fn map_unchecked(&mut self, addr: u64, size: u64, handle: u64) -> CuResult<()> {
+    fn map_unchecked(&mut self, addr: u64, size: u64, handle: u64, linear: bool) -> CuResult<()> {
         let physical = match self.physicals.get(&handle) {
             Some(p) if !p.released && size <= p.size => p,
             _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
@@ -314,7 +402,8 @@ impl Memory {
             Mapping {
                 size,
                 handle,
-                access: Access::None,
+                access: vec![Access::None; self.capacity.len()],
+                linear,
             },
         );
         self.physicals
@@ -374,29 +463,79 @@ impl Memory {
         Ok(())
     }
 
-    /// `cuMemSetAccess`: whole mappings covering exactly `[addr, addr + size)`.
+    /// `cuMemSetAccess`: whole mappings covering exactly `[addr, addr + size)`; each
+    /// `(device, access)` sets that device's right, the others keep theirs.
     ///
     /// # Safety
     /// When access is reduced, no Rust reference may point into the range.
-    pub unsafe fn set_access(&mut self, addr: u64, size: u64, access: Access) -> CuResult<()> {
+    pub unsafe fn set_access(
+        &mut self,
+        addr: u64,
+        size: u64,
+        rights: &[(usize, Access)],
+    ) -> CuResult<()> {
+        for &(device, _) in rights {
+            self.check_device_index(device)?;
+        }
         let (base, starts) = self.tiling(addr, size)?;
-        // SAFETY: the range is mapped by us; the caller guarantees no reference into it
-        // is invalidated.
-        unsafe { os::protect(addr, size, access.prot()) }.map_err(os_err)?;
         let reservation = self.reservations.get_mut(&base).expect("found by tiling");
-        for start in starts {
-            reservation
+        for start in &starts {
+            let mapping = reservation
                 .mappings
-                .get_mut(&start)
-                .expect("found by tiling")
-                .access = access;
+                .get_mut(start)
+                .expect("found by tiling");
+            for &(device, access) in rights {
+                mapping.access[device] = access;
+            }
+            let widest = mapping
+                .access
+                .iter()
+                .fold(Access::None, |w, &a| match (w, a) {
+                    (Access::ReadWrite, _) | (_, Access::ReadWrite) => Access::ReadWrite,
+                    (Access::Read, _) | (_, Access::Read) => Access::Read,
+                    _ => Access::None,
+                });
+            // SAFETY: the mapping is ours; the caller guarantees no reference into it is
+            // invalidated.
+            unsafe { os::protect(*start, mapping.size, widest.prot()) }.map_err(os_err)?;
         }
         Ok(())
     }
 
-    /// Whether the device may read (or, with `write`, write) `[addr, addr + len)`:
-    /// mapped memory with access, `cuMemAlloc` memory, or pinned host memory.
+    /// `cuMemGetAccess`: `device`'s right on the mapping holding `addr`.
+    pub fn access_of(&self, addr: u64, device: usize) -> CuResult<Access> {
+        self.check_device_index(device)?;
+        let (_, mapping) = self
+            .mapping_at(addr)
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        Ok(mapping.access[device])
+    }
+
+    fn mapping_at(&self, addr: u64) -> Option<(u64, &Mapping)> {
+        let (&base, r) = self.reservations.range(..=addr).next_back()?;
+        if addr >= base + r.size {
+            return None;
+        }
+        let (&a, m) = r.mappings.range(..=addr).next_back()?;
+        (addr < a + m.size).then_some((a, m))
+    }
+
+    /// The device whose memory holds `addr`: the physical allocation mapped there.
+    pub fn device_of(&self, addr: u64) -> Option<usize> {
+        let (_, m) = self.mapping_at(addr)?;
+        self.physicals.get(&m.handle).map(|p| p.device)
+    }
+
+    /// Whether `who` may read (or, with `write`, write) `[addr, addr + len)`: mapped
+    /// memory the device has the right to (any device's right, for [`Accessor::AnyDevice`]),
+    /// `cuMemAlloc` memory of its own device or of one it has peer access to, or pinned
+    /// host memory.
     pub fn check_device(&self, addr: u64, len: u64, write: bool) -> CuResult<()> {
+        self.check_access(addr, len, write, Accessor::AnyDevice)
+    }
+
+    /// [`Memory::check_device`] for `who`.
+    pub fn check_access(&self, addr: u64, len: u64, write: bool, who: Accessor) -> CuResult<()> {
         if len == 0 {
             return Ok(());
         }
@@ -411,11 +550,22 @@ impl Memory {
         let mut at = addr;
         let first = mappings.range(..=addr).next_back();
         let rest = mappings.range(addr + 1..end);
+        let permits = |access: Access| match access {
+            Access::ReadWrite => true,
+            Access::Read => !write,
+            Access::None => false,
+        };
         for (&a, m) in first.into_iter().chain(rest) {
-            let allowed = match m.access {
-                Access::ReadWrite => true,
-                Access::Read => !write,
-                Access::None => false,
+            let owner = self
+                .physicals
+                .get(&m.handle)
+                .map_or(usize::MAX, |p| p.device);
+            let allowed = match who {
+                Accessor::AnyDevice => m.access.iter().any(|&x| permits(x)),
+                Accessor::Device(d) if m.linear => {
+                    self.peer_enabled(d, owner) && m.access.get(owner).is_some_and(|&x| permits(x))
+                }
+                Accessor::Device(d) => m.access.get(d).is_some_and(|&x| permits(x)),
             };
             if a > at || a + m.size <= at || !allowed {
                 return Err(CuError::CUDA_ERROR_INVALID_VALUE);
@@ -435,13 +585,15 @@ impl Memory {
             .is_some_and(|(&a, &(size, _))| addr + len <= a + size)
     }
 
-    /// `cuMemAlloc`: a private reservation, physical allocation and read/write mapping.
-    pub fn alloc(&mut self, size: u64) -> CuResult<u64> {
+    /// `cuMemAlloc` on `device`: a private reservation, physical allocation and mapping
+    /// that `device` (and its peers) may read and write.
+    pub fn alloc(&mut self, device: usize, size: u64) -> CuResult<u64> {
+        self.check_device_index(device)?;
         if size == 0 {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
         let size = round_up(size, LINEAR_GRANULARITY)?;
-        let handle = self.create_unchecked(size)?;
+        let handle = self.create_unchecked(device, size)?;
         let addr = match self.reserve_unchecked(size, GRANULARITY, 0) {
             Ok(addr) => addr,
             Err(e) => {
@@ -449,9 +601,9 @@ impl Memory {
                 return Err(e);
             }
         };
-        let mapped = self.map_unchecked(addr, size, handle).and_then(|()| {
+        let mapped = self.map_unchecked(addr, size, handle, true).and_then(|()| {
             // SAFETY: the mapping was just made; nothing references it.
-            unsafe { self.set_access(addr, size, Access::ReadWrite) }
+            unsafe { self.set_access(addr, size, &[(device, Access::ReadWrite)]) }
         });
         if let Err(e) = mapped {
             // SAFETY: the range was just reserved here; nothing references it.
@@ -563,15 +715,15 @@ mod tests {
         let mut m = Memory::new(64 * G).unwrap();
         let base = m.reserve(8 * G, 0, 0).unwrap();
         assert_eq!(base % G, 0);
-        let h = m.create(2 * G).unwrap();
-        assert_eq!(m.info(), (62 * G, 64 * G));
+        let h = m.create(0, 2 * G).unwrap();
+        assert_eq!(m.info(0).unwrap(), (62 * G, 64 * G));
         m.map(base + G, 2 * G, 0, h).unwrap();
         assert_eq!(
             m.check_device(base + G, 16, false),
             Err(CuError::CUDA_ERROR_INVALID_VALUE)
         );
         // SAFETY: fresh mapping, unreferenced.
-        unsafe { m.set_access(base + G, 2 * G, Access::ReadWrite) }.unwrap();
+        unsafe { m.set_access(base + G, 2 * G, &[(0, Access::ReadWrite)]) }.unwrap();
         m.check_device(base + G, 2 * G, true).unwrap();
         assert!(m.check_device(base, 16, false).is_err());
         write(base + G + 100, b"hello");
@@ -581,7 +733,7 @@ mod tests {
         let other = m.reserve(2 * G, 0, 0).unwrap();
         m.map(other, 2 * G, 0, h).unwrap();
         // SAFETY: fresh mapping, unreferenced.
-        unsafe { m.set_access(other, 2 * G, Access::Read) }.unwrap();
+        unsafe { m.set_access(other, 2 * G, &[(0, Access::Read)]) }.unwrap();
         assert_eq!(read(other + 100, 5), b"hello");
         assert!(m.check_device(other, 8, true).is_err());
         m.check_device(other, 8, false).unwrap();
@@ -589,13 +741,13 @@ mod tests {
         // Release while mapped defers the free to the last unmap.
         m.release(h).unwrap();
         assert_eq!(m.release(h), Err(CuError::CUDA_ERROR_INVALID_VALUE));
-        assert_eq!(m.info().0, 62 * G);
+        assert_eq!(m.info(0).unwrap().0, 62 * G);
         // SAFETY: no references into the ranges.
         unsafe {
             m.unmap(other, 2 * G).unwrap();
             m.unmap(base + G, 2 * G).unwrap();
         }
-        assert_eq!(m.info().0, 64 * G);
+        assert_eq!(m.info(0).unwrap().0, 64 * G);
         m.free_reservation(other, 2 * G).unwrap();
         m.free_reservation(base, 8 * G).unwrap();
     }
@@ -607,10 +759,10 @@ mod tests {
         let inval = Err(INVAL);
         assert_eq!(m.reserve(G + 1, 0, 0), Err(INVAL));
         assert_eq!(m.reserve(G, 3, 0), Err(INVAL));
-        assert_eq!(m.create(G / 2), Err(INVAL));
-        assert_eq!(m.create(10 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(m.create(0, G / 2), Err(INVAL));
+        assert_eq!(m.create(0, 10 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
         let base = m.reserve(4 * G, 0, 0).unwrap();
-        let h = m.create(2 * G).unwrap();
+        let h = m.create(0, 2 * G).unwrap();
         // Outside the reservation, straddling its end, bad offset, unknown handle.
         assert_eq!(m.map(base + 3 * G, 2 * G, 0, h), inval);
         assert_eq!(m.map(base, 2 * G, G, h), inval);
@@ -629,7 +781,7 @@ mod tests {
             m.unmap(base, 2 * G).unwrap();
         }
         m.release(h).unwrap();
-        assert_eq!(m.info().0, 8 * G);
+        assert_eq!(m.info(0).unwrap().0, 8 * G);
         m.free_reservation(base, 4 * G).unwrap();
         assert_eq!(m.free_reservation(base, 4 * G), inval);
     }
@@ -642,10 +794,10 @@ mod tests {
         let b = m.reserve(2 * G, 0, a).unwrap();
         assert_eq!(a, b);
         for _ in 0..10 {
-            let h = m.create(4 * G).unwrap();
+            let h = m.create(0, 4 * G).unwrap();
             m.map(b, 2 * G, 0, h).unwrap();
             // SAFETY: fresh mapping.
-            unsafe { m.set_access(b, 2 * G, Access::ReadWrite) }.unwrap();
+            unsafe { m.set_access(b, 2 * G, &[(0, Access::ReadWrite)]) }.unwrap();
             write(b, &[7; 64]);
             // SAFETY: no references into the range.
             unsafe { m.unmap(b, 2 * G) }.unwrap();
@@ -658,8 +810,8 @@ mod tests {
     #[test]
     fn linear_and_host_memory() {
         let mut m = Memory::new(4 * G).unwrap();
-        let p = m.alloc(1000).unwrap();
-        assert_eq!(m.info().0, 4 * G - LINEAR_GRANULARITY);
+        let p = m.alloc(0, 1000).unwrap();
+        assert_eq!(m.info(0).unwrap().0, 4 * G - LINEAR_GRANULARITY);
         write(p, b"abc");
         m.check_device(p, 1000, true).unwrap();
         // SAFETY: no references into the allocation.
@@ -667,8 +819,8 @@ mod tests {
             assert_eq!(m.free(p + 1), Err(CuError::CUDA_ERROR_INVALID_VALUE));
             m.free(p).unwrap();
         }
-        assert_eq!(m.info().0, 4 * G);
-        assert_eq!(m.alloc(5 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(m.info(0).unwrap().0, 4 * G);
+        assert_eq!(m.alloc(0, 5 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
 
         let h = m.host_alloc(100).unwrap();
         write(h, b"pinned");
@@ -688,5 +840,84 @@ mod tests {
         // SAFETY: no references into the allocation.
         unsafe { m.host_free(h) }.unwrap();
         buf[0] = 1;
+    }
+
+    #[test]
+    fn each_device_has_its_memory_and_rights() {
+        let mut m = Memory::with_devices(&[8 * G, 4 * G]).unwrap();
+        assert_eq!(m.devices(), 2);
+        assert_eq!(m.create(2, G), Err(CuError::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(m.info(2), Err(CuError::CUDA_ERROR_INVALID_DEVICE));
+        let h1 = m.create(1, 2 * G).unwrap();
+        assert_eq!(m.info(0).unwrap(), (8 * G, 8 * G));
+        assert_eq!(m.info(1).unwrap(), (2 * G, 4 * G));
+        assert_eq!(m.create(1, 4 * G), Err(CuError::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(m.physical_device(h1), Ok(1));
+
+        // VMM memory on device 1, mapped, with access for device 1 only.
+        let base = m.reserve(2 * G, 0, 0).unwrap();
+        m.map(base, 2 * G, 0, h1).unwrap();
+        assert_eq!(m.device_of(base + 5), Some(1));
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { m.set_access(base, 2 * G, &[(1, Access::ReadWrite)]) }.unwrap();
+        write(base, b"one");
+        m.check_access(base, 64, true, Accessor::Device(1)).unwrap();
+        m.check_access(base, 64, true, Accessor::AnyDevice).unwrap();
+        assert!(m
+            .check_access(base, 64, false, Accessor::Device(0))
+            .is_err());
+        assert_eq!(m.access_of(base, 0), Ok(Access::None));
+        // Device 0 gets read access; device 1 keeps its own.
+        // SAFETY: access widens.
+        unsafe { m.set_access(base, 2 * G, &[(0, Access::Read)]) }.unwrap();
+        m.check_access(base, 64, false, Accessor::Device(0))
+            .unwrap();
+        assert!(m.check_access(base, 64, true, Accessor::Device(0)).is_err());
+        assert_eq!(m.access_of(base, 1), Ok(Access::ReadWrite));
+        assert_eq!(read(base, 3), b"one");
+        // Peer access does not reach VMM memory: only rights do.
+        m.enable_peer(0, 1).unwrap();
+        assert!(m.check_access(base, 64, true, Accessor::Device(0)).is_err());
+        // SAFETY: no references into the range.
+        unsafe { m.set_access(base, 2 * G, &[(5, Access::Read)]) }.unwrap_err();
+        // SAFETY: no references into the range.
+        unsafe { m.unmap(base, 2 * G) }.unwrap();
+        m.release(h1).unwrap();
+        m.free_reservation(base, 2 * G).unwrap();
+        m.disable_peer(0, 1).unwrap();
+
+        // cuMemAlloc memory: its device, and devices with peer access to it.
+        let p0 = m.alloc(0, 4096).unwrap();
+        assert_eq!(m.device_of(p0), Some(0));
+        assert_eq!(m.info(0).unwrap().0, 8 * G - LINEAR_GRANULARITY);
+        m.check_access(p0, 4096, true, Accessor::Device(0)).unwrap();
+        assert!(m
+            .check_access(p0, 4096, false, Accessor::Device(1))
+            .is_err());
+        m.check_access(p0, 4096, true, Accessor::AnyDevice).unwrap();
+        m.enable_peer(1, 0).unwrap();
+        m.check_access(p0, 4096, true, Accessor::Device(1)).unwrap();
+        // Peer access is one way.
+        let p1 = m.alloc(1, 4096).unwrap();
+        assert!(m.check_access(p1, 8, false, Accessor::Device(0)).is_err());
+        assert_eq!(
+            m.enable_peer(1, 0),
+            Err(CuError::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+        );
+        assert_eq!(m.enable_peer(1, 1), Err(CuError::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(m.enable_peer(1, 9), Err(CuError::CUDA_ERROR_INVALID_DEVICE));
+        m.disable_peer(1, 0).unwrap();
+        assert_eq!(
+            m.disable_peer(1, 0),
+            Err(CuError::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+        );
+        assert!(m.check_access(p0, 8, false, Accessor::Device(1)).is_err());
+        // SAFETY: no references into the allocations.
+        unsafe {
+            m.free(p0).unwrap();
+            m.free(p1).unwrap();
+        }
+        assert_eq!(m.info(0).unwrap().0, 8 * G);
+        assert_eq!(m.info(1).unwrap().0, 4 * G);
     }
 }

@@ -148,33 +148,49 @@ pub unsafe extern "C" fn cudaDriverGetVersion(version: *mut c_int) -> cudaError_
 
 // ---- devices ----
 
-/// `cudaGetDeviceCount`.
+/// `cudaGetDeviceCount`: the visible devices; 0 and `cudaErrorNoDevice` when there are
+/// none.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDeviceCount(count: *mut c_int) -> cudaError_t {
     rt!({
-        runtime::context()?;
-        // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(count, 1) }
+        match runtime::machine() {
+            // SAFETY: the caller passes a valid out-pointer or null.
+            Ok(m) => unsafe { put(count, m.count() as c_int) },
+            Err(e) => {
+                if !count.is_null() {
+                    // SAFETY: checked non-null; the caller's out-pointer.
+                    unsafe { count.write(0) };
+                }
+                Err(e)
+            }
+        }
     })
 }
 
-/// `cudaGetDevice`: always 0.
+/// `cudaGetDevice`: the current context's device.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDevice(dev: *mut c_int) -> cudaError_t {
     rt!({
-        runtime::context()?;
+        let device = runtime::context()?;
         // SAFETY: the caller passes a valid out-pointer or null.
-        unsafe { put(dev, 0) }
+        unsafe { put(dev, device.ordinal() as c_int) }
     })
 }
 
-/// `cudaSetDevice`: device 0 only.
+/// `cudaSetDevice`: the device's primary context becomes current on this thread.
 #[no_mangle]
 pub extern "C" fn cudaSetDevice(dev: c_int) -> cudaError_t {
     rt!({
-        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
-        runtime::context().map(drop)
+        runtime::make_current(device_at(dev)?);
+        Ok(())
     })
+}
+
+/// The visible device `dev` (`cudaErrorInvalidDevice` if none).
+fn device_at(dev: c_int) -> RtResult<&'static device::Device> {
+    runtime::machine()?
+        .device(dev)
+        .map_err(|_| RtError::cudaErrorInvalidDevice)
 }
 
 /// `cudaDeviceGetAttribute`: the driver's H100 values (compute capability 9.0).
@@ -186,14 +202,14 @@ pub unsafe extern "C" fn cudaDeviceGetAttribute(
 ) -> cudaError_t {
     rt!({
         runtime::context()?;
-        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
-        let v = device::attribute(attr)?;
+        let v = device::attribute(attr, device_at(dev)?)?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(value, v) }
     })
 }
 
-/// `cudaDeviceSynchronize`: waits for every stream; reports a kernel's fault.
+/// `cudaDeviceSynchronize`: waits for every stream of the current device; reports a
+/// kernel's fault.
 #[no_mangle]
 pub extern "C" fn cudaDeviceSynchronize() -> cudaError_t {
     rt!({
@@ -202,11 +218,142 @@ pub extern "C" fn cudaDeviceSynchronize() -> cudaError_t {
     })
 }
 
+/// `cudaDeviceGetPCIBusId`: `0000:BB:00.0`, truncated to `len - 1` bytes plus NUL.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceGetPCIBusId(
+    id: *mut c_char,
+    len: c_int,
+    dev: c_int,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let text = device_at(dev)?.pci_bus_id();
+        if id.is_null() || len <= 0 {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        let n = text.len().min(len as usize - 1);
+        // SAFETY: the caller's buffer holds `len` bytes; we write `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), id.cast::<u8>(), n);
+            id.add(n).write(0);
+        }
+        Ok(())
+    })
+}
+
+// ---- peers ----
+
+/// `cudaDeviceCanAccessPeer`: 1 between two distinct devices, 0 for a device and itself.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: c_int,
+    peer: c_int,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let (a, b) = (device_at(dev)?, device_at(peer)?);
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(can, c_int::from(a.ordinal() != b.ordinal())) }
+    })
+}
+
+/// `cudaDeviceGetP2PAttribute`: see `cuDeviceGetP2PAttribute`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaDeviceGetP2PAttribute(
+    value: *mut c_int,
+    attr: c_int,
+    src: c_int,
+    dst: c_int,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        device_at(src)?;
+        device_at(dst)?;
+        let v = crate::driver_api::p2p_attribute(attr, src, dst)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(value, v) }
+    })
+}
+
+/// `cudaDeviceEnablePeerAccess`: kernels on the current device may reach `peer`'s
+/// `cudaMalloc` memory. `cudaErrorInvalidDevice` for the current device itself or an
+/// ordinal no device has, `cudaErrorPeerAccessAlreadyEnabled` the second time.
+#[no_mangle]
+pub extern "C" fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let peer = device_at(peer)?;
+        if flags != 0 {
+            return Err(RtError::cudaErrorInvalidValue);
+        }
+        Ok(device
+            .memory()
+            .enable_peer(device.ordinal(), peer.ordinal())?)
+    })
+}
+
+/// `cudaDeviceDisablePeerAccess`: `cudaErrorPeerAccessNotEnabled` when it was not.
+#[no_mangle]
+pub extern "C" fn cudaDeviceDisablePeerAccess(peer: c_int) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        let peer = device_at(peer)?;
+        Ok(device
+            .memory()
+            .disable_peer(device.ordinal(), peer.ordinal())?)
+    })
+}
+
+/// `cudaMemcpyPeer`: from `src` on device `src_dev` to `dst` on `dst_dev`, after all
+/// work on both and on the current device; done when it returns.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeer(
+    dst: *mut c_void,
+    dst_dev: c_int,
+    src: *const c_void,
+    src_dev: c_int,
+    count: usize,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let (d, s) = (device_at(dst_dev)?, device_at(src_dev)?);
+        crate::driver_api::peer_copy(dst as u64, d, src as u64, s, count, None)?;
+        runtime::sticky()
+    })
+}
+
+/// `cudaMemcpyPeerAsync`: enqueued on `stream`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeerAsync(
+    dst: *mut c_void,
+    dst_dev: c_int,
+    src: *const c_void,
+    src_dev: c_int,
+    count: usize,
+    stream: Handle,
+) -> cudaError_t {
+    rt!({
+        runtime::context()?;
+        let (d, s) = (device_at(dst_dev)?, device_at(src_dev)?);
+        let on = runtime::stream(stream as u64)?;
+        Ok(crate::driver_api::peer_copy(
+            dst as u64,
+            d,
+            src as u64,
+            s,
+            count,
+            Some(on),
+        )?)
+    })
+}
+
 /// `cudaMemGetInfo`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> cudaError_t {
     rt!({
-        let (f, t) = runtime::context()?.memory().info();
+        let device = runtime::context()?;
+        let (f, t) = device.memory().info(device.ordinal())?;
         // SAFETY: the caller passes valid out-pointers or null.
         unsafe {
             put(free, f as usize)?;
@@ -215,26 +362,24 @@ pub unsafe extern "C" fn cudaMemGetInfo(free: *mut usize, total: *mut usize) -> 
     })
 }
 
-/// The UUID simgpu's device reports (`cudaDeviceProp::uuid`).
-pub const UUID: [u8; 16] = *b"SIMGPU-DEVICE-00";
-
 /// Fills the fields at the start of `cudaDeviceProp`, whose offsets every CUDA version
-/// shares — `name` (0), `uuid` (256) and `totalGlobalMem` (288) — and leaves the rest as
-/// the caller had it.
+/// shares — `name` (0), `uuid` (256) and `totalGlobalMem` (288) — with device `dev`'s
+/// identity, and leaves the rest as the caller had it.
 ///
 /// # Safety
 /// `prop` is null or points to a `cudaDeviceProp`.
 unsafe fn device_properties(prop: *mut c_void, dev: c_int) -> RtResult<()> {
-    let device = runtime::context()?;
-    device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+    runtime::context()?;
+    let device = device_at(dev)?;
     if prop.is_null() {
         return Err(RtError::cudaErrorInvalidValue);
     }
     let mut head = [0u8; 296];
-    let name = device::NAME.as_bytes();
-    head[..name.len()].copy_from_slice(name);
-    head[256..272].copy_from_slice(&UUID);
-    head[288..296].copy_from_slice(&device.config.mem_bytes.to_ne_bytes());
+    let name = device.name().as_bytes();
+    let n = name.len().min(255);
+    head[..n].copy_from_slice(&name[..n]);
+    head[256..272].copy_from_slice(&device.uuid());
+    head[288..296].copy_from_slice(&device.total_mem().to_ne_bytes());
     // SAFETY: the caller's cudaDeviceProp is larger than these 296 bytes.
     unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), prop.cast::<u8>(), head.len()) };
     Ok(())
@@ -277,6 +422,18 @@ fn driver_symbol(name: &str) -> Option<usize> {
         "cuMemFree" => d::cuMemFree_v2 as *const () as usize,
         "cuMemAllocManaged" => d::cuMemAllocManaged as *const () as usize,
         "cuCtxSynchronize" => d::cuCtxSynchronize as *const () as usize,
+        "cuMemGetAccess" => d::cuMemGetAccess as *const () as usize,
+        "cuDeviceGetUuid" => d::cuDeviceGetUuid_v2 as *const () as usize,
+        "cuDeviceCanAccessPeer" => d::cuDeviceCanAccessPeer as *const () as usize,
+        "cuDeviceGetP2PAttribute" => d::cuDeviceGetP2PAttribute as *const () as usize,
+        "cuCtxEnablePeerAccess" => d::cuCtxEnablePeerAccess as *const () as usize,
+        "cuCtxDisablePeerAccess" => d::cuCtxDisablePeerAccess as *const () as usize,
+        "cuMemcpyPeer" => d::cuMemcpyPeer as *const () as usize,
+        "cuMemcpyPeerAsync" => d::cuMemcpyPeerAsync as *const () as usize,
+        "cuCtxGetDevice" => d::cuCtxGetDevice as *const () as usize,
+        "cuCtxGetCurrent" => d::cuCtxGetCurrent as *const () as usize,
+        "cuCtxSetCurrent" => d::cuCtxSetCurrent as *const () as usize,
+        "cuDevicePrimaryCtxRetain" => d::cuDevicePrimaryCtxRetain as *const () as usize,
         _ => return None,
     })
 }
@@ -513,9 +670,14 @@ pub(crate) unsafe fn launch(
     shared_mem: usize,
     stream: Handle,
 ) -> RtResult<()> {
-    let device = runtime::context()?;
+    let current = runtime::context()?;
     check_shape(grid, block)?;
-    let stream = runtime::stream(stream as u64)?;
+    let (device, stream) = runtime::stream(stream as u64)?;
+    if device.ordinal() != current.ordinal() {
+        // As on a GPU: a kernel cannot be launched into another device's stream.
+        return Err(RtError::cudaErrorInvalidResourceHandle);
+    }
+    let ordinal = device.ordinal();
     let Some(kernel) = kernels::find(&function.name) else {
         eprintln!(
             "simgpu: cannot launch kernel {}: simgpu has no host implementation of it \
@@ -536,16 +698,16 @@ pub(crate) unsafe fn launch(
     // SAFETY: the caller passes the kernel's arguments, read now, before they go away.
     let work = unsafe { kernel.prepare(&shape, args as *const *const c_void) };
     let task: Task = Box::new(move || {
-        if runtime::sticky().is_err() {
+        if runtime::sticky_on(ordinal).is_err() {
             return; // the context is corrupt: later work does not run
         }
-        let checked = work.check(&device.memory());
+        let checked = work.check(&device.memory(), ordinal);
         match checked {
             // SAFETY: the memory was checked; unmapping waits for the stream first.
             Ok(()) => unsafe { work.run() },
             Err(fault) => {
                 eprintln!("simgpu: {fault}");
-                runtime::set_sticky(fault.error);
+                runtime::set_sticky_on(ordinal, fault.error);
             }
         }
     });
@@ -729,7 +891,7 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> cudaE
         }
         let addr = match size {
             0 => 0,
-            _ => device.memory().alloc(size as u64)?,
+            _ => device.memory().alloc(device.ordinal(), size as u64)?,
         };
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(ptr, addr as *mut c_void) }
@@ -745,7 +907,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> cudaError_t {
         if ptr.is_null() {
             return Ok(());
         }
-        device.streams.synchronize_all();
+        runtime::machine()?.synchronize_all();
         // SAFETY: stream work is finished; later accesses fault, as on a GPU.
         unsafe { device.memory().free(ptr as u64) }?;
         Ok(())
@@ -765,7 +927,7 @@ pub unsafe extern "C" fn cudaMallocManaged(
         if ptr.is_null() || size == 0 || !matches!(flags, 1 | 2) {
             return Err(RtError::cudaErrorInvalidValue);
         }
-        let addr = device.memory().alloc(size as u64)?;
+        let addr = device.memory().alloc(device.ordinal(), size as u64)?;
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(ptr, addr as *mut c_void) }
     })
@@ -804,8 +966,8 @@ pub unsafe extern "C" fn cudaMallocAsync_ptsz(
 #[no_mangle]
 pub extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: Handle) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
-        let stream = runtime::stream(stream as u64)?;
+        runtime::context()?;
+        let (device, stream) = runtime::stream(stream as u64)?;
         if ptr.is_null() {
             return Ok(());
         }
@@ -867,7 +1029,7 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> cudaError_t {
         if ptr.is_null() {
             return Ok(());
         }
-        device.streams.synchronize_all();
+        runtime::machine()?.synchronize_all();
         // SAFETY: the program gives the memory up; stream work using it is finished.
         unsafe { device.memory().host_free(ptr as u64) }?;
         runtime::remove_pinned(ptr as u64);
@@ -896,7 +1058,7 @@ pub unsafe extern "C" fn cudaHostRegister(
 pub unsafe extern "C" fn cudaHostUnregister(ptr: *mut c_void) -> cudaError_t {
     rt!({
         let device = runtime::context()?;
-        device.streams.synchronize_all();
+        runtime::machine()?.synchronize_all();
         device.memory().host_unregister(ptr as u64)?;
         runtime::remove_pinned(ptr as u64);
         Ok(())
@@ -908,7 +1070,7 @@ pub unsafe extern "C" fn cudaHostUnregister(ptr: *mut c_void) -> cudaError_t {
 pub unsafe extern "C" fn cudaDeviceGetDefaultMemPool(pool: *mut Handle, dev: c_int) -> cudaError_t {
     rt!({
         runtime::context()?;
-        device::check_ordinal(dev).map_err(|_| RtError::cudaErrorInvalidDevice)?;
+        device_at(dev)?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(pool, DEFAULT_POOL as Handle) }
     })
@@ -1001,18 +1163,19 @@ pub unsafe extern "C" fn cudaPointerGetAttributes(
 ) -> cudaError_t {
     rt!({
         let device = runtime::context()?;
+        let memory = device.memory();
         let p = ptr as *mut c_void;
         let value = if runtime::is_pinned(ptr as u64) {
             PointerAttributes {
                 type_: memory_type::HOST,
-                device: 0,
+                device: device.ordinal() as c_int,
                 device_pointer: p,
                 host_pointer: p,
             }
-        } else if device.memory().check_device(ptr as u64, 1, false).is_ok() {
+        } else if memory.check_device(ptr as u64, 1, false).is_ok() {
             PointerAttributes {
                 type_: memory_type::DEVICE,
-                device: 0,
+                device: memory.device_of(ptr as u64).map_or(0, |d| d as c_int),
                 device_pointer: p,
                 host_pointer: std::ptr::null_mut(),
             }
@@ -1040,10 +1203,9 @@ fn enqueue_copy(
     src: u64,
     len: usize,
     kind: i32,
-    stream: StreamId,
+    (device, stream): (&device::Device, StreamId),
     wait: bool,
 ) -> RtResult<()> {
-    let device = runtime::context()?;
     if len == 0 {
         return Ok(());
     }
@@ -1103,7 +1265,17 @@ pub unsafe extern "C" fn cudaMemcpy(
     count: usize,
     kind: c_int,
 ) -> cudaError_t {
-    rt!({ enqueue_copy(dst as u64, src as u64, count, kind, StreamId::Null, true) })
+    rt!({
+        let device = runtime::context()?;
+        enqueue_copy(
+            dst as u64,
+            src as u64,
+            count,
+            kind,
+            (device, StreamId::Null),
+            true,
+        )
+    })
 }
 
 /// `cudaMemcpyAsync`: returns before the copy is done.
@@ -1116,6 +1288,7 @@ pub unsafe extern "C" fn cudaMemcpyAsync(
     stream: Handle,
 ) -> cudaError_t {
     rt!({
+        runtime::context()?;
         let s = runtime::stream(stream as u64)?;
         enqueue_copy(dst as u64, src as u64, count, kind, s, false)
     })
@@ -1134,8 +1307,12 @@ pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
     unsafe { cudaMemcpyAsync(dst, src, count, kind, stream) }
 }
 
-fn enqueue_memset(dst: u64, value: c_int, len: usize, stream: StreamId) -> RtResult<()> {
-    let device = runtime::context()?;
+fn enqueue_memset(
+    dst: u64,
+    value: c_int,
+    len: usize,
+    (device, stream): (&device::Device, StreamId),
+) -> RtResult<()> {
     if len == 0 {
         return Ok(());
     }
@@ -1152,7 +1329,10 @@ fn enqueue_memset(dst: u64, value: c_int, len: usize, stream: StreamId) -> RtRes
 /// `cudaMemset`: on the NULL stream, asynchronous to the host as on a GPU.
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemset(dst: *mut c_void, value: c_int, count: usize) -> cudaError_t {
-    rt!({ enqueue_memset(dst as u64, value, count, StreamId::Null) })
+    rt!({
+        let device = runtime::context()?;
+        enqueue_memset(dst as u64, value, count, (device, StreamId::Null))
+    })
 }
 
 /// `cudaMemsetAsync`.
@@ -1164,6 +1344,7 @@ pub unsafe extern "C" fn cudaMemsetAsync(
     stream: Handle,
 ) -> cudaError_t {
     rt!({
+        runtime::context()?;
         let s = runtime::stream(stream as u64)?;
         enqueue_memset(dst as u64, value, count, s)
     })
@@ -1211,10 +1392,10 @@ pub unsafe extern "C" fn cudaStreamCreate(stream: *mut Handle) -> cudaError_t {
 #[no_mangle]
 pub extern "C" fn cudaStreamDestroy(stream: Handle) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
+        runtime::context()?;
         match runtime::stream(stream as u64)? {
-            StreamId::Created(id) => Ok(device.streams.destroy(id)?),
-            StreamId::Null => Err(RtError::cudaErrorInvalidResourceHandle),
+            (device, StreamId::Created(id)) => Ok(device.streams.destroy(id)?),
+            (_, StreamId::Null) => Err(RtError::cudaErrorInvalidResourceHandle),
         }
     })
 }
@@ -1223,8 +1404,10 @@ pub extern "C" fn cudaStreamDestroy(stream: Handle) -> cudaError_t {
 #[no_mangle]
 pub extern "C" fn cudaStreamSynchronize(stream: Handle) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
-        finish(&device.streams.tail(runtime::stream(stream as u64)?)?)
+        runtime::context()?;
+        let (device, stream) = runtime::stream(stream as u64)?;
+        device.streams.tail(stream)?.wait();
+        runtime::sticky_on(device.ordinal())
     })
 }
 
@@ -1232,9 +1415,10 @@ pub extern "C" fn cudaStreamSynchronize(stream: Handle) -> cudaError_t {
 #[no_mangle]
 pub extern "C" fn cudaStreamQuery(stream: Handle) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
-        match device.streams.idle(runtime::stream(stream as u64)?)? {
-            true => runtime::sticky(),
+        runtime::context()?;
+        let (device, stream) = runtime::stream(stream as u64)?;
+        match device.streams.idle(stream)? {
+            true => runtime::sticky_on(device.ordinal()),
             false => Err(RtError::cudaErrorNotReady),
         }
     })
@@ -1281,9 +1465,14 @@ pub unsafe extern "C" fn cudaEventCreate(event: *mut Handle) -> cudaError_t {
 #[no_mangle]
 pub extern "C" fn cudaEventRecord(event: Handle, stream: Handle) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
-        let e = device.event(event as u64)?;
-        Ok(e.record(&device.streams, runtime::stream(stream as u64)?)?)
+        runtime::context()?;
+        let (owner, e) = runtime::machine()?.event(event as u64)?;
+        let (device, stream) = runtime::stream(stream as u64)?;
+        if owner.ordinal() != device.ordinal() {
+            // As on a GPU: an event records only on a stream of its own device.
+            return Err(RtError::cudaErrorInvalidResourceHandle);
+        }
+        Ok(e.record(&device.streams, stream)?)
     })
 }
 
@@ -1297,8 +1486,10 @@ pub extern "C" fn cudaEventRecord_ptsz(event: Handle, stream: Handle) -> cudaErr
 #[no_mangle]
 pub extern "C" fn cudaEventSynchronize(event: Handle) -> cudaError_t {
     rt!({
-        runtime::context()?.event(event as u64)?.synchronize();
-        runtime::sticky()
+        runtime::context()?;
+        let (device, e) = runtime::machine()?.event(event as u64)?;
+        e.synchronize();
+        runtime::sticky_on(device.ordinal())
     })
 }
 
@@ -1306,8 +1497,10 @@ pub extern "C" fn cudaEventSynchronize(event: Handle) -> cudaError_t {
 #[no_mangle]
 pub extern "C" fn cudaEventQuery(event: Handle) -> cudaError_t {
     rt!({
-        match runtime::context()?.event(event as u64)?.done() {
-            true => runtime::sticky(),
+        runtime::context()?;
+        let (device, e) = runtime::machine()?.event(event as u64)?;
+        match e.done() {
+            true => runtime::sticky_on(device.ordinal()),
             false => Err(RtError::cudaErrorNotReady),
         }
     })
@@ -1321,8 +1514,12 @@ pub unsafe extern "C" fn cudaEventElapsedTime(
     end: Handle,
 ) -> cudaError_t {
     rt!({
-        let device = runtime::context()?;
-        let value = Event::elapsed_ms(&*device.event(start as u64)?, &*device.event(end as u64)?)?;
+        runtime::context()?;
+        let machine = runtime::machine()?;
+        let value = Event::elapsed_ms(
+            &machine.event(start as u64)?.1,
+            &machine.event(end as u64)?.1,
+        )?;
         // SAFETY: the caller passes a valid out-pointer or null.
         unsafe { put(ms, value) }
     })
@@ -1331,7 +1528,10 @@ pub unsafe extern "C" fn cudaEventElapsedTime(
 /// `cudaEventDestroy`.
 #[no_mangle]
 pub extern "C" fn cudaEventDestroy(event: Handle) -> cudaError_t {
-    rt!({ Ok(runtime::context()?.remove_event(event as u64)?) })
+    rt!({
+        runtime::context()?;
+        Ok(runtime::machine()?.remove_event(event as u64)?)
+    })
 }
 
 #[cfg(test)]

@@ -143,13 +143,15 @@ pub enum StreamId {
     Created(u64),
 }
 
-/// The device's streams.
+/// One device's streams.
 pub struct Streams {
     null: Stream,
     /// Created streams; the lock also orders enqueues across streams.
     created: Mutex<HashMap<u64, Arc<Stream>>>,
-    next_id: Mutex<u64>,
 }
+
+/// Stream ids are unique across devices, so a stream's handle names its device.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Default for Streams {
     fn default() -> Self {
@@ -163,18 +165,17 @@ impl Streams {
         Streams {
             null: Stream::new(0),
             created: Mutex::new(HashMap::new()),
-            next_id: Mutex::new(1),
         }
+    }
+
+    /// Whether `id` is one of these streams.
+    pub fn contains(&self, id: u64) -> bool {
+        lock(&self.created).contains_key(&id)
     }
 
     /// `cuStreamCreate`: returns a new id (never 0).
     pub fn create(&self, flags: u32) -> u64 {
-        let id = {
-            let mut next = lock(&self.next_id);
-            let id = *next;
-            *next += 1;
-            id
-        };
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         lock(&self.created).insert(id, Arc::new(Stream::new(flags)));
         id
     }

@@ -74,11 +74,14 @@ codes! {
     cudaErrorDeviceUninitialized = 201, "invalid device context";
     cudaErrorAlreadyMapped = 208, "resource already mapped";
     cudaErrorNotMapped = 211, "resource not mapped";
+    cudaErrorPeerAccessUnsupported = 217, "peer access is not supported between these two devices";
     cudaErrorInvalidResourceHandle = 400, "invalid resource handle";
     cudaErrorSymbolNotFound = 500, "named symbol not found";
     cudaErrorNotReady = 600, "device not ready";
     cudaErrorIllegalAddress = 700, "an illegal memory access was encountered";
     cudaErrorLaunchOutOfResources = 701, "too many resources requested for launch";
+    cudaErrorPeerAccessAlreadyEnabled = 704, "peer access is already enabled";
+    cudaErrorPeerAccessNotEnabled = 705, "peer access has not been enabled";
     cudaErrorHostMemoryAlreadyRegistered = 712, "part or all of the requested memory range is already mapped";
     cudaErrorHostMemoryNotRegistered = 713, "pointer does not correspond to a registered memory region";
     cudaErrorMisalignedAddress = 716, "misaligned address";

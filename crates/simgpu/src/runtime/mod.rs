@@ -1,6 +1,6 @@
 //! The runtime's state: what the program registered (fatbins, host stubs → kernel names,
-//! kernel handles), the per-thread launch configuration stack and last error, the
-//! device-wide sticky error, and the pinned host memory the runtime handed out.
+//! kernel handles), the per-thread launch configuration stack and last error, each
+//! device's sticky error, and the pinned host memory the runtime handed out.
 //!
 //! Runtime handles are the driver's: a `cudaStream_t` is the `CUstream` value, a
 //! `cudaEvent_t` the `CUevent` value, so work the runtime enqueues and work enqueued
@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
-use crate::device::{self, Device};
+use crate::device::{self, Device, Machine};
 pub use error::{RtError, RtResult};
 
 /// `dim3`, passed by value as C passes it (12 bytes in two integer registers).
@@ -59,8 +59,14 @@ thread_local! {
     static CALL_CONFIGS: RefCell<Vec<CallConfig>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The sticky error: set by a fault in a kernel, never cleared (0: none).
-static STICKY: AtomicU32 = AtomicU32::new(0);
+/// Each device's sticky error: set by a fault in a kernel on it, never cleared (0: none).
+static STICKY: [AtomicU32; crate::config::MAX_DEVICES] =
+    [const { AtomicU32::new(0) }; crate::config::MAX_DEVICES];
+
+/// The device runtime calls on this thread act on: the current context's (0 when none).
+fn current_device() -> usize {
+    device::context_device(device::current()).unwrap_or(0)
+}
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,15 +105,15 @@ pub fn record(e: RtError) {
         return;
     }
     if e.is_sticky() {
-        let _ = STICKY.compare_exchange(0, e.code(), Ordering::AcqRel, Ordering::Acquire);
+        set_sticky_on(current_device(), e);
     }
     LAST_ERROR.with(|l| l.set(e.code()));
 }
 
 /// `cudaGetLastError` (`clear`) / `cudaPeekAtLastError`: this thread's last error, or
-/// the sticky error, which no call clears.
+/// the current device's sticky error, which no call clears.
 pub fn last_error(clear: bool) -> u32 {
-    let sticky = STICKY.load(Ordering::Acquire);
+    let sticky = STICKY[current_device()].load(Ordering::Acquire);
     let last = LAST_ERROR.with(|l| {
         let v = l.get();
         if clear {
@@ -122,34 +128,65 @@ pub fn last_error(clear: bool) -> u32 {
     }
 }
 
-/// The sticky error, if a kernel has faulted.
+/// The current device's sticky error, if a kernel on it has faulted.
 pub fn sticky() -> RtResult<()> {
-    match STICKY.load(Ordering::Acquire) {
+    sticky_on(current_device())
+}
+
+/// Device `device`'s sticky error, if a kernel on it has faulted.
+pub fn sticky_on(device: usize) -> RtResult<()> {
+    match STICKY.get(device).map_or(0, |s| s.load(Ordering::Acquire)) {
         0 => Ok(()),
         code => Err(RtError::from_code(code)),
     }
 }
 
-/// Marks the context corrupt with a sticky error (a kernel's fault, seen on a stream).
-pub fn set_sticky(e: RtError) {
-    let _ = STICKY.compare_exchange(0, e.code(), Ordering::AcqRel, Ordering::Acquire);
-}
-
-/// The device for a runtime call: initialised on first use, with the primary context made
-/// current on the calling thread when none is (as the real runtime does); fails with the
-/// sticky error once a kernel has faulted.
-pub fn context() -> RtResult<&'static Device> {
-    sticky()?;
-    let device = Device::init().map_err(|_| RtError::cudaErrorInitializationError)?;
-    if device::current() == 0 {
-        device::set_current(device::primary_context())?;
+/// Marks device `device`'s context corrupt with a sticky error (a kernel's fault, seen
+/// on one of its streams).
+pub fn set_sticky_on(device: usize, e: RtError) {
+    if let Some(s) = STICKY.get(device) {
+        let _ = s.compare_exchange(0, e.code(), Ordering::AcqRel, Ordering::Acquire);
     }
-    Ok(device)
 }
 
-/// The stream a `cudaStream_t` names (`cudaErrorInvalidResourceHandle` if none).
-pub fn stream(handle: u64) -> RtResult<crate::stream::StreamId> {
-    Ok(device::stream_of(handle)?)
+/// The runtime's error for a failed `cuInit`: no device is `cudaErrorNoDevice`, anything
+/// else `cudaErrorInitializationError`.
+fn init_error(e: crate::error::CuError) -> RtError {
+    if e == crate::error::CuError::CUDA_ERROR_NO_DEVICE {
+        RtError::cudaErrorNoDevice
+    } else {
+        RtError::cudaErrorInitializationError
+    }
+}
+
+/// The machine, initialised on first use.
+pub fn machine() -> RtResult<&'static Machine> {
+    Machine::init().map_err(init_error)
+}
+
+/// The device for a runtime call: the machine initialised on first use, with device 0's
+/// primary context made current on the calling thread when none is (as the real runtime
+/// does); fails with the device's sticky error once a kernel on it has faulted.
+pub fn context() -> RtResult<&'static Device> {
+    let machine = machine()?;
+    if device::current() == 0 {
+        make_current(&machine.devices()[0]);
+    }
+    sticky()?;
+    Ok(Device::with_context()?)
+}
+
+/// `cudaSetDevice`: `device`'s primary context becomes current on this thread.
+pub fn make_current(device: &Device) {
+    device.mark_runtime_active();
+    // A visible device's primary context is always valid.
+    let _ = device::set_current(device.primary_context());
+}
+
+/// The device and stream a `cudaStream_t` names (`cudaErrorInvalidResourceHandle` if
+/// none): the current device's NULL stream, or a created stream on its device.
+pub fn stream(handle: u64) -> RtResult<(&'static Device, crate::stream::StreamId)> {
+    Ok(machine()?.stream(handle)?)
 }
 
 /// Pushes a launch configuration (`__cudaPushCallConfiguration`).
