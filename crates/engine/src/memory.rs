@@ -128,7 +128,7 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
         let cfg = crate::config::get();
         let vcfg = match cfg.addressing {
             Addressing::Mapped => VmmConfig::mapped(),
-            Addressing::Translated => VmmConfig::translated(),
+            Addressing::Translated => translated_config(ordinal),
         };
         // The budget holds the limit, over the VMM's chunks and the driver's cuMemCreate
         // together: the VMM itself has none.
@@ -160,6 +160,21 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             Err(ERROR_INITIALIZATION)
         }
     }
+}
+
+/// Bytes of the synthetic range of translated addressing each device hands pointers out
+/// of (more than any GPU's memory: 288 GB is the largest today).
+pub const TRANSLATED_SLICE: u64 = 512 << 30;
+
+/// Translated addressing on device `ordinal`: its own slice of the synthetic range
+/// (device 0's first), so that no two devices hand out the same pointer and a pointer
+/// names its device. [`MAX_DEVICES`] slices end well inside the default range's 64 TiB up
+/// to the top of the address space.
+fn translated_config(ordinal: i32) -> VmmConfig {
+    let mut c = VmmConfig::translated();
+    c.translated_base = vmm::config::DEFAULT_TRANSLATED_BASE + ordinal as u64 * TRANSLATED_SLICE;
+    c.translated_size = TRANSLATED_SLICE;
+    c
 }
 
 /// The memory of the calling thread's current device.
@@ -601,6 +616,20 @@ pub fn align_up(v: usize, a: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_hand_out_translated_pointers_from_their_own_slices() {
+        let slices: Vec<(u64, u64)> = (0..MAX_DEVICES as i32)
+            .map(translated_config)
+            .map(|c| (c.translated_base, c.translated_base + c.translated_size))
+            .collect();
+        assert_eq!(slices[0].0, vmm::config::DEFAULT_TRANSLATED_BASE);
+        for w in slices.windows(2) {
+            assert_eq!(w[0].1, w[1].0, "slices follow each other without overlap");
+        }
+        // The last one ends below the top of the address space.
+        assert!(slices[MAX_DEVICES - 1].1 > slices[MAX_DEVICES - 1].0);
+    }
 
     #[test]
     fn alignment() {

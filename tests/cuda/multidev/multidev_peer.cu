@@ -71,6 +71,8 @@ int main() {
     mix<<<(n + 255) / 256, 256>>>(a, b, n, k);
     CHECK_LAUNCH();
     mix_cpu(ha.data(), hb.data(), n, k);
+    // Devices' streams are not ordered with each other: GPU 1 reads `a` once it is done.
+    CHECK(cudaDeviceSynchronize());
     // GPU 1 reads GPU 0's memory: `a` (from before peer access) and `late` (after).
     CHECK(cudaSetDevice(1));
     mix<<<(n + 255) / 256, 256>>>(c, (it % 2) ? a : late, n, k);
@@ -80,6 +82,7 @@ int main() {
     mix<<<(n + 255) / 256, 256>>>(wide + at, c, n, k);
     CHECK_LAUNCH();
     mix_cpu(hwide.data() + at, hc.data(), n, k);
+    CHECK(cudaDeviceSynchronize());
     // Peer copies: GPU 1's `c` into GPU 0's `b`, GPU 0's `a` into `late`.
     CHECK(cudaMemcpyPeer(b, 0, c, 1, bytes));
     hb = hc;
