@@ -453,7 +453,7 @@ pub fn map(va: u64, size: usize, offset: usize, v: u64, flags: u64) -> u32 {
 /// Grants every device with peer access to `owner`'s memory read/write access on the
 /// mapping at `va` (`size` bytes).
 fn grant_peers(va: u64, size: u64, owner: i32) -> Result<(), String> {
-    for accessor in crate::peer::accessors_of(owner) {
+    for accessor in memory::peer_accessors(owner) {
         let rc = real_set_access(va, size, &access_desc(accessor, PROT_READWRITE));
         if rc != CU_SUCCESS {
             return Err(format!(
@@ -481,7 +481,7 @@ fn resident_mappings_of(t: &Table, owner: i32) -> Vec<(u64, u64, Vec<u8>)> {
         .collect()
 }
 
-/// Peer access enabled (`crate::peer`): device `accessor` gets read/write access on every
+/// Peer access enabled ([`crate::peer`]): device `accessor` gets read/write access on every
 /// mapping of device `owner`'s handles on the device (evicted ones get it when a resume
 /// maps them again). Every mapping is tried; the first failure is returned.
 pub fn grant_peer(accessor: i32, owner: i32) -> Result<(), String> {

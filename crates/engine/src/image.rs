@@ -32,7 +32,7 @@
 //! same GPU where both know its UUID, and loads them one after the other; should a device
 //! fail to load, the devices loaded before it are evicted again (the process stays paused).
 
-use crate::evict::{self, Load};
+use crate::evict::{self, image_id, vmm_id, Load};
 use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::memory::{self, DeviceMemory};
@@ -48,7 +48,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 use std::time::Instant;
-use vmm::{Allocation, AllocationId, Residency, VmmError};
+use vmm::{Allocation, Residency, VmmError};
 
 /// Bytes handed to the writer at a time (progress granularity).
 const WRITE_PIECE: usize = 8 << 20;
@@ -75,27 +75,6 @@ fn devices_with_memory() -> Result<Devices, Failure> {
     }
     with.sort_by_key(|(o, _)| *o);
     Ok(with)
-}
-
-/// Bits of an image id that hold the VMM's id of an allocation; the device's ordinal is
-/// above them.
-const DEVICE_SHIFT: u32 = 40;
-
-/// The image id of allocation `id` of device `ordinal`'s VMM (ids are per device, an
-/// image's unique across devices): device 0's ids as they are (so images of device 0 read
-/// as before), another device's with its ordinal from bit [`DEVICE_SHIFT`] on. A
-/// driver-handle range's id ([`handles::TAG`] and up) is unique already, and kept.
-pub(crate) fn image_id(ordinal: i32, id: u64) -> u64 {
-    if id >= handles::TAG {
-        id
-    } else {
-        id | (ordinal as u64) << DEVICE_SHIFT
-    }
-}
-
-/// The VMM's id of the allocation whose image id is `id` ([`image_id`]).
-fn vmm_id(id: u64) -> AllocationId {
-    AllocationId(id & ((1 << DEVICE_SHIFT) - 1))
 }
 
 /// The process's table as an image holds it, device by device in ordinal order: its
@@ -1026,13 +1005,14 @@ mod tests {
 
     #[test]
     fn image_ids_are_unique_across_devices_and_map_back() {
+        use crate::evict::DEVICE_SHIFT;
         // Device 0's ids as they were: images of one device 0 read as before.
         assert_eq!(image_id(0, 7), 7);
         let on_1 = image_id(1, 7);
         let on_63 = image_id(63, 7);
         assert!(on_1 != 7 && on_63 != on_1);
         for (o, id) in [(0, 7), (1, 7), (63, (1 << DEVICE_SHIFT) - 1)] {
-            assert_eq!(vmm_id(image_id(o, id)), AllocationId(id));
+            assert_eq!(vmm_id(image_id(o, id)), vmm::AllocationId(id));
         }
         // Driver-handle range ids are unique already: kept, and never met by VMM ids.
         let range = handles::TAG | 5 | (3 << 48);

@@ -151,13 +151,54 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
         Ok(m) => {
             // After it is published: a pair enabled meanwhile is granted by `peer::enabled`
             // or here (granting twice does nothing).
-            m.peers_applied
-                .call_once(|| crate::peer::apply_to_new_device(ordinal, m));
+            m.peers_applied.call_once(|| apply_peers(ordinal, m));
             Ok(m)
         }
         Err(e) => {
             log::error(format_args!("device {ordinal}: {e}"));
             Err(ERROR_INITIALIZATION)
+        }
+    }
+}
+
+/// Peer access enabled: (accessor, owner) pairs, kept by [`crate::peer`].
+static PEER_PAIRS: Mutex<std::collections::BTreeSet<(i32, i32)>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Records (`on`) or forgets the pair: device `accessor` may access device `owner`'s
+/// memory. Whether that changed anything.
+pub(crate) fn set_peer_pair(accessor: i32, owner: i32, on: bool) -> bool {
+    let mut p = PEER_PAIRS.lock();
+    if on {
+        p.insert((accessor, owner))
+    } else {
+        p.remove(&(accessor, owner))
+    }
+}
+
+/// The devices that may access device `owner`'s memory (peer access enabled).
+pub fn peer_accessors(owner: i32) -> Vec<i32> {
+    PEER_PAIRS
+        .lock()
+        .iter()
+        .filter(|&&(_, o)| o == owner)
+        .map(|&(a, _)| a)
+        .collect()
+}
+
+/// Every pair (accessor, owner) with peer access enabled, in order.
+pub fn peer_pairs() -> Vec<(i32, i32)> {
+    PEER_PAIRS.lock().iter().copied().collect()
+}
+
+/// Once device `owner`'s memory is managed (its VMM made): grants the accessors recorded
+/// before on its mappings.
+fn apply_peers(owner: i32, m: &DeviceMemory) {
+    for accessor in peer_accessors(owner) {
+        if let Err(e) = m.vmm.backend().add_peer(accessor) {
+            log::error(format_args!(
+                "peer access: granting device {accessor} access to device {owner}'s memory: {e}"
+            ));
         }
     }
 }

@@ -11,8 +11,8 @@
 //! - on every mapping of the owner's VMM, now and later (new allocations, a resume, a
 //!   restore from an image): the owner's [`driver::DriverBackend`] gives every mapping it
 //!   makes the access of its peers ([`driver::DriverBackend::add_peer`]); a device whose
-//!   memory cudaw starts managing later gets the pairs recorded before
-//!   ([`apply_to_new_device`]);
+//!   memory cudaw starts managing later gets the pairs recorded before (the table is
+//!   [`memory`]'s, which grants them when it makes the device's VMM);
 //! - on every mapping of the owner's driver-level handles ([`crate::handles`]): now, at
 //!   each later `cuMemMap`, and when a resume or restore maps them again.
 //!
@@ -20,11 +20,8 @@
 //! handles' mappings except where the program granted it itself (`cuMemSetAccess`).
 
 use crate::{handles, log, memory};
-use parking_lot::Mutex;
-use std::collections::BTreeSet;
 
-/// The pairs enabled: (accessor, owner).
-static PAIRS: Mutex<BTreeSet<(i32, i32)>> = Mutex::new(BTreeSet::new());
+pub use memory::{peer_accessors as accessors_of, peer_pairs as pairs};
 
 /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` / `cudaErrorPeerAccessAlreadyEnabled`: the
 /// pair is enabled (a second call, or the other layer's).
@@ -43,21 +40,6 @@ pub fn disable_took_effect(rc: u32) -> bool {
     rc == 0 || rc == NOT_ENABLED
 }
 
-/// The devices that may access `owner`'s memory.
-pub fn accessors_of(owner: i32) -> Vec<i32> {
-    PAIRS
-        .lock()
-        .iter()
-        .filter(|&&(_, o)| o == owner)
-        .map(|&(a, _)| a)
-        .collect()
-}
-
-/// Every pair enabled, (accessor, owner), in order.
-pub fn pairs() -> Vec<(i32, i32)> {
-    PAIRS.lock().iter().copied().collect()
-}
-
 /// After the driver enabled `accessor`'s access to `owner`'s memory: records the pair and
 /// grants the access on every mapping of `owner`'s memory cudaw manages. Returns whether
 /// every grant succeeded (a failure is logged; the pair stays recorded, so later mappings
@@ -66,8 +48,7 @@ pub fn enabled(accessor: i32, owner: i32) -> bool {
     if accessor == owner || accessor < 0 || owner < 0 {
         return true;
     }
-    let new = PAIRS.lock().insert((accessor, owner));
-    if new {
+    if memory::set_peer_pair(accessor, owner, true) {
         log::debug(format_args!(
             "peer access: device {accessor} may access device {owner}'s memory"
         ));
@@ -95,7 +76,7 @@ pub fn enabled(accessor: i32, owner: i32) -> bool {
 /// After the driver disabled `accessor`'s access to `owner`'s memory: forgets the pair and
 /// takes the access away (never where the program granted it itself).
 pub fn disabled(accessor: i32, owner: i32) {
-    if !PAIRS.lock().remove(&(accessor, owner)) {
+    if !memory::set_peer_pair(accessor, owner, false) {
         return;
     }
     log::debug(format_args!(
@@ -112,18 +93,6 @@ pub fn disabled(accessor: i32, owner: i32) {
         log::warn(format_args!(
             "peer access: taking device {accessor}'s access to device {owner}'s driver handles away: {e}"
         ));
-    }
-}
-
-/// Once device `owner`'s memory is managed (its VMM made): grants the accessors recorded
-/// before on its mappings.
-pub(crate) fn apply_to_new_device(owner: i32, m: &memory::DeviceMemory) {
-    for accessor in accessors_of(owner) {
-        if let Err(e) = m.vmm.backend().add_peer(accessor) {
-            log::error(format_args!(
-                "peer access: granting device {accessor} access to device {owner}'s memory: {e}"
-            ));
-        }
     }
 }
 

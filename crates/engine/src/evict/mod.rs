@@ -17,7 +17,9 @@ mod adapters;
 mod sync;
 
 use adapters::Evict;
-pub(crate) use adapters::Load;
+#[cfg(test)]
+pub(crate) use adapters::DEVICE_SHIFT;
+pub(crate) use adapters::{image_id, vmm_id, Load};
 pub(crate) use sync::synchronise_all;
 
 use crate::failure::{Failure, Report};
