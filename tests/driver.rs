@@ -329,7 +329,7 @@ fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
     assert!(d["bytes"].as_u64() > Some(HANDLE_BYTES), "{d}");
     let (code, v) = ckpt_json(&["inspect", a_s, "--verify"]);
     assert_eq!(code, Some(0), "{v}");
-    assert_eq!(v["format_version"], "1.2", "{v}");
+    assert_eq!(v["format_version"], "1.3", "{v}");
     assert_eq!(v["flags"], 1, "{v}");
     assert_eq!(v["handle_ranges"], 8, "{v}");
     assert_eq!(v["handle_bytes"].as_u64(), Some(HANDLE_BYTES), "{v}");

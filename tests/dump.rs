@@ -29,7 +29,7 @@ fn s(p: &std::path::Path) -> &str {
 /// `inspect FILE --verify --json`, checked against the target.
 fn inspect_verified(t: &Target, image: &std::path::Path) -> Value {
     let v = t.json(&["inspect", s(image), "--verify"]);
-    assert_eq!(v["format_version"], "1.2", "{v}");
+    assert_eq!(v["format_version"], "1.3", "{v}");
     assert_eq!(v["process"]["pid"].as_u64(), t.pid.parse().ok(), "{v}");
     assert_eq!(v["process"]["addressing"], t.addressing.as_str(), "{v}");
     assert_eq!(v["process"]["cuda_runtime_major"], 13, "{v}");
@@ -414,7 +414,7 @@ fn refusals(addressing: Addressing, tag: &str) {
     t.fails(&["inspect", s(&t.work)], 1, "is a folder");
     let human = t.ok(&["inspect", "a.img"]);
     for w in [
-        "cudaw checkpoint image, format 1.2",
+        "cudaw checkpoint image, format 1.3",
         &format!("process   {pid} "),
         "ckpt_target on host",
         &format!("{} addressing", addressing.as_str()),

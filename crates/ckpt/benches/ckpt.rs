@@ -31,6 +31,7 @@ fn meta() -> ImageMetadata {
             total_memory: 80 * GIB,
             ordinal: Some(0),
         },
+        other_gpus: Vec::new(),
     }
 }
 
@@ -43,6 +44,7 @@ fn table() -> Vec<AllocationRecord> {
             order: i,
             tag: 0,
             handle: None,
+            device: 0,
         })
         .collect()
 }

@@ -57,6 +57,15 @@ pub enum Difference {
         /// Creation order in the process.
         process: u64,
     },
+    /// The same id is memory of different devices.
+    DeviceMismatch {
+        /// The id.
+        id: u64,
+        /// The device ordinal in the image.
+        image: u32,
+        /// The device ordinal in the process.
+        process: u32,
+    },
     /// The same id is a runtime allocation on one side and a driver-handle range on the
     /// other, or ranges of different handles (handle, its size, the offset mapped, its
     /// properties).
@@ -99,6 +108,10 @@ impl fmt::Display for Difference {
                 f,
                 "allocation {id} is creation number {image} in the image, {process} in the process"
             ),
+            Difference::DeviceMismatch { id, image, process } => write!(
+                f,
+                "allocation {id} is memory of device {image} in the image, of device {process} in the process"
+            ),
             Difference::HandleMismatch { id, image, process } if image == process => write!(
                 f,
                 "range {id} of {} differs in the handle's size, offset or properties between the image and the process",
@@ -115,8 +128,9 @@ impl fmt::Display for Difference {
 }
 
 /// How `image` differs from `process`, allocations matched by id; ordered by id (for one id,
-/// base, then size, then creation order, then driver handle). Empty when every allocation
-/// matches in base, size, creation order and (for driver-handle ranges) handle.
+/// base, then size, then creation order, then device, then driver handle). Empty when every
+/// allocation matches in base, size, creation order, device and (for driver-handle ranges)
+/// handle.
 pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) -> Vec<Difference> {
     let mut by_id: BTreeMap<u64, (Option<&AllocationRecord>, Option<&AllocationRecord>)> =
         BTreeMap::new();
@@ -159,6 +173,13 @@ pub fn compare_tables(image: &[AllocationRecord], process: &[AllocationRecord]) 
                         id,
                         image: i.order,
                         process: p.order,
+                    });
+                }
+                if i.device != p.device {
+                    out.push(Difference::DeviceMismatch {
+                        id,
+                        image: i.device,
+                        process: p.device,
                     });
                 }
                 if i.handle != p.handle {

@@ -155,6 +155,24 @@ pub enum ImageError {
         /// The id.
         id: u64,
     },
+    /// A record names a device the image's GPU list does not (or a device of several has no
+    /// ordinal).
+    #[error("{}", match (id, device) {
+        (Some(id), Some(d)) => format!("allocation {id} is memory of device {d}, which the image's GPU list does not name"),
+        _ => "a device in the image's GPU list has no ordinal (every device of an image of several has one)".to_owned(),
+    })]
+    UnknownDevice {
+        /// The allocation (`None`: a device without an ordinal).
+        id: Option<u64>,
+        /// The device it names.
+        device: Option<u32>,
+    },
+    /// A device is named twice in the image's GPU list.
+    #[error("device {ordinal} appears twice in the image's GPU list")]
+    DuplicateDevice {
+        /// Its ordinal.
+        ordinal: u32,
+    },
     /// An allocation's end does not fit in 64 bits.
     #[error("allocation {id}: base {base:#x} + size {size} overflows the address space")]
     AddressOverflow {

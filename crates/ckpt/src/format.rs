@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::ImageError;
-use crate::meta::{AllocationEntry, AllocationRecord};
+use crate::meta::{AllocationEntry, AllocationRecord, ImageMetadata};
 
 /// First 8 bytes of every image.
 pub const MAGIC: [u8; 8] = *b"CUDAWIMG";
@@ -13,7 +13,7 @@ pub const END_MAGIC: [u8; 8] = *b"CUDAWEND";
 /// The format major version this build writes and reads.
 pub const FORMAT_MAJOR: u16 = 1;
 /// The format minor version this build writes (it reads any minor of its major).
-pub const FORMAT_MINOR: u16 = 2;
+pub const FORMAT_MINOR: u16 = 3;
 /// Header length in format 1.0.
 pub const HEADER_LEN: u64 = 128;
 /// Longest header accepted (newer minors may extend it).
@@ -39,8 +39,11 @@ pub const REQUIRED_FLAGS_MASK: u64 = 0xffff_ffff;
 /// Required flag (1.2): the table holds driver-handle ranges (records of kind 1), which a
 /// 1.0 or 1.1 reader would take for runtime allocations; it refuses the image instead.
 pub const FLAG_DRIVER_HANDLES: u64 = 1;
+/// Required flag (1.3): the table holds memory of more than one device, which a 1.0 to
+/// 1.2 reader would take for one device's; it refuses the image instead.
+pub const FLAG_DEVICES: u64 = 2;
 /// Required flags this build knows.
-pub const KNOWN_REQUIRED_FLAGS: u64 = FLAG_DRIVER_HANDLES;
+pub const KNOWN_REQUIRED_FLAGS: u64 = FLAG_DRIVER_HANDLES | FLAG_DEVICES;
 
 /// The fixed header, as decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +320,51 @@ pub(crate) fn check_table(table: &[AllocationRecord]) -> Result<(), ImageError> 
         return Err(ImageError::DuplicateId { id: w[0] });
     }
     Ok(())
+}
+
+/// The header flags a table needs: [`FLAG_DRIVER_HANDLES`] when it holds a driver-handle
+/// range, [`FLAG_DEVICES`] when it holds memory of more than one device.
+pub(crate) fn table_flags(table: &[AllocationRecord]) -> u64 {
+    let mut flags = 0;
+    if table.iter().any(|r| r.handle.is_some()) {
+        flags |= FLAG_DRIVER_HANDLES;
+    }
+    if table.windows(2).any(|w| w[0].device != w[1].device) {
+        flags |= FLAG_DEVICES;
+    }
+    flags
+}
+
+/// Every device of `meta` named once, every record's device among them (when the image
+/// knows its devices' ordinals: a 1.0 image does not).
+pub(crate) fn check_devices(
+    meta: &ImageMetadata,
+    table: &[AllocationRecord],
+) -> Result<(), ImageError> {
+    let mut ordinals: Vec<u32> = meta.gpus().filter_map(|g| g.ordinal).collect();
+    if ordinals.is_empty() && meta.other_gpus.is_empty() {
+        return Ok(());
+    }
+    if meta.gpus().any(|g| g.ordinal.is_none()) {
+        return Err(ImageError::UnknownDevice {
+            id: None,
+            device: None,
+        });
+    }
+    ordinals.sort_unstable();
+    if let Some(w) = ordinals.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ImageError::DuplicateDevice { ordinal: w[0] });
+    }
+    match table
+        .iter()
+        .find(|r| ordinals.binary_search(&r.device).is_err())
+    {
+        Some(r) => Err(ImageError::UnknownDevice {
+            id: Some(r.id),
+            device: Some(r.device),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The trailer: chunk count, payload bytes, whole-image digest, end marker.

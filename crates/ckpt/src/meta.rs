@@ -80,8 +80,25 @@ pub struct GpuInfo {
 pub struct ImageMetadata {
     /// The producing process.
     pub process: ProcessInfo,
-    /// Its GPU.
+    /// Its GPU: the device of lowest ordinal whose memory the image holds (what a 1.0 to
+    /// 1.2 reader sees).
     pub gpu: GpuInfo,
+    /// The other devices whose memory the image holds, by ordinal (format 1.3; empty for an
+    /// image of one device, and in older images).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_gpus: Vec<GpuInfo>,
+}
+
+impl ImageMetadata {
+    /// Every device of the image: [`ImageMetadata::gpu`], then the others.
+    pub fn gpus(&self) -> impl Iterator<Item = &GpuInfo> {
+        std::iter::once(&self.gpu).chain(&self.other_gpus)
+    }
+
+    /// The device of ordinal `ordinal`, if the image names it.
+    pub fn gpu_of(&self, ordinal: u32) -> Option<&GpuInfo> {
+        self.gpus().find(|g| g.ordinal == Some(ordinal))
+    }
 }
 
 /// One allocation of the process (what the shim converts `vmm::Allocation` into).
@@ -101,6 +118,10 @@ pub struct AllocationRecord {
     /// `base` (format 1.2): what re-creates and re-maps it. `None`: a runtime allocation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handle: Option<HandleRange>,
+    /// The ordinal of the device it is memory of (format 1.3; in an older image, the
+    /// image's one device: [`GpuInfo::ordinal`], 0 when unknown).
+    #[serde(default)]
+    pub device: u32,
 }
 
 /// The driver handle behind a handle-backed range (format 1.2): one mapping of the handle.
@@ -147,7 +168,10 @@ pub struct AllocationEntry {
 /// Bytes of one allocation record in formats 1.0 and 1.1 (the fields every record has).
 pub(crate) const RECORD_LEN_1_0: u32 = 48;
 /// Bytes of one allocation record in format 1.2 (the handle fields added).
-pub(crate) const RECORD_LEN: u32 = RECORD_LEN_1_0 + 24 + PROP_LEN as u32;
+pub(crate) const RECORD_LEN_1_2: u32 = RECORD_LEN_1_0 + 24 + PROP_LEN as u32;
+/// Bytes of one allocation record in format 1.3 (the device ordinal and a reserved u32
+/// added).
+pub(crate) const RECORD_LEN: u32 = RECORD_LEN_1_2 + 8;
 
 /// Little-endian encoder.
 #[derive(Default)]
@@ -273,7 +297,17 @@ impl<'a> Dec<'a> {
     }
 }
 
-/// Encodes the process and GPU blocks (format 1.1).
+fn encode_gpu(g: &GpuInfo, e: &mut Enc) {
+    e.str(&g.name);
+    e.str(&g.uuid);
+    e.u32(g.compute_capability_major);
+    e.u32(g.compute_capability_minor);
+    e.u64(g.total_memory);
+    e.u32(g.ordinal.unwrap_or(u32::MAX));
+}
+
+/// Encodes the process and GPU blocks (format 1.3: the GPU block ends with the other
+/// devices, each a GPU block of its own).
 pub(crate) fn encode_description(meta: &ImageMetadata, e: &mut Enc) {
     let p = &meta.process;
     e.block(|e| {
@@ -285,14 +319,12 @@ pub(crate) fn encode_description(meta: &ImageMetadata, e: &mut Enc) {
         e.u32(p.cuda_runtime_major);
         e.u8(p.addressing.code());
     });
-    let g = &meta.gpu;
     e.block(|e| {
-        e.str(&g.name);
-        e.str(&g.uuid);
-        e.u32(g.compute_capability_major);
-        e.u32(g.compute_capability_minor);
-        e.u64(g.total_memory);
-        e.u32(g.ordinal.unwrap_or(u32::MAX));
+        encode_gpu(&meta.gpu, e);
+        e.u32(meta.other_gpus.len() as u32);
+        for g in &meta.other_gpus {
+            e.block(|e| encode_gpu(g, e));
+        }
     });
 }
 
@@ -323,12 +355,37 @@ pub(crate) fn encode_table(table: &[AllocationEntry], e: &mut Enc) {
         e.u64(h.handle_size);
         e.u64(h.offset);
         e.bytes(&h.prop);
+        e.u32(r.device);
+        e.u32(0);
     }
 }
 
-/// Decodes the metadata section: description, then the records with their recorded data
-/// offsets (chunk counts left 0 for the caller to fill in).
-pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEntry>), ImageError> {
+/// Decodes a GPU block's fields (the 1.1 ordinal when present).
+fn decode_gpu(b: &mut Dec<'_>) -> Result<GpuInfo, ImageError> {
+    Ok(GpuInfo {
+        name: b.str()?,
+        uuid: b.str()?,
+        compute_capability_major: b.u32()?,
+        compute_capability_minor: b.u32()?,
+        total_memory: b.u64()?,
+        // Added in 1.1: absent from a 1.0 image's block.
+        ordinal: match b.remaining() {
+            0 => None,
+            _ => Some(b.u32()?).filter(|&o| o != u32::MAX),
+        },
+    })
+}
+
+/// The most devices an image names.
+pub const MAX_DEVICES: u32 = 1024;
+
+/// Decodes the metadata section of an image of format 1.`minor`: description, then the
+/// records with their recorded data offsets (chunk counts left 0 for the caller to fill
+/// in).
+pub(crate) fn decode(
+    d: &mut Dec<'_>,
+    minor: u16,
+) -> Result<(ImageMetadata, Vec<AllocationEntry>), ImageError> {
     let mut b = d.block("process block")?;
     let process = ProcessInfo {
         pid: b.u32()?,
@@ -340,18 +397,25 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
         addressing: Addressing::from_code(b.u8()?),
     };
     let mut b = d.block("GPU block")?;
-    let gpu = GpuInfo {
-        name: b.str()?,
-        uuid: b.str()?,
-        compute_capability_major: b.u32()?,
-        compute_capability_minor: b.u32()?,
-        total_memory: b.u64()?,
-        // Added in 1.1: absent from a 1.0 image's block.
-        ordinal: match b.remaining() {
-            0 => None,
-            _ => Some(b.u32()?).filter(|&o| o != u32::MAX),
-        },
-    };
+    let gpu = decode_gpu(&mut b)?;
+    // Added in 1.3: the other devices.
+    let mut other_gpus = Vec::new();
+    if minor >= 3 {
+        let count_at = b.offset();
+        let n = b.u32()?;
+        if n > MAX_DEVICES {
+            return Err(ImageError::Malformed {
+                what: "GPU block",
+                offset: count_at,
+                detail: format!("{n} other devices (at most {MAX_DEVICES})"),
+            });
+        }
+        for _ in 0..n {
+            other_gpus.push(decode_gpu(&mut b.block("GPU block")?)?);
+        }
+    }
+    // Before 1.3 every record is memory of the image's one device.
+    let one_device = gpu.ordinal.unwrap_or(0);
     let count_at = d.offset();
     let count = d.u64()?;
     let record_len = d.u32()?;
@@ -387,7 +451,7 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
         let data_offset = r.u64()?;
         let handle = match kind {
             KIND_ALLOCATION => None,
-            KIND_HANDLE if record_len >= RECORD_LEN => {
+            KIND_HANDLE if record_len >= RECORD_LEN_1_2 => {
                 let handle = r.u64()?;
                 let handle_size = r.u64()?;
                 let offset = r.u64()?;
@@ -405,10 +469,19 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
                     what: "allocation record",
                     offset: kind_at,
                     detail: format!(
-                        "record kind {k} in a record of {record_len} bytes (0: allocation; 1: driver handle range, in records of at least {RECORD_LEN} bytes)"
+                        "record kind {k} in a record of {record_len} bytes (0: allocation; 1: driver handle range, in records of at least {RECORD_LEN_1_2} bytes)"
                     ),
                 })
             }
+        };
+        let device = if minor >= 3 && record_len >= RECORD_LEN {
+            // A kind 0 record skipped the handle fields.
+            if handle.is_none() {
+                r.take(24 + PROP_LEN)?;
+            }
+            r.u32()?
+        } else {
+            one_device
         };
         table.push(AllocationEntry {
             record: AllocationRecord {
@@ -418,10 +491,18 @@ pub(crate) fn decode(d: &mut Dec<'_>) -> Result<(ImageMetadata, Vec<AllocationEn
                 order,
                 tag,
                 handle,
+                device,
             },
             data_offset,
             chunk_count: 0,
         });
     }
-    Ok((ImageMetadata { process, gpu }, table))
+    Ok((
+        ImageMetadata {
+            process,
+            gpu,
+            other_gpus,
+        },
+        table,
+    ))
 }

@@ -164,8 +164,10 @@ impl<R: Read + Seek> ImageReader<R> {
                 computed,
             });
         }
-        let (metadata, recorded) =
-            meta::decode(&mut Dec::new(&md, header.metadata_offset, "metadata"))?;
+        let (metadata, recorded) = meta::decode(
+            &mut Dec::new(&md, header.metadata_offset, "metadata"),
+            header.minor,
+        )?;
         if recorded.len() as u64 != header.allocation_count {
             return Err(ImageError::Inconsistent {
                 what: "allocation count (header) against the table",
@@ -186,6 +188,16 @@ impl<R: Read + Seek> ImageReader<R> {
             });
         }
         let records: Vec<AllocationRecord> = recorded.iter().map(|e| e.record).collect();
+        format::check_devices(&metadata, &records)?;
+        let several = header.flags & format::FLAG_DEVICES != 0;
+        let expected = format::table_flags(&records) & format::FLAG_DEVICES != 0;
+        if several != expected {
+            return Err(ImageError::Inconsistent {
+                what: "several-devices flag (header) against the devices the table's records name",
+                found: u64::from(several),
+                expected: u64::from(expected),
+            });
+        }
         let layout = format::layout(&records, header.chunk_size, header.data_offset)?;
         for (rec, lay) in recorded.iter().zip(&layout.entries) {
             if rec.data_offset != lay.data_offset {

@@ -20,8 +20,11 @@ pub struct Summary {
     pub file_len: u64,
     /// The producing process.
     pub process: ProcessInfo,
-    /// Its GPU.
+    /// Its GPU (the device of lowest ordinal whose memory the image holds).
     pub gpu: GpuInfo,
+    /// The other devices whose memory the image holds (format 1.3).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_gpus: Vec<GpuInfo>,
     /// Number of allocations (driver-handle ranges included).
     pub allocation_count: u64,
     /// Of them, ranges of driver-level handles (format 1.2).
@@ -57,6 +60,7 @@ impl Summary {
             file_len: header.file_len,
             process: meta.process.clone(),
             gpu: meta.gpu.clone(),
+            other_gpus: meta.other_gpus.clone(),
             allocation_count: entries.len() as u64,
             handle_ranges: entries.iter().filter(|e| e.record.handle.is_some()).count() as u64,
             handle_bytes: entries

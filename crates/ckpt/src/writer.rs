@@ -89,6 +89,7 @@ impl<W: Write> ImageWriter<W> {
         options: WriterOptions,
     ) -> Result<Self, ImageError> {
         format::check_chunk_size(options.chunk_size)?;
+        format::check_devices(meta, table)?;
         let mut enc = Enc::default();
         meta::encode_description(meta, &mut enc);
         let table_len = 12 + u64::from(meta::RECORD_LEN) * table.len() as u64;
@@ -102,11 +103,7 @@ impl<W: Write> ImageWriter<W> {
             major: FORMAT_MAJOR,
             minor: FORMAT_MINOR,
             header_len: HEADER_LEN,
-            flags: if table.iter().any(|r| r.handle.is_some()) {
-                format::FLAG_DRIVER_HANDLES
-            } else {
-                0
-            },
+            flags: format::table_flags(table),
             chunk_size: options.chunk_size,
             metadata_offset: HEADER_LEN,
             metadata_len,

@@ -181,6 +181,7 @@ fn dense_random_corruption_of_a_larger_image() {
             order: id,
             tag: id as u32,
             handle: None,
+            device: 3,
         });
         base += size.next_multiple_of(256) + 256;
     }
@@ -271,13 +272,13 @@ fn newer_minor_of_a_writer_output_is_accepted() {
 }
 
 /// Byte offset of field `field` (0 id, 1 base, 2 size, 3 order, 5 data offset: in u64s;
-/// the tag is at 32, the record kind at 36) of record `i` in the small image (1.2 records
-/// of 104 bytes).
+/// the tag is at 32, the record kind at 36) of record `i` in the small image (1.3 records
+/// of 112 bytes).
 fn record_field(img: &[u8], i: usize, byte: usize) -> usize {
     let r = open(img).unwrap();
     let meta_end = (r.header().metadata_offset + r.header().metadata_len) as usize;
     let n = r.allocations().len();
-    meta_end - 104 * (n - i) + byte
+    meta_end - 112 * (n - i) + byte
 }
 
 fn set64(img: &mut [u8], at: usize, v: u64) {
@@ -350,7 +351,7 @@ fn hostile_tables_are_refused_naming_the_allocations() {
         "{e}"
     );
     assert!(
-        e.to_string().contains("records of 104 bytes do not fit"),
+        e.to_string().contains("records of 112 bytes do not fit"),
         "{e}"
     );
 
@@ -394,6 +395,7 @@ fn swapped_chunks_are_named() {
             order: 0,
             tag: 0,
             handle: None,
+            device: 3,
         },
         AllocationRecord {
             id: 2,
@@ -402,6 +404,7 @@ fn swapped_chunks_are_named() {
             order: 1,
             tag: 0,
             handle: None,
+            device: 3,
         },
     ];
     let img = image(&table, 64);

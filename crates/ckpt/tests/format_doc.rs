@@ -22,6 +22,10 @@ struct Extras {
     record: usize,
     /// Writes 48-byte records (1.0 and 1.1: no handle fields).
     short_records: bool,
+    /// Writes 104-byte records (1.2: no device ordinal).
+    records_1_2: bool,
+    /// The other devices (1.3).
+    other_gpus: Vec<GpuInfo>,
     after_table: usize,
     gap: usize,
     trailer: usize,
@@ -30,13 +34,15 @@ struct Extras {
 impl Default for Extras {
     fn default() -> Self {
         Extras {
-            minor: 2,
+            minor: 3,
             ordinal: true,
             flags: 0,
             header: 0,
             blocks: false,
             record: 0,
             short_records: false,
+            records_1_2: false,
+            other_gpus: Vec::new(),
             after_table: 0,
             gap: 0,
             trailer: 0,
@@ -69,15 +75,24 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     if x.blocks {
         pb.extend_from_slice(&0xdead_beef_u64.to_le_bytes());
     }
-    let g = &m.gpu;
-    let mut gb = Vec::new();
-    string(&mut gb, &g.name);
-    string(&mut gb, &g.uuid);
-    gb.extend_from_slice(&g.compute_capability_major.to_le_bytes());
-    gb.extend_from_slice(&g.compute_capability_minor.to_le_bytes());
-    gb.extend_from_slice(&g.total_memory.to_le_bytes());
-    if x.ordinal {
-        gb.extend_from_slice(&g.ordinal.unwrap_or(u32::MAX).to_le_bytes());
+    let gpu = |g: &GpuInfo| {
+        let mut gb = Vec::new();
+        string(&mut gb, &g.name);
+        string(&mut gb, &g.uuid);
+        gb.extend_from_slice(&g.compute_capability_major.to_le_bytes());
+        gb.extend_from_slice(&g.compute_capability_minor.to_le_bytes());
+        gb.extend_from_slice(&g.total_memory.to_le_bytes());
+        if x.ordinal {
+            gb.extend_from_slice(&g.ordinal.unwrap_or(u32::MAX).to_le_bytes());
+        }
+        gb
+    };
+    let mut gb = gpu(&m.gpu);
+    if x.minor >= 3 {
+        gb.extend_from_slice(&(x.other_gpus.len() as u32).to_le_bytes());
+        for g in &x.other_gpus {
+            block(&mut gb, gpu(g));
+        }
     }
     if x.blocks {
         string(&mut gb, "a field from the future");
@@ -85,7 +100,11 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     let mut md = Vec::new();
     block(&mut md, pb);
     block(&mut md, gb);
-    let record_len = if x.short_records { 48 } else { 104 } + x.record;
+    let record_len = match (x.short_records, x.records_1_2) {
+        (true, _) => 48,
+        (false, true) => 104,
+        (false, false) => 112,
+    } + x.record;
     let header_len = 128 + x.header;
     let metadata_len = md.len() + 12 + record_len * table.len() + x.after_table;
     let data_offset = (header_len + metadata_len + x.gap) as u64;
@@ -131,6 +150,10 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
             }
             md.extend_from_slice(&h.prop);
         }
+        if !x.short_records && !x.records_1_2 {
+            md.extend_from_slice(&r.device.to_le_bytes());
+            md.extend_from_slice(&0u32.to_le_bytes());
+        }
         md.extend(std::iter::repeat_n(0xab, x.record));
     }
     md.extend(std::iter::repeat_n(0xcd, x.after_table));
@@ -146,8 +169,9 @@ fn by_hand(table: &[AllocationRecord], chunk_size: u64, x: &Extras) -> Vec<u8> {
     h.extend_from_slice(&(header_len as u32).to_le_bytes());
     let chunk_count = sums.len() as u64;
     let handles = u64::from(table.iter().any(|r| r.handle.is_some()));
+    let devices = 2 * u64::from(table.windows(2).any(|w| w[0].device != w[1].device));
     for v in [
-        x.flags | handles,
+        x.flags | handles | devices,
         chunk_size,
         header_len as u64,
         metadata_len as u64,
@@ -351,4 +375,151 @@ fn unknown_addressing_mode_is_kept() {
     let mut r = ImageReader::open(Cursor::new(&img)).unwrap();
     assert_eq!(r.metadata().process.addressing, Addressing::Other(5));
     r.verify().unwrap();
+}
+
+/// The common description with a second device, ordinal 5.
+fn two_device_meta() -> (ImageMetadata, GpuInfo) {
+    let mut m = meta();
+    let other = GpuInfo {
+        name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
+        compute_capability_major: 9,
+        compute_capability_minor: 0,
+        total_memory: 85_029_158_912,
+        ordinal: Some(5),
+    };
+    m.other_gpus.push(other.clone());
+    (m, other)
+}
+
+/// [`small_table`] with its last allocation on device 5.
+fn two_device_table() -> Vec<AllocationRecord> {
+    let mut t = small_table();
+    t.last_mut().unwrap().device = 5;
+    t
+}
+
+#[test]
+fn writer_output_with_several_devices_is_the_documented_format() {
+    let (m, other) = two_device_meta();
+    let table = two_device_table();
+    for chunk_size in [16, 64, 1 << 20] {
+        let mut w = ImageWriter::begin(Vec::new(), &m, &table, WriterOptions { chunk_size })
+            .expect("begin");
+        for r in &table {
+            w.write_allocation(r.id, &contents(r)).expect("write");
+        }
+        let img = w.finish().expect("finish");
+        let x = Extras {
+            other_gpus: vec![other.clone()],
+            ..Extras::default()
+        };
+        assert_eq!(
+            img,
+            by_hand(&table, chunk_size, &x),
+            "chunk size {chunk_size}"
+        );
+        // The required flag: a 1.2 reader refuses the image.
+        assert_eq!(
+            u64::from_le_bytes(img[16..24].try_into().unwrap()),
+            FLAG_DEVICES
+        );
+        let mut r = ImageReader::open(Cursor::new(&img)).expect("opens");
+        assert_eq!(r.metadata(), &m);
+        assert_eq!(r.metadata().gpus().count(), 2);
+        assert_eq!(r.metadata().gpu_of(5), Some(&other));
+        let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+        assert_eq!(records, table);
+        r.verify().expect("verifies");
+        assert_eq!(r.summary().other_gpus, vec![other.clone()]);
+    }
+}
+
+#[test]
+fn several_devices_and_their_flag_must_agree() {
+    let (_, other) = two_device_meta();
+    let x = Extras {
+        other_gpus: vec![other.clone()],
+        ..Extras::default()
+    };
+    // Records of two devices without the flag: refused.
+    let mut img = by_hand(&two_device_table(), 64, &x);
+    img[16] = 0;
+    common::reseal(&mut img);
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(matches!(e, ImageError::Inconsistent { .. }), "{e}");
+    assert!(e.to_string().contains("several-devices flag"), "{e}");
+    // The flag with records of one device: refused.
+    let img = by_hand(
+        &small_table(),
+        64,
+        &Extras {
+            flags: FLAG_DEVICES,
+            ..Extras::default()
+        },
+    );
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(matches!(e, ImageError::Inconsistent { .. }), "{e}");
+    // A record of a device the list does not name: refused, naming both.
+    let img = by_hand(&two_device_table(), 64, &Extras::default());
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "allocation 9 is memory of device 5, which the image's GPU list does not name"
+    );
+    // A device named twice: refused.
+    let mut twice = other;
+    twice.ordinal = Some(3);
+    let img = by_hand(
+        &small_table(),
+        64,
+        &Extras {
+            other_gpus: vec![twice],
+            ..Extras::default()
+        },
+    );
+    let e = ImageReader::open(Cursor::new(&img)).unwrap_err();
+    assert!(
+        matches!(e, ImageError::DuplicateDevice { ordinal: 3 }),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_writer_refuses_a_record_of_an_unnamed_device() {
+    let e = ImageWriter::begin(
+        Vec::new(),
+        &meta(),
+        &two_device_table(),
+        WriterOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ImageError::UnknownDevice {
+                id: Some(9),
+                device: Some(5)
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn format_1_2_records_are_memory_of_the_one_device() {
+    let table = small_table();
+    let x = Extras {
+        minor: 2,
+        records_1_2: true,
+        ..Extras::default()
+    };
+    let img = by_hand(&table, 64, &x);
+    let mut r = ImageReader::open(Cursor::new(&img)).expect("a 1.2 image opens");
+    assert_eq!(r.metadata(), &meta());
+    // The device of every record: the one the GPU block names (3).
+    let records: Vec<_> = r.allocations().iter().map(|e| e.record).collect();
+    assert_eq!(records, table);
+    r.verify().expect("verifies");
+    assert_eq!(r.summary().format_version, "1.2");
 }

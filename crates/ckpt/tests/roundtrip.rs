@@ -28,6 +28,7 @@ fn tables() -> impl Strategy<Value = Vec<AllocationRecord>> {
                     order: i as u64,
                     tag,
                     handle: None,
+                    device: 3,
                 });
                 base += size + gap;
             }
@@ -190,6 +191,7 @@ fn writer_refuses_bad_tables_naming_the_allocations() {
         order: 0,
         tag: 0,
         handle: None,
+        device: 3,
     }];
     let e = ImageWriter::begin(Vec::new(), &meta(), &t, WriterOptions::default()).unwrap_err();
     assert!(
@@ -285,6 +287,7 @@ fn check_against_lists_every_difference() {
         order: 9,
         tag: 0,
         handle: None,
+        device: 3,
     });
     let d = r.check_against(&running);
     assert_eq!(
@@ -336,7 +339,7 @@ fn summary_serialises_to_json() {
     let mut s = r.summary();
     s.verified = Some(r.verify().unwrap());
     let v: serde_json::Value = serde_json::to_value(&s).unwrap();
-    assert_eq!(v["format_version"], "1.2");
+    assert_eq!(v["format_version"], "1.3");
     assert_eq!(v["process"]["pid"], 4242);
     assert_eq!(v["process"]["addressing"], "mapped");
     assert_eq!(v["gpu"]["ordinal"], 3);

@@ -64,6 +64,7 @@ fn one_gib_streams_in_bounded_memory() {
             order: i as u64,
             tag: 0,
             handle: None,
+            device: 0,
         });
         base += size.next_multiple_of(2 << 20);
     }
@@ -86,6 +87,7 @@ fn one_gib_streams_in_bounded_memory() {
             total_memory: 80 * GIB,
             ordinal: Some(0),
         },
+        other_gpus: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("job.img");

@@ -128,28 +128,30 @@ fn print_summary(path: &Path, s: &Summary, all: bool) -> anyhow::Result<()> {
         addressing(p.addressing)
     )?;
     outln!("  created   {}", utc(p.created_unix_nanos))?;
-    let device = g
-        .ordinal
-        .map_or_else(|| "device ?".to_owned(), |o| format!("device {o}"));
     if g.name.is_empty() && s.allocation_count == 0 {
         outln!("  GPU       none (the process had no device memory)")?;
     } else {
-        outln!(
-            "  GPU       {device}: {}, uuid {}, compute capability {}.{}, {}",
-            if g.name.is_empty() {
-                "(name unknown)"
-            } else {
-                &g.name
-            },
-            if g.uuid.is_empty() {
-                "unknown"
-            } else {
-                &g.uuid
-            },
-            g.compute_capability_major,
-            g.compute_capability_minor,
-            mib(g.total_memory)
-        )?;
+        for g in std::iter::once(g).chain(&s.other_gpus) {
+            let device = g
+                .ordinal
+                .map_or_else(|| "device ?".to_owned(), |o| format!("device {o}"));
+            outln!(
+                "  GPU       {device}: {}, uuid {}, compute capability {}.{}, {}",
+                if g.name.is_empty() {
+                    "(name unknown)"
+                } else {
+                    &g.name
+                },
+                if g.uuid.is_empty() {
+                    "unknown"
+                } else {
+                    &g.uuid
+                },
+                g.compute_capability_major,
+                g.compute_capability_minor,
+                mib(g.total_memory)
+            )?;
+        }
     }
     outln!(
         "  data      {} allocations, {} bytes ({}) in {} chunks of up to {}",

@@ -198,6 +198,16 @@ mod memory_hooks {
         })
     }
 
+    extern "C" fn peer_access(accessor: i32, owner: i32, enabled: bool) {
+        guard("peer access (driver layer)", (), || {
+            if enabled {
+                cudaw_engine::peer::enabled(accessor, owner);
+            } else {
+                cudaw_engine::peer::disabled(accessor, owner);
+            }
+        })
+    }
+
     static MEMORY: MemoryHooks = MemoryHooks {
         size: std::mem::size_of::<MemoryHooks>(),
         mem_alloc,
@@ -205,6 +215,7 @@ mod memory_hooks {
         mem_free,
         mem_free_async,
         allocation,
+        peer_access,
     };
 
     /// The memory table for the driver shim (`driver::hooks::RUNTIME_MEMORY_SYMBOL`).

@@ -265,6 +265,34 @@ fn malloc_managed_impl(i: usize, out: *mut *mut c_void, size: usize, flags: u32)
 }
 variants!(malloc_managed_impl => cudaMallocManaged; (out: *mut *mut c_void, size: usize, flags: u32));
 
+// ---------------------------------------------------------------- peer access (always)
+
+/// `cudaDeviceEnablePeerAccess`: forwarded; once the driver agrees, the current device is
+/// granted access to `peer`'s memory of cudaw's too (VMM mappings need it per mapping).
+fn enable_peer_access_impl(i: usize, peer: i32, flags: u32) -> cudaError_t {
+    let rc = forward!(i, cudaDeviceEnablePeerAccess: fn(i32, u32), peer, flags);
+    if cudaw_engine::peer::enable_took_effect(rc) {
+        if let Ok(dev) = memory::current_device() {
+            cudaw_engine::peer::enabled(dev, peer);
+        }
+    }
+    rc
+}
+variants!(enable_peer_access_impl => cudaDeviceEnablePeerAccess; (peer: i32, flags: u32));
+
+/// `cudaDeviceDisablePeerAccess`: forwarded; once the driver agrees, the access granted on
+/// cudaw's memory goes too.
+fn disable_peer_access_impl(i: usize, peer: i32) -> cudaError_t {
+    let rc = forward!(i, cudaDeviceDisablePeerAccess: fn(i32), peer);
+    if cudaw_engine::peer::disable_took_effect(rc) {
+        if let Ok(dev) = memory::current_device() {
+            cudaw_engine::peer::disabled(dev, peer);
+        }
+    }
+    rc
+}
+variants!(disable_peer_access_impl => cudaDeviceDisablePeerAccess; (peer: i32));
+
 // ---------------------------------------------------------------- registration (always)
 
 extern "C" fn __cudaRegisterFatBinary(wrapper: *mut c_void) -> *mut *mut c_void {

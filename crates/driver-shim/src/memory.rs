@@ -35,6 +35,12 @@
 //! process, to its handle table (`crates/cudart-shim/src/handles.rs`, through
 //! [`driver::hooks::HandleHooks`]): the handles are virtual, and a pause evicts the memory
 //! behind them. Without a runtime shim they are forwarded, `cuMemCreate` tallied.
+//!
+//! `cuCtxEnablePeerAccess` / `cuCtxDisablePeerAccess` are forwarded; once the driver agrees,
+//! the runtime shim is told ([`MemoryHooks::peer_access`]), which grants the current
+//! context's device access to the peer context's device's memory of cudaw's (VMM mappings
+//! and driver handles), or takes it away: the driver's peer access reaches only memory of
+//! `cuMemAlloc`, a `cuMemMap` mapping needs it per mapping.
 
 #![allow(non_snake_case)]
 
@@ -371,6 +377,54 @@ fn vmm_allocation(ptr: u64) -> Option<(u64, u64)> {
 /// or the driver lacks the function.
 fn answerable(rc: u32) -> bool {
     rc == 0 || rc == crate::dispatch::CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// The device of context `ctx` (`cuCtxGetDevice` asks the current one: pushed, asked,
+/// popped).
+fn device_of_context(ctx: Handle) -> Option<i32> {
+    if crate::forward!(cuCtxPushCurrent_v2: fn(Handle), ctx) != 0 {
+        return None;
+    }
+    let dev = current_device();
+    let mut popped: Handle = std::ptr::null_mut();
+    let _ = crate::forward!(cuCtxPopCurrent_v2: fn(*mut Handle), &mut popped);
+    dev
+}
+
+/// Tells the runtime shim that the current context's device may (or no longer may) access
+/// the memory of `peer`'s device.
+fn peer_access_changed(peer: Handle, enabled: bool) {
+    let Some(h) = crate::runtime::memory() else {
+        return;
+    };
+    if let (Some(accessor), Some(owner)) = (current_device(), device_of_context(peer)) {
+        (h.peer_access)(accessor, owner, enabled);
+    }
+}
+
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: enabled (by an earlier call).
+const PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
+/// `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`: disabled (or never enabled).
+const PEER_ACCESS_NOT_ENABLED: u32 = 705;
+
+pub(crate) extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: u32) -> u32 {
+    guard("cuCtxEnablePeerAccess", CUDA_ERROR_UNKNOWN, || {
+        let rc = crate::forward!(cuCtxEnablePeerAccess: fn(Handle, u32), peer, flags);
+        if rc == 0 || rc == PEER_ACCESS_ALREADY_ENABLED {
+            peer_access_changed(peer, true);
+        }
+        rc
+    })
+}
+
+pub(crate) extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> u32 {
+    guard("cuCtxDisablePeerAccess", CUDA_ERROR_UNKNOWN, || {
+        let rc = crate::forward!(cuCtxDisablePeerAccess: fn(Handle), peer);
+        if rc == 0 || rc == PEER_ACCESS_NOT_ENABLED {
+            peer_access_changed(peer, false);
+        }
+        rc
+    })
 }
 
 pub(crate) extern "C" fn cuMemGetAddressRange_v2(

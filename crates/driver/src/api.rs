@@ -200,6 +200,17 @@ pub fn pinned_device_prop(device: Device) -> sys::CUmemAllocationProp {
     }
 }
 
+/// No access for `device` (what takes a peer's access away).
+pub fn no_access(device: Device) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+    }
+}
+
 /// Read/write access for `device`.
 pub fn read_write_access(device: Device) -> sys::CUmemAccessDesc {
     sys::CUmemAccessDesc {

@@ -1,10 +1,13 @@
 //! [`DriverBackend`]: `vmm::Backend` over any [`Driver`] (the real `libcuda.so.1` or simgpu).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm::backend::{Backend, BackendError};
 
-use crate::api::{pinned_device_prop, read_write_access, Context, Device, Driver, PhysicalHandle};
+use crate::api::{
+    no_access, pinned_device_prop, read_write_access, Context, Device, Driver, PhysicalHandle,
+};
 use crate::error::Result;
 use crate::sys;
 
@@ -13,11 +16,26 @@ use crate::sys;
 /// Every operation first makes the primary context current on the calling thread (the
 /// VMM calls from any thread; `cuCtxSetCurrent` is cheap). Dropping it releases the
 /// primary context.
+///
+/// Every mapping gives the device read/write access, and its *peers* too: the devices
+/// granted access to this device's memory ([`DriverBackend::add_peer`], for peer access
+/// the program enabled), which a VMM mapping needs per mapping (`cuCtxEnablePeerAccess`
+/// reaches only `cuMemAlloc` memory). The mappings are known here, so a peer added later
+/// is granted access on every mapping there is, and every later one.
 pub struct DriverBackend {
     driver: Arc<dyn Driver>,
     device: Device,
     context: Context,
     granularity: u64,
+    access: Mutex<Access>,
+}
+
+/// The mappings made (address → bytes) and the peers granted access to them, under one
+/// lock: a peer added while a chunk is being mapped is granted access on it either way.
+#[derive(Debug, Default)]
+struct Access {
+    mappings: BTreeMap<u64, u64>,
+    peers: Vec<Device>,
 }
 
 impl std::fmt::Debug for DriverBackend {
@@ -53,7 +71,69 @@ impl DriverBackend {
             device,
             context,
             granularity,
+            access: Mutex::new(Access::default()),
         })
+    }
+
+    fn access(&self) -> MutexGuard<'_, Access> {
+        // A panic while holding it leaves the map as it was between two whole updates.
+        self.access.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Grants device `peer` read/write access on every mapping of this device's memory,
+    /// now and from now on. Idempotent. On failure `peer` is not added; the mappings
+    /// granted already keep their access (a later [`DriverBackend::remove_peer`] takes it
+    /// away).
+    pub fn add_peer(&self, peer: Device) -> Result<()> {
+        if peer == self.device {
+            return Ok(());
+        }
+        let mut a = self.access();
+        if a.peers.contains(&peer) {
+            return Ok(());
+        }
+        let _ctx = self.scoped()?;
+        let desc = [read_write_access(peer)];
+        for (&addr, &size) in &a.mappings {
+            self.driver.mem_set_access(addr, size, &desc)?;
+        }
+        a.peers.push(peer);
+        Ok(())
+    }
+
+    /// Takes device `peer`'s access away from every mapping of this device's memory; later
+    /// mappings no longer grant it. Every mapping is tried; the first failure is returned.
+    pub fn remove_peer(&self, peer: Device) -> Result<()> {
+        let mut a = self.access();
+        let Some(i) = a.peers.iter().position(|&p| p == peer) else {
+            return Ok(());
+        };
+        a.peers.remove(i);
+        let _ctx = self.scoped()?;
+        let desc = [no_access(peer)];
+        let mut first = Ok(());
+        for (&addr, &size) in &a.mappings {
+            if let Err(e) = self.driver.mem_set_access(addr, size, &desc) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+
+    /// The devices granted access to this device's memory besides itself.
+    pub fn peers(&self) -> Vec<Device> {
+        self.access().peers.clone()
+    }
+
+    /// The mappings made and not unmapped: (address, bytes), by address.
+    pub fn mappings(&self) -> Vec<(u64, u64)> {
+        self.access()
+            .mappings
+            .iter()
+            .map(|(&a, &s)| (a, s))
+            .collect()
     }
 
     /// The driver underneath.
@@ -161,19 +241,27 @@ impl Backend for DriverBackend {
     }
 
     fn map(&self, addr: u64, size: u64, physical: PhysicalHandle) -> Result<(), BackendError> {
+        let mut a = self.access();
         let _ctx = self.scoped()?;
         self.driver.mem_map(addr, size, physical)?;
-        let access = [read_write_access(self.device)];
+        let access: Vec<sys::CUmemAccessDesc> = std::iter::once(self.device)
+            .chain(a.peers.iter().copied())
+            .map(read_write_access)
+            .collect();
         if let Err(e) = self.driver.mem_set_access(addr, size, &access) {
             let _ = self.driver.mem_unmap(addr, size);
             return Err(e.into());
         }
+        a.mappings.insert(addr, size);
         Ok(())
     }
 
     fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let mut a = self.access();
         let _ctx = self.scoped()?;
-        Ok(self.driver.mem_unmap(addr, size)?)
+        self.driver.mem_unmap(addr, size)?;
+        a.mappings.remove(&addr);
+        Ok(())
     }
 
     fn alloc_linear(&self, size: u64) -> Result<u64, BackendError> {

@@ -145,6 +145,10 @@ pub struct MemoryHooks {
     /// The VMM allocation holding `ptr` (interior pointers included): writes its base and
     /// size and returns true, or returns false.
     pub allocation: extern "C" fn(ptr: u64, base: *mut u64, size: *mut u64) -> bool,
+    /// After the driver enabled (`enabled`) or disabled peer access of device `accessor` to
+    /// device `owner`'s memory (`cuCtxEnablePeerAccess` / `cuCtxDisablePeerAccess`): the
+    /// runtime grants it on, or takes it from, the mappings of its memory on `owner`.
+    pub peer_access: extern "C" fn(accessor: i32, owner: i32, enabled: bool),
 }
 
 // SAFETY: a table of thread-safe functions.

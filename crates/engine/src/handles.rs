@@ -46,6 +46,27 @@ const PROP_BYTES: usize = 32;
 const ACCESS_DESC_BYTES: usize = 12;
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 const LOCATION_DEVICE: u32 = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_NONE`.
+const PROT_NONE: u32 = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const PROT_READWRITE: u32 = 3;
+
+/// One `CUmemAccessDesc`: device `device` gets `flags`.
+fn access_desc(device: i32, flags: u32) -> [u8; ACCESS_DESC_BYTES] {
+    let mut d = [0u8; ACCESS_DESC_BYTES];
+    d[0..4].copy_from_slice(&LOCATION_DEVICE.to_ne_bytes());
+    d[4..8].copy_from_slice(&device.to_ne_bytes());
+    d[8..12].copy_from_slice(&flags.to_ne_bytes());
+    d
+}
+
+/// Whether the descriptors `descs` (`CUmemAccessDesc`s) give device `device` any access.
+fn grants(descs: &[u8], device: i32) -> bool {
+    descs.chunks_exact(ACCESS_DESC_BYTES).any(|d| {
+        let word = |i: usize| u32::from_ne_bytes(d[i..i + 4].try_into().expect("4 bytes"));
+        word(0) == LOCATION_DEVICE && word(4) as i32 == device && word(8) != PROT_NONE
+    })
+}
 
 /// One handle the program holds.
 #[derive(Debug, Clone)]
@@ -419,8 +440,78 @@ pub fn map(va: u64, size: usize, offset: usize, v: u64, flags: u64) -> u32 {
                 access: Vec::new(),
             },
         );
+        // The devices with peer access to the handle's device may use it too.
+        if let Some(owner) = t.handles[&v].device {
+            if let Err(e) = grant_peers(va, size as u64, owner) {
+                log::warn(format_args!("cuMemMap at {va:#x}: {e}"));
+            }
+        }
     }
     rc
+}
+
+/// Grants every device with peer access to `owner`'s memory read/write access on the
+/// mapping at `va` (`size` bytes).
+fn grant_peers(va: u64, size: u64, owner: i32) -> Result<(), String> {
+    for accessor in memory::peer_accessors(owner) {
+        let rc = real_set_access(va, size, &access_desc(accessor, PROT_READWRITE));
+        if rc != CU_SUCCESS {
+            return Err(format!(
+                "granting device {accessor} access to {size} bytes of device {owner}'s memory at {va:#x}: CUresult {rc}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The mappings of device `owner`'s handles on the device now: (address, bytes, the
+/// program's own access settings on it).
+fn resident_mappings_of(t: &Table, owner: i32) -> Vec<(u64, u64, Vec<u8>)> {
+    t.mappings
+        .iter()
+        .filter(|(_, m)| {
+            t.handles
+                .get(&m.handle)
+                .is_some_and(|h| h.device == Some(owner) && h.real.is_some())
+        })
+        .map(|(&va, m)| {
+            let own: Vec<u8> = m.access.iter().flat_map(|(_, _, d)| d.clone()).collect();
+            (va, m.size, own)
+        })
+        .collect()
+}
+
+/// Peer access enabled ([`crate::peer`]): device `accessor` gets read/write access on every
+/// mapping of device `owner`'s handles on the device (evicted ones get it when a resume
+/// maps them again). Every mapping is tried; the first failure is returned.
+pub fn grant_peer(accessor: i32, owner: i32) -> Result<(), String> {
+    let t = TABLE.lock();
+    let mut first = Ok(());
+    for (va, size, _) in resident_mappings_of(&t, owner) {
+        let rc = real_set_access(va, size, &access_desc(accessor, PROT_READWRITE));
+        if rc != CU_SUCCESS && first.is_ok() {
+            first = Err(format!("{size} bytes at {va:#x}: CUresult {rc}"));
+        }
+    }
+    first
+}
+
+/// Peer access disabled: device `accessor`'s access to the mappings of device `owner`'s
+/// handles is taken away, except on mappings where the program granted it itself
+/// (`cuMemSetAccess`). Every mapping is tried; the first failure is returned.
+pub fn revoke_peer(accessor: i32, owner: i32) -> Result<(), String> {
+    let t = TABLE.lock();
+    let mut first = Ok(());
+    for (va, size, own) in resident_mappings_of(&t, owner) {
+        if grants(&own, accessor) {
+            continue;
+        }
+        let rc = real_set_access(va, size, &access_desc(accessor, PROT_NONE));
+        if rc != CU_SUCCESS && first.is_ok() {
+            first = Err(format!("{size} bytes at {va:#x}: CUresult {rc}"));
+        }
+    }
+    first
 }
 
 /// `cuMemUnmap`.
@@ -941,6 +1032,7 @@ pub fn image_records(dev: i32) -> Vec<ckpt::AllocationRecord> {
                     offset,
                     prop: h.prop,
                 }),
+                device: dev as u32,
             });
         }
     }
@@ -1039,6 +1131,10 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
                     break;
                 }
             }
+            if fail.is_none() {
+                // Peer access the program enabled reaches the mapping again.
+                fail = grant_peers(*va, m.size, dev).err();
+            }
             if fail.is_some() {
                 break;
             }
@@ -1099,6 +1195,17 @@ mod tests {
         assert_eq!(device_of(&p), Some(3));
         p[8..12].copy_from_slice(&2u32.to_ne_bytes());
         assert_eq!(device_of(&p), None);
+    }
+
+    #[test]
+    fn access_descriptors_say_who_may_access() {
+        let mut descs = access_desc(0, PROT_READWRITE).to_vec();
+        descs.extend_from_slice(&access_desc(2, PROT_NONE));
+        assert!(grants(&descs, 0));
+        assert!(!grants(&descs, 1));
+        assert!(!grants(&descs, 2), "PROT_NONE grants nothing");
+        descs.extend_from_slice(&access_desc(1, PROT_READWRITE));
+        assert!(grants(&descs, 1));
     }
 
     #[test]

@@ -25,9 +25,14 @@
 //! restore leaves the process as it was: a paused process stays paused with its memory
 //! where it was, a running one runs on.
 //!
-//! One device per image: a process with allocations on several devices cannot be dumped.
+//! One image holds every device's memory (format 1.3): the table lists each device's
+//! allocations (ids made unique across devices by [`image_id`]) and then its driver-handle
+//! ranges, device by device in ordinal order, and the image names each device (ordinal,
+//! name, UUID). A restore checks that the process has memory on the same devices, each the
+//! same GPU where both know its UUID, and loads them one after the other; should a device
+//! fail to load, the devices loaded before it are evicted again (the process stays paused).
 
-use crate::evict::{self, Load};
+use crate::evict::{self, image_id, vmm_id, Load};
 use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::memory::{self, DeviceMemory};
@@ -43,7 +48,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 use std::time::Instant;
-use vmm::{Allocation, AllocationId, Residency, VmmError};
+use vmm::{Allocation, Residency, VmmError};
 
 /// Bytes handed to the writer at a time (progress granularity).
 const WRITE_PIECE: usize = 8 << 20;
@@ -52,10 +57,13 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-/// The one device with allocations or evicted driver handles (`None`: no device memory
-/// anywhere).
-fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
-    let mut with: Vec<(i32, &'static DeviceMemory)> = memory::managed_devices()
+/// The devices with memory in an image: their ordinals and memory, by ordinal.
+type Devices = Vec<(i32, &'static DeviceMemory)>;
+
+/// Every device with allocations or evicted driver handles, by ordinal (none: no device
+/// memory anywhere).
+fn devices_with_memory() -> Result<Devices, Failure> {
+    let mut with: Devices = memory::managed_devices()
         .filter(|(_, m)| m.vmm.stats().allocations > 0)
         .collect();
     for d in handles::evicted_devices() {
@@ -66,42 +74,29 @@ fn single_device() -> Result<Option<(i32, &'static DeviceMemory)>, Failure> {
         }
     }
     with.sort_by_key(|(o, _)| *o);
-    match with.as_slice() {
-        [] => Ok(None),
-        [one] => Ok(Some(*one)),
-        many => Err(Failure::new(
-            ErrorKind::Failed,
-            format!(
-                "the process has memory on {} devices ({}); an image holds one device's memory",
-                many.len(),
-                many.iter()
-                    .map(|(o, _)| o.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )),
-    }
+    Ok(with)
 }
 
-/// The process's table as an image holds it: `dev`'s allocations in creation order, then
-/// its evicted driver handles' mapped ranges.
-fn process_table(dev: Option<(i32, &'static DeviceMemory)>) -> Vec<AllocationRecord> {
-    let Some((ordinal, m)) = dev else {
-        return Vec::new();
-    };
-    let mut t: Vec<AllocationRecord> = m.vmm.snapshot().iter().map(record).collect();
-    t.extend(handles::image_records(ordinal));
+/// The process's table as an image holds it, device by device in ordinal order: its
+/// allocations in creation order, then its evicted driver handles' mapped ranges.
+fn process_table(devices: &Devices) -> Vec<AllocationRecord> {
+    let mut t = Vec::new();
+    for &(ordinal, m) in devices {
+        t.extend(m.vmm.snapshot().iter().map(|a| record(ordinal, a)));
+        t.extend(handles::image_records(ordinal));
+    }
     t
 }
 
-fn record(a: &Allocation) -> AllocationRecord {
+fn record(ordinal: i32, a: &Allocation) -> AllocationRecord {
     AllocationRecord {
-        id: a.id.0,
+        id: image_id(ordinal, a.id.0),
         base: a.base,
         size: a.size,
         order: a.order,
         tag: a.tag,
         handle: None,
+        device: ordinal as u32,
     }
 }
 
@@ -151,7 +146,7 @@ fn uuid_text(bytes: [u8; 16]) -> String {
     )
 }
 
-fn gpu_info(dev: Option<(i32, &DeviceMemory)>) -> GpuInfo {
+fn gpu_info(dev: Option<&(i32, &DeviceMemory)>) -> GpuInfo {
     let mut g = GpuInfo {
         name: String::new(),
         uuid: String::new(),
@@ -160,7 +155,7 @@ fn gpu_info(dev: Option<(i32, &DeviceMemory)>) -> GpuInfo {
         total_memory: 0,
         ordinal: None,
     };
-    let Some((ordinal, m)) = dev else { return g };
+    let Some(&(ordinal, m)) = dev else { return g };
     g.ordinal = u32::try_from(ordinal).ok();
     let b = m.vmm.backend();
     let (drv, d) = (b.driver(), b.device());
@@ -179,7 +174,7 @@ fn gpu_info(dev: Option<(i32, &DeviceMemory)>) -> GpuInfo {
     g
 }
 
-fn metadata(dev: Option<(i32, &DeviceMemory)>) -> ImageMetadata {
+fn metadata(devices: &Devices) -> ImageMetadata {
     ImageMetadata {
         process: ProcessInfo {
             pid: std::process::id(),
@@ -195,7 +190,8 @@ fn metadata(dev: Option<(i32, &DeviceMemory)>) -> ImageMetadata {
             cuda_runtime_major: runtime_major(),
             addressing: addressing(),
         },
-        gpu: gpu_info(dev),
+        gpu: gpu_info(devices.first()),
+        other_gpus: devices.iter().skip(1).map(|d| gpu_info(Some(d))).collect(),
     }
 }
 
@@ -324,17 +320,17 @@ impl Output {
     }
 }
 
-/// Writes the image of `dev`'s allocations into `file`. Returns the allocation count and
+/// Writes the image of `devices`' memory into `file`. Returns the allocation count and
 /// bytes.
 fn write_image(
     file: File,
     path: &Path,
-    dev: Option<(i32, &'static DeviceMemory)>,
+    devices: &Devices,
     old: Option<&mut ImageReader<File>>,
     report: Report<'_>,
 ) -> Result<(u64, u64), Failure> {
-    let table = process_table(dev);
-    let meta = metadata(dev);
+    let table = process_table(devices);
+    let meta = metadata(devices);
     let out = BufWriter::with_capacity(1 << 20, file);
     let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default())
         .map_err(|e| image_failure(path, "writing", e))?;
@@ -349,15 +345,18 @@ fn write_image(
         report,
     };
     image.advance(0);
-    if let Some((_, m)) = dev {
+    // In table order: each device's allocations, then its driver-handle ranges (from the
+    // host copies the pause made, or from the image a previous dump left them in).
+    for &(ordinal, m) in devices {
         for a in &m.vmm.snapshot() {
-            image.allocation(m, a)?;
+            image.allocation(ordinal, m, a)?;
         }
-    }
-    // Driver-handle ranges: from the host copies the pause made, or from the image a
-    // previous dump left them in.
-    for r in table.iter().filter(|r| r.handle.is_some() && r.size > 0) {
-        image.handle_range(r.id, r.size)?;
+        for r in table
+            .iter()
+            .filter(|r| r.handle.is_some() && r.size > 0 && r.device == ordinal as u32)
+        {
+            image.handle_range(r.id, r.size)?;
+        }
     }
     let out = w.finish().map_err(|e| image_failure(path, "writing", e))?;
     let file = out.into_inner().map_err(|e| {
@@ -411,19 +410,25 @@ impl Writing<'_, '_, '_> {
         Ok(())
     }
 
-    /// Writes allocation `a` of `m`: from its host copy (held by the VMM or retained in
-    /// the host arena), or from the image a previous dump left it in.
-    fn allocation(&mut self, m: &DeviceMemory, a: &Allocation) -> Result<(), Failure> {
+    /// Writes allocation `a` of device `ordinal`'s memory `m`: from its host copy (held by
+    /// the VMM or retained in the host arena), or from the image a previous dump left it
+    /// in.
+    fn allocation(
+        &mut self,
+        ordinal: i32,
+        m: &DeviceMemory,
+        a: &Allocation,
+    ) -> Result<(), Failure> {
         if a.size == 0 {
             return Ok(());
         }
-        let id = a.id.0;
+        let id = image_id(ordinal, a.id.0);
         match a.residency {
             Residency::Resident => Err(Failure::new(
                 ErrorKind::Failed,
                 format!(
-                    "allocation {id} at {:#x} is on the device while paused",
-                    a.base
+                    "allocation {} of device {ordinal} at {:#x} is on the device while paused",
+                    a.id.0, a.base
                 ),
             )),
             Residency::EvictedToHost => {
@@ -438,11 +443,17 @@ impl Writing<'_, '_, '_> {
                     .ok_or_else(|| {
                         Failure::new(
                             ErrorKind::Failed,
-                            format!("allocation {id}: no host copy, none in the host arena"),
+                            format!(
+                                "allocation {} of device {ordinal}: no host copy, none in the host arena",
+                                a.id.0
+                            ),
                         )
                     })?,
                     other => other.map_err(|e| {
-                        Failure::new(ErrorKind::Failed, format!("allocation {id}: {e}"))
+                        Failure::new(
+                            ErrorKind::Failed,
+                            format!("allocation {} of device {ordinal}: {e}", a.id.0),
+                        )
                     })?,
                 };
                 r.map_err(|e| self.fail(e))
@@ -568,17 +579,17 @@ pub(crate) fn dump(
         Moved::default()
     };
     let write_started = Instant::now();
-    let written = single_device().and_then(|dev| {
+    let written = devices_with_memory().and_then(|devices| {
         let old = ctl.image.as_mut().map(|h| &mut h.reader);
         let file = output
             .file()
             .try_clone()
             .map_err(|e| Failure::new(ErrorKind::Io, format!("writing {}: {e}", path.display())))?;
-        let n = write_image(file, path, dev, old, report)?;
+        let n = write_image(file, path, &devices, old, report)?;
         let f = output.finish(path)?;
-        Ok((dev, n, f))
+        Ok((devices, n, f))
     });
-    let (dev, (allocations, bytes), file) = match written {
+    let (devices, (allocations, bytes), file) = match written {
         Ok(v) => v,
         Err(mut e) => {
             e.message.push_str(undo_pause(ctl, we_paused));
@@ -610,9 +621,7 @@ pub(crate) fn dump(
         })?;
         (Some(m), State::Running)
     } else {
-        if let Some((_, m)) = dev {
-            mark_in_image(m, &reader);
-        }
+        mark_in_image(&devices, &reader);
         // From now on the bytes live only in the new image.
         ctl.image = Some(Held {
             path: path.to_path_buf(),
@@ -640,10 +649,10 @@ pub(crate) fn dump(
     })
 }
 
-/// After a dump that leaves the process paused: every allocation of `m` and every evicted
-/// driver-handle range is marked as held in the image `reader` reads, and its host copy
-/// freed.
-fn mark_in_image(m: &DeviceMemory, reader: &ImageReader<File>) {
+/// After a dump that leaves the process paused: every allocation of `devices` and every
+/// evicted driver-handle range is marked as held in the image `reader` reads, and its host
+/// copy freed.
+fn mark_in_image(devices: &Devices, reader: &ImageReader<File>) {
     let entries = reader.allocations();
     let handle_ranges: Vec<u64> = entries
         .iter()
@@ -652,11 +661,17 @@ fn mark_in_image(m: &DeviceMemory, reader: &ImageReader<File>) {
         .collect();
     handles::mark_in_image(&handle_ranges);
     for e in entries.iter().filter(|e| e.record.handle.is_none()) {
-        let id = e.record.id;
-        match m.vmm.mark_in_file(AllocationId(id), e.data_offset) {
-            Ok(()) => staging::forget(m.vmm.backend(), AllocationId(id)),
+        let (id, device) = (vmm_id(e.record.id), e.record.device);
+        let Some((_, m)) = devices.iter().find(|(o, _)| *o as u32 == device) else {
+            continue;
+        };
+        match m.vmm.mark_in_file(id, e.data_offset) {
+            Ok(()) => staging::forget(m.vmm.backend(), id),
             // Its host copy stays; the image holds it too.
-            Err(e) => log::warn(format_args!("dump: allocation {id}: {e}")),
+            Err(e) => log::warn(format_args!(
+                "dump: allocation {} of device {device}: {e}",
+                id.0
+            )),
         }
     }
 }
@@ -664,11 +679,7 @@ fn mark_in_image(m: &DeviceMemory, reader: &ImageReader<File>) {
 /// Every way `reader` does not fit this process; empty when it fits. `--force` is
 /// suggested only where it would help: the image is another process's and nothing else
 /// differs.
-fn mismatches(
-    reader: &ImageReader<File>,
-    dev: Option<(i32, &'static DeviceMemory)>,
-    force: bool,
-) -> Vec<String> {
+fn mismatches(reader: &ImageReader<File>, devices: &Devices, force: bool) -> Vec<String> {
     let mut why = Vec::new();
     let meta = reader.metadata();
     let (pid, host) = (std::process::id(), hostname());
@@ -680,7 +691,7 @@ fn mismatches(
             addressing()
         ));
     }
-    let table = process_table(dev);
+    let table = process_table(devices);
     let diff = reader.check_against(&table);
     if !diff.is_empty() {
         why.push(table_differences(
@@ -689,13 +700,7 @@ fn mismatches(
             &diff,
         ));
     }
-    if let (Some(o), Some((ordinal, _))) = (meta.gpu.ordinal, dev) {
-        if i64::from(o) != i64::from(ordinal) {
-            why.push(format!(
-                "it holds device {o}'s memory, the process's is on device {ordinal}"
-            ));
-        }
-    }
+    why.extend(device_differences(meta, devices));
     if foreign && !force {
         let made_by = format!(
             "it was made by process {} ({}) on host {:?}, not by this process ({pid} on {host:?})",
@@ -711,6 +716,47 @@ fn mismatches(
     why
 }
 
+/// How the image's devices differ from those the process has memory on: other ordinals,
+/// or another GPU (UUID) at the same ordinal. An image of format 1.0 names no ordinal, and
+/// a device without a UUID (simgpu) is matched by its ordinal alone.
+fn device_differences(meta: &ckpt::ImageMetadata, devices: &Devices) -> Vec<String> {
+    let mut why = Vec::new();
+    let in_image: Vec<u32> = meta.gpus().filter_map(|g| g.ordinal).collect();
+    let in_process: Vec<u32> = devices.iter().map(|&(o, _)| o as u32).collect();
+    let names_memory = !meta.gpu.name.is_empty() || !meta.other_gpus.is_empty();
+    let list = |v: &[u32]| match v {
+        [] => "no device".to_owned(),
+        [one] => format!("device {one}"),
+        many => format!(
+            "devices {}",
+            many.iter()
+                .map(|o| o.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    if names_memory && meta.gpu.ordinal.is_some() && in_image != in_process {
+        why.push(format!(
+            "it holds the memory of {}, the process has memory on {}",
+            list(&in_image),
+            list(&in_process)
+        ));
+    }
+    for d in devices {
+        let Some(g) = meta.gpu_of(d.0 as u32) else {
+            continue;
+        };
+        let here = gpu_info(Some(d));
+        if !g.uuid.is_empty() && !here.uuid.is_empty() && g.uuid != here.uuid {
+            why.push(format!(
+                "its device {}'s memory is from GPU {} ({}), device {} of the process is GPU {} ({})",
+                d.0, g.uuid, g.name, d.0, here.uuid, here.name
+            ));
+        }
+    }
+    why
+}
+
 /// What differs between the image's allocation table and the process's: how many
 /// allocations differ in what, and the first difference with both values.
 fn table_differences(in_image: usize, in_process: usize, diff: &[ckpt::Difference]) -> String {
@@ -722,6 +768,10 @@ fn table_differences(in_image: usize, in_process: usize, diff: &[ckpt::Differenc
         (
             count(|d| matches!(d, D::OrderMismatch { .. })),
             "in creation order",
+        ),
+        (
+            count(|d| matches!(d, D::DeviceMismatch { .. })),
+            "in device",
         ),
         (
             count(|d| matches!(d, D::HandleMismatch { .. })),
@@ -791,11 +841,11 @@ pub(crate) fn restore(
         log::warn(format_args!("restore refused: {}", e.message));
         e
     };
-    let dev = match single_device() {
+    let devices = match devices_with_memory() {
         Ok(d) => d,
         Err(e) => return Err(refuse(ctl, e)),
     };
-    let why = mismatches(&reader, dev, force);
+    let why = mismatches(&reader, &devices, force);
     if !why.is_empty() {
         let e = Failure::new(
             ErrorKind::Mismatch,
@@ -815,21 +865,15 @@ pub(crate) fn restore(
     }
     let verify_ms = ms(verify_started);
     let load_started = Instant::now();
-    let (allocations, bytes) = match dev {
-        Some((ordinal, m)) => match load_image(m, &mut reader, report) {
-            Ok(moved) => moved,
-            Err((kind, e)) => {
-                let e = Failure::new(
-                    kind,
-                    format!(
-                        "loading {} into device {ordinal} failed: {e} (the load was rolled back)",
-                        path.display()
-                    ),
-                );
-                return Err(refuse(ctl, e));
-            }
-        },
-        None => (0, 0),
+    let (allocations, bytes) = match load_image(&devices, &mut reader, report) {
+        Ok(moved) => moved,
+        Err(f) => {
+            let e = Failure::new(
+                f.kind,
+                format!("loading {} failed: {}", path.display(), f.message),
+            );
+            return Err(refuse(ctl, e));
+        }
     };
     // The loaded bytes reach the device before any of the program's kernels run.
     if let Err(e) = evict::synchronise_all(None) {
@@ -885,13 +929,14 @@ fn verify(reader: &mut ImageReader<File>, report: Report<'_>) -> Result<(), Imag
         .map(drop)
 }
 
-/// Loads a verified image into `m`'s allocations, then into the evicted driver handles:
-/// the allocations and bytes loaded, or the failure's kind and reason.
+/// Loads a verified image into every device's allocations, device by device, then into the
+/// evicted driver handles: the allocations and bytes loaded, or the failure (its kind and
+/// what was rolled back).
 fn load_image(
-    m: &DeviceMemory,
+    devices: &Devices,
     reader: &mut ImageReader<File>,
     report: Report<'_>,
-) -> Result<(u64, u64), (ErrorKind, VmmError)> {
+) -> Result<(u64, u64), Failure> {
     let total = reader.trailer().data_bytes;
     let mut load = Load::new(Some(reader), true, total, report);
     (load.report)(Progress {
@@ -900,23 +945,91 @@ fn load_image(
         total,
     });
     let (mut allocations, mut bytes) = (0u64, 0u64);
-    let r = m.vmm.restore_all(&mut load).and_then(|moved| {
-        allocations = moved.allocations as u64;
-        bytes = moved.bytes;
-        staging::restored(m.vmm.backend(), 0);
-        // Driver-handle ranges, from the image too (verified above). A failure here
-        // leaves the handles not yet loaded evicted (a resume loads their host
-        // copies) and the runtime allocations loaded.
-        handles::restore(&mut load)
-            .map(|h| {
-                allocations += h.handles as u64;
-                bytes += h.bytes;
-            })
-            .map_err(|e| vmm::VmmError::Staging(vmm::StagingError::Io(e)))
-    });
-    match r {
-        Ok(()) => Ok((allocations, bytes)),
-        Err(e) if load.image_error.is_some() => Err((ErrorKind::BadImage, e)),
-        Err(e) => Err((ErrorKind::Failed, e)),
+    let kind = |load: &Load<'_>| {
+        if load.image_error.is_some() {
+            ErrorKind::BadImage
+        } else {
+            ErrorKind::Failed
+        }
+    };
+    for (i, &(ordinal, m)) in devices.iter().enumerate() {
+        match m.vmm.restore_all(&mut load) {
+            Ok(moved) => {
+                allocations += moved.allocations as u64;
+                bytes += moved.bytes;
+                staging::restored(m.vmm.backend(), 0);
+            }
+            Err(e) => {
+                // This device's load was rolled back; the devices loaded before it are
+                // evicted again, so the process stays paused with nothing on the devices.
+                let loaded = &devices[..i];
+                let again = evict_again(loaded);
+                return Err(Failure::new(
+                    kind(&load),
+                    format!("device {ordinal}: {e} (its load was rolled back{again})"),
+                ));
+            }
+        }
+    }
+    // Driver-handle ranges, from the image too (verified above). A failure here leaves the
+    // handles not yet loaded evicted (a resume loads their host copies) and the runtime
+    // allocations loaded.
+    match handles::restore(&mut load) {
+        Ok(h) => Ok((allocations + h.handles as u64, bytes + h.bytes)),
+        Err(e) => Err(Failure::new(
+            kind(&load),
+            format!("driver handles: {e} (the handles not loaded stay evicted; the allocations were loaded from the image)"),
+        )),
+    }
+}
+
+/// After a restore failed on a later device: evicts the devices `loaded` from the image
+/// again; what to add to the message.
+fn evict_again(loaded: &[(i32, &'static DeviceMemory)]) -> String {
+    if loaded.is_empty() {
+        return String::new();
+    }
+    let mut stayed = Vec::new();
+    for &(o, m) in loaded {
+        if let Err(e) = evict::evict_device(m, &mut |_| {}) {
+            log::error(format_args!(
+                "restore: evicting device {o} again after a failed load: {e}"
+            ));
+            stayed.push(o.to_string());
+        }
+    }
+    let names: Vec<String> = loaded.iter().map(|(o, _)| o.to_string()).collect();
+    let mut s = format!(
+        "; device {} had been loaded from the image and now holds the image's memory, the others their memory from before the restore",
+        names.join(", ")
+    );
+    if !stayed.is_empty() {
+        s.push_str(&format!(
+            " (device {} could not be evicted again: see the log)",
+            stayed.join(", ")
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_ids_are_unique_across_devices_and_map_back() {
+        use crate::evict::DEVICE_SHIFT;
+        // Device 0's ids as they were: images of one device 0 read as before.
+        assert_eq!(image_id(0, 7), 7);
+        let on_1 = image_id(1, 7);
+        let on_63 = image_id(63, 7);
+        assert!(on_1 != 7 && on_63 != on_1);
+        for (o, id) in [(0, 7), (1, 7), (63, (1 << DEVICE_SHIFT) - 1)] {
+            assert_eq!(vmm_id(image_id(o, id)), vmm::AllocationId(id));
+        }
+        // Driver-handle range ids are unique already: kept, and never met by VMM ids.
+        let range = handles::TAG | 5 | (3 << 48);
+        assert_eq!(image_id(2, range), range);
+        assert!(image_id(63, (1 << DEVICE_SHIFT) - 1) < handles::TAG);
     }
 }

@@ -37,6 +37,7 @@ pub mod launch_args;
 pub mod lifecycle;
 pub mod memory;
 pub mod memory_calls;
+pub mod peer;
 pub mod registry;
 pub mod requests;
 pub mod signals;

@@ -64,6 +64,9 @@ pub struct DeviceMemory {
     /// Events of deferred frees released by a pause, destroyed by the next thread that
     /// reaps (the control thread does not call the real runtime).
     spent_events: Mutex<Vec<usize>>,
+    /// The peer access enabled before the device was managed is granted once it is
+    /// ([`crate::peer`]).
+    peers_applied: std::sync::Once,
 }
 
 static DRIVER: OnceLock<Result<Arc<LibCuda>, String>> = OnceLock::new();
@@ -125,7 +128,7 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
         let cfg = crate::config::get();
         let vcfg = match cfg.addressing {
             Addressing::Mapped => VmmConfig::mapped(),
-            Addressing::Translated => VmmConfig::translated(),
+            Addressing::Translated => translated_config(ordinal),
         };
         // The budget holds the limit, over the VMM's chunks and the driver's cuMemCreate
         // together: the VMM itself has none.
@@ -141,15 +144,78 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             vmm,
             deferred: Mutex::new(Vec::new()),
             spent_events: Mutex::new(Vec::new()),
+            peers_applied: std::sync::Once::new(),
         })
     });
     match r {
-        Ok(m) => Ok(m),
+        Ok(m) => {
+            // After it is published: a pair enabled meanwhile is granted by `peer::enabled`
+            // or here (granting twice does nothing).
+            m.peers_applied.call_once(|| apply_peers(ordinal, m));
+            Ok(m)
+        }
         Err(e) => {
             log::error(format_args!("device {ordinal}: {e}"));
             Err(ERROR_INITIALIZATION)
         }
     }
+}
+
+/// Peer access enabled: (accessor, owner) pairs, kept by [`crate::peer`].
+static PEER_PAIRS: Mutex<std::collections::BTreeSet<(i32, i32)>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Records (`on`) or forgets the pair: device `accessor` may access device `owner`'s
+/// memory. Whether that changed anything.
+pub(crate) fn set_peer_pair(accessor: i32, owner: i32, on: bool) -> bool {
+    let mut p = PEER_PAIRS.lock();
+    if on {
+        p.insert((accessor, owner))
+    } else {
+        p.remove(&(accessor, owner))
+    }
+}
+
+/// The devices that may access device `owner`'s memory (peer access enabled).
+pub fn peer_accessors(owner: i32) -> Vec<i32> {
+    PEER_PAIRS
+        .lock()
+        .iter()
+        .filter(|&&(_, o)| o == owner)
+        .map(|&(a, _)| a)
+        .collect()
+}
+
+/// Every pair (accessor, owner) with peer access enabled, in order.
+pub fn peer_pairs() -> Vec<(i32, i32)> {
+    PEER_PAIRS.lock().iter().copied().collect()
+}
+
+/// Once device `owner`'s memory is managed (its VMM made): grants the accessors recorded
+/// before on its mappings.
+fn apply_peers(owner: i32, m: &DeviceMemory) {
+    for accessor in peer_accessors(owner) {
+        if let Err(e) = m.vmm.backend().add_peer(accessor) {
+            log::error(format_args!(
+                "peer access: granting device {accessor} access to device {owner}'s memory: {e}"
+            ));
+        }
+    }
+}
+
+/// Bytes of the synthetic range of translated addressing each device hands pointers out
+/// of (more than any GPU's memory: 288 GB is the largest today).
+pub const TRANSLATED_SLICE: u64 = 512 << 30;
+
+/// Translated addressing on device `ordinal`: its own slice of the synthetic range
+/// (device 0's first), so that no two devices hand out the same pointer and a pointer
+/// names its device. [`MAX_DEVICES`] slices end well inside the default range's 64 TiB up
+/// to the top of the address space.
+fn translated_config(ordinal: i32) -> VmmConfig {
+    let mut c = VmmConfig::translated();
+    c.translated_base = vmm::config::DEFAULT_TRANSLATED_BASE + ordinal as u64 * TRANSLATED_SLICE;
+    c.translated_size = TRANSLATED_SLICE;
+    c
 }
 
 /// The memory of the calling thread's current device.
@@ -591,6 +657,20 @@ pub fn align_up(v: usize, a: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_hand_out_translated_pointers_from_their_own_slices() {
+        let slices: Vec<(u64, u64)> = (0..MAX_DEVICES as i32)
+            .map(translated_config)
+            .map(|c| (c.translated_base, c.translated_base + c.translated_size))
+            .collect();
+        assert_eq!(slices[0].0, vmm::config::DEFAULT_TRANSLATED_BASE);
+        for w in slices.windows(2) {
+            assert_eq!(w[0].1, w[1].0, "slices follow each other without overlap");
+        }
+        // The last one ends below the top of the address space.
+        assert!(slices[MAX_DEVICES - 1].1 > slices[MAX_DEVICES - 1].0);
+    }
 
     #[test]
     fn alignment() {

@@ -23,6 +23,7 @@ pub fn meta() -> ImageMetadata {
             total_memory: 85_029_158_912,
             ordinal: Some(3),
         },
+        other_gpus: Vec::new(),
     }
 }
 
@@ -68,6 +69,7 @@ pub fn small_table() -> Vec<AllocationRecord> {
             order: 0,
             tag: 1,
             handle: None,
+            device: 3,
         },
         AllocationRecord {
             id: 3,
@@ -76,6 +78,7 @@ pub fn small_table() -> Vec<AllocationRecord> {
             order: 1,
             tag: 2,
             handle: None,
+            device: 3,
         },
         AllocationRecord {
             id: 9,
@@ -84,6 +87,7 @@ pub fn small_table() -> Vec<AllocationRecord> {
             order: 2,
             tag: 3,
             handle: None,
+            device: 3,
         },
     ]
 }
@@ -114,6 +118,7 @@ pub fn table_with_handles() -> Vec<AllocationRecord> {
                 offset,
                 prop,
             }),
+            device: 3,
         });
     }
     t

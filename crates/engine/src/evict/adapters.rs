@@ -118,7 +118,8 @@ impl<'a> Load<'a> {
         backend: &DriverBackend,
         r: &LoadRange<'_>,
     ) -> Result<(), StagingError> {
-        let id = r.id.0;
+        // The VMM's ids are per device; the image's unique across devices.
+        let id = image_id(backend.device(), r.id.0);
         let Some(img) = self.image.as_deref_mut() else {
             return Err(StagingError::Io(format!(
                 "allocation {id} is in an image, but no image is open"
@@ -218,4 +219,25 @@ impl Staging<DriverBackend> for Load<'_> {
         }
         Ok(())
     }
+}
+
+/// Bits of an image id that hold the VMM's id of an allocation; the device's ordinal is
+/// above them.
+pub(crate) const DEVICE_SHIFT: u32 = 40;
+
+/// The image id of allocation `id` of device `ordinal`'s VMM (ids are per device, an
+/// image's unique across devices): device 0's ids as they are (so images of device 0 read
+/// as before), another device's with its ordinal from bit [`DEVICE_SHIFT`] on. A
+/// driver-handle range's id ([`crate::handles::TAG`] and up) is unique already, and kept.
+pub(crate) fn image_id(ordinal: i32, id: u64) -> u64 {
+    if id >= crate::handles::TAG {
+        id
+    } else {
+        id | (ordinal as u64) << DEVICE_SHIFT
+    }
+}
+
+/// The VMM's id of the allocation whose image id is `id` ([`image_id`]).
+pub(crate) fn vmm_id(id: u64) -> vmm::AllocationId {
+    vmm::AllocationId(id & ((1 << DEVICE_SHIFT) - 1))
 }

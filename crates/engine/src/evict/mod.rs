@@ -18,7 +18,9 @@ mod hold;
 mod sync;
 
 use adapters::Evict;
-pub(crate) use adapters::Load;
+#[cfg(test)]
+pub(crate) use adapters::DEVICE_SHIFT;
+pub(crate) use adapters::{image_id, vmm_id, Load};
 pub(crate) use hold::{expire as expire_hold, hold, release, Hold};
 pub(crate) use sync::synchronise_all;
 
