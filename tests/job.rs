@@ -89,13 +89,26 @@ impl TwoRanks {
             .stdin(Stdio::null())
             .process_group(0);
         let group = Group(cmd.spawn().expect("starting the job"));
-        // Opening a FIFO for writing waits for its reader: the rank's shell redirection.
+        // A FIFO opens for writing once its reader has it open (the rank's redirection):
+        // non-blocking tries until then, so a job that never starts fails the test.
         let inputs = (0..2)
             .map(|r| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(work.path().join(format!("in{r}")))
-                    .expect("opening a rank's input")
+                use std::os::unix::fs::OpenOptionsExt;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    match std::fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(work.path().join(format!("in{r}")))
+                    {
+                        Ok(f) => break f,
+                        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                            assert!(Instant::now() < deadline, "rank {r} never opened its input");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => panic!("opening rank {r}'s input: {e}"),
+                    }
+                }
             })
             .collect();
         let ranks = TwoRanks {
@@ -146,9 +159,9 @@ impl TwoRanks {
             &self.ckpt(&["status", &self.pid(), "--job", "--json"]),
             "status --job",
         );
-        v["processes"]
+        v["members"]
             .as_array()
-            .expect("processes")
+            .expect("members")
             .iter()
             .map(|p| p["state"].as_str().unwrap_or("?").to_owned())
             .collect()
@@ -264,6 +277,23 @@ fn a_job_of_two_ranks_pauses_dumps_and_restores_as_one() {
     assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
     assert_eq!(job.states(), ["running", "running"]);
 
+    // A folder that holds no job image is refused before anything is touched.
+    let empty = job.work.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = job.ckpt(&[
+        "restore",
+        &pid,
+        "--job",
+        "-i",
+        empty.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "bad_image", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("job.json"), "{v}");
+    assert_eq!(job.states(), ["running", "running"]);
+
     // Once more, left running.
     job.run(30);
     ok_json(
@@ -305,21 +335,6 @@ fn a_job_with_no_process_under_cudaw_is_refused_by_kind() {
     let out = ckpt(run_dir.path(), &["resume", "999999999", "--job", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["kind"], "no_process", "{v}");
-    // A job restore from a folder that holds no job manifest.
-    let out = ckpt(
-        run_dir.path(),
-        &[
-            "restore",
-            &me,
-            "--job",
-            "-i",
-            run_dir.path().to_str().unwrap(),
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["kind"], "not_under_cudaw", "{v}");
 }
 
 /// One raw request line to process `pid`'s socket in `run_dir`: its reply.
@@ -344,7 +359,7 @@ fn a_hold_is_released_undone_by_a_pause_and_ends_at_its_lease() {
         &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
         "status",
     );
-    let rank = v["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let rank = v["members"][0]["pid"].as_u64().unwrap() as u32;
     let dir = job.run_dir.path();
     let state = || raw(dir, rank, "{\"cmd\":\"status\"}\n")["status"]["state"].clone();
 
@@ -402,7 +417,7 @@ fn a_rank_that_does_not_answer_fails_the_job_pause_and_the_others_run_on() {
         &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
         "status",
     );
-    let pids: Vec<i32> = v["processes"]
+    let pids: Vec<i32> = v["members"]
         .as_array()
         .unwrap()
         .iter()

@@ -416,8 +416,17 @@ fn parse_timeout(v: &str) -> std::result::Result<Timeout, String> {
         .ok_or_else(|| format!("{v:?} is not a time ({})", cudaw_control::TIMEOUT_SYNTAX))
 }
 
-fn job_pause(pid: u32, timeout: Option<Duration>, json: bool) -> Result<()> {
+/// The job of `pid`, its note (if any) said on standard error.
+fn find_job(pid: u32) -> Result<ckpt_job::Job> {
     let job = ckpt_job::find(pid)?;
+    if let Some(n) = &job.note {
+        eprintln!("cudaw-ckpt: note: {n}");
+    }
+    Ok(job)
+}
+
+fn job_pause(pid: u32, timeout: Option<Duration>, json: bool) -> Result<()> {
+    let job = find_job(pid)?;
     let p = ckpt_job::pause(&job, timeout)?;
     if json {
         outln!("{}", serde_json::to_string(&p)?)?;
@@ -461,13 +470,14 @@ fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
 }
 
 fn job_resume(pid: u32, json: bool) -> Result<()> {
-    let job = ckpt_job::find(pid)?;
+    let job = find_job(pid)?;
     let started = std::time::Instant::now();
     let members = ckpt_job::resume(&job)?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let bytes: u64 = members.iter().map(|m| m.moved.bytes).sum();
     if json {
-        let v = serde_json::json!({"root": job.root, "members": members, "bytes": bytes, "ms": ms});
+        let allocations: u64 = members.iter().map(|m| m.moved.allocations).sum();
+        let v = serde_json::json!({"root": job.root, "members": members, "allocations": allocations, "bytes": bytes, "ms": ms});
         outln!("{v}")?;
         return Ok(());
     }
@@ -495,10 +505,10 @@ fn job_resume(pid: u32, json: bool) -> Result<()> {
 }
 
 fn job_status(pid: u32, json: bool) -> Result<()> {
-    let job = ckpt_job::find(pid)?;
+    let job = find_job(pid)?;
     let all = ckpt_job::status(&job)?;
     if json {
-        let v = serde_json::json!({"root": job.root, "processes": all});
+        let v = serde_json::json!({"root": job.root, "members": all});
         outln!("{v}")?;
         return Ok(());
     }
@@ -516,7 +526,7 @@ fn job_dump(
     timeout: Option<Duration>,
     json: bool,
 ) -> Result<()> {
-    let job = ckpt_job::find(pid)?;
+    let job = find_job(pid)?;
     let d = ckpt_job::dump(&job, output, leave_running, timeout, |p, path, leave| {
         dump_one(p, path, leave, true, true)
     })?;
@@ -525,10 +535,10 @@ fn job_dump(
         return Ok(());
     }
     print_job_paused(&d.pause)?;
-    for (pid, m) in job.members.iter().zip(&d.members) {
-        print_dumped(*pid, m)?;
+    for m in &d.members {
+        print_dumped(m.pid, &m.dumped)?;
     }
-    let bytes: u64 = d.members.iter().map(|m| m.image_bytes).sum();
+    let bytes: u64 = d.members.iter().map(|m| m.dumped.image_bytes).sum();
     outln!(
         "job of {}: {} images and {} written to {} ({} bytes) in {:.1} ms",
         job.root,
@@ -547,7 +557,7 @@ fn job_restore(
     timeout: Option<Duration>,
     json: bool,
 ) -> Result<()> {
-    let job = ckpt_job::find(pid)?;
+    let job = find_job(pid)?;
     let r = ckpt_job::restore(&job, input, force, timeout, |p, path, force| {
         restore_one(p, path, force, true)
     })?;
@@ -555,8 +565,8 @@ fn job_restore(
         outln!("{}", serde_json::to_string(&r)?)?;
         return Ok(());
     }
-    for (pid, m) in job.members.iter().zip(&r.members) {
-        print_restored(*pid, m)?;
+    for m in &r.members {
+        print_restored(m.pid, &m.restored)?;
     }
     outln!(
         "job of {}: {} processes restored from {} in {:.1} ms; running",

@@ -29,6 +29,8 @@ pub struct Job {
     pub root: u32,
     /// The processes under cudaw in it, by PID.
     pub members: Vec<u32>,
+    /// Something the caller should know about what was found (printed on standard error).
+    pub note: Option<String>,
 }
 
 /// The parent of `pid`, from /proc/PID/stat (never reads memory of the process).
@@ -91,16 +93,37 @@ pub fn find(pid: u32) -> Result<Job> {
         }
         root = p;
     }
-    let in_tree = |mut p: u32| loop {
-        if p == root {
+    let under = |top: u32, mut p: u32| loop {
+        if p == top {
             return true;
         }
         match parents.get(&p) {
-            Some(&pp) if pp > 1 && pp != p => p = pp,
+            Some(&pp) if pp != p && pp != 0 => p = pp,
             _ => return false,
         }
     };
-    let members: Vec<u32> = cudaw.iter().copied().filter(|&p| in_tree(p)).collect();
+    let members: Vec<u32> = cudaw.iter().copied().filter(|&p| under(root, p)).collect();
+    // A rank named by its own PID, whose launcher serves no socket (it never called CUDA):
+    // its siblings under cudaw may be the rest of the job (or other jobs of one shell).
+    let mut note = None;
+    if let Some(&launcher) = parents.get(&root).filter(|&&p| p > 1) {
+        let others: Vec<u32> = cudaw
+            .iter()
+            .copied()
+            .filter(|&p| !under(root, p) && under(launcher, p))
+            .collect();
+        if !others.is_empty() {
+            note = Some(format!(
+                "process {launcher} ({}) also started {} under cudaw outside the tree of {root}; if they are ranks of the same job, name its launcher: --job {launcher}",
+                comm(launcher),
+                others
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
     if members.is_empty() {
         return Err(fail(
             Kind::NotUnderCudaw,
@@ -110,7 +133,11 @@ pub fn find(pid: u32) -> Result<Job> {
             ),
         ));
     }
-    Ok(Job { root, members })
+    Ok(Job {
+        root,
+        members,
+        note,
+    })
 }
 
 /// `f` for every PID at once, each on a thread of its own: the results in PID order.
@@ -140,7 +167,7 @@ fn first_failure<T>(results: &[(u32, Result<T>)], then: &str) -> Option<anyhow::
         r.as_ref().err().map(|e| {
             let kind = ckpt_client::kind_of(e);
             let msg = format!("{e:#}");
-            let msg = if msg.contains(&p.to_string()) {
+            let msg = if msg.starts_with(&format!("process {p}:")) {
                 msg
             } else {
                 format!("process {p}: {msg}")
@@ -226,14 +253,9 @@ pub fn pause(job: &Job, timeout: Option<Duration>) -> Result<JobPaused> {
             .ok_or_else(|| fail(Kind::Connection, "the reply carries no pause result"))
     });
     if let Some(e) = first_failure(&results, "") {
-        // Those paused go back; those held (a failed pause opens its own gate) let go.
-        let paused: Vec<u32> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|(p, _)| *p)
-            .collect();
-        let left = resume_all(&paused);
-        release_all(job);
+        // Every member resumes: those paused go back, those held are let go, and a resume
+        // changes nothing in one that runs (a pause whose reply was lost may have paused).
+        let left = resume_all(&job.members);
         let mut msg = format!("{e:#}");
         msg = msg.trim_end_matches("; ").to_owned();
         msg.push_str(&if left.is_empty() {
@@ -384,9 +406,29 @@ pub struct JobDumped {
     /// The job pause before it.
     pub pause: JobPaused,
     /// Each member's dump.
-    pub members: Vec<Dumped>,
+    pub members: Vec<MemberDumped>,
     /// Milliseconds in all.
     pub ms: f64,
+}
+
+/// One member's dump.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberDumped {
+    /// The process.
+    pub pid: u32,
+    /// What it wrote.
+    #[serde(flatten)]
+    pub dumped: Dumped,
+}
+
+/// One member's restore.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberRestored {
+    /// The process.
+    pub pid: u32,
+    /// What it loaded.
+    #[serde(flatten)]
+    pub restored: Restored,
 }
 
 /// Pauses the job, has every member write its image into `dir` (made if missing), writes
@@ -402,6 +444,19 @@ pub fn dump(
     let started = Instant::now();
     let dir = ckpt_client::absolute(dir)?;
     prepare_dir(&dir)?;
+    // An earlier job image's manifest goes first: a dump that fails part-way leaves no
+    // manifest naming a mix of old and new images.
+    let path = dir.join(MANIFEST);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(fail(
+                Kind::Io,
+                format!("removing the earlier {}: {e}", path.display()),
+            ))
+        }
+    }
     let pause = pause(job, timeout)?;
     let results = each(&job.members, |p| {
         dump_one(p, &dir.join(format!("{p}.cudaw")), leave_running)
@@ -409,14 +464,30 @@ pub fn dump(
     if let Some(e) = first_failure(&results, "") {
         let mut msg = format!("{e:#}");
         msg = msg.trim_end_matches("; ").to_owned();
-        // The processes stay paused, with their memory where the dump left it.
-        msg.push_str(&format!(
-            "; the job stays paused (`cudaw-ckpt resume --job {}` continues it)",
-            job.root
-        ));
+        if leave_running {
+            // Those whose dump succeeded run again already; the others follow.
+            let left = resume_all(&job.members);
+            msg.push_str(&if left.is_empty() {
+                "; no job image was written, and the job runs on".to_owned()
+            } else {
+                format!(
+                    "; no job image was written, and some did not resume: {}",
+                    left.join("; ")
+                )
+            });
+        } else {
+            // The processes stay paused, with their memory where the dump left it.
+            msg.push_str(&format!(
+                "; no job image was written; the job stays paused (`cudaw-ckpt resume --job {}` continues it)",
+                job.root
+            ));
+        }
         return Err(fail(ckpt_client::kind_of(&e), msg));
     }
-    let members: Vec<Dumped> = results.into_iter().filter_map(|(_, r)| r.ok()).collect();
+    let members: Vec<MemberDumped> = results
+        .into_iter()
+        .filter_map(|(pid, r)| r.ok().map(|dumped| MemberDumped { pid, dumped }))
+        .collect();
     let manifest = Manifest {
         format: FORMAT.to_owned(),
         root: job.root,
@@ -428,8 +499,8 @@ pub fn dump(
                 pid,
                 comm: comm(pid),
                 image: format!("{pid}.cudaw"),
-                allocations: d.allocations,
-                bytes: d.bytes,
+                allocations: d.dumped.allocations,
+                bytes: d.dumped.bytes,
             })
             .collect(),
         created: std::time::SystemTime::now()
@@ -438,7 +509,6 @@ pub fn dump(
             .unwrap_or(0),
     };
     let text = serde_json::to_string_pretty(&manifest)? + "\n";
-    let path = dir.join(MANIFEST);
     let tmp = dir.join(format!(".{MANIFEST}.tmp"));
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
@@ -546,7 +616,7 @@ pub fn pair(job: &Job, m: &Manifest, dir: &Path, force: bool) -> Result<Vec<(u32
             job.root,
             job.members,
             if job.members.len() == m.members.len() {
-                " (--force pairs them in PID order; each process still checks its image's table)"
+                " (--force pairs them in PID order: the lowest PID gets the lowest PID's image; ranks whose tables are alike cannot be told apart, so use it only for a job whose launcher starts its ranks in rank order)"
             } else {
                 ""
             }
@@ -562,7 +632,7 @@ pub struct JobRestored {
     /// The job pause before loading (nothing moved when the job was paused already).
     pub pause: JobPaused,
     /// Each member's restore.
-    pub members: Vec<Restored>,
+    pub members: Vec<MemberRestored>,
     /// Milliseconds in all.
     pub ms: f64,
 }
@@ -590,16 +660,28 @@ pub fn restore(
     if let Some(e) = first_failure(&results, "") {
         let mut msg = format!("{e:#}");
         msg = msg.trim_end_matches("; ").to_owned();
+        let loaded: Vec<String> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| p.to_string())
+            .collect();
         msg.push_str(&format!(
-            "; the processes that loaded their images run on, the others stay paused (`cudaw-ckpt resume --job {}` continues them as they were)",
-            job.root
+            "; {} loaded their images and run on, the others stay paused with the memory they had (their ranks are now at different points: restore the job again from a sound image, or end it)",
+            if loaded.is_empty() {
+                "no process".to_owned()
+            } else {
+                format!("processes {}", loaded.join(", "))
+            }
         ));
         return Err(fail(ckpt_client::kind_of(&e), msg));
     }
     Ok(JobRestored {
         path: dir.display().to_string(),
         pause,
-        members: results.into_iter().filter_map(|(_, r)| r.ok()).collect(),
+        members: results
+            .into_iter()
+            .filter_map(|(pid, r)| r.ok().map(|restored| MemberRestored { pid, restored }))
+            .collect(),
         ms: started.elapsed().as_secs_f64() * 1e3,
     })
 }
@@ -638,6 +720,7 @@ mod tests {
         let job = Job {
             root: 10,
             members: vec![11, 12],
+            note: None,
         };
         let dir = Path::new("/j");
         let same = pair(&job, &manifest(&[12, 11]), dir, false).unwrap();

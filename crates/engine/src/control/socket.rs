@@ -631,8 +631,9 @@ fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             window_ms,
             lease_ms,
         } => requests::Request::Hold {
-            window: std::time::Duration::from_millis(window_ms),
-            lease: std::time::Duration::from_millis(lease_ms),
+            // Bounded: an Instant plus either must not overflow.
+            window: std::time::Duration::from_millis(window_ms.min(600_000)),
+            lease: std::time::Duration::from_millis(lease_ms.min(3_600_000)),
         },
         Request::Release {} => requests::Request::Release,
         Request::Pause { .. } => requests::Request::Pause,

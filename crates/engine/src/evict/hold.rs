@@ -51,12 +51,14 @@ pub(crate) fn hold(ctl: &mut Ctl, window: Duration, lease: Duration) -> Result<H
         drain: None,
         idle: false,
     });
-    h.lease_until = Instant::now() + lease;
     let mut held = Held {
         changed,
         ..Held::default()
     };
     let waited = wait(h, started, until, &mut held);
+    // The lease runs from the reply: a lease shorter than the window still gives the
+    // coordinator its time.
+    h.lease_until = Instant::now() + lease;
     if let Err(mut e) = waited {
         release(ctl);
         e.message
