@@ -234,6 +234,7 @@ pub fn dump(path: &Path, leave_running: bool) -> Reply {
     request(Request::Dump {
         path: path.to_string_lossy().into_owned(),
         leave_running,
+        keep_shared: false,
         fd: false,
         progress: false,
     })
