@@ -77,10 +77,18 @@ def main():
     data = torch.randn(8, args.batch, 3, 32, 32, generator=g).to(dev)
     labels = torch.randint(0, 10, (8, args.batch), generator=g).to(dev)
 
+    def pattern(out, start):
+        # A known pattern, made a chunk at a time (no temporaries as large as the buffer).
+        torch.arange(start, start + out.numel(), dtype=torch.int64, device=dev, out=out)
+        out.add_(rank).mul_(2654435761).remainder_(1 << 61)
+
+    chunk = 1 << 27
     held = None
     if args.hold_gib > 0:
         n = int(args.hold_gib * (1 << 30)) // 8
-        held = (torch.arange(n, dtype=torch.int64, device=dev) + rank) * 2654435761 % (1 << 61)
+        held = torch.empty(n, dtype=torch.int64, device=dev)
+        for s in range(0, n, chunk):
+            pattern(held[s:s + chunk], s)
         torch.cuda.synchronize()
     if args.pid_dir:
         os.makedirs(args.pid_dir, exist_ok=True)
@@ -121,9 +129,13 @@ def main():
     h.update(ring.cpu().numpy().tobytes())
     line = f"rank {rank} losses_sha256 {digest.hexdigest()[:16]} weights_sha256 {h.hexdigest()[:16]}"
     if held is not None:
-        n = held.numel()
-        want = (torch.arange(n, dtype=torch.int64, device=dev) + rank) * 2654435761 % (1 << 61)
-        line += f" held_intact {bool(torch.equal(held, want))}"
+        want = torch.empty(min(chunk, held.numel()), dtype=torch.int64, device=dev)
+        intact = True
+        for s in range(0, held.numel(), chunk):
+            part = held[s:s + chunk]
+            pattern(want[:part.numel()], s)
+            intact = intact and bool(torch.equal(part, want[:part.numel()]))
+        line += f" held_intact {intact}"
         del want
     # one line per rank, in rank order
     for r in range(world):

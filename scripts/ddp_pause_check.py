@@ -84,14 +84,14 @@ def smi():
 
 
 class Job:
-    def __init__(self, args, tag, extra):
+    def __init__(self, args, tag, extra, env=None):
         self.args = args
         self.dir = os.path.join(args.work, tag)
         os.makedirs(self.dir, exist_ok=True)
         self.run_dir = os.path.join(self.dir, "run")
         os.makedirs(self.run_dir, exist_ok=True)
         self.pid_dir = os.path.join(self.dir, "pids")
-        self.env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=self.run_dir, **MULTICAST_OFF)
+        self.env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=self.run_dir, **MULTICAST_OFF, **(env or {}))
         cmd = [os.path.join(args.dist, "bin", "cudaw"), "run", "--", *torchrun(args), TRAIN,
                "--pid-dir", self.pid_dir, *extra]
         self.out = open(os.path.join(self.dir, "job.out"), "w")
@@ -251,12 +251,23 @@ def bench(args):
         p = subprocess.run([sys.executable, "-c", PINNED, str(gib)], capture_output=True, text=True,
                            timeout=300)
         pinned = [float(m) for m in re.findall(r"pinned gpu \d+ ([0-9.]+)", p.stdout)]
-        job = Job(args, f"bench{gib:g}", ["--steps", "1000000", "--hold-gib", str(gib), "--step-sleep", "0.01"])
+        mode = " (host arena)" if args.arena else ""
+        job = Job(args, f"bench{gib:g}", ["--steps", "1000000", "--hold-gib", str(gib), "--step-sleep", "0.01"],
+                  {"CUDAW_HOST_ARENA": "pinned"} if args.arena else {})
         if not job.started():
-            verdict(False, f"job pause {args.gpus}x{gib:g} GiB", "the job did not start; see its job.err")
+            verdict(False, f"job pause {args.gpus}x{gib:g} GiB{mode}", "the job did not start; see its job.err")
             job.kill()
             continue
         time.sleep(3)
+        if args.arena:
+            # The arena is made once the memory holds still: wait until every rank has one.
+            t = time.monotonic()
+            while time.monotonic() - t < 60:
+                rc, s = job.job("status")
+                ranks = [m for m in s.get("members", []) if any(d.get("resident", 0) for d in m.get("devices", []))]
+                if ranks and all(m.get("arena", 0) >= gib * (1 << 30) for m in ranks):
+                    break
+                time.sleep(0.5)
         rows = []
         for _ in range(args.reps):
             rc, p = job.job("pause")
@@ -280,10 +291,10 @@ def bench(args):
         gbs = lambda pairs: ", ".join(f"{b / ms / 1e6:.1f}" for b, ms in pairs)
         pin = ", ".join(f"{x:.1f}" for x in pinned) or "n/a"
         ratio = min(b / ms / 1e6 for b, ms in best_p[2]) / min(pinned) if pinned and best_p[2] else float("nan")
-        verdict(None, f"job pause {args.gpus}x{gib:g} GiB",
+        verdict(None, f"job pause {args.gpus}x{gib:g} GiB{mode}",
                 f"{best_p[0]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_p[2])}; "
                 f"pinned copy GB/s {pin}; slowest rank / slowest pinned {ratio:.2f}")
-        verdict(None, f"job resume {args.gpus}x{gib:g} GiB",
+        verdict(None, f"job resume {args.gpus}x{gib:g} GiB{mode}",
                 f"{best_r[1]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_r[3])}")
 
 
@@ -301,6 +312,7 @@ def main():
     ap.add_argument("--gap", type=float, default=1.0, help="longest wait between events, in seconds")
     ap.add_argument("--bench", help="GiB per rank, comma-separated: time job pauses instead")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--arena", action="store_true", help="--bench: the job runs with CUDAW_HOST_ARENA=pinned")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)

@@ -544,7 +544,7 @@ elif want jobbench; then
   # Job pause and resume of a 2-rank DDP job whose ranks hold JOB_SIZES GiB each, beside a
   # pinned device-to-host copy of the same size on each GPU. About 2 minutes for "8 32".
   timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/jobbench" --gpus 2 \
-    --bench "$(echo "${JOB_SIZES:-8 32}" | tr ' ' ',')" --reps "${JOB_REPS:-3}" >"$OUT/jobbench.out" 2>&1; rc=$?
+    --bench "$(echo "${JOB_SIZES:-8 32}" | tr ' ' ',')" --reps "${JOB_REPS:-3}" ${JOB_ARENA:+--arena} >"$OUT/jobbench.out" 2>&1; rc=$?
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
     case $verdict in FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" FAIL "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;;
