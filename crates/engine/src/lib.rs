@@ -27,9 +27,11 @@ pub use cudaw_config as config;
 pub use cudaw_shim_core::{boundary, log};
 
 pub mod control;
+pub mod drain;
 pub mod evict;
 pub mod failure;
 pub mod handles;
+pub mod hold;
 pub mod host;
 pub mod image;
 pub mod inflight;

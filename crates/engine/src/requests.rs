@@ -7,7 +7,7 @@
 use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::state::{Ctl, CTL};
-use crate::{evict, image, lifecycle, log, memory};
+use crate::{evict, hold, image, lifecycle, log, memory};
 use cudaw_control::{Dumped, ErrorKind, Held, Moved, Restored};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -74,7 +74,8 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
     // A pause, resume, dump or restore takes the gate over from a hold: whatever it did,
     // the hold is over, and a process left running must not stay behind a closed gate.
     if held && ctl.hold.is_some() && !matches!(out, Ok(Outcome::Hold(_))) {
-        evict::release(&mut ctl);
+        let paused = ctl.paused;
+        hold::release(&mut ctl.hold, paused);
     }
     out
 }
@@ -86,10 +87,13 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
             log::info(format_args!("{msg}"));
             Err(Failure::new(ErrorKind::Failed, msg))
         }
-        Request::Hold { window, lease } => evict::hold(ctl, window, lease).map(Outcome::Hold),
-        Request::Release => Ok(Outcome::Release(evict::release(ctl))),
+        Request::Hold { window, lease } => {
+            hold::hold(&mut ctl.hold, ctl.paused, window, lease).map(Outcome::Hold)
+        }
+        Request::Release => Ok(Outcome::Release(hold::release(&mut ctl.hold, ctl.paused))),
         Request::Resume if !ctl.paused && ctl.hold.is_some() => {
-            evict::release(ctl);
+            let paused = ctl.paused;
+            hold::release(&mut ctl.hold, paused);
             Ok(Outcome::Resume(Moved {
                 changed: true,
                 ..Moved::default()
@@ -156,7 +160,8 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
 pub(crate) fn serve_exit() {
     let mut ctl = CTL.lock();
     if ctl.hold.is_some() {
-        evict::release(&mut ctl);
+        let paused = ctl.paused;
+        hold::release(&mut ctl.hold, paused);
         log::info(format_args!("exiting while held: the hold ends"));
     }
     if ctl.paused {
@@ -213,6 +218,7 @@ fn driver_shut_down() -> bool {
 /// Ends a hold whose lease has passed (the control thread looks while the gate is closed).
 pub(crate) fn expire_hold() {
     if let Some(mut ctl) = CTL.try_lock() {
-        evict::expire_hold(&mut ctl);
+        let paused = ctl.paused;
+        hold::expire(&mut ctl.hold, paused);
     }
 }

@@ -12,7 +12,7 @@ pub(crate) struct Ctl {
     /// cudaw has paused it (memory evicted, gate closed).
     pub paused: bool,
     /// A job pause's first step holds it (gate closed, memory on the device).
-    pub hold: Option<crate::evict::Hold>,
+    pub hold: Option<crate::hold::Hold>,
     /// The image holding allocations' bytes after a dump without `--leave-running`
     /// (open: a resume reads it even if the file is renamed or removed meanwhile).
     pub image: Option<Held>,

@@ -14,15 +14,12 @@
 //! Dump and restore ([`crate::image`]) build on these functions.
 
 mod adapters;
-mod hold;
-mod sync;
 
+pub(crate) use crate::drain::synchronise_all;
 use adapters::Evict;
 #[cfg(test)]
 pub(crate) use adapters::DEVICE_SHIFT;
 pub(crate) use adapters::{image_id, vmm_id, Load};
-pub(crate) use hold::{expire as expire_hold, hold, release, Hold};
-pub(crate) use sync::synchronise_all;
 
 use crate::failure::{Failure, Report};
 use crate::host::host;

@@ -42,7 +42,7 @@ fn synchronise(ordinal: i32) -> Result<(), String> {
 /// still busy then is an error of kind [`ErrorKind::Timeout`] (a kernel that waits for
 /// something the pause holds back — another rank's collective, a host callback — would
 /// keep it busy for ever; the helper returns once the device is idle).
-pub(crate) fn synchronise_all(deadline: Option<Instant>) -> Result<(), Failure> {
+pub fn synchronise_all(deadline: Option<Instant>) -> Result<(), Failure> {
     let Some(deadline) = deadline else {
         for ordinal in ordinals() {
             synchronise(ordinal).map_err(|m| Failure::new(ErrorKind::Failed, m))?;
@@ -63,7 +63,7 @@ pub(crate) fn synchronise_all(deadline: Option<Instant>) -> Result<(), Failure> 
 
 /// Whether a [`Drain`] finished.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Drained {
+pub enum Drained {
     /// Every device's work finished.
     Done,
     /// These devices were still busy.
@@ -74,13 +74,13 @@ pub(crate) enum Drained {
 /// so that N devices take as long as the slowest). The helpers end once their device is
 /// idle, whether anyone still waits or not: a device kept busy for ever (a collective that
 /// another rank never joins) keeps its helper, blocked in the driver, which is harmless.
-pub(crate) struct Drain {
+pub struct Drain {
     pending: Vec<(i32, mpsc::Receiver<Result<(), String>>)>,
 }
 
 impl Drain {
     /// Starts a helper for every device with memory of cudaw's.
-    pub(crate) fn start() -> Result<Drain, Failure> {
+    pub fn start() -> Result<Drain, Failure> {
         let mut pending = Vec::new();
         for ordinal in ordinals() {
             let (tx, rx) = mpsc::channel();
@@ -102,7 +102,7 @@ impl Drain {
 
     /// Waits until every device is idle or `until` passes: which, or the first device that
     /// failed to synchronise. Devices found idle are not waited for again.
-    pub(crate) fn wait(&mut self, until: Instant) -> Result<Drained, Failure> {
+    pub fn wait(&mut self, until: Instant) -> Result<Drained, Failure> {
         let mut busy = Vec::new();
         let mut still = Vec::new();
         for (ordinal, rx) in self.pending.drain(..) {

@@ -7,16 +7,15 @@
 //! holds again, or releases every process ([`release`]) and tries another instant. A hold
 //! that no request follows ends at its lease ([`expire`]).
 
-use super::sync::{Drain, Drained};
+use crate::drain::{Drain, Drained};
 use crate::failure::Failure;
 use crate::host::host;
-use crate::state::Ctl;
 use crate::{inflight, lifecycle, log};
 use cudaw_control::{ErrorKind, Held};
 use std::time::{Duration, Instant};
 
 /// A hold in force.
-pub(crate) struct Hold {
+pub struct Hold {
     /// When the process opens its gate by itself.
     lease_until: Instant,
     /// The devices' work being waited for, once the calls in flight have left.
@@ -28,17 +27,22 @@ pub(crate) struct Hold {
 /// Holds the process (closing its gate if it was not held) and waits up to `window` for
 /// it to be idle; renews the lease. A paused process is idle already. On failure the gate
 /// opens again.
-pub(crate) fn hold(ctl: &mut Ctl, window: Duration, lease: Duration) -> Result<Held, Failure> {
+pub fn hold(
+    slot: &mut Option<Hold>,
+    paused: bool,
+    window: Duration,
+    lease: Duration,
+) -> Result<Held, Failure> {
     let started = Instant::now();
     let until = started + window;
-    if ctl.paused {
+    if paused {
         return Ok(Held {
             idle: true,
             ms: ms(started),
             ..Held::default()
         });
     }
-    let changed = ctl.hold.is_none();
+    let changed = slot.is_none();
     if changed {
         host().close_gate();
         log::info(format_args!(
@@ -46,7 +50,7 @@ pub(crate) fn hold(ctl: &mut Ctl, window: Duration, lease: Duration) -> Result<H
             lease.as_secs_f64()
         ));
     }
-    let h = ctl.hold.get_or_insert_with(|| Hold {
+    let h = slot.get_or_insert_with(|| Hold {
         lease_until: started,
         drain: None,
         idle: false,
@@ -60,7 +64,7 @@ pub(crate) fn hold(ctl: &mut Ctl, window: Duration, lease: Duration) -> Result<H
     // coordinator its time.
     h.lease_until = Instant::now() + lease;
     if let Err(mut e) = waited {
-        release(ctl);
+        release(slot, paused);
         e.message
             .push_str("; the hold was given up and the program runs on");
         log::error(format_args!("hold: {}", e.message));
@@ -98,9 +102,9 @@ fn wait(h: &mut Hold, started: Instant, until: Instant, held: &mut Held) -> Resu
 }
 
 /// Ends a hold: the gate opens (unless the process is paused, which a resume undoes).
-pub(crate) fn release(ctl: &mut Ctl) -> Held {
+pub fn release(slot: &mut Option<Hold>, paused: bool) -> Held {
     let started = Instant::now();
-    let changed = ctl.hold.take().is_some() && !ctl.paused;
+    let changed = slot.take().is_some() && !paused;
     if changed {
         host().open_gate();
         log::info(format_args!("release: the hold ends, calls go on"));
@@ -113,13 +117,12 @@ pub(crate) fn release(ctl: &mut Ctl) -> Held {
 }
 
 /// Ends a hold whose lease has passed (the coordinator never followed it up).
-pub(crate) fn expire(ctl: &mut Ctl) {
-    if ctl
-        .hold
+pub fn expire(slot: &mut Option<Hold>, paused: bool) {
+    if slot
         .as_ref()
         .is_some_and(|h| Instant::now() >= h.lease_until)
     {
-        release(ctl);
+        release(slot, paused);
         log::warn(format_args!(
             "hold: its lease ended without a pause, release or resume (the coordinator gave up or died): calls go on"
         ));
