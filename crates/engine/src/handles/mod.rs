@@ -89,6 +89,9 @@ struct Handle {
     pinned: Option<&'static str>,
     /// While evicted: one per saved range.
     saved: Vec<Saved>,
+    /// Memory shared with other processes ([`shared`]): the descriptors kept, the export
+    /// it came from, and whether this pause evicts it.
+    share: shared::Share,
 }
 
 /// One mapped range of an evicted handle: its bytes, in host memory or in the image a dump
@@ -358,6 +361,7 @@ pub unsafe fn create(
             real_released: false,
             pinned: None,
             saved: Vec::new(),
+            share: shared::Share::default(),
         },
     );
     let bytes: u64 = t.handles.values().map(|h| h.size).sum();
@@ -621,6 +625,7 @@ pub fn export(out: *mut c_void, v: u64, kind: u32, flags: u64) -> u32 {
     );
     if rc == CU_SUCCESS {
         pin(&mut t, v, EXPORTED);
+        shared::note_export(&mut t, v, kind, out);
     }
     rc
 }
@@ -664,6 +669,7 @@ pub unsafe fn import(out: *mut u64, os: *mut c_void, kind: u32) -> u32 {
             real_released: false,
             pinned: Some(IMPORTED),
             saved: Vec::new(),
+            share: shared::Share::imported(kind, os),
         },
     );
     // SAFETY: non-null out-pointer from the caller.
@@ -773,7 +779,10 @@ fn evictable(t: &Table, v: u64) -> Result<(), String> {
         return Err("is unknown".into());
     };
     if let Some(why) = h.pinned {
-        return Err(why.to_owned());
+        // An export this pause evicts with its job (every descriptor of it paired).
+        if !(why == EXPORTED && h.share.evict) {
+            return Err(why.to_owned());
+        }
     }
     if h.device.is_none() {
         return Err("is not device memory".into());
@@ -828,6 +837,7 @@ pub struct Moved {
 pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     let mut t = TABLE.lock();
     let mut moved = Moved::default();
+
     let mut by_device: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
     let ids: Vec<u64> = t.handles.keys().copied().collect();
     for v in ids {
@@ -908,6 +918,9 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                     }
                 }
                 h.real = None;
+                // The descriptors kept would hold the memory: the job's importers have
+                // let theirs go too.
+                h.share.fds.clear();
                 if h.charged > 0 {
                     memory::uncharge(*dev, h.charged);
                     h.charged = 0;
@@ -923,6 +936,12 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     for h in t.handles.values_mut().filter(|h| h.real.is_some()) {
         h.saved.clear();
     }
+    // Imports of the job's shared memory last (nothing after them can fail and roll the
+    // pause back; their bytes are their exporters').
+    let r = r.and_then(|()| {
+        moved.handles += shared::evict_imports(&mut t)?;
+        Ok(())
+    });
     if let Err(e) = r {
         drop(t);
         if let Err(e2) = restore(&mut staging()) {
@@ -1068,13 +1087,26 @@ pub fn mark_in_image(ids: &[u64]) {
 /// stay evicted (resume again retries).
 pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String> {
     let mut t = TABLE.lock();
-    let mut moved = Moved::default();
+    // Imports come back from their exporters' new descriptors ([`shared::reimport`]).
     let ids: Vec<u64> = t
         .handles
         .iter()
-        .filter(|(_, h)| h.real.is_none())
+        .filter(|(_, h)| h.real.is_none() && h.pinned != Some(IMPORTED))
         .map(|(&v, _)| v)
         .collect();
+    restore_handles(&mut t, &ids, loader, false)
+}
+
+/// Re-creates, maps and loads the evicted handles `ids`; with `keep_unreleased`, a handle
+/// the program had released is not released again yet (its exporter exports it first).
+fn restore_handles(
+    t: &mut Table,
+    ids: &[u64],
+    loader: &mut dyn Staging<DriverBackend>,
+    keep_unreleased: bool,
+) -> Result<Moved, String> {
+    let mut moved = Moved::default();
+    let ids = ids.to_vec();
     for v in ids {
         let (size, prop, dev, released) = {
             let h = &t.handles[&v];
@@ -1170,7 +1202,7 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
         loader.recycle(h.saved.drain(..).filter_map(|s| s.bytes).collect());
         h.real = Some(r);
         h.charged = charged;
-        if released {
+        if released && !keep_unreleased {
             // The program released it while mapped: the driver frees it at its last unmap.
             let _ = real_release(r);
             h.real_released = true;
@@ -1182,6 +1214,9 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
     }
     Ok(moved)
 }
+
+// After `call!`, which it uses.
+pub mod shared;
 
 #[cfg(test)]
 mod tests {
@@ -1221,6 +1256,7 @@ mod tests {
             real_released: false,
             pinned: None,
             saved: Vec::new(),
+            share: shared::Share::default(),
         };
         t.handles.insert(TAG | 1, h);
         let m = |offset| Mapping {

@@ -1,0 +1,347 @@
+//! Memory a process shares with the other processes of its job: `cuMem` handles exported
+//! to a POSIX file descriptor, or imported from one (NCCL's buffers between the ranks of a
+//! node). A single pause leaves them on the device (another process maps them); a job pause
+//! that holds every process of the job can evict them too, and its resume brings them back
+//! at the same addresses.
+//!
+//! 1. **Keeping the descriptors.** Each export's descriptor, and the one each import came
+//!    from, is duplicated and kept ([`note_export`], [`Share::imported`]): an import and its
+//!    export then hold one open file description between them.
+//! 2. **Pairing.** The coordinator (`cudaw-ckpt --job`) collects every process's exports
+//!    ([`exports`]: handle and descriptor number) and gives them to every process, which
+//!    finds with `kcmp(2)` which export each of its imports came from ([`pair`]).
+//! 3. **Eviction.** A job pause marks the exports whose every descriptor was paired, and the
+//!    paired imports ([`mark`]): an import is unmapped and released (its bytes are the
+//!    exporter's), an export is saved, unmapped and released as any handle, and the kept
+//!    descriptors closed, so that the device memory is freed.
+//! 4. **Back.** While every process is still paused, each exporter re-creates its exports at
+//!    their addresses with their bytes and exports new descriptors ([`reexport`]); the
+//!    coordinator passes them to the importers, which import and map them where the old
+//!    ones were ([`reimport`]). Only then does the job resume; a resume with an import not
+//!    back is refused ([`awaiting`]).
+
+use super::*;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const POSIX_FD: u32 = 1;
+
+/// What a handle shares with other processes.
+#[derive(Debug, Clone, Default)]
+pub struct Share {
+    /// Duplicates of its export descriptors, or of the descriptor it was imported from.
+    pub fds: Vec<Arc<OwnedFd>>,
+    /// An import: the export it came from (process, handle), once paired.
+    pub peer: Option<(u32, u64)>,
+    /// This pause evicts it with its job.
+    pub evict: bool,
+}
+
+/// A duplicate of `fd` (close-on-exec), or `None` when it is not open.
+fn dup(fd: RawFd) -> Option<OwnedFd> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor is the caller's and stays open during the call; only
+    // duplicated here.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    b.try_clone_to_owned().ok()
+}
+
+impl Share {
+    /// An import from `os` (the descriptor, for [`POSIX_FD`]).
+    pub fn imported(kind: u32, os: *mut c_void) -> Share {
+        Share {
+            fds: (kind == POSIX_FD)
+                .then(|| dup(os as usize as RawFd))
+                .flatten()
+                .map(Arc::new)
+                .into_iter()
+                .collect(),
+            ..Share::default()
+        }
+    }
+}
+
+/// After a successful export of `v`: the descriptor written at `out` is kept (duplicated).
+pub(super) fn note_export(t: &mut Table, v: u64, kind: u32, out: *mut c_void) {
+    if kind != POSIX_FD || out.is_null() {
+        return;
+    }
+    // SAFETY: the driver wrote an `int` descriptor at `out` (a POSIX-descriptor export).
+    let fd = unsafe { out.cast::<i32>().read() };
+    if let (Some(h), Some(d)) = (t.handles.get_mut(&v), dup(fd)) {
+        h.share.fds.push(Arc::new(d));
+    }
+}
+
+/// Every export's kept descriptors: (handle, descriptor number in this process).
+pub fn exports() -> Vec<(u64, i32)> {
+    let t = TABLE.lock();
+    t.handles
+        .iter()
+        .filter(|(_, h)| h.pinned == Some(EXPORTED) && h.real.is_some())
+        .flat_map(|(&v, h)| h.share.fds.iter().map(move |f| (v, f.as_raw_fd())))
+        .collect()
+}
+
+/// Whether `fd` here and `their` in process `pid` are one open file description.
+fn same_file(pid: u32, fd: RawFd, their: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp(2) compares two descriptors by number; it reads no memory of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            libc::c_long::from(libc::getpid()),
+            libc::c_long::from(pid as i32),
+            KCMP_FILE,
+            libc::c_long::from(fd),
+            libc::c_long::from(their),
+        )
+    };
+    r == 0
+}
+
+/// Pairs every import with the export it came from, among `peers` (process, handle,
+/// descriptor number there): (import, process, export) for each import paired. An import
+/// whose export is not among them (another job's, or its exporter's descriptor closed)
+/// stays unpaired, and so on the device.
+pub fn pair(peers: &[(u32, u64, i32)]) -> Vec<(u64, u32, u64)> {
+    let mut t = TABLE.lock();
+    let mut out = Vec::new();
+    for (&v, h) in t.handles.iter_mut() {
+        if h.pinned != Some(IMPORTED) || h.real.is_none() {
+            continue;
+        }
+        let Some(fd) = h.share.fds.first().map(|f| f.as_raw_fd()) else {
+            continue;
+        };
+        h.share.peer = peers
+            .iter()
+            .find(|(pid, _, their)| same_file(*pid, fd, *their))
+            .map(|&(pid, ev, _)| (pid, ev));
+        if let Some((pid, ev)) = h.share.peer {
+            out.push((v, pid, ev));
+        }
+    }
+    out
+}
+
+/// Marks what the next pause evicts of the shared memory: the exports `exports` (each
+/// paired with an import of the job) and, with `imports`, every paired import. Clears
+/// earlier marks first; an empty call clears them.
+pub fn mark(exports: &[u64], imports: bool) -> Result<(), String> {
+    let mut t = TABLE.lock();
+    for h in t.handles.values_mut() {
+        h.share.evict = false;
+    }
+    for v in exports {
+        match t.handles.get_mut(v) {
+            Some(h) if h.pinned == Some(EXPORTED) => h.share.evict = true,
+            _ => return Err(format!("handle {v:#x} is no export of this process")),
+        }
+    }
+    if imports {
+        for h in t.handles.values_mut() {
+            if h.pinned == Some(IMPORTED) && h.share.peer.is_some() {
+                h.share.evict = true;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Evicts the marked imports (during a pause): unmapped and released, their descriptors
+/// closed; their mappings stay recorded for [`reimport`]. How many.
+pub(super) fn evict_imports(t: &mut Table) -> Result<usize, String> {
+    let ids: Vec<u64> = t
+        .handles
+        .iter()
+        .filter(|(_, h)| h.pinned == Some(IMPORTED) && h.share.evict && h.real.is_some())
+        .map(|(&v, _)| v)
+        .collect();
+    for &v in &ids {
+        let maps: Vec<(u64, u64)> = t
+            .mappings
+            .iter()
+            .filter(|(_, m)| m.handle == v)
+            .map(|(&va, m)| (va, m.size))
+            .collect();
+        for (va, size) in maps {
+            let rc = real_unmap(va, size);
+            if rc != CU_SUCCESS {
+                return Err(format!(
+                    "unmapping imported memory ({size} bytes at {va:#x}): CUresult {rc}"
+                ));
+            }
+        }
+        let h = t.handles.get_mut(&v).expect("live");
+        if let (Some(r), false) = (h.real, h.real_released) {
+            let rc = real_release(r);
+            if rc != CU_SUCCESS {
+                log::warn(format_args!(
+                    "pause: releasing imported handle {v:#x}: CUresult {rc}"
+                ));
+            }
+        }
+        h.real = None;
+        h.share.fds.clear();
+    }
+    Ok(ids.len())
+}
+
+/// Imports evicted and not yet back: a resume must wait for them ([`reimport`]).
+pub fn awaiting() -> usize {
+    TABLE
+        .lock()
+        .handles
+        .values()
+        .filter(|h| h.pinned == Some(IMPORTED) && h.real.is_none())
+        .count()
+}
+
+/// Brings the evicted exports `vs` back (re-created at their addresses with their bytes,
+/// while the process stays paused) and exports each again: a new descriptor for each, in
+/// order, one duplicate kept.
+pub fn reexport(
+    vs: &[u64],
+    loader: &mut dyn Staging<DriverBackend>,
+) -> Result<Vec<OwnedFd>, String> {
+    let mut t = TABLE.lock();
+    let evicted: Vec<u64> = vs
+        .iter()
+        .copied()
+        .filter(|v| t.handles.get(v).is_some_and(|h| h.real.is_none()))
+        .collect();
+    for v in vs {
+        match t.handles.get(v) {
+            Some(h) if h.pinned == Some(EXPORTED) => {}
+            _ => return Err(format!("handle {v:#x} is no export of this process")),
+        }
+    }
+    restore_handles(&mut t, &evicted, loader, true)?;
+    let mut out = Vec::new();
+    for &v in vs {
+        let h = t.handles.get_mut(&v).expect("checked");
+        let r = h.real.expect("restored");
+        let mut fd: i32 = -1;
+        let rc = call!(
+            real().export,
+            fn(*mut c_void, u64, u32, u64),
+            (&mut fd as *mut i32).cast(),
+            r,
+            POSIX_FD,
+            0
+        );
+        if rc != CU_SUCCESS || fd < 0 {
+            return Err(format!(
+                "exporting driver handle {v:#x} again: CUresult {rc}"
+            ));
+        }
+        // SAFETY: the driver just gave us this descriptor; it is ours to own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        if let Some(d) = dup(fd.as_raw_fd()) {
+            h.share.fds.push(Arc::new(d));
+        }
+        if h.refs == 0 && !h.real_released {
+            // The program had released it: the driver frees it at its last unmap.
+            let _ = real_release(r);
+            h.real_released = true;
+        }
+        h.share.evict = false;
+        out.push(fd);
+    }
+    Ok(out)
+}
+
+/// Imports `items` (an evicted import, and its exporter's new descriptor) and maps each
+/// where it was, with the access it had. How many came back.
+pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
+    let mut t = TABLE.lock();
+    let mut n = 0;
+    for (v, fd) in items {
+        match t.handles.get(&v) {
+            Some(h) if h.pinned == Some(IMPORTED) && h.real.is_none() => {}
+            Some(_) => return Err(format!("handle {v:#x} is no evicted import")),
+            None => return Err(format!("handle {v:#x} is unknown")),
+        }
+        let mut r = 0u64;
+        let rc = call!(
+            real().import,
+            fn(*mut u64, *mut c_void, u32),
+            &mut r,
+            fd.as_raw_fd() as usize as *mut c_void,
+            POSIX_FD
+        );
+        if rc != CU_SUCCESS {
+            return Err(format!(
+                "importing handle {v:#x} from its exporter's new descriptor: CUresult {rc}"
+            ));
+        }
+        let maps: Vec<(u64, Mapping)> = t
+            .mappings
+            .iter()
+            .filter(|(_, m)| m.handle == v)
+            .map(|(&va, m)| (va, m.clone()))
+            .collect();
+        for (va, m) in &maps {
+            let rc = real_map(*va, m.size, m.offset, r);
+            if rc != CU_SUCCESS {
+                return Err(format!(
+                    "mapping imported memory ({} bytes at {va:#x}): CUresult {rc}",
+                    m.size
+                ));
+            }
+            for (a, len, d) in &m.access {
+                let rc = real_set_access(*a, *len, d);
+                if rc != CU_SUCCESS {
+                    return Err(format!(
+                        "setting access on imported memory ({len} bytes at {a:#x}): CUresult {rc}"
+                    ));
+                }
+            }
+        }
+        let h = t.handles.get_mut(&v).expect("checked");
+        h.real = Some(r);
+        h.share.evict = false;
+        h.share.fds = vec![Arc::new(fd)];
+        if h.refs == 0 {
+            let _ = real_release(r);
+            h.real_released = true;
+        } else {
+            h.real_released = false;
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kcmp_tells_one_file_description_from_another() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let me = std::process::id();
+        let a2 = a.try_clone().unwrap();
+        assert!(same_file(me, a.as_raw_fd(), a2.as_raw_fd()));
+        assert!(!same_file(me, a.as_raw_fd(), b.as_raw_fd()));
+    }
+
+    #[test]
+    fn an_import_keeps_a_duplicate_of_its_descriptor() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let s = Share::imported(POSIX_FD, a.as_raw_fd() as usize as *mut c_void);
+        assert_eq!(s.fds.len(), 1);
+        assert_ne!(s.fds[0].as_raw_fd(), a.as_raw_fd());
+        assert!(same_file(
+            std::process::id(),
+            s.fds[0].as_raw_fd(),
+            a.as_raw_fd()
+        ));
+        // Another kind of handle keeps nothing.
+        assert!(Share::imported(2, std::ptr::null_mut()).fds.is_empty());
+    }
+}
