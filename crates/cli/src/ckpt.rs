@@ -101,6 +101,11 @@ enum Command {
         /// together ("60", "2.5s", "500ms", "2m", "off").
         #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
         timeout: Timeout,
+        /// With --job: also evict the memory the processes share (cuMem buffers one
+        /// exports and another imports, such as NCCL's), paired by descriptor; `resume
+        /// --job` re-creates them at the same addresses. Experimental: not yet run on GPUs.
+        #[arg(long, requires = "job")]
+        shared: bool,
     },
     /// Resume a paused process: restore its device memory at the same addresses.
     ///
@@ -337,7 +342,8 @@ fn main() -> ExitCode {
             json,
             job: true,
             timeout,
-        } => job_pause(pid, timeout.0, json),
+            shared,
+        } => job_pause(pid, timeout.0, shared, json),
         Command::Resume {
             pid,
             json,
@@ -425,9 +431,9 @@ fn find_job(pid: u32) -> Result<ckpt_job::Job> {
     Ok(job)
 }
 
-fn job_pause(pid: u32, timeout: Option<Duration>, json: bool) -> Result<()> {
+fn job_pause(pid: u32, timeout: Option<Duration>, shared: bool, json: bool) -> Result<()> {
     let job = find_job(pid)?;
-    let p = ckpt_job::pause(&job, timeout)?;
+    let p = ckpt_job::pause(&job, timeout, shared)?;
     if json {
         outln!("{}", serde_json::to_string(&p)?)?;
         return Ok(());
@@ -458,6 +464,22 @@ fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
     } else {
         String::new()
     };
+    if let Some(s) = &p.shared {
+        let outside = if s.unpaired > 0 {
+            format!(
+                "; {} imports of memory from outside the job left on the device",
+                s.unpaired
+            )
+        } else {
+            String::new()
+        };
+        outln!(
+            "job of {}: shared memory: {} exports and {} imports evicted with the job{outside}",
+            p.root,
+            s.exports,
+            s.imports
+        )?;
+    }
     outln!(
         "job of {}: {} processes paused: {} allocations, {} ({}) evicted in {:.1} ms{tries}",
         p.root,
@@ -603,6 +625,11 @@ fn with_bars_and_file(
             Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
+            | Request::Shares {}
+            | Request::Pair { .. }
+            | Request::Mark { .. }
+            | Request::Reexport { .. }
+            | Request::Reimport { .. }
             | Request::Stats { .. }
             | Request::Trace { .. }
             | Request::Tracing { .. } => {}

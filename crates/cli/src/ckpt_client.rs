@@ -368,3 +368,44 @@ pub fn file_failure(what: &str, path: &Path, e: cudaw_files::FileError) -> anyho
         e => fail(kind, format!("cannot {what}: {e}")),
     }
 }
+
+/// Sends `req` to `pid` with `fds` (one per handle of a reimport) and reads its one reply
+/// line with the descriptors that come with it (a reexport's).
+pub fn request_fds(
+    pid: u32,
+    req: &Request,
+    fds: &[BorrowedFd<'_>],
+) -> anyhow::Result<(Reply, Vec<std::os::fd::OwnedFd>)> {
+    let stream = connect(pid)?;
+    let exchange = || -> anyhow::Result<(Reply, Vec<std::os::fd::OwnedFd>)> {
+        stream.set_read_timeout(Some(Duration::from_secs(600)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+        let line = req.to_line();
+        if fds.is_empty() {
+            std::io::Write::write_all(&mut &stream, line.as_bytes())?;
+        } else {
+            cudaw_control::send_line_with_fds(&stream, line.as_bytes(), fds)?;
+        }
+        let (text, got) = cudaw_control::recv_line_with_fds(&stream, 1 << 24)
+            .map_err(|e| fail(Kind::Connection, format!("reading the reply: {e}")))?;
+        if text.is_empty() {
+            return Err(fail(
+                Kind::Connection,
+                "the process closed the connection without replying",
+            ));
+        }
+        let reply = Reply::parse(&text).map_err(|e| fail(Kind::Connection, e))?;
+        if !reply.ok {
+            let msg = reply
+                .error
+                .as_deref()
+                .unwrap_or("request failed (no reason given)");
+            return Err(fail(Kind::of_reply(reply.kind, msg), msg));
+        }
+        Ok((reply, got))
+    };
+    exchange().map_err(|e| {
+        let kind = kind_of(&e);
+        fail(kind, format!("process {pid}: {e:#}"))
+    })
+}

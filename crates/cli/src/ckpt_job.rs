@@ -13,11 +13,12 @@
 //! every process is released and another instant tried, a little later.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use cudaw_control::{Dumped, Held, Moved, Request, Restored, Status};
+use cudaw_control::{Dumped, Held, Moved, PeerExport, Request, Restored, Status};
 use serde::{Deserialize, Serialize};
 
 use crate::ckpt_client::{self, fail, Kind};
@@ -205,6 +206,20 @@ pub struct JobPaused {
     pub allocations: u64,
     /// Bytes moved, over all members.
     pub bytes: u64,
+    /// Memory the members share (NCCL's buffers) evicted with them (`--shared`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedEvicted>,
+}
+
+/// What of the members' shared memory a job pause evicts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SharedEvicted {
+    /// Exports evicted (each paired with an import of the job).
+    pub exports: u64,
+    /// Imports evicted.
+    pub imports: u64,
+    /// Imports whose export is not in the job (left on the device).
+    pub unpaired: u64,
 }
 
 /// One member's pause or resume.
@@ -219,7 +234,7 @@ pub struct MemberMoved {
 
 /// Holds every member until one instant finds them all idle (or `timeout` passes), then
 /// pauses each. On any failure every member is released or resumed: the job runs on.
-pub fn pause(job: &Job, timeout: Option<Duration>) -> Result<JobPaused> {
+pub fn pause(job: &Job, timeout: Option<Duration>, shared: bool) -> Result<JobPaused> {
     let started = Instant::now();
     let deadline = timeout.map(|t| started + t);
     let mut window = Duration::from_millis(250);
@@ -247,6 +262,26 @@ pub fn pause(job: &Job, timeout: Option<Duration>) -> Result<JobPaused> {
         std::thread::sleep(Duration::from_millis(jitter.min(400)));
         window = (window * 2).min(Duration::from_secs(2));
     }
+    let shared = if shared {
+        match mark_shared(job) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                release_all(job);
+                let _ = each(&job.members, |p| {
+                    request(
+                        p,
+                        &Request::Mark {
+                            exports: Vec::new(),
+                            imports: false,
+                        },
+                    )
+                });
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     let results = each(&job.members, |p| {
         let r = request(p, &Request::PAUSE)?;
         r.pause
@@ -279,7 +314,177 @@ pub fn pause(job: &Job, timeout: Option<Duration>) -> Result<JobPaused> {
         members,
         attempts,
         ms: started.elapsed().as_secs_f64() * 1e3,
+        shared,
     })
+}
+
+/// With every member held: pairs every import with its export (`shares`, then `pair`), and
+/// marks for the pause the exports whose every kept descriptor an import of the job matched,
+/// and the paired imports.
+fn mark_shared(job: &Job) -> Result<SharedEvicted> {
+    let shares = each(&job.members, |p| {
+        let r = request(p, &Request::Shares {})?;
+        r.shares
+            .ok_or_else(|| fail(Kind::Connection, "the reply carries no shares"))
+    });
+    if let Some(e) = first_failure(&shares, "every process was released and runs on") {
+        return Err(e);
+    }
+    let mut all: Vec<PeerExport> = Vec::new();
+    for (pid, s) in shares.iter() {
+        if let Ok(s) = s {
+            all.extend(s.exports.iter().map(|e| PeerExport {
+                pid: *pid,
+                ..e.clone()
+            }));
+        }
+    }
+    let paired = each(&job.members, |p| {
+        let r = request(
+            p,
+            &Request::Pair {
+                exports: all.clone(),
+            },
+        )?;
+        r.paired
+            .ok_or_else(|| fail(Kind::Connection, "the reply carries no pairing"))
+    });
+    if let Some(e) = first_failure(&paired, "every process was released and runs on") {
+        return Err(e);
+    }
+    let mut matched = std::collections::BTreeSet::new();
+    let mut summary = SharedEvicted::default();
+    for (_, p) in &paired {
+        if let Ok(p) = p {
+            matched.extend(p.matched.iter().copied());
+            summary.unpaired += p.unpaired;
+        }
+    }
+    // An export goes only when every descriptor it was exported to is an import of the job.
+    let mut by_export: BTreeMap<(u32, u64), bool> = BTreeMap::new();
+    for e in &all {
+        let ok = matched.contains(&(e.pid, e.fd));
+        by_export
+            .entry((e.pid, e.handle))
+            .and_modify(|all_ok| *all_ok &= ok)
+            .or_insert(ok);
+    }
+    let marks = each(&job.members, |p| {
+        let exports: Vec<u64> = by_export
+            .iter()
+            .filter(|((pid, _), ok)| *pid == p && **ok)
+            .map(|((_, h), _)| *h)
+            .collect();
+        let r = request(
+            p,
+            &Request::Mark {
+                exports,
+                imports: true,
+            },
+        )?;
+        r.marked
+            .ok_or_else(|| fail(Kind::Connection, "the reply carries no marks"))
+    });
+    if let Some(e) = first_failure(&marks, "every process was released and runs on") {
+        return Err(e);
+    }
+    for (_, m) in marks {
+        if let Ok(m) = m {
+            summary.exports += m.exports;
+            summary.imports += m.imports;
+        }
+    }
+    Ok(summary)
+}
+
+/// Before a job's resume: every import evicted with the job comes back from its exporter's
+/// new descriptor (`reexport`, then `reimport`). How many.
+fn bring_back_shared(job: &Job) -> Result<u64> {
+    let shares = each(&job.members, |p| {
+        let r = request(p, &Request::Shares {})?;
+        r.shares
+            .ok_or_else(|| fail(Kind::Connection, "the reply carries no shares"))
+    });
+    if let Some(e) = first_failure(&shares, "the job stays paused") {
+        return Err(e);
+    }
+    // Exporter -> its exports wanted (in order, once each).
+    let mut wanted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut awaiting = 0u64;
+    for (_, s) in &shares {
+        if let Ok(s) = s {
+            for a in &s.awaiting {
+                awaiting += 1;
+                let v = wanted.entry(a.pid).or_default();
+                if !v.contains(&a.export) {
+                    v.push(a.export);
+                }
+            }
+        }
+    }
+    if awaiting == 0 {
+        return Ok(0);
+    }
+    let mut fds: BTreeMap<(u32, u64), std::os::fd::OwnedFd> = BTreeMap::new();
+    for (exporter, handles) in wanted {
+        if !job.members.contains(&exporter) {
+            return Err(fail(
+                Kind::Failed,
+                format!(
+                    "process {exporter}, which exported memory the job's imports need, is no longer in the job; the job stays paused"
+                ),
+            ));
+        }
+        let (reply, got) = ckpt_client::request_fds(
+            exporter,
+            &Request::Reexport {
+                handles: handles.clone(),
+            },
+            &[],
+        )
+        .map_err(|e| {
+            fail(
+                ckpt_client::kind_of(&e),
+                format!("{e:#}; the job stays paused"),
+            )
+        })?;
+        let back = reply.reexported.map(|r| r.handles).unwrap_or_default();
+        if back != handles || got.len() != handles.len() {
+            return Err(fail(
+                Kind::Connection,
+                format!(
+                    "process {exporter}: a reexport of {} handles came back with {} descriptors; the job stays paused",
+                    handles.len(),
+                    got.len()
+                ),
+            ));
+        }
+        for (h, fd) in handles.into_iter().zip(got) {
+            fds.insert((exporter, h), fd);
+        }
+    }
+    let mut back = 0;
+    for (pid, s) in &shares {
+        let Ok(s) = s else { continue };
+        if s.awaiting.is_empty() {
+            continue;
+        }
+        let handles: Vec<u64> = s.awaiting.iter().map(|a| a.handle).collect();
+        let passed: Vec<std::os::fd::BorrowedFd<'_>> = s
+            .awaiting
+            .iter()
+            .filter_map(|a| fds.get(&(a.pid, a.export)).map(|f| f.as_fd()))
+            .collect();
+        let (reply, _) = ckpt_client::request_fds(*pid, &Request::Reimport { handles }, &passed)
+            .map_err(|e| {
+                fail(
+                    ckpt_client::kind_of(&e),
+                    format!("{e:#}; the job stays paused"),
+                )
+            })?;
+        back += reply.reimported.map_or(0, |r| r.imports);
+    }
+    Ok(back)
 }
 
 /// One try: holds every member, holding again while devices are busy, up to four windows.
@@ -333,6 +538,7 @@ fn hold_until_idle(job: &Job, window: Duration) -> Result<Option<String>> {
 /// Resumes every member at once: what each did. A member that fails to resume is named;
 /// the others resume regardless.
 pub fn resume(job: &Job) -> Result<Vec<MemberMoved>> {
+    bring_back_shared(job)?;
     let results = each(&job.members, |p| {
         let r = request(p, &Request::RESUME)?;
         r.resume
@@ -457,7 +663,7 @@ pub fn dump(
             ))
         }
     }
-    let pause = pause(job, timeout)?;
+    let pause = pause(job, timeout, false)?;
     let results = each(&job.members, |p| {
         dump_one(p, &dir.join(format!("{p}.cudaw")), leave_running)
     });
@@ -651,7 +857,7 @@ pub fn restore(
     let dir = ckpt_client::absolute(dir)?;
     let manifest = read_manifest(&dir)?;
     let pairs = pair(job, &manifest, &dir, force)?;
-    let pause = pause(job, timeout)?;
+    let pause = pause(job, timeout, false)?;
     let images: BTreeMap<u32, PathBuf> = pairs.into_iter().collect();
     let results = each(&job.members, |p| match images.get(&p) {
         Some(img) => restore_one(p, img, force),

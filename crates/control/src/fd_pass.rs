@@ -10,9 +10,80 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-/// The most descriptors a server keeps from one read (a request passes at most one; more
-/// are closed).
-pub const MAX_FDS: usize = 2;
+/// The most descriptors kept from one exchange (a `reimport` request or a `reexport` reply
+/// passes one per handle; more are closed).
+pub const MAX_FDS: usize = 4096;
+
+/// The most descriptors one message carries (the kernel's `SCM_MAX_FD` is 253).
+const PER_MESSAGE: usize = 250;
+
+/// Sends `line` on `stream` with `fds` attached (up to [`PER_MESSAGE`] to each of its first
+/// bytes, in order), then the rest of the line.
+pub fn send_line_with_fds(
+    mut stream: &UnixStream,
+    line: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    let chunks: Vec<&[std::os::fd::BorrowedFd<'_>]> = fds.chunks(PER_MESSAGE).collect();
+    if chunks.len() > line.len() {
+        return Err(std::io::Error::other(format!(
+            "{} descriptors need a line of at least {} bytes",
+            fds.len(),
+            chunks.len()
+        )));
+    }
+    let mut at = 0;
+    for chunk in chunks {
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(PER_MESSAGE))];
+        let mut cmsg = SendAncillaryBuffer::new(&mut space);
+        if !cmsg.push(SendAncillaryMessage::ScmRights(chunk)) {
+            return Err(std::io::Error::other(
+                "no room for the descriptors in the message",
+            ));
+        }
+        loop {
+            match sendmsg(
+                stream,
+                &[IoSlice::new(&line[at..at + 1])],
+                &mut cmsg,
+                SendFlags::NOSIGNAL,
+            ) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        at += 1;
+    }
+    stream.write_all(&line[at..])
+}
+
+/// Reads one line from `stream` with the descriptors that come with it (at most
+/// [`MAX_FDS`]); `limit`: the longest line taken.
+pub fn recv_line_with_fds(
+    stream: &UnixStream,
+    limit: usize,
+) -> std::io::Result<(String, Vec<OwnedFd>)> {
+    let mut line = Vec::new();
+    let mut fds = Vec::new();
+    let mut byte = [0u8; 1];
+    // A byte at a time: nothing after the line's end is taken from the socket.
+    loop {
+        let n = recv_with_fds(stream, &mut byte, &mut fds)?;
+        if n == 0 || byte[0] == b'\n' {
+            break;
+        }
+        line.push(byte[0]);
+        if line.len() > limit {
+            return Err(std::io::Error::other(format!(
+                "a line longer than {limit} bytes"
+            )));
+        }
+    }
+    String::from_utf8(line)
+        .map(|s| (s, fds))
+        .map_err(|_| std::io::Error::other("a line that is not UTF-8"))
+}
 
 /// Sends `req` on `stream`, with `file`'s descriptor attached to its first byte when
 /// given (the request should then say `"fd":true`).
@@ -60,7 +131,7 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> std::io::Result<usize> {
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(PER_MESSAGE))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let r = loop {
         match recvmsg(

@@ -175,6 +175,39 @@ pub enum Request {
     },
     /// Undo a `hold`: open the gate (a paused process is not resumed by it).
     Release {},
+    /// The memory this process shares with others ("Jobs: shared memory"): its exports'
+    /// kept descriptors, and its imports evicted and not yet back.
+    Shares {},
+    /// Pair this process's imports with the exports they came from, among `exports`
+    /// (every process's, from `shares`), by comparing descriptors (`kcmp`).
+    Pair {
+        /// Every export of the job: process, handle, descriptor number there.
+        exports: Vec<PeerExport>,
+    },
+    /// What the next pause evicts of the shared memory: these exports (each paired with
+    /// an import of the job) and, with `imports`, every paired import. Cleared by that
+    /// pause, whatever its outcome.
+    Mark {
+        /// Export handles of this process.
+        #[serde(default)]
+        exports: Vec<u64>,
+        /// Every paired import too.
+        #[serde(default, skip_serializing_if = "is_false")]
+        imports: bool,
+    },
+    /// While paused: bring these evicted exports back (re-created at their addresses, with
+    /// their bytes) and export each again; the reply carries one new descriptor for each,
+    /// in order (`SCM_RIGHTS`).
+    Reexport {
+        /// Export handles of this process.
+        handles: Vec<u64>,
+    },
+    /// While paused: import these evicted imports from the descriptors passed with the
+    /// request (one each, in order) and map them where they were.
+    Reimport {
+        /// Import handles of this process.
+        handles: Vec<u64>,
+    },
     /// Pause (if running), write every allocation to the image at `path` (written by the
     /// process itself, as its owner, through a temporary file renamed into place), then
     /// stay paused with the allocations' bytes only in the image (a later resume reads
@@ -291,6 +324,11 @@ impl Request {
             Request::Status {} => "status",
             Request::Hold { .. } => "hold",
             Request::Release {} => "release",
+            Request::Shares {} => "shares",
+            Request::Pair { .. } => "pair",
+            Request::Mark { .. } => "mark",
+            Request::Reexport { .. } => "reexport",
+            Request::Reimport { .. } => "reimport",
             Request::Dump { .. } => "dump",
             Request::Restore { .. } => "restore",
             Request::Stats { .. } => "stats",
@@ -319,6 +357,11 @@ impl Request {
             Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
+            | Request::Shares {}
+            | Request::Pair { .. }
+            | Request::Mark { .. }
+            | Request::Reexport { .. }
+            | Request::Reimport { .. }
             | Request::Stats { .. }
             | Request::Trace { .. }
             | Request::Tracing { .. } => false,
@@ -527,6 +570,21 @@ pub struct Reply {
     /// A release's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<Held>,
+    /// A shares request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Shares>,
+    /// A pair request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paired: Option<Paired>,
+    /// A mark request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marked: Option<Marked>,
+    /// A reexport's result (the descriptors come with the reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reexported: Option<Reexported>,
+    /// A reimport's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reimported: Option<Reimported>,
     /// A dump's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dump: Option<Dumped>,
@@ -564,6 +622,72 @@ pub struct Held {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// One export of a process of the job, as `shares` reports it and `pair` takes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerExport {
+    /// The exporting process (0 in a `shares` reply: the process itself).
+    #[serde(default)]
+    pub pid: u32,
+    /// The export's handle there.
+    pub handle: u64,
+    /// A descriptor number there of the export (kept by cudaw).
+    pub fd: i32,
+}
+
+/// An import and the export it came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairedImport {
+    /// The import's handle in this process.
+    pub handle: u64,
+    /// The exporting process.
+    pub pid: u32,
+    /// The export's handle there.
+    pub export: u64,
+}
+
+/// What a process shares with others.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Shares {
+    /// Its exports' kept descriptors.
+    pub exports: Vec<PeerExport>,
+    /// Its imports evicted and not yet back, with the exports they came from.
+    pub awaiting: Vec<PairedImport>,
+}
+
+/// What a `pair` found.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Paired {
+    /// Each import paired, with its export (and the export descriptor it matched).
+    pub imports: Vec<PairedImport>,
+    /// The export descriptors matched: (process, descriptor number).
+    pub matched: Vec<(u32, i32)>,
+    /// Imports whose export is not in the job (they stay on the device).
+    pub unpaired: u64,
+}
+
+/// What a `mark` set.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Marked {
+    /// Exports marked.
+    pub exports: u64,
+    /// Imports marked.
+    pub imports: u64,
+}
+
+/// What a `reexport` brought back.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reexported {
+    /// The handles, in the order of the descriptors that come with the reply.
+    pub handles: Vec<u64>,
+}
+
+/// What a `reimport` mapped back.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Reimported {
+    /// Imports mapped again.
+    pub imports: u64,
 }
 
 /// The metrics, as `cudaw-ckpt stats --json` prints them (defined by `cudaw-trace`).
@@ -748,7 +872,7 @@ pub fn parse_timeout(v: &str) -> Option<Option<std::time::Duration>> {
 
 mod fd_pass;
 mod run_dir;
-pub use fd_pass::{recv_with_fds, send_request, MAX_FDS};
+pub use fd_pass::{recv_line_with_fds, recv_with_fds, send_line_with_fds, send_request, MAX_FDS};
 pub use run_dir::{find_run_dirs, open_run_dir, run_dir, run_dir_from_env, OpenedRunDir, TMP};
 
 /// Process `pid`'s socket in `dir`.

@@ -7,7 +7,7 @@
 use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::state::{Ctl, CTL};
-use crate::{evict, hold, image, lifecycle, log, memory};
+use crate::{evict, handles, hold, image, lifecycle, log, memory};
 use cudaw_control::{Dumped, ErrorKind, Held, Moved, Restored};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -118,7 +118,10 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
             let t0 = host().trace_now();
             // cudaw's exit handler runs first if the process exits while paused.
             lifecycle::register_exit_handler();
-            let m = evict::pause(report)?;
+            let m = evict::pause(report);
+            // What a job marked of its shared memory was for this pause alone.
+            let _ = handles::shared::mark(&[], false);
+            let m = m?;
             host().trace_pause(false, t0, m.allocations, m.bytes);
             ctl.paused = true;
             Ok(Outcome::Pause(m))
@@ -221,4 +224,102 @@ pub(crate) fn expire_hold() {
         let paused = ctl.paused;
         hold::expire(&mut ctl.hold, paused);
     }
+}
+
+/// The requests about memory shared with the job's other processes (the protocol's "Jobs:
+/// shared memory"), which carry descriptors in or out: their reply and descriptors, or the
+/// request back when it is another. On the control thread, as every request.
+pub(crate) fn shared(
+    req: cudaw_control::Request,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<(cudaw_control::Reply, Vec<std::os::fd::OwnedFd>), cudaw_control::Request> {
+    use cudaw_control::{
+        Marked, Paired, PairedImport, PeerExport, Reexported, Reimported, Reply, Request as R,
+        Shares,
+    };
+    use handles::shared;
+    let ok = || Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    let failed = |msg: String| {
+        log::error(format_args!("shared memory: {msg}"));
+        (Reply::error(ErrorKind::Failed, msg), Vec::new())
+    };
+    let ctl = CTL.lock();
+    Ok(match req {
+        R::Shares {} => {
+            let mut r = ok();
+            r.shares = Some(Shares {
+                exports: shared::exports()
+                    .into_iter()
+                    .map(|(handle, fd)| PeerExport { pid: 0, handle, fd })
+                    .collect(),
+                awaiting: shared::awaiting_imports()
+                    .into_iter()
+                    .map(|(handle, pid, export)| PairedImport {
+                        handle,
+                        pid,
+                        export,
+                    })
+                    .collect(),
+            });
+            (r, Vec::new())
+        }
+        R::Pair { exports } => {
+            let peers: Vec<(u32, u64, i32)> =
+                exports.iter().map(|e| (e.pid, e.handle, e.fd)).collect();
+            let (found, unpaired) = shared::pair(&peers);
+            let mut r = ok();
+            r.paired = Some(Paired {
+                imports: found
+                    .iter()
+                    .map(|&(handle, pid, export, _)| PairedImport {
+                        handle,
+                        pid,
+                        export,
+                    })
+                    .collect(),
+                matched: found.iter().map(|&(_, pid, _, fd)| (pid, fd)).collect(),
+                unpaired: unpaired as u64,
+            });
+            (r, Vec::new())
+        }
+        R::Mark { exports, imports } if !ctl.paused => match shared::mark(&exports, imports) {
+            Ok((e, i)) => {
+                let mut r = ok();
+                r.marked = Some(Marked {
+                    exports: e as u64,
+                    imports: i as u64,
+                });
+                (r, Vec::new())
+            }
+            Err(e) => failed(e),
+        },
+        R::Mark { .. } => failed("mark: the process is paused already".into()),
+        R::Reexport { handles } if ctl.paused => {
+            match shared::reexport(&handles, &mut crate::staging::staging()) {
+                Ok(out) => {
+                    let mut r = ok();
+                    r.reexported = Some(Reexported { handles });
+                    (r, out)
+                }
+                Err(e) => failed(format!("reexport: {e}")),
+            }
+        }
+        R::Reimport { handles } if ctl.paused => {
+            match shared::reimport(handles.into_iter().zip(fds).collect()) {
+                Ok(n) => {
+                    let mut r = ok();
+                    r.reimported = Some(Reimported { imports: n as u64 });
+                    (r, Vec::new())
+                }
+                Err(e) => failed(format!("reimport: {e}")),
+            }
+        }
+        R::Reexport { .. } | R::Reimport { .. } => {
+            failed("reexport and reimport need a paused process".into())
+        }
+        other => return Err(other),
+    })
 }

@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -398,6 +398,8 @@ struct Job {
     stream: UnixStream,
     req: Request,
     file: Option<File>,
+    /// Descriptors a reimport passed, one per handle.
+    fds: Vec<OwnedFd>,
 }
 
 /// Requests queued for the control thread.
@@ -424,6 +426,25 @@ fn dispatch(mut p: Pending) {
             return;
         }
     };
+    // A reimport takes one descriptor per handle.
+    let mut passed = Vec::new();
+    if let Request::Reimport { handles } = &req {
+        if p.fds.len() != handles.len() {
+            reply_now(
+                &p.stream,
+                &Reply::error(
+                    ErrorKind::Request,
+                    format!(
+                        "a reimport of {} handles came with {} descriptors (one each)",
+                        handles.len(),
+                        p.fds.len()
+                    ),
+                ),
+            );
+            return;
+        }
+        passed = std::mem::take(&mut p.fds);
+    }
     let file = match (req.passes_fd(), p.fds.len()) {
         (false, 0) => None,
         (true, 1) => p.fds.pop().map(File::from),
@@ -463,6 +484,7 @@ fn dispatch(mut p: Pending) {
         stream: p.stream,
         req,
         file,
+        fds: passed,
     };
     match job.req {
         Request::Status {} | Request::Stats { .. } | Request::Trace { .. } => answer_aside(job),
@@ -544,7 +566,12 @@ fn run_jobs() {
 
 /// Carries out a request and writes the progress lines and the reply.
 fn answer(job: Job) {
-    let Job { stream, req, file } = job;
+    let Job {
+        stream,
+        req,
+        file,
+        fds,
+    } = job;
     if let Err(e) = stream
         .set_nonblocking(false)
         .and_then(|()| stream.set_write_timeout(Some(WRITE_LIMIT)))
@@ -557,8 +584,15 @@ fn answer(job: Job) {
         on: req.wants_progress(),
         last: None,
     };
-    let reply = execute_with(req, file, &mut |p| sink.send(p));
-    if let Err(e) = (&stream).write_all(reply.to_line().as_bytes()) {
+    let (reply, out) = execute_with(req, file, fds, &mut |p| sink.send(p));
+    let line = reply.to_line();
+    let sent = if out.is_empty() {
+        (&stream).write_all(line.as_bytes())
+    } else {
+        let borrowed: Vec<_> = out.iter().map(|f| f.as_fd()).collect();
+        cudaw_control::send_line_with_fds(&stream, line.as_bytes(), &borrowed)
+    };
+    if let Err(e) = sent {
         log::warn(format_args!("control socket: writing the reply: {e}"));
     }
 }
@@ -603,11 +637,25 @@ impl Sink<'_> {
 /// Carries out one request through the request handler (as the signals' requests are),
 /// `report` receiving its progress.
 pub fn execute(req: Request, report: Report<'_>) -> Reply {
-    execute_with(req, None, report)
+    execute_with(req, None, Vec::new(), report).0
 }
 
-/// [`execute`], with the file the client passed (`"fd":true`).
-fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
+/// [`execute`], with the file the client passed (`"fd":true`) or a reimport's descriptors:
+/// the reply, and the descriptors that go with it (a reexport's).
+fn execute_with(
+    req: Request,
+    file: Option<File>,
+    fds: Vec<OwnedFd>,
+    report: Report<'_>,
+) -> (Reply, Vec<OwnedFd>) {
+    let req = match requests::shared(req, fds) {
+        Ok(done) => return done,
+        Err(req) => req,
+    };
+    (execute_one(req, file, report), Vec::new())
+}
+
+fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
     let absolute = |path: String| -> Result<PathBuf, String> {
         let p = PathBuf::from(path);
         if p.is_absolute() {
@@ -637,6 +685,16 @@ fn execute_with(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
         },
         Request::Release {} => requests::Request::Release,
         Request::Pause { .. } => requests::Request::Pause,
+        Request::Shares {}
+        | Request::Pair { .. }
+        | Request::Mark { .. }
+        | Request::Reexport { .. }
+        | Request::Reimport { .. } => {
+            return Reply::error(
+                ErrorKind::Failed,
+                "a shared-memory request reached the wrong handler",
+            )
+        }
         Request::Resume { .. } => requests::Request::Resume,
         Request::Dump {
             path,

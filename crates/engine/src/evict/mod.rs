@@ -206,6 +206,15 @@ fn roll_back_pause(evicted: Evicted, msg: String) -> Failure {
 /// Resumes (loading from host copies and from the image a dump left, if any); on failure
 /// the process stays paused, its memory where it was.
 pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
+    let waiting = handles::shared::awaiting();
+    if waiting > 0 {
+        return Err(Failure::new(
+            ErrorKind::Failed,
+            format!(
+                "{waiting} imports of memory another process of the job shares are not back yet: resume the whole job (`cudaw-ckpt resume --job`), which has their exporters export them again; the process stays paused"
+            ),
+        ));
+    }
     let started = Instant::now();
     let total: u64 = memory::managed_devices()
         .map(|(_, m)| m.vmm.stats().evicted)

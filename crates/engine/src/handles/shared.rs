@@ -104,12 +104,14 @@ fn same_file(pid: u32, fd: RawFd, their: i32) -> bool {
 }
 
 /// Pairs every import with the export it came from, among `peers` (process, handle,
-/// descriptor number there): (import, process, export) for each import paired. An import
-/// whose export is not among them (another job's, or its exporter's descriptor closed)
-/// stays unpaired, and so on the device.
-pub fn pair(peers: &[(u32, u64, i32)]) -> Vec<(u64, u32, u64)> {
+/// descriptor number there): (import, process, export, the export's descriptor matched)
+/// for each import paired, and how many stayed unpaired. An import whose export is not
+/// among them (another job's, or its exporter's descriptor closed) stays unpaired, and so
+/// on the device.
+pub fn pair(peers: &[(u32, u64, i32)]) -> (Vec<(u64, u32, u64, i32)>, usize) {
     let mut t = TABLE.lock();
     let mut out = Vec::new();
+    let mut unpaired = 0;
     for (&v, h) in t.handles.iter_mut() {
         if h.pinned != Some(IMPORTED) || h.real.is_none() {
             continue;
@@ -117,22 +119,25 @@ pub fn pair(peers: &[(u32, u64, i32)]) -> Vec<(u64, u32, u64)> {
         let Some(fd) = h.share.fds.first().map(|f| f.as_raw_fd()) else {
             continue;
         };
-        h.share.peer = peers
+        let found = peers
             .iter()
             .find(|(pid, _, their)| same_file(*pid, fd, *their))
-            .map(|&(pid, ev, _)| (pid, ev));
-        if let Some((pid, ev)) = h.share.peer {
-            out.push((v, pid, ev));
+            .copied();
+        h.share.peer = found.map(|(pid, ev, _)| (pid, ev));
+        match found {
+            Some((pid, ev, their)) => out.push((v, pid, ev, their)),
+            None => unpaired += 1,
         }
     }
-    out
+    (out, unpaired)
 }
 
 /// Marks what the next pause evicts of the shared memory: the exports `exports` (each
 /// paired with an import of the job) and, with `imports`, every paired import. Clears
 /// earlier marks first; an empty call clears them.
-pub fn mark(exports: &[u64], imports: bool) -> Result<(), String> {
+pub fn mark(exports: &[u64], imports: bool) -> Result<(usize, usize), String> {
     let mut t = TABLE.lock();
+    let mut marked_imports = 0;
     for h in t.handles.values_mut() {
         h.share.evict = false;
     }
@@ -146,10 +151,11 @@ pub fn mark(exports: &[u64], imports: bool) -> Result<(), String> {
         for h in t.handles.values_mut() {
             if h.pinned == Some(IMPORTED) && h.share.peer.is_some() {
                 h.share.evict = true;
+                marked_imports += 1;
             }
         }
     }
-    Ok(())
+    Ok((exports.len(), marked_imports))
 }
 
 /// Evicts the marked imports (during a pause): unmapped and released, their descriptors
@@ -189,6 +195,18 @@ pub(super) fn evict_imports(t: &mut Table) -> Result<usize, String> {
         h.share.fds.clear();
     }
     Ok(ids.len())
+}
+
+/// The imports evicted and not yet back, with the exports they came from: (import,
+/// process, export).
+pub fn awaiting_imports() -> Vec<(u64, u32, u64)> {
+    TABLE
+        .lock()
+        .handles
+        .iter()
+        .filter(|(_, h)| h.pinned == Some(IMPORTED) && h.real.is_none())
+        .filter_map(|(&v, h)| h.share.peer.map(|(pid, ev)| (v, pid, ev)))
+        .collect()
 }
 
 /// Imports evicted and not yet back: a resume must wait for them ([`reimport`]).
