@@ -91,7 +91,10 @@ impl Machine {
             .iter()
             .map(|&p| config.mem_bytes[p])
             .collect();
-        let memory = Arc::new(Mutex::new(Memory::with_devices(&sizes)?));
+        let memory = Arc::new(Mutex::new(Memory::with_physical_devices(
+            &sizes,
+            &config.visible,
+        )?));
         let devices = config
             .visible
             .iter()
