@@ -416,6 +416,11 @@ fn driver_symbol(name: &str) -> Option<usize> {
         "cuMemAddressReserve" => d::cuMemAddressReserve as *const () as usize,
         "cuMemAddressFree" => d::cuMemAddressFree as *const () as usize,
         "cuMemGetAllocationGranularity" => d::cuMemGetAllocationGranularity as *const () as usize,
+        "cuMemExportToShareableHandle" => d::cuMemExportToShareableHandle as *const () as usize,
+        "cuMemImportFromShareableHandle" => d::cuMemImportFromShareableHandle as *const () as usize,
+        "cuMemGetAllocationPropertiesFromHandle" => {
+            d::cuMemGetAllocationPropertiesFromHandle as *const () as usize
+        }
         "cuMemGetInfo" => d::cuMemGetInfo_v2 as *const () as usize,
         "cuDeviceTotalMem" => d::cuDeviceTotalMem_v2 as *const () as usize,
         "cuMemAlloc" => d::cuMemAlloc_v2 as *const () as usize,
