@@ -72,7 +72,7 @@ impl Machine {
         MACHINE
             .get_or_init(|| {
                 let config = Config::from_env().map_err(|e| {
-                    eprintln!("simgpu: {e}");
+                    say!("simgpu: {e}");
                     CuError::CUDA_ERROR_INVALID_VALUE
                 })?;
                 Machine::new(config)

@@ -77,9 +77,7 @@ pub fn boundary(body: impl FnOnce() -> CuResult<()>) -> CUresult {
         Ok(result) => CuError::to_code(result),
         Err(_) => {
             if !PANICKED.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "simgpu: internal panic in a driver call (reported as CUDA_ERROR_UNKNOWN)"
-                );
+                say!("simgpu: internal panic in a driver call (reported as CUDA_ERROR_UNKNOWN)");
             }
             CuError::CUDA_ERROR_UNKNOWN.code()
         }

@@ -20,6 +20,22 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
+/// `eprintln!`, but the whole line in one write: cudaw's libraries log to the same standard
+/// error with their own locks, and a line written in pieces gets theirs inside it.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(format_args!($($arg)*))
+    };
+}
+
+/// Writes `args` and a newline to standard error in one `write` (see `say!`).
+pub(crate) fn say_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut line = args.to_string();
+    line.push('\n');
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 pub mod config;
 pub mod device;
 pub mod driver_api;

@@ -257,7 +257,7 @@ fn os_err(e: std::io::Error) -> CuError {
     if e.raw_os_error() == Some(libc::ENOMEM) {
         CuError::CUDA_ERROR_OUT_OF_MEMORY
     } else {
-        eprintln!("simgpu: system call failed: {e}");
+        say!("simgpu: system call failed: {e}");
         CuError::CUDA_ERROR_UNKNOWN
     }
 }
@@ -479,7 +479,7 @@ impl Memory {
     /// standard error, when `fd` is not an open descriptor of a simgpu shareable memory file.
     pub fn import_fd(&mut self, fd: i32) -> CuResult<u64> {
         let refuse = |why: String| {
-            eprintln!(
+            say!(
                 "simgpu: cuMemImportFromShareableHandle: file descriptor {fd} {why}; \
                  returning CUDA_ERROR_INVALID_VALUE"
             );
@@ -555,7 +555,7 @@ impl Memory {
 
     fn give_offsets(&mut self, mut start: u64, mut len: u64) {
         if let Err(e) = os::punch_hole(&self.file, start, len) {
-            eprintln!("simgpu: could not give physical pages back: {e}");
+            say!("simgpu: could not give physical pages back: {e}");
         }
         if let Some((&prev, &plen)) = self.free_offsets.range(..start).next_back() {
             if prev + plen == start {

@@ -684,7 +684,7 @@ pub(crate) unsafe fn launch(
     }
     let ordinal = device.ordinal();
     let Some(kernel) = kernels::find(&function.name) else {
-        eprintln!(
+        say!(
             "simgpu: cannot launch kernel {}: simgpu has no host implementation of it \
              (known kernels are listed in simgpu's kernels module); the launch fails with \
              cudaErrorInvalidDeviceFunction",
@@ -711,7 +711,7 @@ pub(crate) unsafe fn launch(
             // SAFETY: the memory was checked; unmapping waits for the stream first.
             Ok(()) => unsafe { work.run() },
             Err(fault) => {
-                eprintln!("simgpu: {fault}");
+                say!("simgpu: {fault}");
                 runtime::set_sticky_on(ordinal, fault.error);
             }
         }
@@ -980,7 +980,7 @@ pub extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: Handle) -> cudaError_t
         let task: Task = Box::new(move || {
             // SAFETY: earlier work on this stream is done; the program gave the memory up.
             if let Err(e) = unsafe { device.memory().free(addr) } {
-                eprintln!("simgpu: cudaFreeAsync({addr:#x}): not an allocation ({e})");
+                say!("simgpu: cudaFreeAsync({addr:#x}): not an allocation ({e})");
             }
         });
         device.streams.enqueue(stream, task)?;
