@@ -39,7 +39,7 @@ impl Config {
             var("CUDA_VISIBLE_DEVICES").as_deref(),
         )?;
         for w in warnings {
-            eprintln!("simgpu: {w}");
+            say!("simgpu: {w}");
         }
         Ok(config)
     }
@@ -182,7 +182,7 @@ pub fn launch_delay() -> std::time::Duration {
     *DELAY.get_or_init(|| {
         let us = match std::env::var("SIMGPU_LAUNCH_DELAY_US") {
             Ok(text) => text.trim().parse().unwrap_or_else(|_| {
-                eprintln!("simgpu: SIMGPU_LAUNCH_DELAY_US={text:?} is not a number of microseconds; using 0");
+                say!("simgpu: SIMGPU_LAUNCH_DELAY_US={text:?} is not a number of microseconds; using 0");
                 0
             }),
             Err(_) => 0,

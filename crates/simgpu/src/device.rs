@@ -72,7 +72,7 @@ impl Machine {
         MACHINE
             .get_or_init(|| {
                 let config = Config::from_env().map_err(|e| {
-                    eprintln!("simgpu: {e}");
+                    say!("simgpu: {e}");
                     CuError::CUDA_ERROR_INVALID_VALUE
                 })?;
                 Machine::new(config)
@@ -91,7 +91,10 @@ impl Machine {
             .iter()
             .map(|&p| config.mem_bytes[p])
             .collect();
-        let memory = Arc::new(Mutex::new(Memory::with_devices(&sizes)?));
+        let memory = Arc::new(Mutex::new(Memory::with_physical_devices(
+            &sizes,
+            &config.visible,
+        )?));
         let devices = config
             .visible
             .iter()

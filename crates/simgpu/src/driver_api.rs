@@ -12,12 +12,13 @@
 #![allow(clippy::missing_safety_doc)] // the module's Safety section covers every export
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::os::fd::IntoRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::{self, Device, Machine};
 use crate::error::{CuError, CuResult};
-use crate::memory::{Access, GRANULARITY};
+use crate::memory::{Access, Requested, GRANULARITY, HANDLE_TYPE_POSIX_FD};
 use crate::stream::{Event, StreamId, Task};
 
 /// `CUresult` on the wire.
@@ -76,9 +77,7 @@ pub fn boundary(body: impl FnOnce() -> CuResult<()>) -> CUresult {
         Ok(result) => CuError::to_code(result),
         Err(_) => {
             if !PANICKED.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "simgpu: internal panic in a driver call (reported as CUDA_ERROR_UNKNOWN)"
-                );
+                say!("simgpu: internal panic in a driver call (reported as CUDA_ERROR_UNKNOWN)");
             }
             CuError::CUDA_ERROR_UNKNOWN.code()
         }
@@ -815,9 +814,112 @@ pub unsafe extern "C" fn cuMemCreate(
         if flags != 0 || handle.is_null() {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        let h = device.memory().create(on, size as u64)?;
+        let requested = Requested {
+            handle_types: prop.requested_handle_types,
+            alloc_flags: prop.alloc_flags,
+        };
+        let h = device
+            .memory()
+            .create_requested(on, size as u64, requested)?;
         // SAFETY: checked non-null; the caller passes a valid out-pointer.
         unsafe { put(handle, h) }
+    })
+}
+
+/// `CU_MEM_HANDLE_TYPE_WIN32`, `CU_MEM_HANDLE_TYPE_WIN32_KMT`, `CU_MEM_HANDLE_TYPE_FABRIC`:
+/// handle types simgpu cannot give (CUDA_ERROR_NOT_SUPPORTED, as a Linux driver without
+/// a fabric does).
+const HANDLE_TYPES_UNSUPPORTED: [u32; 3] = [2, 4, 8];
+
+/// `cuMemExportToShareableHandle`: for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, writes a
+/// new file descriptor (an `int`, close-on-exec, one per call, the caller's to close) of the
+/// allocation's memory to `shareable`; another process that receives it (over a Unix
+/// socket with `SCM_RIGHTS`) imports the same bytes. CUDA_ERROR_INVALID_VALUE for a null
+/// `shareable`, flags other than 0, a handle that is not live, or one whose `cuMemCreate`
+/// did not request that handle type; CUDA_ERROR_NOT_SUPPORTED for Win32 and fabric handles.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: u64,
+    kind: c_uint,
+    flags: u64,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if flags != 0 || shareable.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let memory = device.memory();
+        if kind != HANDLE_TYPE_POSIX_FD {
+            let requested = memory.properties(handle)?.requested.handle_types;
+            return Err(
+                if HANDLE_TYPES_UNSUPPORTED.contains(&kind) && requested & kind != 0 {
+                    CuError::CUDA_ERROR_NOT_SUPPORTED
+                } else {
+                    CuError::CUDA_ERROR_INVALID_VALUE
+                },
+            );
+        }
+        let fd = memory.export_fd(handle)?;
+        // SAFETY: checked non-null; for this handle type the caller passes an `int`.
+        unsafe { put(shareable.cast::<c_int>(), fd.into_raw_fd()) }
+    })
+}
+
+/// `cuMemImportFromShareableHandle`: for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`,
+/// `os_handle` is the file descriptor itself (`(void*)(uintptr_t)fd`). Each call gives a
+/// new handle to the same bytes, to be released on its own; the descriptor may be closed
+/// afterwards. CUDA_ERROR_INVALID_VALUE for a descriptor that is not a simgpu shareable
+/// handle (the reason on standard error) or a handle type that is no type;
+/// CUDA_ERROR_NOT_SUPPORTED for Win32 and fabric handles.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemImportFromShareableHandle(
+    handle: *mut u64,
+    os_handle: *mut c_void,
+    kind: c_uint,
+) -> CUresult {
+    entry!({
+        let device = Device::with_context()?;
+        if handle.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        if kind != HANDLE_TYPE_POSIX_FD {
+            return Err(if HANDLE_TYPES_UNSUPPORTED.contains(&kind) {
+                CuError::CUDA_ERROR_NOT_SUPPORTED
+            } else {
+                CuError::CUDA_ERROR_INVALID_VALUE
+            });
+        }
+        let fd =
+            i32::try_from(os_handle as usize).map_err(|_| CuError::CUDA_ERROR_INVALID_VALUE)?;
+        let h = device.memory().import_fd(fd)?;
+        // SAFETY: checked non-null; the caller passes a valid out-pointer.
+        unsafe { put(handle, h) }
+    })
+}
+
+/// `cuMemGetAllocationPropertiesFromHandle`: the properties `cuMemCreate` was given (for
+/// an imported handle, the creator's, with `location.id` this process's ordinal of the
+/// device when it sees the device). CUDA_ERROR_INVALID_VALUE for a handle that is not live.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut MemAllocationProp,
+    handle: u64,
+) -> CUresult {
+    entry!({
+        let p = Device::with_context()?.memory().properties(handle)?;
+        let value = MemAllocationProp {
+            type_: ALLOCATION_PINNED,
+            requested_handle_types: p.requested.handle_types,
+            location: MemLocation {
+                type_: LOCATION_DEVICE,
+                id: p.ordinal,
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: p.requested.alloc_flags,
+        };
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(prop, value) }
     })
 }
 

@@ -13,10 +13,28 @@
 //! 16G) and `CUDA_VISIBLE_DEVICES` (as the driver reads it), read once at `cuInit`
 //! ([`config`]); each device has its own memory, contexts, streams and sticky error, and
 //! kernels reach another device's memory only with peer access or a `cuMemSetAccess`
-//! right, as on a GPU. `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
+//! right, as on a GPU. Memory created with the POSIX file-descriptor handle type can be
+//! exported, passed to another process and imported there, as NCCL does between ranks
+//! ([`memory`]). `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
 //! call before queuing its kernel: tests widen the window of a launch in flight).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
+
+/// `eprintln!`, but the whole line in one write: cudaw's libraries log to the same standard
+/// error with their own locks, and a line written in pieces gets theirs inside it.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(format_args!($($arg)*))
+    };
+}
+
+/// Writes `args` and a newline to standard error in one `write` (see `say!`).
+pub(crate) fn say_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut line = args.to_string();
+    line.push('\n');
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
 
 pub mod config;
 pub mod device;

@@ -12,9 +12,17 @@
 //! `cuMemAlloc` allocation is reachable from its own device and from devices that enabled
 //! peer access to it ([`Memory::enable_peer`]). The host protection of a range is the widest
 //! right any device has, so host code and copies fault where no device may go.
+//!
+//! Memory shared between processes (what NCCL does between the ranks of a job): a
+//! `cuMemCreate` whose requested handle types include `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`
+//! gets a memory file of its own instead of a piece of the common one ([`Memory::export_fd`],
+//! [`Memory::import_fd`]). The file holds the allocation's bytes, then one page, the
+//! [`Trailer`], that says what the memory is (size, device, properties); mappings cover the
+//! bytes only. Its length is sealed, so no process can shrink it under another's mappings.
+//! The memory is gone once no process holds a handle, a mapping or a descriptor of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::error::{CuError, CuResult};
 use crate::os;
@@ -25,6 +33,113 @@ pub const GRANULARITY: u64 = 2 << 20;
 pub const LINEAR_GRANULARITY: u64 = 64 << 10;
 /// The span of the physical memory file's offsets (sparse; only touched pages cost).
 const PHYSICAL_SPAN: u64 = 1 << 46;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, as a bit of `requestedHandleTypes`.
+pub const HANDLE_TYPE_POSIX_FD: u32 = 1;
+/// The bytes of a shareable memory file after the allocation's own: one page.
+pub const TRAILER_BYTES: u64 = 4096;
+
+/// What a `cuMemCreate` asked for besides its size and device; kept with the allocation
+/// (and in its memory file, for importers) and given back by
+/// `cuMemGetAllocationPropertiesFromHandle`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requested {
+    /// `requestedHandleTypes` (a bit set of `CUmemAllocationHandleType`).
+    pub handle_types: u32,
+    /// `allocFlags`, byte for byte.
+    pub alloc_flags: [u8; 8],
+}
+
+/// A physical allocation's properties (`cuMemGetAllocationPropertiesFromHandle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Properties {
+    /// `location.id`: the device ordinal in this process; for imported memory of a device
+    /// this process does not see, the ordinal the creating process gave.
+    pub ordinal: i32,
+    /// What the creator asked for.
+    pub requested: Requested,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// The page after a shareable allocation's bytes in its memory file: what an importer
+/// needs to know, written once by the creator. Little-endian:
+///
+/// | bytes | field |
+/// | --- | --- |
+/// | 0..8 | magic `SIMGPUFD` |
+/// | 8..12 | version, 1 |
+/// | 12..16 | physical device (`SIMGPU_DEVICES` numbering, whatever the visibility) |
+/// | 16..24 | size of the allocation in bytes |
+/// | 24..28 | `requestedHandleTypes` |
+/// | 28..36 | `allocFlags` |
+/// | 36..40 | the creator's device ordinal (`location.id`), signed |
+///
+/// The rest of the page is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trailer {
+    /// The physical device the memory lives on.
+    pub physical: u32,
+    /// The allocation's size.
+    pub size: u64,
+    /// What the creator asked for.
+    pub requested: Requested,
+    /// The creator's ordinal of the device.
+    pub ordinal: i32,
+}
+
+impl Trailer {
+    /// `SIMGPUFD`.
+    pub const MAGIC: [u8; 8] = *b"SIMGPUFD";
+    /// The only version this simgpu reads and writes.
+    pub const VERSION: u32 = 1;
+    /// The bytes that carry fields.
+    pub const USED: usize = 40;
+
+    /// The trailer page.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut page = vec![0u8; TRAILER_BYTES as usize];
+        page[0..8].copy_from_slice(&Self::MAGIC);
+        page[8..12].copy_from_slice(&Self::VERSION.to_le_bytes());
+        page[12..16].copy_from_slice(&self.physical.to_le_bytes());
+        page[16..24].copy_from_slice(&self.size.to_le_bytes());
+        page[24..28].copy_from_slice(&self.requested.handle_types.to_le_bytes());
+        page[28..36].copy_from_slice(&self.requested.alloc_flags);
+        page[36..40].copy_from_slice(&self.ordinal.to_le_bytes());
+        page
+    }
+
+    /// Reads the first [`Trailer::USED`] bytes of a trailer page; the error says which
+    /// field is wrong, what it holds and what was expected.
+    pub fn decode(bytes: &[u8]) -> Result<Trailer, String> {
+        if bytes.len() < Self::USED {
+            return Err(format!(
+                "trailer is {} bytes, expected at least {}",
+                bytes.len(),
+                Self::USED
+            ));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
+        if bytes[0..8] != Self::MAGIC {
+            return Err(format!(
+                "magic is {:02x?}, expected \"SIMGPUFD\"",
+                &bytes[0..8]
+            ));
+        }
+        let version = u32_at(8);
+        if version != Self::VERSION {
+            return Err(format!("version is {version}, expected {}", Self::VERSION));
+        }
+        Ok(Trailer {
+            physical: u32_at(12),
+            size: u64::from_le_bytes(bytes[16..24].try_into().expect("8")),
+            requested: Requested {
+                handle_types: u32_at(24),
+                alloc_flags: bytes[28..36].try_into().expect("8"),
+            },
+            ordinal: u32_at(36) as i32,
+        })
+    }
+}
 
 /// Access a mapping allows (`CUmemAccess_flags`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,13 +200,29 @@ pub enum Accessor {
 
 #[derive(Debug)]
 struct Physical {
-    /// The device it lives on.
-    device: usize,
-    offset: u64,
+    /// The device it lives on; `None` for imported memory of a device this process does
+    /// not see.
+    device: Option<usize>,
+    /// Whether it counts against `device`'s memory here (imported memory counts in the
+    /// process that created it).
+    charged: bool,
+    backing: Backing,
     size: u64,
     mappings: u32,
     /// `cuMemRelease` was called; freed when the last mapping goes.
     released: bool,
+    requested: Requested,
+    /// `location.id` for `cuMemGetAllocationPropertiesFromHandle`.
+    ordinal: i32,
+}
+
+/// Where a physical allocation's bytes are.
+#[derive(Debug)]
+enum Backing {
+    /// At this offset of the common physical memory file.
+    Pool { offset: u64 },
+    /// At offset 0 of a memory file of its own, followed by its [`Trailer`].
+    Shareable(OwnedFd),
 }
 
 /// The simulated device's memory.
@@ -99,6 +230,8 @@ struct Physical {
 pub struct Memory {
     /// Each device's memory, and how much of it is in use.
     capacity: Vec<u64>,
+    /// Each device's physical device number (`CUDA_VISIBLE_DEVICES` maps ordinals to them).
+    physical_ids: Vec<usize>,
     used: Vec<u64>,
     /// Peer access enabled: (accessing device, device whose `cuMemAlloc` memory it reaches).
     peers: BTreeSet<(usize, usize)>,
@@ -124,7 +257,7 @@ fn os_err(e: std::io::Error) -> CuError {
     if e.raw_os_error() == Some(libc::ENOMEM) {
         CuError::CUDA_ERROR_OUT_OF_MEMORY
     } else {
-        eprintln!("simgpu: system call failed: {e}");
+        say!("simgpu: system call failed: {e}");
         CuError::CUDA_ERROR_UNKNOWN
     }
 }
@@ -137,9 +270,20 @@ impl Memory {
 
     /// Devices `0..capacities.len()`, each with its capacity in bytes.
     pub fn with_devices(capacities: &[u64]) -> CuResult<Self> {
+        let physical: Vec<usize> = (0..capacities.len()).collect();
+        Self::with_physical_devices(capacities, &physical)
+    }
+
+    /// Devices `0..capacities.len()`, each with its capacity in bytes; ordinal `i` is
+    /// physical device `physical[i]` (what memory shared with other processes records).
+    pub fn with_physical_devices(capacities: &[u64], physical: &[usize]) -> CuResult<Self> {
+        if physical.len() != capacities.len() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
         let file = os::memfd("simgpu-device-memory", PHYSICAL_SPAN).map_err(os_err)?;
         Ok(Memory {
             capacity: capacities.to_vec(),
+            physical_ids: physical.to_vec(),
             used: vec![0; capacities.len()],
             peers: BTreeSet::new(),
             file,
@@ -245,35 +389,155 @@ impl Memory {
 
     /// `cuMemCreate` on `device`: `size` a multiple of the granularity. Returns the handle.
     pub fn create(&mut self, device: usize, size: u64) -> CuResult<u64> {
+        self.create_requested(device, size, Requested::default())
+    }
+
+    /// `cuMemCreate` with what the properties asked for: memory that may be exported as a
+    /// file descriptor (`requested.handle_types` has [`HANDLE_TYPE_POSIX_FD`]) gets a
+    /// memory file of its own.
+    pub fn create_requested(
+        &mut self,
+        device: usize,
+        size: u64,
+        requested: Requested,
+    ) -> CuResult<u64> {
         self.check_device_index(device)?;
         if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
-        self.create_unchecked(device, size)
+        self.create_unchecked(device, size, requested)
     }
 
-    fn create_unchecked(&mut self, device: usize, size: u64) -> CuResult<u64> {
+    fn create_unchecked(
+        &mut self,
+        device: usize,
+        size: u64,
+        requested: Requested,
+    ) -> CuResult<u64> {
         if self.used[device]
             .checked_add(size)
             .is_none_or(|u| u > self.capacity[device])
         {
             return Err(CuError::CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let offset = self.take_offsets(size)?;
-        let handle = self.next_handle;
-        self.next_handle += 1;
-        self.physicals.insert(
-            handle,
-            Physical {
-                device,
-                offset,
+        let physical = self.physical_ids[device];
+        let backing = if requested.handle_types & HANDLE_TYPE_POSIX_FD != 0 {
+            let trailer = Trailer {
+                physical: physical as u32,
                 size,
-                mappings: 0,
-                released: false,
-            },
-        );
+                requested,
+                ordinal: device as i32,
+            };
+            let name = format!("simgpu-shareable-dev{physical}");
+            Backing::Shareable(os::sealed_memfd(&name, size, &trailer.encode()).map_err(os_err)?)
+        } else {
+            Backing::Pool {
+                offset: self.take_offsets(size)?,
+            }
+        };
+        let handle = self.insert_physical(Physical {
+            device: Some(device),
+            charged: true,
+            backing,
+            size,
+            mappings: 0,
+            released: false,
+            requested,
+            ordinal: device as i32,
+        });
         self.used[device] += size;
         Ok(handle)
+    }
+
+    fn insert_physical(&mut self, physical: Physical) -> u64 {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.physicals.insert(handle, physical);
+        handle
+    }
+
+    /// `cuMemExportToShareableHandle` with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a new
+    /// descriptor (close-on-exec) of the allocation's memory file, each call its own, for
+    /// the caller to pass on and close. CUDA_ERROR_INVALID_VALUE for a handle that is not
+    /// live or was not created with that handle type requested.
+    pub fn export_fd(&self, handle: u64) -> CuResult<OwnedFd> {
+        match self.physicals.get(&handle) {
+            Some(Physical {
+                released: false,
+                backing: Backing::Shareable(file),
+                ..
+            }) => os::dup_raw(file.as_raw_fd()).map_err(os_err),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemImportFromShareableHandle` with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: a
+    /// new handle (each call its own, each to be released) to the memory `fd` refers to,
+    /// which another process (or this one) exported. The handle keeps its own descriptor:
+    /// the caller may close `fd` afterwards. The memory counts against the device of the
+    /// process that created it, not here. CUDA_ERROR_INVALID_VALUE, with the reason on
+    /// standard error, when `fd` is not an open descriptor of a simgpu shareable memory file.
+    pub fn import_fd(&mut self, fd: i32) -> CuResult<u64> {
+        let refuse = |why: String| {
+            say!(
+                "simgpu: cuMemImportFromShareableHandle: file descriptor {fd} {why}; \
+                 returning CUDA_ERROR_INVALID_VALUE"
+            );
+            CuError::CUDA_ERROR_INVALID_VALUE
+        };
+        let file = os::dup_raw(fd).map_err(|e| refuse(format!("cannot be used ({e})")))?;
+        let len = os::sealed_len(&file)
+            .map_err(|e| refuse(format!("cannot be examined ({e})")))?
+            .ok_or_else(|| {
+                refuse("is not a simgpu shareable memory file (not a sealed memory file)".into())
+            })?;
+        if len < TRAILER_BYTES + GRANULARITY {
+            return Err(refuse(format!(
+                "is not a simgpu shareable memory file (length {len} bytes, expected at \
+                 least {})",
+                TRAILER_BYTES + GRANULARITY
+            )));
+        }
+        let mut bytes = [0u8; Trailer::USED];
+        let got = os::read_at(&file, &mut bytes, len - TRAILER_BYTES)
+            .map_err(|e| refuse(format!("cannot be read ({e})")))?;
+        let trailer = Trailer::decode(&bytes[..got])
+            .map_err(|e| refuse(format!("is not a simgpu shareable memory file: {e}")))?;
+        if trailer.size.checked_add(TRAILER_BYTES) != Some(len)
+            || !trailer.size.is_multiple_of(GRANULARITY)
+        {
+            return Err(refuse(format!(
+                "is not a simgpu shareable memory file: its trailer gives size {} bytes, \
+                 expected the file's length {len} less {TRAILER_BYTES}, a multiple of {GRANULARITY}",
+                trailer.size
+            )));
+        }
+        let device = self
+            .physical_ids
+            .iter()
+            .position(|&p| p == trailer.physical as usize);
+        Ok(self.insert_physical(Physical {
+            device,
+            charged: false,
+            backing: Backing::Shareable(file),
+            size: trailer.size,
+            mappings: 0,
+            released: false,
+            requested: trailer.requested,
+            ordinal: device.map_or(trailer.ordinal, |d| d as i32),
+        }))
+    }
+
+    /// `cuMemGetAllocationPropertiesFromHandle` of a live handle (created or imported).
+    pub fn properties(&self, handle: u64) -> CuResult<Properties> {
+        match self.physicals.get(&handle) {
+            Some(p) if !p.released => Ok(Properties {
+                ordinal: p.ordinal,
+                requested: p.requested,
+                size: p.size,
+            }),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
     }
 
     fn take_offsets(&mut self, size: u64) -> CuResult<u64> {
@@ -291,7 +555,7 @@ impl Memory {
 
     fn give_offsets(&mut self, mut start: u64, mut len: u64) {
         if let Err(e) = os::punch_hole(&self.file, start, len) {
-            eprintln!("simgpu: could not give physical pages back: {e}");
+            say!("simgpu: could not give physical pages back: {e}");
         }
         if let Some((&prev, &plen)) = self.free_offsets.range(..start).next_back() {
             if prev + plen == start {
@@ -323,15 +587,23 @@ impl Memory {
 
     fn free_physical(&mut self, handle: u64) {
         if let Some(p) = self.physicals.remove(&handle) {
-            self.used[p.device] -= p.size;
-            self.give_offsets(p.offset, p.size);
+            if let (true, Some(device)) = (p.charged, p.device) {
+                self.used[device] -= p.size;
+            }
+            match p.backing {
+                Backing::Pool { offset } => self.give_offsets(offset, p.size),
+                // Closing this process's descriptor: the file (and its pages) goes with
+                // the last descriptor and mapping of any process.
+                Backing::Shareable(file) => drop(file),
+            }
         }
     }
 
-    /// The device of a live (not released) physical allocation.
+    /// The device of a live (not released) physical allocation; CUDA_ERROR_INVALID_DEVICE
+    /// for imported memory of a device this process does not see.
     pub fn physical_device(&self, handle: u64) -> CuResult<usize> {
         match self.physicals.get(&handle) {
-            Some(p) if !p.released => Ok(p.device),
+            Some(p) if !p.released => p.device.ok_or(CuError::CUDA_ERROR_INVALID_DEVICE),
             _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
         }
     }
@@ -377,7 +649,10 @@ impl Memory {
             Some(p) if !p.released && size <= p.size => p,
             _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
         };
-        let file_offset = physical.offset;
+        let (file, file_offset) = match &physical.backing {
+            Backing::Pool { offset } => (&self.file, *offset),
+            Backing::Shareable(file) => (file, 0),
+        };
         let base = self.reservation_of(addr, size)?;
         let reservation = &self.reservations[&base];
         let overlaps_before = reservation
@@ -395,7 +670,7 @@ impl Memory {
         }
         // SAFETY: the range lies inside a reservation this object owns and nothing is
         // mapped there, so no live reference points into it.
-        unsafe { os::map_file(addr, size, &self.file, file_offset) }.map_err(os_err)?;
+        unsafe { os::map_file(addr, size, file, file_offset) }.map_err(os_err)?;
         let reservation = self.reservations.get_mut(&base).expect("found above");
         reservation.mappings.insert(
             addr,
@@ -523,7 +798,7 @@ impl Memory {
     /// The device whose memory holds `addr`: the physical allocation mapped there.
     pub fn device_of(&self, addr: u64) -> Option<usize> {
         let (_, m) = self.mapping_at(addr)?;
-        self.physicals.get(&m.handle).map(|p| p.device)
+        self.physicals.get(&m.handle).and_then(|p| p.device)
     }
 
     /// Whether `who` may read (or, with `write`, write) `[addr, addr + len)`: mapped
@@ -559,7 +834,8 @@ impl Memory {
             let owner = self
                 .physicals
                 .get(&m.handle)
-                .map_or(usize::MAX, |p| p.device);
+                .and_then(|p| p.device)
+                .unwrap_or(usize::MAX);
             let allowed = match who {
                 Accessor::AnyDevice => m.access.iter().any(|&x| permits(x)),
                 Accessor::Device(d) if m.linear => {
@@ -593,7 +869,7 @@ impl Memory {
             return Err(CuError::CUDA_ERROR_INVALID_VALUE);
         }
         let size = round_up(size, LINEAR_GRANULARITY)?;
-        let handle = self.create_unchecked(device, size)?;
+        let handle = self.create_unchecked(device, size, Requested::default())?;
         let addr = match self.reserve_unchecked(size, GRANULARITY, 0) {
             Ok(addr) => addr,
             Err(e) => {
@@ -919,5 +1195,241 @@ mod tests {
         }
         assert_eq!(m.info(0).unwrap().0, 8 * G);
         assert_eq!(m.info(1).unwrap().0, 4 * G);
+    }
+
+    const POSIX_FD: Requested = Requested {
+        handle_types: HANDLE_TYPE_POSIX_FD,
+        alloc_flags: [0, 1, 0, 0, 0, 0, 0, 0],
+    };
+
+    /// Whether host code could read the byte at `addr`: `write(2)` of it into a pipe
+    /// fails with EFAULT where it is not readable (nothing faults in the test).
+    fn readable(addr: u64) -> bool {
+        let mut fds = [0; 2];
+        // SAFETY: a valid out-array of two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the kernel checks the source address itself and reports EFAULT.
+        let n = unsafe { libc::write(fds[1], addr as *const libc::c_void, 1) };
+        // SAFETY: our own descriptors, closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        n == 1
+    }
+
+    /// The (device, inode) of a descriptor.
+    fn identity(fd: &OwnedFd) -> (u64, u64) {
+        // SAFETY: a valid out-pointer; fstat only fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above, on an open descriptor.
+        assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+        (st.st_dev, st.st_ino)
+    }
+
+    /// Whether this process still holds the file `(dev, ino)`: a descriptor or a mapping.
+    fn still_held(file: (u64, u64)) -> bool {
+        let by_fd = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .any(|e| {
+                std::fs::metadata(e.path()).is_ok_and(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.dev(), m.ino()) == file
+                })
+            });
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let by_map = maps.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 5
+                && f[4] == file.1.to_string()
+                && f.get(5).is_some_and(|n| n.contains("simgpu-shareable"))
+        });
+        by_fd || by_map
+    }
+
+    #[test]
+    fn shareable_memory_is_seen_by_an_importer_at_another_address() {
+        // Two simulated processes' memories: the exporter sees physical devices 0 and 1, the
+        // importer physical device 1 alone (CUDA_VISIBLE_DEVICES=1).
+        let mut exporter = Memory::with_devices(&[8 * G, 8 * G]).unwrap();
+        let mut importer = Memory::with_physical_devices(&[8 * G], &[1]).unwrap();
+        let h = exporter.create_requested(1, 2 * G, POSIX_FD).unwrap();
+        assert_eq!(exporter.info(1).unwrap().0, 6 * G);
+        let a = exporter.reserve(2 * G, 0, 0).unwrap();
+        exporter.map(a, 2 * G, 0, h).unwrap();
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { exporter.set_access(a, 2 * G, &[(1, Access::ReadWrite)]) }.unwrap();
+        write(a + 10, b"from the exporter");
+
+        // Each export is a new descriptor of the same file.
+        let fd1 = exporter.export_fd(h).unwrap();
+        let fd2 = exporter.export_fd(h).unwrap();
+        assert_ne!(fd1.as_raw_fd(), fd2.as_raw_fd());
+        let file = identity(&fd1);
+        assert_eq!(identity(&fd2), file);
+        drop(fd2);
+
+        let hi = importer.import_fd(fd1.as_raw_fd()).unwrap();
+        // The importer's handle is its own; the descriptor can go.
+        drop(fd1);
+        // Not counted again in the importer.
+        assert_eq!(importer.info(0).unwrap().0, 8 * G);
+        assert_eq!(importer.physical_device(hi), Ok(0));
+        assert_eq!(
+            importer.properties(hi).unwrap(),
+            Properties {
+                ordinal: 0,
+                requested: POSIX_FD,
+                size: 2 * G
+            }
+        );
+        assert_eq!(
+            exporter.properties(h).unwrap(),
+            Properties {
+                ordinal: 1,
+                requested: POSIX_FD,
+                size: 2 * G
+            }
+        );
+        let b = importer.reserve(4 * G, 0, 0).unwrap();
+        // Mapped at another address, first without access.
+        importer.map(b + 2 * G, 2 * G, 0, hi).unwrap();
+        assert!(!readable(b + 2 * G));
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { importer.set_access(b + 2 * G, 2 * G, &[(0, Access::ReadWrite)]) }.unwrap();
+        assert_eq!(read(b + 2 * G + 10, 17), b"from the exporter");
+        write(b + 2 * G + 2 * G - 8, b"importer");
+        assert_eq!(read(a + 2 * G - 8, 8), b"importer");
+        // The trailer is not reachable through a mapping: the handle's size is the bytes.
+        assert_eq!(
+            importer.map(b, 4 * G, 0, hi),
+            Err(CuError::CUDA_ERROR_INVALID_VALUE)
+        );
+
+        // The exporter lets go first: the importer keeps the bytes; the exporter's device
+        // has its memory back.
+        exporter.release(h).unwrap();
+        // SAFETY: no references into the range.
+        unsafe { exporter.unmap(a, 2 * G) }.unwrap();
+        assert!(!readable(a + 10));
+        assert_eq!(exporter.info(1).unwrap().0, 8 * G);
+        assert_eq!(read(b + 2 * G + 10, 17), b"from the exporter");
+        assert!(still_held(file));
+        // Then the importer: released while mapped, freed at the unmap, and gone.
+        importer.release(hi).unwrap();
+        assert_eq!(
+            importer.export_fd(hi).map(drop),
+            Err(CuError::CUDA_ERROR_INVALID_VALUE)
+        );
+        // SAFETY: no references into the range.
+        unsafe { importer.unmap(b + 2 * G, 2 * G) }.unwrap();
+        assert!(!readable(b + 2 * G + 10));
+        assert!(
+            !still_held(file),
+            "the memory file outlived every handle and mapping"
+        );
+        exporter.free_reservation(a, 2 * G).unwrap();
+        importer.free_reservation(b, 4 * G).unwrap();
+    }
+
+    #[test]
+    fn imported_memory_of_a_device_not_seen_keeps_the_creators_ordinal() {
+        let mut exporter = Memory::with_physical_devices(&[4 * G], &[0]).unwrap();
+        let mut importer = Memory::with_physical_devices(&[4 * G], &[1]).unwrap();
+        let h = exporter.create_requested(0, 2 * G, POSIX_FD).unwrap();
+        let fd = exporter.export_fd(h).unwrap();
+        let hi = importer.import_fd(fd.as_raw_fd()).unwrap();
+        // A second import is a second handle.
+        let hj = importer.import_fd(fd.as_raw_fd()).unwrap();
+        assert_ne!(hi, hj);
+        assert_eq!(
+            importer.physical_device(hi),
+            Err(CuError::CUDA_ERROR_INVALID_DEVICE)
+        );
+        assert_eq!(importer.properties(hi).unwrap().ordinal, 0);
+        // Device 0 of the importer (physical 1) is granted access and reads it.
+        let b = importer.reserve(2 * G, 0, 0).unwrap();
+        importer.map(b, 2 * G, 0, hi).unwrap();
+        // SAFETY: fresh mapping, unreferenced.
+        unsafe { importer.set_access(b, 2 * G, &[(0, Access::Read)]) }.unwrap();
+        importer
+            .check_access(b, 64, false, Accessor::Device(0))
+            .unwrap();
+        assert_eq!(importer.device_of(b), None);
+        assert_eq!(importer.info(0).unwrap().0, 4 * G);
+        // SAFETY: no references into the range.
+        unsafe { importer.unmap(b, 2 * G) }.unwrap();
+        importer.release(hi).unwrap();
+        importer.release(hj).unwrap();
+        exporter.release(h).unwrap();
+        importer.free_reservation(b, 2 * G).unwrap();
+    }
+
+    #[test]
+    fn export_and_import_refuse_what_the_driver_refuses() {
+        const INVAL: CuError = CuError::CUDA_ERROR_INVALID_VALUE;
+        let mut m = Memory::new(8 * G).unwrap();
+        // Not created with the file-descriptor handle type: not exportable, and the
+        // common memory file is not shared.
+        let plain = m.create(0, 2 * G).unwrap();
+        assert_eq!(m.export_fd(plain).map(drop), Err(INVAL));
+        assert_eq!(m.export_fd(999).map(drop), Err(INVAL));
+        assert_eq!(m.properties(plain).unwrap().requested, Requested::default());
+        let h = m.create_requested(0, 2 * G, POSIX_FD).unwrap();
+        assert_eq!(m.info(0).unwrap().0, 4 * G);
+        // Not a descriptor; a memory file that is not sealed; one with another magic.
+        assert_eq!(m.import_fd(-1), Err(INVAL));
+        assert_eq!(m.import_fd(1 << 20), Err(INVAL));
+        let unsealed = os::memfd("not-simgpu", 2 * G + TRAILER_BYTES).unwrap();
+        assert_eq!(m.import_fd(unsealed.as_raw_fd()), Err(INVAL));
+        let mut wrong = Trailer {
+            physical: 0,
+            size: 2 * G,
+            requested: POSIX_FD,
+            ordinal: 0,
+        }
+        .encode();
+        wrong[0] = b'X';
+        let other = os::sealed_memfd("not-simgpu", 2 * G, &wrong).unwrap();
+        assert_eq!(m.import_fd(other.as_raw_fd()), Err(INVAL));
+        // A trailer whose size disagrees with the file's length.
+        let lying = Trailer {
+            physical: 0,
+            size: 4 * G,
+            requested: POSIX_FD,
+            ordinal: 0,
+        };
+        let liar = os::sealed_memfd("not-simgpu", 2 * G, &lying.encode()).unwrap();
+        assert_eq!(m.import_fd(liar.as_raw_fd()), Err(INVAL));
+        // Released: nothing to export.
+        m.release(h).unwrap();
+        m.release(plain).unwrap();
+        assert_eq!(m.export_fd(h).map(drop), Err(INVAL));
+        assert_eq!(m.properties(h), Err(INVAL));
+        assert_eq!(m.info(0).unwrap().0, 8 * G);
+    }
+
+    #[test]
+    fn trailer_round_trips_and_names_what_is_wrong() {
+        let t = Trailer {
+            physical: 3,
+            size: 6 * G,
+            requested: POSIX_FD,
+            ordinal: -1,
+        };
+        let page = t.encode();
+        assert_eq!(page.len() as u64, TRAILER_BYTES);
+        assert_eq!(&page[..8], b"SIMGPUFD");
+        assert_eq!(Trailer::decode(&page), Ok(t));
+        let mut v2 = page.clone();
+        v2[8] = 2;
+        assert_eq!(
+            Trailer::decode(&v2),
+            Err("version is 2, expected 1".to_owned())
+        );
+        assert!(Trailer::decode(&page[..10])
+            .unwrap_err()
+            .contains("expected at least 40"));
     }
 }

@@ -144,6 +144,102 @@ pub fn memfd(name: &str, size: u64) -> io::Result<OwnedFd> {
     Ok(file)
 }
 
+/// Creates a sealed anonymous shared memory file of `size` bytes followed by `trailer`
+/// (written at offset `size`): its length can never change afterwards (`F_SEAL_SHRINK`,
+/// `F_SEAL_GROW`, `F_SEAL_SEAL`), so a mapping of it never faults for want of pages, in
+/// this process or in one it is passed to.
+pub fn sealed_memfd(name: &str, size: u64, trailer: &[u8]) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `cname` is a valid C string for the duration of the call.
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let total = size
+        .checked_add(trailer.len() as u64)
+        .ok_or(io::ErrorKind::InvalidInput)?;
+    // SAFETY: plain system call on a descriptor we own.
+    check(unsafe { libc::ftruncate(file.as_raw_fd(), total as libc::off_t) })?;
+    let mut done = 0;
+    while done < trailer.len() {
+        // SAFETY: the source is `trailer[done..]`, valid for that many bytes.
+        let n = unsafe {
+            libc::pwrite(
+                file.as_raw_fd(),
+                trailer[done..].as_ptr().cast(),
+                trailer.len() - done,
+                (size + done as u64) as libc::off_t,
+            )
+        };
+        if n <= 0 {
+            return Err(io::Error::last_os_error());
+        }
+        done += n as usize;
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: plain system call on a descriptor we own.
+    check(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+    Ok(file)
+}
+
+/// A new descriptor (close-on-exec) for the open file `fd` refers to: `EBADF` when `fd` is
+/// not an open descriptor of this process.
+pub fn dup_raw(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads the descriptor table; a descriptor that is not
+    // open fails with EBADF and nothing is created.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// What [`sealed_memfd`] made, as seen through any descriptor of it: its length, and
+/// whether its length is sealed (`F_SEAL_SHRINK` and `F_SEAL_GROW`). `None` for a file
+/// that is not a regular file or carries no seals (not a memory file).
+pub fn sealed_len(file: &OwnedFd) -> io::Result<Option<u64>> {
+    // SAFETY: `st` is a valid out-pointer; fstat only fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on a descriptor we own.
+    check(unsafe { libc::fstat(file.as_raw_fd(), &mut st) })?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(None);
+    }
+    // SAFETY: plain system call on a descriptor we own.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals < 0 || seals & needed != needed {
+        return Ok(None);
+    }
+    Ok(Some(st.st_size as u64))
+}
+
+/// Reads `buf.len()` bytes of `file` at `offset`; fewer when the file ends first.
+pub fn read_at(file: &OwnedFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the destination is `buf[done..]`, valid for that many bytes.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n < 0 => return Err(io::Error::last_os_error()),
+            n => done += n as usize,
+        }
+    }
+    Ok(done)
+}
+
 /// Gives the pages of `[offset, offset + len)` of `file` back (they read as zero after).
 pub fn punch_hole(file: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain system call on a descriptor we own; it changes file contents only.

@@ -416,6 +416,11 @@ fn driver_symbol(name: &str) -> Option<usize> {
         "cuMemAddressReserve" => d::cuMemAddressReserve as *const () as usize,
         "cuMemAddressFree" => d::cuMemAddressFree as *const () as usize,
         "cuMemGetAllocationGranularity" => d::cuMemGetAllocationGranularity as *const () as usize,
+        "cuMemExportToShareableHandle" => d::cuMemExportToShareableHandle as *const () as usize,
+        "cuMemImportFromShareableHandle" => d::cuMemImportFromShareableHandle as *const () as usize,
+        "cuMemGetAllocationPropertiesFromHandle" => {
+            d::cuMemGetAllocationPropertiesFromHandle as *const () as usize
+        }
         "cuMemGetInfo" => d::cuMemGetInfo_v2 as *const () as usize,
         "cuDeviceTotalMem" => d::cuDeviceTotalMem_v2 as *const () as usize,
         "cuMemAlloc" => d::cuMemAlloc_v2 as *const () as usize,
@@ -679,7 +684,7 @@ pub(crate) unsafe fn launch(
     }
     let ordinal = device.ordinal();
     let Some(kernel) = kernels::find(&function.name) else {
-        eprintln!(
+        say!(
             "simgpu: cannot launch kernel {}: simgpu has no host implementation of it \
              (known kernels are listed in simgpu's kernels module); the launch fails with \
              cudaErrorInvalidDeviceFunction",
@@ -706,7 +711,7 @@ pub(crate) unsafe fn launch(
             // SAFETY: the memory was checked; unmapping waits for the stream first.
             Ok(()) => unsafe { work.run() },
             Err(fault) => {
-                eprintln!("simgpu: {fault}");
+                say!("simgpu: {fault}");
                 runtime::set_sticky_on(ordinal, fault.error);
             }
         }
@@ -975,7 +980,7 @@ pub extern "C" fn cudaFreeAsync(ptr: *mut c_void, stream: Handle) -> cudaError_t
         let task: Task = Box::new(move || {
             // SAFETY: earlier work on this stream is done; the program gave the memory up.
             if let Err(e) = unsafe { device.memory().free(addr) } {
-                eprintln!("simgpu: cudaFreeAsync({addr:#x}): not an allocation ({e})");
+                say!("simgpu: cudaFreeAsync({addr:#x}): not an allocation ({e})");
             }
         });
         device.streams.enqueue(stream, task)?;

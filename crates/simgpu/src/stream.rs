@@ -85,7 +85,7 @@ impl Stream {
                         ticket.wait();
                     }
                     if catch_unwind(AssertUnwindSafe(job.task)).is_err() {
-                        eprintln!("simgpu: a stream task panicked");
+                        say!("simgpu: a stream task panicked");
                     }
                     lock(&worker.progress).completed = job.seq;
                     worker.done.notify_all();
@@ -119,7 +119,7 @@ impl Stream {
             p.enqueued
         };
         if sender.send(Job { seq, after, task }).is_err() {
-            eprintln!("simgpu: stream worker is gone");
+            say!("simgpu: stream worker is gone");
         }
         Ticket {
             shared: self.shared.clone(),

@@ -79,9 +79,7 @@ pub fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
         Ok(v) => v,
         Err(_) => {
             if !PANICKED.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "simgpu: internal panic in a runtime call (reported as cudaErrorUnknown)"
-                );
+                say!("simgpu: internal panic in a runtime call (reported as cudaErrorUnknown)");
             }
             on_panic
         }
