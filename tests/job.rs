@@ -54,6 +54,13 @@ struct TwoRanks {
 
 impl TwoRanks {
     fn start(exe: &Path) -> TwoRanks {
+        let e = format!("'{}'", exe.display());
+        TwoRanks::start_with([e.clone(), e], "ckpt_target:")
+    }
+
+    /// Two ranks: `commands[r]` (shell words; `{w}` names the work folder) with
+    /// CUDA_VISIBLE_DEVICES=r; started once both outputs have a line beginning `ready`.
+    fn start_with(commands: [String; 2], ready: &str) -> TwoRanks {
         let run_dir = tempfile::Builder::new()
             .prefix("cj")
             .tempdir_in("/tmp")
@@ -66,11 +73,12 @@ impl TwoRanks {
             assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
         }
         let sim = simgpu();
+        let w = work.path().display().to_string();
         let script = format!(
-            "CUDA_VISIBLE_DEVICES=0 '{exe}' <'{w}/in0' >'{w}/out0' 2>'{w}/err0' & \
-             CUDA_VISIBLE_DEVICES=1 '{exe}' <'{w}/in1' >'{w}/out1' 2>'{w}/err1' & wait",
-            exe = exe.display(),
-            w = work.path().display()
+            "CUDA_VISIBLE_DEVICES=0 {c0} <'{w}/in0' >'{w}/out0' 2>'{w}/err0' & \
+             CUDA_VISIBLE_DEVICES=1 {c1} <'{w}/in1' >'{w}/out1' 2>'{w}/err1' & wait",
+            c0 = commands[0].replace("{w}", &w),
+            c1 = commands[1].replace("{w}", &w),
         );
         let mut cmd = Command::new(cudaw());
         cmd.arg("run")
@@ -120,10 +128,18 @@ impl TwoRanks {
         // Each rank prints its first line once its memory is allocated (a bounded wait for
         // an event, not a timing assumption).
         ranks.wait_for(
-            |out| out.starts_with("ckpt_target:"),
+            |out| out.lines().any(|l| l.starts_with(ready)),
             "the ranks' first line",
         );
         ranks
+    }
+
+    /// Sends `line` to both ranks.
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        for f in &mut self.inputs {
+            writeln!(f, "{line}").expect("writing a rank's input");
+        }
     }
 
     fn wait_for(&self, done: impl Fn(&str) -> bool, what: &str) {
@@ -462,4 +478,97 @@ fn a_rank_that_does_not_answer_fails_the_job_pause_and_the_others_run_on() {
     let want = expected("ckpt_target");
     assert_eq!(out0, want);
     assert_eq!(out1, want);
+}
+
+/// The memory two ranks share (ipc_pair: each exports a cuMem buffer through a POSIX
+/// descriptor, the other imports it, as NCCL's P2P transport does), evicted with the job by
+/// `pause --job --shared` and brought back at the same addresses by `resume --job`.
+#[test]
+fn a_job_pause_with_shared_evicts_the_memory_the_ranks_share() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = cudaw_tests::compile(
+        &nvcc,
+        "ipc_pair",
+        &cudaw_tests::workspace().join("tests/cuda/ipc/ipc_pair.cu"),
+    );
+    let cmd = |r: usize| format!("'{}' {r} '{{w}}/pair.sock'", exe.display());
+    let mut job = TwoRanks::start_with([cmd(0), cmd(1)], "ready rank=");
+    let pid = job.pid();
+    let ran = |job: &TwoRanks, n: u32| {
+        job.wait_for(
+            |out| out.lines().any(|l| l == format!("ran {n}")),
+            &format!("ran {n}"),
+        )
+    };
+    job.send("run 5");
+    ran(&job, 5);
+    let resident = |job: &TwoRanks| -> Vec<u64> {
+        let v = ok_json(
+            &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
+            "status",
+        );
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m["devices"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d["resident"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .collect()
+    };
+    assert!(
+        resident(&job).iter().all(|&r| r > 0),
+        "{:?}",
+        resident(&job)
+    );
+
+    for round in 0..2u32 {
+        let p = ok_json(
+            &job.ckpt(&["pause", &pid, "--job", "--shared", "--json"]),
+            "pause --job --shared",
+        );
+        assert_eq!(p["shared"]["exports"], 2, "round {round}: {p}");
+        assert_eq!(p["shared"]["imports"], 2, "round {round}: {p}");
+        assert_eq!(p["shared"]["unpaired"], 0, "round {round}: {p}");
+        // Nothing of the shared buffers stays on a device.
+        assert_eq!(resident(&job), [0, 0], "round {round}");
+        // One rank alone cannot come back: its import needs the other's export.
+        let rank0 = p["members"][0]["pid"].as_u64().unwrap().to_string();
+        let lone = job.ckpt(&["resume", &rank0, "--json"]);
+        assert_eq!(lone.status.code(), Some(1), "{lone:?}");
+        assert!(
+            String::from_utf8_lossy(&lone.stdout).contains("resume the whole job"),
+            "{lone:?}"
+        );
+        ok_json(
+            &job.ckpt(&["resume", &pid, "--job", "--json"]),
+            "resume --job",
+        );
+        assert_eq!(job.states(), ["running", "running"]);
+        job.send("run 5");
+        ran(&job, 10 + 5 * round);
+    }
+    job.send("digest");
+    job.wait_for(
+        |out| out.lines().any(|l| l.starts_with("digest ")),
+        "the digests",
+    );
+    for r in 0..2 {
+        let out = job.output(r);
+        let line = out.lines().find(|l| l.starts_with("digest ")).unwrap();
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(field("got="), field("expected="), "rank {r}: {line}");
+    }
+    job.send("end");
+    job.finish();
 }
