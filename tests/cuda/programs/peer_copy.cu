@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&b0, bytes));
   fill<<<blocks, 256>>>(a0, n, 1000);
   CHECK_LAUNCH();
+  // Device 1's kernel below reads a0: nothing orders it after device 0's stream.
+  CHECK(cudaDeviceSynchronize());
   CHECK(cudaSetDevice(d1));
   CHECK(cudaMalloc(&a1, bytes));
   fill<<<blocks, 256>>>(a1, n, 7);
