@@ -75,6 +75,27 @@
 //! launches of one collective), a `release` to every process, a short wait, and another
 //! try. A hold that no pause, release or resume follows ends by itself at its lease.
 //!
+//! # Jobs: shared memory
+//!
+//! Memory one process exports (`cuMemExportToShareableHandle` to a POSIX descriptor) and
+//! another imports — NCCL's buffers between the ranks of a node — stays on the device in a
+//! plain pause. `cudaw-ckpt pause --job --shared` evicts it too, once every process is
+//! held: `shares` to each (its exports' descriptor numbers), `pair` to each with every
+//! process's exports (each importer finds its exporter with `kcmp`), `mark` to each (the
+//! exports every descriptor of which an import of the job matched, and the paired imports),
+//! then the pauses. `resume --job` first sends `shares` (the imports not back, and their
+//! exports), `reexport` to each exporter (its reply carries new descriptors, `SCM_RIGHTS`),
+//! and `reimport` to each importer with them; then the resumes. A `resume` of a process
+//! whose imports are not back is refused.
+//!
+//! | request | reply on success |
+//! | --- | --- |
+//! | `{"cmd":"shares"}` | `"shares"`: [`Shares`] (`exports`, `awaiting`) |
+//! | `{"cmd":"pair","exports":[{"pid","handle","fd"}]}` | `"paired"`: [`Paired`] (`imports`, `matched`, `unpaired`) |
+//! | `{"cmd":"mark","exports":[H],"imports":true}` | `"marked"`: [`Marked`] |
+//! | `{"cmd":"reexport","handles":[H]}` | `"reexported"`: [`Reexported`], one descriptor per handle with the reply |
+//! | `{"cmd":"reimport","handles":[H]}` + one descriptor per handle | `"reimported"`: [`Reimported`] |
+//!
 //! # Progress lines
 //!
 //! When a `pause`, `resume`, `dump` or `restore` request says `"progress":true`, the server
