@@ -17,7 +17,7 @@ pub const MAX_FDS: usize = 4096;
 /// The most descriptors one message carries (the kernel's `SCM_MAX_FD` is 253).
 const PER_MESSAGE: usize = 250;
 
-/// Sends `line` on `stream` with `fds` attached (up to [`PER_MESSAGE`] to each of its first
+/// Sends `line` on `stream` with `fds` attached (up to 250 to each of its first
 /// bytes, in order), then the rest of the line.
 pub fn send_line_with_fds(
     mut stream: &UnixStream,
