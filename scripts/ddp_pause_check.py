@@ -184,7 +184,7 @@ def check(args):
             failures.append(f"the job ended before event {i} ({what})")
             break
         if what == "pause":
-            rc, p = job.job("pause")
+            rc, p = job.job("pause", *(["--shared"] if args.shared else []))
             if rc != 0:
                 failures.append(f"pause {i}: {p.get('error', p)}")
                 break
@@ -198,8 +198,13 @@ def check(args):
                 held = int(args.hold_gib * 1024)
                 freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
                 verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
-                verdict(None, "ddp: paused job's GPU memory (contexts + NCCL's exported buffers)",
+                what = "contexts alone (--shared)" if args.shared else "contexts + NCCL's exported buffers"
+                verdict(None, f"ddp: paused job's GPU memory ({what})",
                         ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during)))
+                if p.get("shared"):
+                    verdict(None, "ddp: shared memory evicted with the job",
+                            f"{p['shared']['exports']} exports, {p['shared']['imports']} imports, "
+                            f"{p['shared']['unpaired']} unpaired")
                 need = max(b[1] for b in before) + 1024
                 a = subprocess.run([sys.executable, "-c", ALLOC, str(need << 20)], capture_output=True,
                                    text=True, timeout=120, env=dict(os.environ, **MULTICAST_OFF))
@@ -270,7 +275,7 @@ def bench(args):
                 time.sleep(0.5)
         rows = []
         for _ in range(args.reps):
-            rc, p = job.job("pause")
+            rc, p = job.job("pause", *(["--shared"] if args.shared else []))
             if rc != 0:
                 verdict(False, f"job pause {args.gpus}x{gib:g} GiB", p.get("error", str(p))[:200])
                 break
@@ -313,6 +318,8 @@ def main():
     ap.add_argument("--bench", help="GiB per rank, comma-separated: time job pauses instead")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--arena", action="store_true", help="--bench: the job runs with CUDAW_HOST_ARENA=pinned")
+    ap.add_argument("--shared", action="store_true",
+                    help="pause with --shared: also evict the memory the ranks share (NCCL's buffers)")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
