@@ -545,6 +545,22 @@ fn a_job_pause_with_shared_evicts_the_memory_the_ranks_share() {
             String::from_utf8_lossy(&lone.stdout).contains("resume the whole job"),
             "{lone:?}"
         );
+        if round == 0 {
+            // A job image cannot hold the evicted shared memory: refused, the job paused.
+            let dir = job.work.path().join("img");
+            let d = job.ckpt(&["dump", &pid, "--job", "-o", dir.to_str().unwrap(), "--json"]);
+            assert_eq!(d.status.code(), Some(1), "{d:?}");
+            let v: serde_json::Value = serde_json::from_slice(&d.stdout).unwrap();
+            assert_eq!(v["kind"], "unsupported", "{v}");
+            assert!(
+                v["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("resume the job first"),
+                "{v}"
+            );
+            assert_eq!(job.states(), ["paused", "paused"]);
+        }
         ok_json(
             &job.ckpt(&["resume", &pid, "--job", "--json"]),
             "resume --job",

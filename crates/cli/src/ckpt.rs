@@ -464,7 +464,10 @@ fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
     } else {
         String::new()
     };
-    if let Some(s) = &p.shared {
+    if let Some(e) = p.shared.as_ref().and_then(|s| s.error.as_ref()) {
+        eprintln!("cudaw-ckpt: warning: --shared: {e}");
+    }
+    if let Some(s) = p.shared.as_ref().filter(|s| s.error.is_none()) {
         let outside = if s.unpaired > 0 {
             format!(
                 "; {} imports of memory from outside the job left on the device",
@@ -628,6 +631,7 @@ fn with_bars_and_file(
             | Request::Shares {}
             | Request::Pair { .. }
             | Request::Mark { .. }
+            | Request::EvictShared { .. }
             | Request::Reexport { .. }
             | Request::Reimport { .. }
             | Request::Stats { .. }

@@ -220,6 +220,9 @@ pub struct SharedEvicted {
     pub imports: u64,
     /// Imports whose export is not in the job (left on the device).
     pub unpaired: u64,
+    /// Why the shared memory stayed on the device, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One member's pause or resume.
@@ -262,26 +265,6 @@ pub fn pause(job: &Job, timeout: Option<Duration>, shared: bool) -> Result<JobPa
         std::thread::sleep(Duration::from_millis(jitter.min(400)));
         window = (window * 2).min(Duration::from_secs(2));
     }
-    let shared = if shared {
-        match mark_shared(job) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                release_all(job);
-                let _ = each(&job.members, |p| {
-                    request(
-                        p,
-                        &Request::Mark {
-                            exports: Vec::new(),
-                            imports: false,
-                        },
-                    )
-                });
-                return Err(e);
-            }
-        }
-    } else {
-        None
-    };
     let results = each(&job.members, |p| {
         let r = request(p, &Request::PAUSE)?;
         r.pause
@@ -307,6 +290,7 @@ pub fn pause(job: &Job, timeout: Option<Duration>, shared: bool) -> Result<JobPa
         .into_iter()
         .filter_map(|(pid, r)| r.ok().map(|moved| MemberMoved { pid, moved }))
         .collect();
+    let shared = shared.then(|| evict_shared(job));
     Ok(JobPaused {
         root: job.root,
         allocations: members.iter().map(|m| m.moved.allocations).sum(),
@@ -318,16 +302,34 @@ pub fn pause(job: &Job, timeout: Option<Duration>, shared: bool) -> Result<JobPa
     })
 }
 
-/// With every member held: pairs every import with its export (`shares`, then `pair`), and
-/// marks for the pause the exports whose every kept descriptor an import of the job matched,
-/// and the paired imports.
-fn mark_shared(job: &Job) -> Result<SharedEvicted> {
+/// With every member paused: pairs every import with its export (`shares`, then `pair`),
+/// marks the exports every kept descriptor of which an import of the job matched and the
+/// imports of those, then evicts every member's marked imports, then their exports. A
+/// failure brings back what was evicted (the job stays paused, its shared memory on the
+/// device) and is said in the summary.
+fn evict_shared(job: &Job) -> SharedEvicted {
+    let mut summary = SharedEvicted::default();
+    if let Err(e) = try_evict_shared(job, &mut summary) {
+        let back = match bring_back_shared(job) {
+            Ok(_) => "what was evicted of it is back".to_owned(),
+            Err(b) => format!("bringing back what was evicted failed too: {b:#}"),
+        };
+        summary.error = Some(format!(
+            "{e:#}; the shared memory stays on the device ({back}); the job is paused"
+        ));
+        summary.exports = 0;
+        summary.imports = 0;
+    }
+    summary
+}
+
+fn try_evict_shared(job: &Job, summary: &mut SharedEvicted) -> Result<()> {
     let shares = each(&job.members, |p| {
         let r = request(p, &Request::Shares {})?;
         r.shares
             .ok_or_else(|| fail(Kind::Connection, "the reply carries no shares"))
     });
-    if let Some(e) = first_failure(&shares, "every process was released and runs on") {
+    if let Some(e) = first_failure(&shares, "") {
         return Err(e);
     }
     let mut all: Vec<PeerExport> = Vec::new();
@@ -349,13 +351,15 @@ fn mark_shared(job: &Job) -> Result<SharedEvicted> {
         r.paired
             .ok_or_else(|| fail(Kind::Connection, "the reply carries no pairing"))
     });
-    if let Some(e) = first_failure(&paired, "every process was released and runs on") {
+    if let Some(e) = first_failure(&paired, "") {
         return Err(e);
     }
     let mut matched = std::collections::BTreeSet::new();
-    let mut summary = SharedEvicted::default();
-    for (_, p) in &paired {
+    for (pid, p) in &paired {
         if let Ok(p) = p {
+            if let Some(e) = &p.error {
+                return Err(fail(Kind::Failed, format!("process {pid}: {e}")));
+            }
             matched.extend(p.matched.iter().copied());
             summary.unpaired += p.unpaired;
         }
@@ -375,26 +379,43 @@ fn mark_shared(job: &Job) -> Result<SharedEvicted> {
             .filter(|((pid, _), ok)| *pid == p && **ok)
             .map(|((_, h), _)| *h)
             .collect();
-        let r = request(
-            p,
-            &Request::Mark {
-                exports,
-                imports: true,
-            },
-        )?;
+        // The imports of the exports that go (the others stay mapped, as their exports).
+        let imports: Vec<u64> = paired
+            .iter()
+            .find(|(q, _)| *q == p)
+            .and_then(|(_, r)| r.as_ref().ok())
+            .map(|r| {
+                r.imports
+                    .iter()
+                    .filter(|i| by_export.get(&(i.pid, i.export)) == Some(&true))
+                    .map(|i| i.handle)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let r = request(p, &Request::Mark { exports, imports })?;
         r.marked
             .ok_or_else(|| fail(Kind::Connection, "the reply carries no marks"))
     });
-    if let Some(e) = first_failure(&marks, "every process was released and runs on") {
+    if let Some(e) = first_failure(&marks, "") {
         return Err(e);
     }
-    for (_, m) in marks {
-        if let Ok(m) = m {
+    // Every import first, then every export: no import ever maps memory its exporter
+    // has replaced.
+    for imports in [true, false] {
+        let evicted = each(&job.members, |p| {
+            let r = request(p, &Request::EvictShared { imports })?;
+            r.evicted_shared
+                .ok_or_else(|| fail(Kind::Connection, "the reply carries no eviction"))
+        });
+        if let Some(e) = first_failure(&evicted, "") {
+            return Err(e);
+        }
+        for m in evicted.into_iter().filter_map(|(_, r)| r.ok()) {
             summary.exports += m.exports;
             summary.imports += m.imports;
         }
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// Before a job's resume: every import evicted with the job comes back from its exporter's

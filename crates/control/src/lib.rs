@@ -81,9 +81,11 @@
 //! another imports — NCCL's buffers between the ranks of a node — stays on the device in a
 //! plain pause. `cudaw-ckpt pause --job --shared` evicts it too, once every process is
 //! held: `shares` to each (its exports' descriptor numbers), `pair` to each with every
-//! process's exports (each importer finds its exporter with `kcmp`), `mark` to each (the
-//! exports every descriptor of which an import of the job matched, and the paired imports),
-//! then the pauses. `resume --job` first sends `shares` (the imports not back, and their
+//! process's exports (each importer finds its exporter with `kcmp`), all once every
+//! process is paused; then `mark` to each (the exports every descriptor of which an import
+//! of the job matched, and the imports of those), `evict_shared` with `imports` to each,
+//! then `evict_shared` to each (the exports). A failure part-way brings back what was
+//! evicted, as a resume does, and the job stays paused without it. `resume --job` first sends `shares` (the imports not back, and their
 //! exports), `reexport` to each exporter (its reply carries new descriptors, `SCM_RIGHTS`),
 //! and `reimport` to each importer with them; then the resumes. A `resume` of a process
 //! whose imports are not back is refused.
@@ -92,7 +94,8 @@
 //! | --- | --- |
 //! | `{"cmd":"shares"}` | `"shares"`: [`Shares`] (`exports`, `awaiting`) |
 //! | `{"cmd":"pair","exports":[{"pid","handle","fd"}]}` | `"paired"`: [`Paired`] (`imports`, `matched`, `unpaired`) |
-//! | `{"cmd":"mark","exports":[H],"imports":true}` | `"marked"`: [`Marked`] |
+//! | `{"cmd":"mark","exports":[H],"imports":[H]}` | `"marked"`: [`Marked`] |
+//! | `{"cmd":"evict_shared","imports":true}` | `"evicted_shared"`: [`Marked`] (what was evicted) |
 //! | `{"cmd":"reexport","handles":[H]}` | `"reexported"`: [`Reexported`], one descriptor per handle with the reply |
 //! | `{"cmd":"reimport","handles":[H]}` + one descriptor per handle | `"reimported"`: [`Reimported`] |
 //!
@@ -205,14 +208,23 @@ pub enum Request {
         /// Every export of the job: process, handle, descriptor number there.
         exports: Vec<PeerExport>,
     },
-    /// What the next pause evicts of the shared memory: these exports (each paired with
-    /// an import of the job) and, with `imports`, every paired import. Cleared by that
-    /// pause, whatever its outcome.
+    /// While paused: what `evict_shared` evicts of the shared memory, these exports (each
+    /// paired with an import of the job) and these imports (each of a marked export).
+    /// Replaces earlier marks; cleared by `evict_shared` with `exports`, and by a pause or
+    /// resume.
     Mark {
         /// Export handles of this process.
         #[serde(default)]
         exports: Vec<u64>,
-        /// Every paired import too.
+        /// Import handles of this process.
+        #[serde(default)]
+        imports: Vec<u64>,
+    },
+    /// While paused: evict the marked imports (`imports`), or the marked exports. A job
+    /// evicts every process's imports first, then the exports: no import then maps memory
+    /// its exporter has replaced.
+    EvictShared {
+        /// The imports (else the exports).
         #[serde(default, skip_serializing_if = "is_false")]
         imports: bool,
     },
@@ -348,6 +360,7 @@ impl Request {
             Request::Shares {} => "shares",
             Request::Pair { .. } => "pair",
             Request::Mark { .. } => "mark",
+            Request::EvictShared { .. } => "evict_shared",
             Request::Reexport { .. } => "reexport",
             Request::Reimport { .. } => "reimport",
             Request::Dump { .. } => "dump",
@@ -381,6 +394,7 @@ impl Request {
             | Request::Shares {}
             | Request::Pair { .. }
             | Request::Mark { .. }
+            | Request::EvictShared { .. }
             | Request::Reexport { .. }
             | Request::Reimport { .. }
             | Request::Stats { .. }
@@ -600,6 +614,9 @@ pub struct Reply {
     /// A mark request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub marked: Option<Marked>,
+    /// An evict_shared request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted_shared: Option<Marked>,
     /// A reexport's result (the descriptors come with the reply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reexported: Option<Reexported>,
@@ -686,6 +703,10 @@ pub struct Paired {
     pub matched: Vec<(u32, i32)>,
     /// Imports whose export is not in the job (they stay on the device).
     pub unpaired: u64,
+    /// Why descriptors could not be compared (`kcmp` refused: a seccomp profile, a kernel
+    /// without it), when so: nothing was paired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What a `mark` set.

@@ -544,6 +544,15 @@ pub(crate) fn dump(
     let started = Instant::now();
     // Before touching the process: the image can hold its memory, and the file can be
     // created.
+    let shared_out = handles::shared::evicted();
+    if shared_out > 0 {
+        return Err(Failure::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{shared_out} driver-level handles this process shares with the job's others are evicted (a job pause with --shared): resume the job first (`cudaw-ckpt resume --job`), then dump it; no image was written"
+            ),
+        ));
+    }
     if let Some((n, bytes, first)) = handles::unevictable(keep_shared) {
         let job = if first.contains("shareable handle") {
             " (memory shared with another process, such as NCCL's buffers between the ranks of a job: dump the whole job with `cudaw-ckpt dump --job`, which leaves them on the device while every rank is paused)"

@@ -120,7 +120,7 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
             lifecycle::register_exit_handler();
             let m = evict::pause(report);
             // What a job marked of its shared memory was for this pause alone.
-            let _ = handles::shared::mark(&[], false);
+            handles::shared::clear_marks();
             let m = m?;
             host().trace_pause(false, t0, m.allocations, m.bytes);
             ctl.paused = true;
@@ -128,6 +128,7 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
         }
         Request::Resume => {
             let t0 = host().trace_now();
+            handles::shared::clear_marks();
             let m = match evict::resume(ctl, report) {
                 Ok(m) => m,
                 Err(e) if driver_shut_down() => {
@@ -228,7 +229,9 @@ pub(crate) fn expire_hold() {
 
 /// The requests about memory shared with the job's other processes (the protocol's "Jobs:
 /// shared memory"), which carry descriptors in or out: their reply and descriptors, or the
-/// request back when it is another. On the control thread, as every request.
+/// request back when it is another (before any lock: `status` is answered beside a long
+/// request). On the control thread, as every queued request.
+#[allow(clippy::result_large_err)]
 pub(crate) fn shared(
     req: cudaw_control::Request,
     fds: Vec<std::os::fd::OwnedFd>,
@@ -238,6 +241,17 @@ pub(crate) fn shared(
         Shares,
     };
     use handles::shared;
+    if !matches!(
+        req,
+        R::Shares {}
+            | R::Pair { .. }
+            | R::Mark { .. }
+            | R::EvictShared { .. }
+            | R::Reexport { .. }
+            | R::Reimport { .. }
+    ) {
+        return Err(req);
+    }
     let ok = || Reply {
         ok: true,
         ..Reply::default()
@@ -247,6 +261,12 @@ pub(crate) fn shared(
         (Reply::error(ErrorKind::Failed, msg), Vec::new())
     };
     let ctl = CTL.lock();
+    if !ctl.paused && !matches!(req, R::Shares {}) {
+        return Ok(failed(format!(
+            "{}: the process is not paused (a job pauses every process before it shares out their memory)",
+            req.name()
+        )));
+    }
     Ok(match req {
         R::Shares {} => {
             let mut r = ok();
@@ -269,23 +289,32 @@ pub(crate) fn shared(
         R::Pair { exports } => {
             let peers: Vec<(u32, u64, i32)> =
                 exports.iter().map(|e| (e.pid, e.handle, e.fd)).collect();
-            let (found, unpaired) = shared::pair(&peers);
             let mut r = ok();
-            r.paired = Some(Paired {
-                imports: found
-                    .iter()
-                    .map(|&(handle, pid, export, _)| PairedImport {
-                        handle,
-                        pid,
-                        export,
-                    })
-                    .collect(),
-                matched: found.iter().map(|&(_, pid, _, fd)| (pid, fd)).collect(),
-                unpaired: unpaired as u64,
+            r.paired = Some(match shared::pair(&peers) {
+                Ok((found, unpaired)) => Paired {
+                    imports: found
+                        .iter()
+                        .map(|&(handle, pid, export, _)| PairedImport {
+                            handle,
+                            pid,
+                            export,
+                        })
+                        .collect(),
+                    matched: found.iter().map(|&(_, pid, _, fd)| (pid, fd)).collect(),
+                    unpaired: unpaired as u64,
+                    error: None,
+                },
+                Err(e) => {
+                    log::warn(format_args!("shared memory: {e}"));
+                    Paired {
+                        error: Some(e),
+                        ..Paired::default()
+                    }
+                }
             });
             (r, Vec::new())
         }
-        R::Mark { exports, imports } if !ctl.paused => match shared::mark(&exports, imports) {
+        R::Mark { exports, imports } => match shared::mark(&exports, &imports) {
             Ok((e, i)) => {
                 let mut r = ok();
                 r.marked = Some(Marked {
@@ -294,10 +323,27 @@ pub(crate) fn shared(
                 });
                 (r, Vec::new())
             }
-            Err(e) => failed(e),
+            Err(e) => failed(format!("mark: {e}")),
         },
-        R::Mark { .. } => failed("mark: the process is paused already".into()),
-        R::Reexport { handles } if ctl.paused => {
+        R::EvictShared { imports } => match shared::evict_shared(imports) {
+            Ok(n) => {
+                let mut r = ok();
+                r.evicted_shared = Some(if imports {
+                    Marked {
+                        imports: n as u64,
+                        ..Marked::default()
+                    }
+                } else {
+                    Marked {
+                        exports: n as u64,
+                        ..Marked::default()
+                    }
+                });
+                (r, Vec::new())
+            }
+            Err(e) => failed(format!("evicting shared memory: {e}")),
+        },
+        R::Reexport { handles } => {
             match shared::reexport(&handles, &mut crate::staging::staging()) {
                 Ok(out) => {
                     let mut r = ok();
@@ -307,19 +353,14 @@ pub(crate) fn shared(
                 Err(e) => failed(format!("reexport: {e}")),
             }
         }
-        R::Reimport { handles } if ctl.paused => {
-            match shared::reimport(handles.into_iter().zip(fds).collect()) {
-                Ok(n) => {
-                    let mut r = ok();
-                    r.reimported = Some(Reimported { imports: n as u64 });
-                    (r, Vec::new())
-                }
-                Err(e) => failed(format!("reimport: {e}")),
+        R::Reimport { handles } => match shared::reimport(handles.into_iter().zip(fds).collect()) {
+            Ok(n) => {
+                let mut r = ok();
+                r.reimported = Some(Reimported { imports: n as u64 });
+                (r, Vec::new())
             }
-        }
-        R::Reexport { .. } | R::Reimport { .. } => {
-            failed("reexport and reimport need a paused process".into())
-        }
+            Err(e) => failed(format!("reimport: {e}")),
+        },
         other => return Err(other),
     })
 }

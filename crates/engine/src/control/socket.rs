@@ -688,6 +688,7 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
         Request::Shares {}
         | Request::Pair { .. }
         | Request::Mark { .. }
+        | Request::EvictShared { .. }
         | Request::Reexport { .. }
         | Request::Reimport { .. } => {
             return Reply::error(

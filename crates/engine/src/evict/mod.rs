@@ -211,7 +211,7 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
         return Err(Failure::new(
             ErrorKind::Failed,
             format!(
-                "{waiting} imports of memory another process of the job shares are not back yet: resume the whole job (`cudaw-ckpt resume --job`), which has their exporters export them again; the process stays paused"
+                "{waiting} imports of memory another process of the job shares are not back yet: resume the whole job (`cudaw-ckpt resume --job PID`, PID its launcher's), which has their exporters export them again; the process stays paused"
             ),
         ));
     }

@@ -779,8 +779,8 @@ fn evictable(t: &Table, v: u64) -> Result<(), String> {
         return Err("is unknown".into());
     };
     if let Some(why) = h.pinned {
-        // An export this pause evicts with its job (every descriptor of it paired).
-        if !(why == EXPORTED && h.share.evict) {
+        // An export its job evicts (every descriptor of it paired): `evict_shared` only.
+        if !(why == EXPORTED && h.share.evict && shared::evicting_exports()) {
             return Err(why.to_owned());
         }
     }
@@ -936,12 +936,6 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     for h in t.handles.values_mut().filter(|h| h.real.is_some()) {
         h.saved.clear();
     }
-    // Imports of the job's shared memory last (nothing after them can fail and roll the
-    // pause back; their bytes are their exporters').
-    let r = r.and_then(|()| {
-        moved.handles += shared::evict_imports(&mut t)?;
-        Ok(())
-    });
     if let Err(e) = r {
         drop(t);
         if let Err(e2) = restore(&mut staging()) {
@@ -1202,7 +1196,8 @@ fn restore_handles(
         loader.recycle(h.saved.drain(..).filter_map(|s| s.bytes).collect());
         h.real = Some(r);
         h.charged = charged;
-        if released && !keep_unreleased {
+        // An export stays unreleased until exported again (its importers need it).
+        if released && !keep_unreleased && h.pinned != Some(EXPORTED) {
             // The program released it while mapped: the driver frees it at its last unmap.
             let _ = real_release(r);
             h.real_released = true;

@@ -22,7 +22,21 @@
 
 use super::*;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// The most export descriptors kept per handle (a program that exports one handle again
+/// and again keeps only the latest; an export whose earlier descriptors were dropped
+/// pairs no more, and stays on the device).
+const KEPT_PER_HANDLE: usize = 16;
+
+/// `evict_shared` of the exports is under way: marked exports may be evicted.
+static EVICTING_EXPORTS: AtomicBool = AtomicBool::new(false);
+
+/// Whether marked exports may be evicted now.
+pub(super) fn evicting_exports() -> bool {
+    EVICTING_EXPORTS.load(Ordering::SeqCst)
+}
 
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 pub const POSIX_FD: u32 = 1;
@@ -72,6 +86,9 @@ pub(super) fn note_export(t: &mut Table, v: u64, kind: u32, out: *mut c_void) {
     // SAFETY: the driver wrote an `int` descriptor at `out` (a POSIX-descriptor export).
     let fd = unsafe { out.cast::<i32>().read() };
     if let (Some(h), Some(d)) = (t.handles.get_mut(&v), dup(fd)) {
+        if h.share.fds.len() >= KEPT_PER_HANDLE {
+            h.share.fds.remove(0);
+        }
         h.share.fds.push(Arc::new(d));
     }
 }
@@ -86,8 +103,9 @@ pub fn exports() -> Vec<(u64, i32)> {
         .collect()
 }
 
-/// Whether `fd` here and `their` in process `pid` are one open file description.
-fn same_file(pid: u32, fd: RawFd, their: i32) -> bool {
+/// Whether `fd` here and `their` in process `pid` are one open file description; the
+/// error when they cannot be compared (`kcmp` refused, or the process gone).
+fn same_file(pid: u32, fd: RawFd, their: i32) -> Result<bool, std::io::Error> {
     const KCMP_FILE: libc::c_long = 0;
     // SAFETY: kcmp(2) compares two descriptors by number; it reads no memory of ours.
     let r = unsafe {
@@ -100,44 +118,64 @@ fn same_file(pid: u32, fd: RawFd, their: i32) -> bool {
             libc::c_long::from(their),
         )
     };
-    r == 0
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        // A descriptor number not open there: not this export.
+        if e.raw_os_error() == Some(libc::EBADF) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(r == 0)
 }
 
 /// Pairs every import with the export it came from, among `peers` (process, handle,
 /// descriptor number there): (import, process, export, the export's descriptor matched)
 /// for each import paired, and how many stayed unpaired. An import whose export is not
 /// among them (another job's, or its exporter's descriptor closed) stays unpaired, and so
-/// on the device.
-pub fn pair(peers: &[(u32, u64, i32)]) -> (Vec<(u64, u32, u64, i32)>, usize) {
+/// on the device. `Err` when descriptors cannot be compared (nothing is paired then).
+#[allow(clippy::type_complexity)]
+pub fn pair(peers: &[(u32, u64, i32)]) -> Result<(Vec<(u64, u32, u64, i32)>, usize), String> {
     let mut t = TABLE.lock();
     let mut out = Vec::new();
     let mut unpaired = 0;
     for (&v, h) in t.handles.iter_mut() {
-        if h.pinned != Some(IMPORTED) || h.real.is_none() {
+        if h.pinned != Some(IMPORTED) {
             continue;
         }
         let Some(fd) = h.share.fds.first().map(|f| f.as_raw_fd()) else {
+            unpaired += 1;
             continue;
         };
-        let found = peers
-            .iter()
-            .find(|(pid, _, their)| same_file(*pid, fd, *their))
-            .copied();
+        let mut found = None;
+        for &(pid, ev, their) in peers {
+            match same_file(pid, fd, their) {
+                Ok(true) => {
+                    found = Some((pid, ev, their));
+                    break;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "comparing descriptors with process {pid} (kcmp): {e} (a seccomp profile or a kernel without kcmp refuses it; the shared memory stays on the device)"
+                    ))
+                }
+            }
+        }
         h.share.peer = found.map(|(pid, ev, _)| (pid, ev));
         match found {
             Some((pid, ev, their)) => out.push((v, pid, ev, their)),
             None => unpaired += 1,
         }
     }
-    (out, unpaired)
+    Ok((out, unpaired))
 }
 
-/// Marks what the next pause evicts of the shared memory: the exports `exports` (each
-/// paired with an import of the job) and, with `imports`, every paired import. Clears
-/// earlier marks first; an empty call clears them.
-pub fn mark(exports: &[u64], imports: bool) -> Result<(usize, usize), String> {
+/// Marks what `evict_shared` evicts: the exports `exports` (each paired with an import of
+/// the job) and the imports `imports` (each paired, of a marked export). Replaces earlier
+/// marks; empty lists clear them.
+pub fn mark(exports: &[u64], imports: &[u64]) -> Result<(usize, usize), String> {
     let mut t = TABLE.lock();
-    let mut marked_imports = 0;
     for h in t.handles.values_mut() {
         h.share.evict = false;
     }
@@ -147,20 +185,56 @@ pub fn mark(exports: &[u64], imports: bool) -> Result<(usize, usize), String> {
             _ => return Err(format!("handle {v:#x} is no export of this process")),
         }
     }
-    if imports {
-        for h in t.handles.values_mut() {
-            if h.pinned == Some(IMPORTED) && h.share.peer.is_some() {
-                h.share.evict = true;
-                marked_imports += 1;
-            }
+    for v in imports {
+        match t.handles.get_mut(v) {
+            Some(h) if h.pinned == Some(IMPORTED) && h.share.peer.is_some() => h.share.evict = true,
+            _ => return Err(format!("handle {v:#x} is no paired import of this process")),
         }
     }
-    Ok((exports.len(), marked_imports))
+    Ok((exports.len(), imports.len()))
+}
+
+/// Clears every mark.
+pub fn clear_marks() {
+    for h in TABLE.lock().handles.values_mut() {
+        h.share.evict = false;
+    }
+}
+
+/// Evicts, while paused, the marked imports (`imports`) or the marked exports: how many.
+/// The exports' marks are cleared after, whatever the outcome. A failure leaves what was
+/// evicted evicted (a job's resume brings it back) and the rest where it was.
+pub fn evict_shared(imports: bool) -> Result<usize, String> {
+    if imports {
+        let mut t = TABLE.lock();
+        return evict_imports(&mut t);
+    }
+    let marked = TABLE
+        .lock()
+        .handles
+        .values()
+        .filter(|h| h.pinned == Some(EXPORTED) && h.share.evict && h.real.is_some())
+        .count();
+    EVICTING_EXPORTS.store(true, Ordering::SeqCst);
+    let r = evict(&mut |_| {});
+    EVICTING_EXPORTS.store(false, Ordering::SeqCst);
+    clear_marks();
+    r.map(|_| marked)
+}
+
+/// Exports and imports evicted with their job and not yet back.
+pub fn evicted() -> usize {
+    TABLE
+        .lock()
+        .handles
+        .values()
+        .filter(|h| matches!(h.pinned, Some(EXPORTED) | Some(IMPORTED)) && h.real.is_none())
+        .count()
 }
 
 /// Evicts the marked imports (during a pause): unmapped and released, their descriptors
 /// closed; their mappings stay recorded for [`reimport`]. How many.
-pub(super) fn evict_imports(t: &mut Table) -> Result<usize, String> {
+fn evict_imports(t: &mut Table) -> Result<usize, String> {
     let ids: Vec<u64> = t
         .handles
         .iter()
@@ -219,30 +293,34 @@ pub fn awaiting() -> usize {
         .count()
 }
 
-/// Brings the evicted exports `vs` back (re-created at their addresses with their bytes,
-/// while the process stays paused) and exports each again: a new descriptor for each, in
-/// order, one duplicate kept.
+/// Exports `vs` again (while paused): each evicted one is brought back first (re-created at
+/// its addresses with its bytes); a new descriptor for each, in order, which replaces the
+/// ones kept. A resident export (its eviction failed and was undone) is exported as it is.
 pub fn reexport(
     vs: &[u64],
     loader: &mut dyn Staging<DriverBackend>,
 ) -> Result<Vec<OwnedFd>, String> {
     let mut t = TABLE.lock();
-    let evicted: Vec<u64> = vs
-        .iter()
-        .copied()
-        .filter(|v| t.handles.get(v).is_some_and(|h| h.real.is_none()))
-        .collect();
     for v in vs {
         match t.handles.get(v) {
             Some(h) if h.pinned == Some(EXPORTED) => {}
             _ => return Err(format!("handle {v:#x} is no export of this process")),
         }
     }
+    let evicted: Vec<u64> = vs
+        .iter()
+        .copied()
+        .filter(|v| t.handles.get(v).is_some_and(|h| h.real.is_none()))
+        .collect();
     restore_handles(&mut t, &evicted, loader, true)?;
     let mut out = Vec::new();
     for &v in vs {
         let h = t.handles.get_mut(&v).expect("checked");
-        let r = h.real.expect("restored");
+        let (Some(r), false) = (h.real, h.real_released) else {
+            return Err(format!(
+                "driver handle {v:#x} was released: it cannot be exported again"
+            ));
+        };
         let mut fd: i32 = -1;
         let rc = call!(
             real().export,
@@ -259,22 +337,41 @@ pub fn reexport(
         }
         // SAFETY: the driver just gave us this descriptor; it is ours to own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        if let Some(d) = dup(fd.as_raw_fd()) {
-            h.share.fds.push(Arc::new(d));
-        }
-        if h.refs == 0 && !h.real_released {
-            // The program had released it: the driver frees it at its last unmap.
-            let _ = real_release(r);
-            h.real_released = true;
-        }
+        h.share.fds = dup(fd.as_raw_fd()).map(Arc::new).into_iter().collect();
         h.share.evict = false;
         out.push(fd);
+    }
+    // Exports the program had released go now that their importers can have them: the
+    // driver frees each at its last unmap.
+    for &v in vs {
+        let h = t.handles.get_mut(&v).expect("checked");
+        if h.refs == 0 && !h.real_released {
+            if let Some(r) = h.real {
+                let _ = real_release(r);
+                h.real_released = true;
+            }
+        }
     }
     Ok(out)
 }
 
+/// A device to map imported memory from: one its mappings grant access to, else the first
+/// device cudaw manages (the driver maps through the current context).
+fn device_for(maps: &[(u64, Mapping)]) -> Option<i32> {
+    maps.iter()
+        .flat_map(|(_, m)| m.access.iter())
+        .flat_map(|(_, _, d)| d.chunks_exact(ACCESS_DESC_BYTES))
+        .find_map(|d| {
+            let kind = u32::from_ne_bytes(d[0..4].try_into().ok()?);
+            let id = i32::from_ne_bytes(d[4..8].try_into().ok()?);
+            (kind == LOCATION_DEVICE).then_some(id)
+        })
+        .or_else(|| memory::managed_devices().next().map(|(o, _)| o))
+}
+
 /// Imports `items` (an evicted import, and its exporter's new descriptor) and maps each
-/// where it was, with the access it had. How many came back.
+/// where it was, with the access it had. How many came back; on a failure, the one that
+/// failed is left evicted as it was (unmapped, released) and the error says which.
 pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
     let mut t = TABLE.lock();
     let mut n = 0;
@@ -283,6 +380,17 @@ pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
             Some(h) if h.pinned == Some(IMPORTED) && h.real.is_none() => {}
             Some(_) => return Err(format!("handle {v:#x} is no evicted import")),
             None => return Err(format!("handle {v:#x} is unknown")),
+        }
+        let maps: Vec<(u64, Mapping)> = t
+            .mappings
+            .iter()
+            .filter(|(_, m)| m.handle == v)
+            .map(|(&va, m)| (va, m.clone()))
+            .collect();
+        if let Some(dev) = device_for(&maps) {
+            if let Ok(m) = memory::device_without_runtime(dev) {
+                let _ = m.vmm.backend().make_current();
+            }
         }
         let mut r = 0u64;
         let rc = call!(
@@ -297,28 +405,34 @@ pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
                 "importing handle {v:#x} from its exporter's new descriptor: CUresult {rc}"
             ));
         }
-        let maps: Vec<(u64, Mapping)> = t
-            .mappings
-            .iter()
-            .filter(|(_, m)| m.handle == v)
-            .map(|(&va, m)| (va, m.clone()))
-            .collect();
-        for (va, m) in &maps {
+        let mut mapped: Vec<(u64, u64)> = Vec::new();
+        let mut fail = None;
+        'maps: for (va, m) in &maps {
             let rc = real_map(*va, m.size, m.offset, r);
             if rc != CU_SUCCESS {
-                return Err(format!(
+                fail = Some(format!(
                     "mapping imported memory ({} bytes at {va:#x}): CUresult {rc}",
                     m.size
                 ));
+                break;
             }
+            mapped.push((*va, m.size));
             for (a, len, d) in &m.access {
                 let rc = real_set_access(*a, *len, d);
                 if rc != CU_SUCCESS {
-                    return Err(format!(
+                    fail = Some(format!(
                         "setting access on imported memory ({len} bytes at {a:#x}): CUresult {rc}"
                     ));
+                    break 'maps;
                 }
             }
+        }
+        if let Some(f) = fail {
+            for (va, size) in mapped {
+                let _ = real_unmap(va, size);
+            }
+            let _ = real_release(r);
+            return Err(format!("handle {v:#x}: {f}"));
         }
         let h = t.handles.get_mut(&v).expect("checked");
         h.real = Some(r);
@@ -344,8 +458,10 @@ mod tests {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let me = std::process::id();
         let a2 = a.try_clone().unwrap();
-        assert!(same_file(me, a.as_raw_fd(), a2.as_raw_fd()));
-        assert!(!same_file(me, a.as_raw_fd(), b.as_raw_fd()));
+        assert!(same_file(me, a.as_raw_fd(), a2.as_raw_fd()).unwrap());
+        assert!(!same_file(me, a.as_raw_fd(), b.as_raw_fd()).unwrap());
+        // A number not open there is no match, not an error.
+        assert!(!same_file(me, a.as_raw_fd(), 1 << 20).unwrap());
     }
 
     #[test]
@@ -354,11 +470,7 @@ mod tests {
         let s = Share::imported(POSIX_FD, a.as_raw_fd() as usize as *mut c_void);
         assert_eq!(s.fds.len(), 1);
         assert_ne!(s.fds[0].as_raw_fd(), a.as_raw_fd());
-        assert!(same_file(
-            std::process::id(),
-            s.fds[0].as_raw_fd(),
-            a.as_raw_fd()
-        ));
+        assert!(same_file(std::process::id(), s.fds[0].as_raw_fd(), a.as_raw_fd()).unwrap());
         // Another kind of handle keeps nothing.
         assert!(Share::imported(2, std::ptr::null_mut()).fds.is_empty());
     }
