@@ -47,19 +47,26 @@ PINNED = """
 import sys, time, torch
 gib = float(sys.argv[1])
 n = int(gib * (1 << 30))
-for d in range(torch.cuda.device_count()):
-    x = torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}")
-    h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    best = None
-    for _ in range(3):
+g = torch.cuda.device_count()
+xs = [torch.empty(n, dtype=torch.uint8, device=f"cuda:{d}") for d in range(g)]
+hs = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for d in range(g)]
+streams = [torch.cuda.Stream(device=d) for d in range(g)]
+def copy(ds):
+    for d in ds:
         torch.cuda.synchronize(d)
-        t = time.perf_counter()
-        h.copy_(x, non_blocking=True)
-        torch.cuda.synchronize(d)
-        s = time.perf_counter() - t
-        best = s if best is None else min(best, s)
+    t = time.perf_counter()
+    for d in ds:
+        with torch.cuda.stream(streams[d]):
+            hs[d].copy_(xs[d], non_blocking=True)
+    for d in ds:
+        streams[d].synchronize()
+    return time.perf_counter() - t
+for d in range(g):
+    best = min(copy([d]) for _ in range(3))
     print(f"pinned gpu {d} {n / best / 1e9:.2f}")
-    del x, h
+# Every GPU at once, as a job's ranks evict at once: the host's memory is shared.
+best = min(copy(list(range(g))) for _ in range(3))
+print(f"pinned all {g} {n / best / 1e9:.2f}")
 """
 
 verdicts = []
@@ -256,6 +263,7 @@ def bench(args):
         p = subprocess.run([sys.executable, "-c", PINNED, str(gib)], capture_output=True, text=True,
                            timeout=300)
         pinned = [float(m) for m in re.findall(r"pinned gpu \d+ ([0-9.]+)", p.stdout)]
+        together = [float(m) for m in re.findall(r"pinned all \d+ ([0-9.]+)", p.stdout)]
         mode = " (host arena)" if args.arena else ""
         job = Job(args, f"bench{gib:g}", ["--steps", "1000000", "--hold-gib", str(gib), "--step-sleep", "0.01"],
                   {"CUDAW_HOST_ARENA": "pinned"} if args.arena else {})
@@ -296,9 +304,13 @@ def bench(args):
         gbs = lambda pairs: ", ".join(f"{b / ms / 1e6:.1f}" for b, ms in pairs)
         pin = ", ".join(f"{x:.1f}" for x in pinned) or "n/a"
         ratio = min(b / ms / 1e6 for b, ms in best_p[2]) / min(pinned) if pinned and best_p[2] else float("nan")
+        both = f"{together[0]:.1f}" if together else "n/a"
+        ratio_all = (min(b / ms / 1e6 for b, ms in best_p[2]) / together[0]
+                     if together and best_p[2] else float("nan"))
         verdict(None, f"job pause {args.gpus}x{gib:g} GiB{mode}",
                 f"{best_p[0]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_p[2])}; "
-                f"pinned copy GB/s {pin}; slowest rank / slowest pinned {ratio:.2f}")
+                f"pinned copy GB/s {pin} alone, {both} each with every GPU copying at once; "
+                f"slowest rank / pinned alone {ratio:.2f}, / pinned at once {ratio_all:.2f}")
         verdict(None, f"job resume {args.gpus}x{gib:g} GiB{mode}",
                 f"{best_r[1]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_r[3])}")
 
