@@ -212,18 +212,21 @@ pub fn exchange_with(
         }
         match Line::parse(&line).map_err(|e| fail(Kind::Connection, e))? {
             Line::Progress(p) => on_progress(p),
-            Line::Reply(reply) => {
-                if !reply.ok {
-                    let msg = reply
-                        .error
-                        .as_deref()
-                        .unwrap_or("request failed (no reason given)");
-                    return Err(fail(Kind::of_reply(reply.kind, msg), msg));
-                }
-                return Ok(*reply);
-            }
+            Line::Reply(reply) => return succeeded(*reply),
         }
     }
+}
+
+/// `reply`, or the failure it reports.
+fn succeeded(reply: Reply) -> anyhow::Result<Reply> {
+    if !reply.ok {
+        let msg = reply
+            .error
+            .as_deref()
+            .unwrap_or("request failed (no reason given)");
+        return Err(fail(Kind::of_reply(reply.kind, msg), msg));
+    }
+    Ok(reply)
 }
 
 /// `path` made absolute against our working folder (the process's is another).
@@ -395,14 +398,7 @@ pub fn request_fds(
             ));
         }
         let reply = Reply::parse(&text).map_err(|e| fail(Kind::Connection, e))?;
-        if !reply.ok {
-            let msg = reply
-                .error
-                .as_deref()
-                .unwrap_or("request failed (no reason given)");
-            return Err(fail(Kind::of_reply(reply.kind, msg), msg));
-        }
-        Ok((reply, got))
+        Ok((succeeded(reply)?, got))
     };
     exchange().map_err(|e| {
         let kind = kind_of(&e);

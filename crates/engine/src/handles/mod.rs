@@ -108,6 +108,39 @@ struct Saved {
     bytes: Option<Vec<u8>>,
 }
 
+/// Every mapping of virtual handle `v`: (address, mapping).
+fn mappings_of(t: &Table, v: u64) -> Vec<(u64, Mapping)> {
+    t.mappings
+        .iter()
+        .filter(|(_, m)| m.handle == v)
+        .map(|(&va, m)| (va, m.clone()))
+        .collect()
+}
+
+/// Maps real handle `r` at every one of `maps` again, with the access recorded on each;
+/// `mapped` receives what was mapped (for the caller to undo on an error).
+fn map_again(maps: &[(u64, Mapping)], r: u64, mapped: &mut Vec<(u64, u64)>) -> Result<(), String> {
+    for (va, m) in maps {
+        let rc = real_map(*va, m.size, m.offset, r);
+        if rc != CU_SUCCESS {
+            return Err(format!(
+                "mapping {} bytes at {va:#x}: CUresult {rc}",
+                m.size
+            ));
+        }
+        mapped.push((*va, m.size));
+        for (a, n, d) in &m.access {
+            let rc = real_set_access(*a, *n, d);
+            if rc != CU_SUCCESS {
+                return Err(format!(
+                    "setting access on {n} bytes at {a:#x}: CUresult {rc}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The image id of range `i` (in address order) of virtual handle `v`: the handle itself
 /// for its first range, then the range index in bits 48..52 (the counter stays below 2^48,
 /// [`TAG`] leaves those bits clear), so ids never meet the VMM's small counters.
@@ -1130,40 +1163,14 @@ fn restore_handles(
                 ));
             }
         };
-        let maps: Vec<(u64, Mapping)> = t
-            .mappings
-            .iter()
-            .filter(|(_, m)| m.handle == v)
-            .map(|(&va, m)| (va, m.clone()))
-            .collect();
+        let maps = mappings_of(t, v);
         let mut mapped = Vec::new();
-        let mut fail = None;
-        for (va, m) in &maps {
-            let rc = real_map(*va, m.size, m.offset, r);
-            if rc != CU_SUCCESS {
-                fail = Some(format!(
-                    "mapping {} bytes at {va:#x}: CUresult {rc}",
-                    m.size
-                ));
-                break;
-            }
-            mapped.push((*va, m.size));
-            for (a, n, d) in &m.access {
-                let rc = real_set_access(*a, *n, d);
-                if rc != CU_SUCCESS {
-                    fail = Some(format!(
-                        "setting access on {n} bytes at {a:#x}: CUresult {rc}"
-                    ));
-                    break;
-                }
-            }
-            if fail.is_none() {
-                // Peer access the program enabled reaches the mapping again.
-                fail = grant_peers(*va, m.size, dev).err();
-            }
-            if fail.is_some() {
-                break;
-            }
+        let mut fail = map_again(&maps, r, &mut mapped).err();
+        if fail.is_none() {
+            // Peer access the program enabled reaches the mappings again.
+            fail = maps
+                .iter()
+                .find_map(|(va, m)| grant_peers(*va, m.size, dev).err());
         }
         let h = t.handles.get_mut(&v).expect("live");
         if fail.is_none() {

@@ -381,12 +381,7 @@ pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
             Some(_) => return Err(format!("handle {v:#x} is no evicted import")),
             None => return Err(format!("handle {v:#x} is unknown")),
         }
-        let maps: Vec<(u64, Mapping)> = t
-            .mappings
-            .iter()
-            .filter(|(_, m)| m.handle == v)
-            .map(|(&va, m)| (va, m.clone()))
-            .collect();
+        let maps = mappings_of(&t, v);
         if let Some(dev) = device_for(&maps) {
             if let Ok(m) = memory::device_without_runtime(dev) {
                 let _ = m.vmm.backend().make_current();
@@ -406,27 +401,7 @@ pub fn reimport(items: Vec<(u64, OwnedFd)>) -> Result<usize, String> {
             ));
         }
         let mut mapped: Vec<(u64, u64)> = Vec::new();
-        let mut fail = None;
-        'maps: for (va, m) in &maps {
-            let rc = real_map(*va, m.size, m.offset, r);
-            if rc != CU_SUCCESS {
-                fail = Some(format!(
-                    "mapping imported memory ({} bytes at {va:#x}): CUresult {rc}",
-                    m.size
-                ));
-                break;
-            }
-            mapped.push((*va, m.size));
-            for (a, len, d) in &m.access {
-                let rc = real_set_access(*a, *len, d);
-                if rc != CU_SUCCESS {
-                    fail = Some(format!(
-                        "setting access on imported memory ({len} bytes at {a:#x}): CUresult {rc}"
-                    ));
-                    break 'maps;
-                }
-            }
-        }
+        let fail = map_again(&maps, r, &mut mapped).err();
         if let Some(f) = fail {
             for (va, size) in mapped {
                 let _ = real_unmap(va, size);
