@@ -154,6 +154,13 @@ pub fn recv_with_fds(
             }
         }
     }
+    // The kernel dropped descriptors that did not fit (this process's RLIMIT_NOFILE):
+    // a short list would be read as a complete one.
+    if r.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        return Err(std::io::Error::other(
+            "descriptors passed with the message were dropped (the open-file limit, RLIMIT_NOFILE, is too low for them)",
+        ));
+    }
     Ok(r.bytes)
 }
 

@@ -76,28 +76,55 @@ pub enum Drained {
 /// another rank never joins) keeps its helper, blocked in the driver, which is harmless.
 pub struct Drain {
     pending: Vec<(i32, mpsc::Receiver<Result<(), String>>)>,
+    /// Devices with [`MAX_WAITING`] helpers still blocked from earlier drains: busy.
+    stuck: Vec<i32>,
 }
+
+/// The most helpers left waiting for one device (a device busy for ever, tried again and
+/// again by a job pause without a deadline, would otherwise gather one thread per try).
+const MAX_WAITING: usize = 8;
+
+/// Helpers still waiting for each device.
+static WAITING: parking_lot::Mutex<std::collections::BTreeMap<i32, usize>> =
+    parking_lot::Mutex::new(std::collections::BTreeMap::new());
 
 impl Drain {
     /// Starts a helper for every device with memory of cudaw's.
     pub fn start() -> Result<Drain, Failure> {
         let mut pending = Vec::new();
+        let mut stuck = Vec::new();
         for ordinal in ordinals() {
+            {
+                let mut w = WAITING.lock();
+                let n = w.entry(ordinal).or_insert(0);
+                if *n >= MAX_WAITING {
+                    stuck.push(ordinal);
+                    continue;
+                }
+                *n += 1;
+            }
             let (tx, rx) = mpsc::channel();
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("cudaw-sync".into())
                 .spawn(move || {
-                    let _ = tx.send(synchronise(ordinal));
-                })
-                .map_err(|e| {
-                    Failure::new(
-                        ErrorKind::Failed,
-                        format!("starting a thread to synchronise device {ordinal}: {e}"),
-                    )
-                })?;
+                    let r = synchronise(ordinal);
+                    if let Some(n) = WAITING.lock().get_mut(&ordinal) {
+                        *n = n.saturating_sub(1);
+                    }
+                    let _ = tx.send(r);
+                });
+            if let Err(e) = spawned {
+                if let Some(n) = WAITING.lock().get_mut(&ordinal) {
+                    *n = n.saturating_sub(1);
+                }
+                return Err(Failure::new(
+                    ErrorKind::Failed,
+                    format!("starting a thread to synchronise device {ordinal}: {e}"),
+                ));
+            }
             pending.push((ordinal, rx));
         }
-        Ok(Drain { pending })
+        Ok(Drain { pending, stuck })
     }
 
     /// Waits until every device is idle or `until` passes: which, or the first device that
@@ -123,6 +150,8 @@ impl Drain {
             }
         }
         self.pending = still;
+        busy.extend(self.stuck.iter().copied());
+        busy.sort_unstable();
         Ok(if busy.is_empty() {
             Drained::Done
         } else {

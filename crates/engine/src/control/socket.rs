@@ -822,7 +822,9 @@ fn status_now(busy: Option<String>) -> Status {
         .collect();
     Status {
         pid: std::process::id(),
-        state: if busy.is_some() && host().gate_closed() || busy.is_none() && state::is_paused() {
+        state: if busy.as_deref().is_some_and(|b| b.starts_with("hold")) && host().gate_closed() {
+            State::Held
+        } else if busy.is_some() && host().gate_closed() || busy.is_none() && state::is_paused() {
             State::Paused
         } else if busy.is_none() && state::is_held() {
             State::Held
