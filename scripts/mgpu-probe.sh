@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Diagnostic (issue #26): reproduce the 2-rank pause wedge and record where every thread is.
+# Diagnostic (issue #26): two ranks of examples/ddp_train.py under cudaw, paused at once
+# (A) and one alone (B); records every thread (state, wchan, kernel stack), cuda-gdb
+# backtraces of both ranks, and whether /proc/PID/cmdline blocks. On nvidia-h100-x2:
+#   OUT=$OUT scripts/mgpu-probe.sh   (about 5 minutes; files in $OUT)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
