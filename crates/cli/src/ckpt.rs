@@ -47,6 +47,9 @@ use ckpt_progress::Bars;
 ///
 ///   cudaw-ckpt pause 4242              pause; prints what was evicted and how long it took
 ///
+///   cudaw-ckpt pause 4242 --job        every process of the job 4242 launched, together
+///                                      (also resume, status, dump and restore --job)
+///
 ///   cudaw-ckpt status 4242 --json      one process, as JSON (per device: limit, used,
 ///                                      peak, refused, node_used, node_capacity in bytes)
 ///
@@ -85,7 +88,9 @@ enum Command {
     /// progress bar on a terminal). Pausing a paused process changes nothing.
     #[command(
         after_help = "Examples:\n  cudaw-ckpt pause 4242\n  cudaw-ckpt pause 4242 --json    \
-                            {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}"
+                            {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}\n  \
+                            cudaw-ckpt pause 4242 --job     every process of the job launched by 4242 (torchrun's PID), together\n  \
+                            cudaw-ckpt pause 4242 --job --json    {\"root\",\"members\":[{\"pid\",...}],\"attempts\",\"ms\",\"allocations\",\"bytes\"}"
     )]
     Pause {
         /// The process ID.
@@ -99,7 +104,7 @@ enum Command {
         job: bool,
         /// With --job: how long to look for an instant when every process is at rest
         /// together ("60", "2.5s", "500ms", "2m", "off").
-        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout, requires = "job")]
         timeout: Timeout,
         /// With --job: also evict the memory the processes share (cuMem buffers one
         /// exports and another imports, such as NCCL's), paired by descriptor; `resume
@@ -183,7 +188,7 @@ enum Command {
         job: bool,
         /// With --job: how long to look for an instant when every process is at rest
         /// together ("60", "2.5s", "500ms", "2m", "off").
-        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout, requires = "job")]
         timeout: Timeout,
     },
     /// Load a checkpoint image into a process's device memory and resume it.
@@ -219,7 +224,7 @@ enum Command {
         job: bool,
         /// With --job: how long to look for an instant when every process is at rest
         /// together ("60", "2.5s", "500ms", "2m", "off").
-        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout)]
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout, requires = "job")]
         timeout: Timeout,
     },
     /// Show a process's metrics (it must run with CUDAW_TRACE=metrics or timeline).
