@@ -3,6 +3,7 @@
 //! instants, dumped into a job folder and restored from it, and both outputs equal to the
 //! uninterrupted run's (`ckpt_target.expected`).
 
+mod ckpt_common;
 use cudaw_tests::{
     compile_program, cudaw, cudaw_ckpt, expected, node_dir, nvcc, shims, simgpu, Rng,
 };
@@ -355,14 +356,7 @@ fn a_job_with_no_process_under_cudaw_is_refused_by_kind() {
 
 /// One raw request line to process `pid`'s socket in `run_dir`: its reply.
 fn raw(run_dir: &Path, pid: u32, line: &str) -> serde_json::Value {
-    use std::io::{BufRead, BufReader, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(run_dir.join(format!("{pid}.sock")))
-        .expect("connecting to the control socket");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(line.as_bytes()).unwrap();
-    let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).unwrap();
-    serde_json::from_str(&reply).unwrap_or_else(|e| panic!("reply {reply:?}: {e}"))
+    ckpt_common::raw(&run_dir.join(format!("{pid}.sock")), line)
 }
 
 #[test]

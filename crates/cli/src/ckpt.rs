@@ -24,7 +24,7 @@ use anyhow::{anyhow, Result};
 use clap::{Parser, Subcommand};
 use cudaw_control::{Moved, Request, Status};
 
-use ckpt_client::{absolute, fail, kind_of, request, utf8, Kind};
+use ckpt_client::{absolute, carried, fail, kind_of, request, utf8, Kind};
 use ckpt_progress::Bars;
 
 /// Pause, resume, checkpoint, restore and trace CUDA programs running under cudaw.
@@ -861,11 +861,6 @@ fn print_restored(pid: u32, r: &cudaw_control::Restored) -> Result<()> {
         r.load_ms
     )?;
     Ok(())
-}
-
-/// What a reply carries for the request made, or a connection failure naming it.
-fn carried<T>(field: Option<T>, what: &str) -> Result<T> {
-    field.ok_or_else(|| fail(Kind::Connection, format!("the reply carries no {what}")))
 }
 
 fn stats(pid: u32, json: bool, prometheus: bool, top: u32) -> Result<()> {

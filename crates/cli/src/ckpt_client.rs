@@ -217,6 +217,11 @@ pub fn exchange_with(
     }
 }
 
+/// What a reply carries for the request made, or a connection failure naming it.
+pub fn carried<T>(field: Option<T>, what: &str) -> anyhow::Result<T> {
+    field.ok_or_else(|| fail(Kind::Connection, format!("the reply carries no {what}")))
+}
+
 /// `reply`, or the failure it reports.
 fn succeeded(reply: Reply) -> anyhow::Result<Reply> {
     if !reply.ok {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use cudaw_control::{Dumped, Held, Moved, PeerExport, Request, Restored, Status};
+use cudaw_control::{Dumped, Held, Moved, PeerExport, Reply, Request, Restored, Shares, Status};
 use serde::{Deserialize, Serialize};
 
 use crate::ckpt_client::{self, fail, Kind};
@@ -173,9 +173,32 @@ fn first_failure<T>(results: &[(u32, Result<T>)], then: &str) -> Option<anyhow::
             } else {
                 format!("process {p}: {msg}")
             };
-            fail(kind, format!("{msg}; {then}"))
+            fail(
+                kind,
+                if then.is_empty() {
+                    msg
+                } else {
+                    format!("{msg}; {then}")
+                },
+            )
         })
     })
+}
+
+/// Every value of `results`, or its first failure (naming its process, then `then`).
+fn all_ok<T>(results: Vec<(u32, Result<T>)>, then: &str) -> Result<Vec<(u32, T)>> {
+    if let Some(e) = first_failure(&results, then) {
+        return Err(e);
+    }
+    Ok(results
+        .into_iter()
+        .filter_map(|(p, r)| r.ok().map(|v| (p, v)))
+        .collect())
+}
+
+/// Sends `req` to `pid`: what `pick` takes from the reply, which must carry it (`what`).
+fn ask<T>(pid: u32, req: &Request, pick: impl FnOnce(Reply) -> Option<T>, what: &str) -> Result<T> {
+    ckpt_client::carried(pick(request(pid, req)?), what)
 }
 
 /// Releases every member (errors ignored: a member that died is gone either way).
@@ -266,16 +289,13 @@ pub fn pause(job: &Job, timeout: Option<Duration>, shared: bool) -> Result<JobPa
         window = (window * 2).min(Duration::from_secs(2));
     }
     let results = each(&job.members, |p| {
-        let r = request(p, &Request::PAUSE)?;
-        r.pause
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no pause result"))
+        ask(p, &Request::PAUSE, |r| r.pause, "pause result")
     });
     if let Some(e) = first_failure(&results, "") {
         // Every member resumes: those paused go back, those held are let go, and a resume
         // changes nothing in one that runs (a pause whose reply was lost may have paused).
         let left = resume_all(&job.members);
         let mut msg = format!("{e:#}");
-        msg = msg.trim_end_matches("; ").to_owned();
         msg.push_str(&if left.is_empty() {
             "; the job pause was undone: every other process runs on".to_owned()
         } else {
@@ -323,46 +343,35 @@ fn evict_shared(job: &Job) -> SharedEvicted {
     summary
 }
 
+/// Every member's shares (`then` follows the first failure's message).
+fn shares(job: &Job, then: &str) -> Result<Vec<(u32, Shares)>> {
+    all_ok(
+        each(&job.members, |p| {
+            ask(p, &Request::Shares {}, |r| r.shares, "shares")
+        }),
+        then,
+    )
+}
+
 fn try_evict_shared(job: &Job, summary: &mut SharedEvicted) -> Result<()> {
-    let shares = each(&job.members, |p| {
-        let r = request(p, &Request::Shares {})?;
-        r.shares
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no shares"))
-    });
-    if let Some(e) = first_failure(&shares, "") {
-        return Err(e);
-    }
-    let mut all: Vec<PeerExport> = Vec::new();
-    for (pid, s) in shares.iter() {
-        if let Ok(s) = s {
-            all.extend(s.exports.iter().map(|e| PeerExport {
-                pid: *pid,
-                ..e.clone()
-            }));
-        }
-    }
-    let paired = each(&job.members, |p| {
-        let r = request(
-            p,
-            &Request::Pair {
-                exports: all.clone(),
-            },
-        )?;
-        r.paired
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no pairing"))
-    });
-    if let Some(e) = first_failure(&paired, "") {
-        return Err(e);
-    }
+    let all: Vec<PeerExport> = shares(job, "")?
+        .into_iter()
+        .flat_map(|(pid, s)| s.exports.into_iter().map(move |e| PeerExport { pid, ..e }))
+        .collect();
+    let pair = Request::Pair {
+        exports: all.clone(),
+    };
+    let paired = all_ok(
+        each(&job.members, |p| ask(p, &pair, |r| r.paired, "pairing")),
+        "",
+    )?;
     let mut matched = std::collections::BTreeSet::new();
     for (pid, p) in &paired {
-        if let Ok(p) = p {
-            if let Some(e) = &p.error {
-                return Err(fail(Kind::Failed, format!("process {pid}: {e}")));
-            }
-            matched.extend(p.matched.iter().copied());
-            summary.unpaired += p.unpaired;
+        if let Some(e) = &p.error {
+            return Err(fail(Kind::Failed, format!("process {pid}: {e}")));
         }
+        matched.extend(p.matched.iter().copied());
+        summary.unpaired += p.unpaired;
     }
     // An export goes only when every descriptor it was exported to is an import of the job.
     let mut by_export: BTreeMap<(u32, u64), bool> = BTreeMap::new();
@@ -383,8 +392,7 @@ fn try_evict_shared(job: &Job, summary: &mut SharedEvicted) -> Result<()> {
         let imports: Vec<u64> = paired
             .iter()
             .find(|(q, _)| *q == p)
-            .and_then(|(_, r)| r.as_ref().ok())
-            .map(|r| {
+            .map(|(_, r)| {
                 r.imports
                     .iter()
                     .filter(|i| by_export.get(&(i.pid, i.export)) == Some(&true))
@@ -392,25 +400,26 @@ fn try_evict_shared(job: &Job, summary: &mut SharedEvicted) -> Result<()> {
                     .collect()
             })
             .unwrap_or_default();
-        let r = request(p, &Request::Mark { exports, imports })?;
-        r.marked
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no marks"))
+        ask(
+            p,
+            &Request::Mark { exports, imports },
+            |r| r.marked,
+            "marks",
+        )
     });
-    if let Some(e) = first_failure(&marks, "") {
-        return Err(e);
-    }
+    all_ok(marks, "")?;
     // Every import first, then every export: no import ever maps memory its exporter
     // has replaced.
     for imports in [true, false] {
         let evicted = each(&job.members, |p| {
-            let r = request(p, &Request::EvictShared { imports })?;
-            r.evicted_shared
-                .ok_or_else(|| fail(Kind::Connection, "the reply carries no eviction"))
+            ask(
+                p,
+                &Request::EvictShared { imports },
+                |r| r.evicted_shared,
+                "eviction",
+            )
         });
-        if let Some(e) = first_failure(&evicted, "") {
-            return Err(e);
-        }
-        for m in evicted.into_iter().filter_map(|(_, r)| r.ok()) {
+        for (_, m) in all_ok(evicted, "")? {
             summary.exports += m.exports;
             summary.imports += m.imports;
         }
@@ -421,26 +430,15 @@ fn try_evict_shared(job: &Job, summary: &mut SharedEvicted) -> Result<()> {
 /// Before a job's resume: every import evicted with the job comes back from its exporter's
 /// new descriptor (`reexport`, then `reimport`). How many.
 fn bring_back_shared(job: &Job) -> Result<u64> {
-    let shares = each(&job.members, |p| {
-        let r = request(p, &Request::Shares {})?;
-        r.shares
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no shares"))
-    });
-    if let Some(e) = first_failure(&shares, "the job stays paused") {
-        return Err(e);
-    }
+    let shares = shares(job, "the job stays paused")?;
     // Exporter -> its exports wanted (in order, once each).
     let mut wanted: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut awaiting = 0u64;
-    for (_, s) in &shares {
-        if let Ok(s) = s {
-            for a in &s.awaiting {
-                awaiting += 1;
-                let v = wanted.entry(a.pid).or_default();
-                if !v.contains(&a.export) {
-                    v.push(a.export);
-                }
-            }
+    for a in shares.iter().flat_map(|(_, s)| &s.awaiting) {
+        awaiting += 1;
+        let v = wanted.entry(a.pid).or_default();
+        if !v.contains(&a.export) {
+            v.push(a.export);
         }
     }
     if awaiting == 0 {
@@ -486,7 +484,6 @@ fn bring_back_shared(job: &Job) -> Result<u64> {
     }
     let mut back = 0;
     for (pid, s) in &shares {
-        let Ok(s) = s else { continue };
         if s.awaiting.is_empty() {
             continue;
         }
@@ -517,19 +514,15 @@ fn hold_until_idle(job: &Job, window: Duration) -> Result<Option<String>> {
     };
     let mut why = String::new();
     for _ in 0..4 {
-        let results = each(&job.members, |p| {
-            let r = request(p, &req)?;
-            r.hold
-                .ok_or_else(|| fail(Kind::Connection, "the reply carries no hold result"))
-        });
-        if let Some(e) = first_failure(&results, "every process was released and runs on") {
-            release_all(job);
-            return Err(e);
-        }
-        let held: Vec<(u32, Held)> = results
-            .into_iter()
-            .filter_map(|(p, r)| r.ok().map(|h| (p, h)))
-            .collect();
+        let results = each(&job.members, |p| ask(p, &req, |r| r.hold, "hold result"));
+        let held: Vec<(u32, Held)> = match all_ok(results, "every process was released and runs on")
+        {
+            Ok(h) => h,
+            Err(e) => {
+                release_all(job);
+                return Err(e);
+            }
+        };
         if held.iter().all(|(_, h)| h.idle) {
             return Ok(None);
         }
@@ -561,30 +554,20 @@ fn hold_until_idle(job: &Job, window: Duration) -> Result<Option<String>> {
 pub fn resume(job: &Job) -> Result<Vec<MemberMoved>> {
     bring_back_shared(job)?;
     let results = each(&job.members, |p| {
-        let r = request(p, &Request::RESUME)?;
-        r.resume
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no resume result"))
+        ask(p, &Request::RESUME, |r| r.resume, "resume result")
     });
-    if let Some(e) = first_failure(&results, "the job's other processes were resumed") {
-        return Err(e);
-    }
-    Ok(results
+    Ok(all_ok(results, "the job's other processes were resumed")?
         .into_iter()
-        .filter_map(|(pid, r)| r.ok().map(|moved| MemberMoved { pid, moved }))
+        .map(|(pid, moved)| MemberMoved { pid, moved })
         .collect())
 }
 
 /// Every member's status.
 pub fn status(job: &Job) -> Result<Vec<Status>> {
     let results = each(&job.members, |p| {
-        let r = request(p, &Request::Status {})?;
-        r.status
-            .ok_or_else(|| fail(Kind::Connection, "the reply carries no status"))
+        ask(p, &Request::Status {}, |r| r.status, "status")
     });
-    if let Some(e) = first_failure(&results, "") {
-        return Err(e);
-    }
-    Ok(results.into_iter().filter_map(|(_, r)| r.ok()).collect())
+    Ok(all_ok(results, "")?.into_iter().map(|(_, s)| s).collect())
 }
 
 /// The manifest of a job image: a folder of one image per process.
@@ -690,7 +673,6 @@ pub fn dump(
     });
     if let Some(e) = first_failure(&results, "") {
         let mut msg = format!("{e:#}");
-        msg = msg.trim_end_matches("; ").to_owned();
         if leave_running {
             // Those whose dump succeeded run again already; the others follow.
             let left = resume_all(&job.members);
@@ -886,7 +868,6 @@ pub fn restore(
     });
     if let Some(e) = first_failure(&results, "") {
         let mut msg = format!("{e:#}");
-        msg = msg.trim_end_matches("; ").to_owned();
         let loaded: Vec<String> = results
             .iter()
             .filter(|(_, r)| r.is_ok())

@@ -567,7 +567,7 @@ pub(crate) fn dump(
         ));
     }
     if keep_shared {
-        if let Some((n, bytes)) = handles::shared() {
+        if let Some((n, bytes)) = handles::shared::totals() {
             log::info(format_args!(
                 "dump: {n} driver-level handles ({bytes} bytes) shared with other processes stay on the device, outside the image (a job dump: every process of the job is paused)"
             ));

@@ -1002,17 +1002,6 @@ fn is_shared(h: &Handle) -> bool {
     matches!(h.pinned, Some(EXPORTED) | Some(IMPORTED))
 }
 
-/// The driver handles shared with other processes (exported or imported): (count, bytes).
-pub fn shared() -> Option<(usize, u64)> {
-    let t = TABLE.lock();
-    let (n, b) = t
-        .handles
-        .values()
-        .filter(|h| is_shared(h))
-        .fold((0, 0), |(n, b), h| (n + 1, b + h.size));
-    (n > 0).then_some((n, b))
-}
-
 /// The driver handles of device memory a pause cannot evict (exported, imported, bound to a
 /// multicast object, not fully mapped), which an image cannot hold: (count, bytes, the first
 /// one's reason). `None` when every one can be evicted. With `allow_shared`, memory shared

@@ -228,8 +228,19 @@ pub fn evicted() -> usize {
         .lock()
         .handles
         .values()
-        .filter(|h| matches!(h.pinned, Some(EXPORTED) | Some(IMPORTED)) && h.real.is_none())
+        .filter(|h| is_shared(h) && h.real.is_none())
         .count()
+}
+
+/// The handles shared with other processes (exported or imported): (count, bytes).
+pub fn totals() -> Option<(usize, u64)> {
+    let t = TABLE.lock();
+    let (n, b) = t
+        .handles
+        .values()
+        .filter(|h| is_shared(h))
+        .fold((0, 0), |(n, b), h| (n + 1, b + h.size));
+    (n > 0).then_some((n, b))
 }
 
 /// Evicts the marked imports (during a pause): unmapped and released, their descriptors
