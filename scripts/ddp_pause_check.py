@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def smi():
 
 
 class Job:
-    def __init__(self, args, tag, extra, env=None):
+    def __init__(self, args, tag, extra, env=None, native=False):
         self.args = args
         self.dir = os.path.join(args.work, tag)
         os.makedirs(self.dir, exist_ok=True)
@@ -99,8 +100,8 @@ class Job:
         os.makedirs(self.run_dir, exist_ok=True)
         self.pid_dir = os.path.join(self.dir, "pids")
         self.env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=self.run_dir, **MULTICAST_OFF, **(env or {}))
-        cmd = [os.path.join(args.dist, "bin", "cudaw"), "run", "--", *torchrun(args), TRAIN,
-               "--pid-dir", self.pid_dir, *extra]
+        cudaw = [] if native else [os.path.join(args.dist, "bin", "cudaw"), "run", "--"]
+        cmd = [*cudaw, *torchrun(args), TRAIN, "--pid-dir", self.pid_dir, *extra]
         self.out = open(os.path.join(self.dir, "job.out"), "w")
         self.err = open(os.path.join(self.dir, "job.err"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=self.env,
@@ -131,6 +132,13 @@ class Job:
         except (ValueError, IndexError):
             return p.returncode, {"error": (p.stdout + p.stderr)[-300:]}
 
+    def ranks(self):
+        pids = []
+        for r in range(self.args.gpus):
+            with open(os.path.join(self.pid_dir, f"rank{r}.pid")) as f:
+                pids.append(int(f.read().split()[0]))
+        return pids
+
     def wait(self, timeout):
         try:
             return self.proc.wait(timeout=timeout)
@@ -143,6 +151,11 @@ class Job:
         except OSError:
             pass
         self.proc.wait()
+        # The next job must find the GPUs empty: the driver frees a killed process's memory
+        # a little after it is gone.
+        t = time.monotonic()
+        while time.monotonic() - t < 30 and any(u > 2048 for u, _ in smi()):
+            time.sleep(0.25)
 
 
 def torchrun(args):
@@ -165,9 +178,26 @@ def check(args):
              "--step-sleep", str(args.step_sleep)]
     t = time.monotonic()
     native_out = os.path.join(args.work, "native.out")
+    # The native run ends with every rank's memory freed (--contexts-dir): what the GPUs
+    # hold then is the contexts alone, the reference for a paused job.
+    ctx_dir = os.path.join(args.work, "contexts")
+    shutil.rmtree(ctx_dir, ignore_errors=True)
+    contexts = []
     with open(native_out, "w") as out, open(os.path.join(args.work, "native.err"), "w") as err:
-        rn = subprocess.run([*torchrun(args), TRAIN, *extra], stdout=out, stderr=err, timeout=900,
-                            env=dict(os.environ, **MULTICAST_OFF)).returncode
+        nat = subprocess.Popen([*torchrun(args), TRAIN, *extra, "--contexts-dir", ctx_dir], stdout=out,
+                               stderr=err, env=dict(os.environ, **MULTICAST_OFF), start_new_session=True)
+        try:
+            while nat.poll() is None and time.monotonic() - t < 900:
+                if all(os.path.exists(os.path.join(ctx_dir, f"rank{r}.idle")) for r in range(args.gpus)):
+                    time.sleep(0.5)
+                    contexts = smi()
+                    open(os.path.join(ctx_dir, "done"), "w").close()
+                    break
+                time.sleep(0.05)
+            rn = nat.wait(timeout=max(1, 900 - (time.monotonic() - t)))
+        except subprocess.TimeoutExpired:
+            os.killpg(nat.pid, signal.SIGKILL)
+            rn = nat.wait()
     native_s = time.monotonic() - t
     want = digest_lines(native_out)
     verdict(rn == 0 and len(want) > args.steps, "ddp: native run",
@@ -191,7 +221,7 @@ def check(args):
             failures.append(f"the job ended before event {i} ({what})")
             break
         if what == "pause":
-            rc, p = job.job("pause", *(["--shared"] if args.shared else []))
+            rc, p = job.job("pause", *(["--keep-shared"] if args.keep_shared else []))
             if rc != 0:
                 failures.append(f"pause {i}: {p.get('error', p)}")
                 break
@@ -205,17 +235,28 @@ def check(args):
                 held = int(args.hold_gib * 1024)
                 freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
                 verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
-                what = "contexts alone (--shared)" if args.shared else "contexts + NCCL's exported buffers"
-                verdict(None, f"ddp: paused job's GPU memory ({what})",
-                        ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during)))
+                paused = ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during))
+                ctx = ", ".join(f"{c[0]}" for c in contexts) or "n/a"
+                if args.keep_shared:
+                    verdict(None, "ddp: paused job's GPU memory (--keep-shared: contexts + NCCL's "
+                            "buffers)", f"{paused}; contexts alone (native, all freed): {ctx} MiB")
+                else:
+                    # The contexts alone, within 64 MiB a GPU (module loading differs a little).
+                    alone = bool(contexts) and all(d[0] <= c[0] + 64 for d, c in zip(during, contexts))
+                    verdict(alone, "ddp: paused job's GPUs hold no more than the contexts",
+                            f"paused: {paused}; the native job after freeing all it can "
+                            f"(process group destroyed, caches emptied): {ctx} MiB")
                 if p.get("shared"):
                     verdict(None, "ddp: shared memory evicted with the job",
                             f"{p['shared']['exports']} exports, {p['shared']['imports']} imports, "
                             f"{p['shared']['unpaired']} unpaired")
-                need = max(b[1] for b in before) + 1024
+                # All that is free while paused but 1 GiB (the allocating process's own
+                # context and its allocator's rounding): more than was free before the pause.
+                need = min(d[1] for d in during) - 1024
+                more = need > max(b[1] for b in before)
                 a = subprocess.run([sys.executable, "-c", ALLOC, str(need << 20)], capture_output=True,
                                    text=True, timeout=120, env=dict(os.environ, **MULTICAST_OFF))
-                verdict(a.returncode == 0, "ddp: another process allocates what the job freed",
+                verdict(a.returncode == 0 and more, "ddp: another process allocates what the job freed",
                         f"{need} MiB on each GPU (free before the pause: "
                         f"{', '.join(str(b[1]) for b in before)} MiB): "
                         f"{(a.stdout + a.stderr).strip()[-160:]}")
@@ -283,7 +324,7 @@ def bench(args):
                 time.sleep(0.5)
         rows = []
         for _ in range(args.reps):
-            rc, p = job.job("pause", *(["--shared"] if args.shared else []))
+            rc, p = job.job("pause", *(["--keep-shared"] if args.keep_shared else []))
             if rc != 0:
                 verdict(False, f"job pause {args.gpus}x{gib:g} GiB", p.get("error", str(p))[:200])
                 break
@@ -313,6 +354,72 @@ def bench(args):
                 f"slowest rank / pinned alone {ratio:.2f}, / pinned at once {ratio_all:.2f}")
         verdict(None, f"job resume {args.gpus}x{gib:g} GiB{mode}",
                 f"{best_r[1]:.0f} ms (job, best of {len(rows)}); per rank GB/s {gbs(best_r[3])}")
+        if args.driver:
+            driver_bench(args, gib)
+
+
+def driver_steps(prog, word, pids, extra=(), timeout=120):
+    """Run `driver_checkpoint WORD PID` on every rank at once; ({pid: {key: s}}, error or None)."""
+    t = time.monotonic()
+    procs = {pid: subprocess.Popen([prog, word, str(pid), *extra], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for pid in pids}
+    got, err = {}, None
+    for pid, p in procs.items():
+        try:
+            out, e = p.communicate(timeout=max(1, timeout - (time.monotonic() - t)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, e = p.communicate()
+            e = f"timed out after {timeout} s"
+        if p.returncode != 0:
+            err = err or f"rank PID {pid}: {e.strip()[-200:]}"
+            continue
+        got[pid] = {k: float(v) for k, v in re.findall(r"(\w+)_s=([0-9.]+)", out)}
+    return got, err, time.monotonic() - t
+
+
+def driver_bench(args, gib):
+    """NVIDIA's cuCheckpointProcess* on the ranks of the same job run natively, every rank at once."""
+    name = f"driver cuCheckpointProcess {args.gpus}x{gib:g} GiB"
+    job = Job(args, f"driver{gib:g}", ["--steps", "1000000", "--hold-gib", str(gib), "--step-sleep", "0.01"],
+              native=True)
+    try:
+        if not job.started():
+            verdict(None, name, "the native job did not start; see its job.err")
+            return
+        time.sleep(3)
+        pids = job.ranks()
+        # Every rank at once, as cudaw's job pause does; a rank locked while the other is in
+        # a collective keeps that one busy, so a failed try unlocks all and tries again.
+        for tries in range(1, 5):
+            ck, err, _ = driver_steps(args.driver, "checkpoint", pids, ["5000"])
+            rs, err2, _ = driver_steps(args.driver, "restore", list(ck)) if ck else ({}, None, 0)
+            if err2:
+                slow = max(v["lock_s"] + v["checkpoint_s"] for v in ck.values())
+                verdict(None, name, f"lock+checkpoint worked on every rank ({slow * 1e3:.0f} ms, "
+                        f"try {tries}), restore failed: {err2}")
+                return
+            if not err:
+                break
+            time.sleep(0.05 * tries)
+        if err:
+            verdict(None, name, f"does not work on this job ({tries} tries, every rank at once, "
+                    f"5 s lock timeout): {err}")
+            return
+        size = gib * (1 << 30)
+        name += f" ({tries} tries)" if tries > 1 else ""
+        slow = max(v["lock_s"] + v["checkpoint_s"] for v in ck.values())
+        slow_r = max(v["restore_s"] + v["unlock_s"] for v in rs.values())
+        verdict(None, name,
+                f"lock+checkpoint {slow * 1e3:.0f} ms (slowest rank, {size / slow / 1e9:.1f} GB/s; "
+                f"lock {max(v['lock_s'] for v in ck.values()) * 1e3:.0f} ms), "
+                f"restore+unlock {slow_r * 1e3:.0f} ms ({size / slow_r / 1e9:.1f} GB/s)")
+        # The job must still train after the driver's round trip.
+        alive = job.proc.poll() is None
+        if not alive:
+            verdict(None, name + ": job after restore", f"the native job exited (rc {job.proc.returncode})")
+    finally:
+        job.kill()
 
 
 def main():
@@ -330,8 +437,11 @@ def main():
     ap.add_argument("--bench", help="GiB per rank, comma-separated: time job pauses instead")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--arena", action="store_true", help="--bench: the job runs with CUDAW_HOST_ARENA=pinned")
-    ap.add_argument("--shared", action="store_true",
-                    help="pause with --shared: also evict the memory the ranks share (NCCL's buffers)")
+    ap.add_argument("--keep-shared", action="store_true",
+                    help="pause with --keep-shared: leave the memory the ranks share (NCCL's buffers) "
+                    "on the GPUs")
+    ap.add_argument("--driver", help="--bench: driver_checkpoint program (tests/cuda/gpu/pause): "
+                    "also time NVIDIA's cuCheckpointProcess* on the ranks of the job run natively")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)

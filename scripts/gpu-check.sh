@@ -25,7 +25,7 @@
 # On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
-#   (JOB_ARENA=1: with the host arena; DDP_SHARED=1: job pauses with --shared)
+#   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared)
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -526,8 +526,8 @@ elif want multigpu; then
   fi
   # 2. A 2-rank DDP job (torchrun, NCCL) paused/resumed as a job 20 times and
   #    dumped/restored 3 times at random instants, bit-identical to the native job. ~3 min.
-  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus 2 \
-    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} ${DDP_SHARED:+--shared} >"$OUT/ddp.out" 2>&1; rc=$?
+  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus "${DDP_GPUS:-$gpus}" \
+    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} ${DDP_KEEP_SHARED:+--keep-shared} >"$OUT/ddp.out" 2>&1; rc=$?
   cp "$WORK/ddp/cudaw/ckpt.log" "$OUT/ddp_ckpt.log" 2>/dev/null; cp "$WORK/ddp/cudaw/job.err" "$OUT/ddp_job.err" 2>/dev/null
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
@@ -543,9 +543,17 @@ if want jobbench && [ "$gpus" -lt 2 ]; then
   row "jobbench" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
 elif want jobbench; then
   # Job pause and resume of a 2-rank DDP job whose ranks hold JOB_SIZES GiB each, beside a
-  # pinned device-to-host copy of the same size on each GPU. About 2 minutes for "8 32".
-  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/jobbench" --gpus 2 \
-    --bench "$(echo "${JOB_SIZES:-8 32}" | tr ' ' ',')" --reps "${JOB_REPS:-3}" ${JOB_ARENA:+--arena} ${DDP_SHARED:+--shared} >"$OUT/jobbench.out" 2>&1; rc=$?
+  # pinned device-to-host copy of the same size on each GPU, and beside NVIDIA's
+  # cuCheckpointProcess* on the ranks of the same job run natively. About 3 minutes for "8 32".
+  drv=()
+  if nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/driver_checkpoint" tests/cuda/gpu/pause/driver_checkpoint.cu -ldl >>"$OUT/programs.log" 2>&1; then
+    drv=(--driver "$WORK/driver_checkpoint")
+  else
+    row "jobbench: compile driver_checkpoint" FAIL "nvcc failed, see programs.log"
+  fi
+  timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/jobbench" --gpus "${DDP_GPUS:-$gpus}" \
+    --bench "$(echo "${JOB_SIZES:-8 32}" | tr ' ' ',')" --reps "${JOB_REPS:-3}" ${JOB_ARENA:+--arena} ${DDP_KEEP_SHARED:+--keep-shared} "${drv[@]}" >"$OUT/jobbench.out" 2>&1; rc=$?
+  for d in "$WORK"/jobbench/*/; do [ -f "$d/job.err" ] && cp "$d/job.err" "$OUT/jobbench_$(basename "$d").err"; done
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
     case $verdict in FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" FAIL "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;;

@@ -476,9 +476,10 @@ fn a_rank_that_does_not_answer_fails_the_job_pause_and_the_others_run_on() {
 
 /// The memory two ranks share (ipc_pair: each exports a cuMem buffer through a POSIX
 /// descriptor, the other imports it, as NCCL's P2P transport does), evicted with the job by
-/// `pause --job --shared` and brought back at the same addresses by `resume --job`.
+/// `pause --job` (not with `--keep-shared`) and brought back at the same addresses by
+/// `resume --job`.
 #[test]
-fn a_job_pause_with_shared_evicts_the_memory_the_ranks_share() {
+fn a_job_pause_evicts_the_memory_the_ranks_share() {
     let Some(nvcc) = nvcc() else { return };
     let exe = cudaw_tests::compile(
         &nvcc,
@@ -521,39 +522,52 @@ fn a_job_pause_with_shared_evicts_the_memory_the_ranks_share() {
         resident(&job)
     );
 
-    for round in 0..2u32 {
-        let p = ok_json(
-            &job.ckpt(&["pause", &pid, "--job", "--shared", "--json"]),
-            "pause --job --shared",
-        );
-        assert_eq!(p["shared"]["exports"], 2, "round {round}: {p}");
-        assert_eq!(p["shared"]["imports"], 2, "round {round}: {p}");
-        assert_eq!(p["shared"]["unpaired"], 0, "round {round}: {p}");
-        // Nothing of the shared buffers stays on a device.
-        assert_eq!(resident(&job), [0, 0], "round {round}");
-        // One rank alone cannot come back: its import needs the other's export.
-        let rank0 = p["members"][0]["pid"].as_u64().unwrap().to_string();
-        let lone = job.ckpt(&["resume", &rank0, "--json"]);
-        assert_eq!(lone.status.code(), Some(1), "{lone:?}");
-        assert!(
-            String::from_utf8_lossy(&lone.stdout).contains("resume the whole job"),
-            "{lone:?}"
-        );
-        if round == 0 {
-            // A job image cannot hold the evicted shared memory: refused, the job paused.
-            let dir = job.work.path().join("img");
-            let d = job.ckpt(&["dump", &pid, "--job", "-o", dir.to_str().unwrap(), "--json"]);
-            assert_eq!(d.status.code(), Some(1), "{d:?}");
-            let v: serde_json::Value = serde_json::from_slice(&d.stdout).unwrap();
-            assert_eq!(v["kind"], "unsupported", "{v}");
+    for round in 0..3u32 {
+        if round == 2 {
+            // --keep-shared: the shared buffers stay on the devices, the rest is evicted.
+            let p = ok_json(
+                &job.ckpt(&["pause", &pid, "--job", "--keep-shared", "--json"]),
+                "pause --job --keep-shared",
+            );
+            assert!(p.get("shared").is_none(), "{p}");
             assert!(
-                v["error"]
-                    .as_str()
-                    .unwrap()
-                    .contains("resume the job first"),
-                "{v}"
+                resident(&job).iter().all(|&r| r > 0),
+                "{:?}",
+                resident(&job)
+            );
+        } else {
+            let p = ok_json(
+                &job.ckpt(&["pause", &pid, "--job", "--json"]),
+                "pause --job",
+            );
+            assert_eq!(p["shared"]["exports"], 2, "round {round}: {p}");
+            assert_eq!(p["shared"]["imports"], 2, "round {round}: {p}");
+            assert_eq!(p["shared"]["unpaired"], 0, "round {round}: {p}");
+            // Nothing of the shared buffers stays on a device.
+            assert_eq!(resident(&job), [0, 0], "round {round}");
+            // One rank alone cannot come back: its import needs the other's export.
+            let rank0 = p["members"][0]["pid"].as_u64().unwrap().to_string();
+            let lone = job.ckpt(&["resume", &rank0, "--json"]);
+            assert_eq!(lone.status.code(), Some(1), "{lone:?}");
+            assert!(
+                String::from_utf8_lossy(&lone.stdout).contains("resume the whole job"),
+                "{lone:?}"
+            );
+        }
+        if round == 0 {
+            // A job image leaves the shared memory out: a dump of the paused job brings it
+            // back onto the devices first, and the job stays paused.
+            let dir = job.work.path().join("img");
+            ok_json(
+                &job.ckpt(&["dump", &pid, "--job", "-o", dir.to_str().unwrap(), "--json"]),
+                "dump --job of a job paused with its shared memory evicted",
             );
             assert_eq!(job.states(), ["paused", "paused"]);
+            assert!(
+                resident(&job).iter().all(|&r| r > 0),
+                "{:?}",
+                resident(&job)
+            );
         }
         ok_json(
             &job.ckpt(&["resume", &pid, "--job", "--json"]),

@@ -106,11 +106,13 @@ enum Command {
         /// together ("60", "2.5s", "500ms", "2m", "off").
         #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout, requires = "job")]
         timeout: Timeout,
-        /// With --job: also evict the memory the processes share (cuMem buffers one
-        /// exports and another imports, such as NCCL's), paired by descriptor; `resume
-        /// --job` re-creates them at the same addresses. Experimental: not yet run on GPUs.
+        /// With --job: leave the memory the processes share on the device (cuMem buffers
+        /// one exports and another imports, such as NCCL's). By default a job pause evicts
+        /// it too, once every process sharing it is paused, and `resume --job` makes it
+        /// again at the same addresses: the GPUs keep the contexts alone. Keep it when a
+        /// process outside the job imports the job's memory (cudaw cannot see that).
         #[arg(long, requires = "job")]
-        shared: bool,
+        keep_shared: bool,
     },
     /// Resume a paused process: restore its device memory at the same addresses.
     ///
@@ -347,8 +349,8 @@ fn main() -> ExitCode {
             json,
             job: true,
             timeout,
-            shared,
-        } => job_pause(pid, timeout.0, shared, json),
+            keep_shared,
+        } => job_pause(pid, timeout.0, !keep_shared, json),
         Command::Resume {
             pid,
             json,
@@ -470,9 +472,13 @@ fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
         String::new()
     };
     if let Some(e) = p.shared.as_ref().and_then(|s| s.error.as_ref()) {
-        eprintln!("cudaw-ckpt: warning: --shared: {e}");
+        eprintln!("cudaw-ckpt: warning: the job's shared memory: {e}");
     }
-    if let Some(s) = p.shared.as_ref().filter(|s| s.error.is_none()) {
+    if let Some(s) = p
+        .shared
+        .as_ref()
+        .filter(|s| s.error.is_none() && s.exports + s.imports + s.unpaired > 0)
+    {
         let outside = if s.unpaired > 0 {
             format!(
                 "; {} imports of memory from outside the job left on the device",

@@ -229,7 +229,7 @@ pub struct JobPaused {
     pub allocations: u64,
     /// Bytes moved, over all members.
     pub bytes: u64,
-    /// Memory the members share (NCCL's buffers) evicted with them (`--shared`).
+    /// Memory the members share (NCCL's buffers) evicted with them (not with `--keep-shared`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<SharedEvicted>,
 }
@@ -668,6 +668,9 @@ pub fn dump(
         }
     }
     let pause = pause(job, timeout, false)?;
+    // A job paused earlier may have its shared memory evicted: it comes back onto the
+    // device first (the images leave it out; it stays there while the job is paused).
+    bring_back_shared(job)?;
     let results = each(&job.members, |p| {
         dump_one(p, &dir.join(format!("{p}.cudaw")), leave_running)
     });
@@ -861,6 +864,8 @@ pub fn restore(
     let manifest = read_manifest(&dir)?;
     let pairs = pair(job, &manifest, &dir, force)?;
     let pause = pause(job, timeout, false)?;
+    // The images hold no shared memory: what a paused job evicted of it comes back first.
+    bring_back_shared(job)?;
     let images: BTreeMap<u32, PathBuf> = pairs.into_iter().collect();
     let results = each(&job.members, |p| match images.get(&p) {
         Some(img) => restore_one(p, img, force),

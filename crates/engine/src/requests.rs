@@ -327,6 +327,11 @@ pub(crate) fn shared(
         },
         R::EvictShared { imports } => match shared::evict_shared(imports) {
             Ok(n) => {
+                let what = if imports { "imports" } else { "exports" };
+                log::info(format_args!(
+                    "pause: {n} {what} of memory shared within the job evicted (every process \
+                     sharing them is paused)"
+                ));
                 let mut r = ok();
                 r.evicted_shared = Some(if imports {
                     Marked {
@@ -346,6 +351,11 @@ pub(crate) fn shared(
         R::Reexport { handles } => {
             match shared::reexport(&handles, &mut crate::staging::staging()) {
                 Ok(out) => {
+                    log::info(format_args!(
+                        "resume: {} exports of memory shared within the job made again, at the \
+                         same addresses",
+                        handles.len()
+                    ));
                     let mut r = ok();
                     r.reexported = Some(Reexported { handles });
                     (r, out)
@@ -355,6 +365,10 @@ pub(crate) fn shared(
         }
         R::Reimport { handles } => match shared::reimport(handles.into_iter().zip(fds).collect()) {
             Ok(n) => {
+                log::info(format_args!(
+                    "resume: {n} imports of memory shared within the job imported again, at the \
+                     same addresses"
+                ));
                 let mut r = ok();
                 r.reimported = Some(Reimported { imports: n as u64 });
                 (r, Vec::new())

@@ -872,6 +872,8 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
     let mut moved = Moved::default();
 
     let mut by_device: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
+    // Handles left on the device, by reason: (count, bytes, first handle).
+    let mut kept: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
     let ids: Vec<u64> = t.handles.keys().copied().collect();
     for v in ids {
         let h = &t.handles[&v];
@@ -884,12 +886,26 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                 if h.device.is_some() {
                     moved.kept += 1;
                     moved.kept_bytes += h.size;
-                    log::warn(format_args!(
-                        "pause: driver handle {v:#x} ({} bytes) {why}: left on the device",
-                        h.size
-                    ));
+                    let k = kept.entry(why).or_insert((0, 0, v));
+                    k.0 += 1;
+                    k.1 += h.size;
                 }
             }
+        }
+    }
+    // One line per reason, not per handle: NCCL alone shares a hundred buffers a rank.
+    for (why, (n, bytes, first)) in kept {
+        if why == EXPORTED || why == IMPORTED {
+            log::info(format_args!(
+                "pause: {n} driver handles ({bytes} bytes, the first {first:#x}) {why}: left on \
+                 the device (memory shared with other processes; `cudaw-ckpt pause --job` \
+                 evicts it once every process sharing it is paused)"
+            ));
+        } else {
+            log::warn(format_args!(
+                "pause: {n} driver handles ({bytes} bytes, the first {first:#x}) {why}: left on \
+                 the device"
+            ));
         }
     }
     let mut done: Vec<u64> = Vec::new();

@@ -1,6 +1,7 @@
 // NVIDIA's driver-level checkpoint of another process (CUDA 12.8+ driver API), timed step
 // by step. Loads libcuda.so.1 at run time.
-//   driver_checkpoint checkpoint PID   lock, then checkpoint (device memory to host)
+//   driver_checkpoint checkpoint PID [LOCK_MS]   lock (waiting up to LOCK_MS, default
+//                                      30000), then checkpoint (device memory to host)
 //   driver_checkpoint restore PID      restore, then unlock
 // Prints: lock_s=.. checkpoint_s=..   or   restore_s=.. unlock_s=..
 #include <chrono>
@@ -39,8 +40,8 @@ static void check(CUresult r, const char* what) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (strcmp(argv[1], "checkpoint") && strcmp(argv[1], "restore"))) {
-    fprintf(stderr, "usage: driver_checkpoint checkpoint|restore PID\n");
+  if (argc < 3 || argc > 4 || (strcmp(argv[1], "checkpoint") && strcmp(argv[1], "restore"))) {
+    fprintf(stderr, "usage: driver_checkpoint checkpoint PID [LOCK_MS] | restore PID\n");
     return 2;
   }
   int pid = atoi(argv[2]);
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
     auto unlock = sym<CUresult (*)(int, CUcheckpointUnlockArgs*)>(lib, "cuCheckpointProcessUnlock");
     CUcheckpointLockArgs la;
     memset(&la, 0, sizeof la);
-    la.timeoutMs = 30000;  // a process that never reaches a lockable point fails, not hangs
+    // A process that never reaches a lockable point fails, not hangs.
+    la.timeoutMs = argc == 4 ? atoi(argv[3]) : 30000;
     CUcheckpointCheckpointArgs ca;
     memset(&ca, 0, sizeof ca);
     double t0 = now();
