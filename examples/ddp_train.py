@@ -14,12 +14,8 @@ end every rank prints its weights' digest, so two runs compare bit for bit.
 --pid-dir DIR: each rank writes DIR/rank<N>.pid once training starts (scripts find the ranks).
 --hold-gib G: each rank also holds G GiB of a known pattern, checked word for word at the end.
 --step-sleep S: sleep S seconds after each step (so a script can pause at many instants).
---contexts-dir DIR: at the end every rank frees everything (the process group, the model,
-  the caches), writes DIR/rank<N>.idle and waits for DIR/done: what the GPUs then hold is
-  the contexts alone, the reference for a paused job's memory.
 """
 import argparse
-import gc
 import hashlib
 import os
 import sys
@@ -58,7 +54,6 @@ def main():
     p.add_argument("--pid-dir")
     p.add_argument("--hold-gib", type=float, default=0)
     p.add_argument("--step-sleep", type=float, default=0)
-    p.add_argument("--contexts-dir")
     p.add_argument("--extra-every", type=int, default=5,
                    help="every N steps also broadcast and pass a tensor round the ring (0: never)")
     args = p.parse_args()
@@ -148,18 +143,6 @@ def main():
             print(line, flush=True)
         dist.barrier()
     dist.destroy_process_group()
-    if args.contexts_dir:
-        model = opt = data = labels = held = ring = loss = b = got = None  # noqa: F841
-        gc.collect()
-        torch.cuda.synchronize()
-        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-            torch._C._cuda_clearCublasWorkspaces()
-        torch.cuda.empty_cache()
-        os.makedirs(args.contexts_dir, exist_ok=True)
-        open(os.path.join(args.contexts_dir, f"rank{rank}.idle"), "w").close()
-        t = time.monotonic()
-        while not os.path.exists(os.path.join(args.contexts_dir, "done")) and time.monotonic() - t < 120:
-            time.sleep(0.05)
 
 
 if __name__ == "__main__":

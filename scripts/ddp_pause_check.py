@@ -24,7 +24,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -178,26 +177,9 @@ def check(args):
              "--step-sleep", str(args.step_sleep)]
     t = time.monotonic()
     native_out = os.path.join(args.work, "native.out")
-    # The native run ends with every rank's memory freed (--contexts-dir): what the GPUs
-    # hold then is the contexts alone, the reference for a paused job.
-    ctx_dir = os.path.join(args.work, "contexts")
-    shutil.rmtree(ctx_dir, ignore_errors=True)
-    contexts = []
     with open(native_out, "w") as out, open(os.path.join(args.work, "native.err"), "w") as err:
-        nat = subprocess.Popen([*torchrun(args), TRAIN, *extra, "--contexts-dir", ctx_dir], stdout=out,
-                               stderr=err, env=dict(os.environ, **MULTICAST_OFF), start_new_session=True)
-        try:
-            while nat.poll() is None and time.monotonic() - t < 900:
-                if all(os.path.exists(os.path.join(ctx_dir, f"rank{r}.idle")) for r in range(args.gpus)):
-                    time.sleep(0.5)
-                    contexts = smi()
-                    open(os.path.join(ctx_dir, "done"), "w").close()
-                    break
-                time.sleep(0.05)
-            rn = nat.wait(timeout=max(1, 900 - (time.monotonic() - t)))
-        except subprocess.TimeoutExpired:
-            os.killpg(nat.pid, signal.SIGKILL)
-            rn = nat.wait()
+        rn = subprocess.run([*torchrun(args), TRAIN, *extra], stdout=out, stderr=err, timeout=900,
+                            env=dict(os.environ, **MULTICAST_OFF)).returncode
     native_s = time.monotonic() - t
     want = digest_lines(native_out)
     verdict(rn == 0 and len(want) > args.steps, "ddp: native run",
@@ -236,16 +218,21 @@ def check(args):
                 freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
                 verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
                 paused = ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during))
-                ctx = ", ".join(f"{c[0]}" for c in contexts) or "n/a"
+                # What cudaw still maps on the GPUs (allocations, driver handles, shared
+                # buffers): nothing, but with --keep-shared. The rest is the driver's own:
+                # the contexts, their loaded kernels and local memory.
+                _, st = job.job("status")
+                devs = [d for m in st.get("members", []) for d in m.get("devices", [])]
+                mapped = sum(d.get("mapped", 0) for d in devs)
+                resident = sum(d.get("resident", 0) for d in devs)
                 if args.keep_shared:
-                    verdict(None, "ddp: paused job's GPU memory (--keep-shared: contexts + NCCL's "
-                            "buffers)", f"{paused}; contexts alone (native, all freed): {ctx} MiB")
+                    verdict(None, "ddp: paused job's GPU memory (--keep-shared: contexts + NCCL's buffers)",
+                            f"{paused}; cudaw maps {mapped} bytes")
                 else:
-                    # The contexts alone, within 64 MiB a GPU (module loading differs a little).
-                    alone = bool(contexts) and all(d[0] <= c[0] + 64 for d, c in zip(during, contexts))
-                    verdict(alone, "ddp: paused job's GPUs hold no more than the contexts",
-                            f"paused: {paused}; the native job after freeing all it can "
-                            f"(process group destroyed, caches emptied): {ctx} MiB")
+                    verdict(bool(devs) and mapped == 0 and resident == 0,
+                            "ddp: paused job's GPUs hold the contexts alone",
+                            f"cudaw maps {mapped} bytes, {resident} resident, on {len(devs)} devices of "
+                            f"{len(st.get('members', []))} processes; nvidia-smi: {paused}")
                 if p.get("shared"):
                     verdict(None, "ddp: shared memory evicted with the job",
                             f"{p['shared']['exports']} exports, {p['shared']['imports']} imports, "
@@ -374,7 +361,7 @@ def driver_steps(prog, word, pids, extra=(), timeout=120):
         if p.returncode != 0:
             err = err or f"rank PID {pid}: {e.strip()[-200:]}"
             continue
-        got[pid] = {k: float(v) for k, v in re.findall(r"(\w+)_s=([0-9.]+)", out)}
+        got[pid] = {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.]+)", out)}
     return got, err, time.monotonic() - t
 
 

@@ -68,6 +68,7 @@ pub(crate) fn pause(mut report: Report<'_>) -> Result<Moved, Failure> {
     let mut progress = Counter::start(&mut report, Phase::Evict, resident_bytes());
     let (evicted, mut allocations, mut bytes) = evict_devices(&mut progress)?;
     // Driver-level handles (cuMemCreate through the entry points or the driver layer).
+    let handles_started = Instant::now();
     let h = match handles::evict(&mut |n| progress.add(n)) {
         Ok(h) => h,
         Err(e) => {
@@ -75,6 +76,7 @@ pub(crate) fn pause(mut report: Report<'_>) -> Result<Moved, Failure> {
             return Err(roll_back_pause(evicted, msg));
         }
     };
+    let handles_ms = handles_started.elapsed().as_secs_f64() * 1e3;
     allocations += h.handles;
     bytes += h.bytes;
     let reused = staging::pause_done();
@@ -89,8 +91,8 @@ pub(crate) fn pause(mut report: Report<'_>) -> Result<Moved, Failure> {
         + h.kept_bytes;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "paused: {allocations} allocations, {bytes} bytes evicted in {ms:.1} ms; {mapped} bytes of device memory still mapped (driver handles: {} evicted, {} bytes; {} left on the device, {} bytes)",
-        h.handles, h.bytes, h.kept, h.kept_bytes
+        "paused: {allocations} allocations, {bytes} bytes evicted in {ms:.1} ms; {mapped} bytes of device memory still mapped (driver handles: {} evicted, {} bytes in {handles_ms:.1} ms, copies {:.1} ms; {} left on the device, {} bytes)",
+        h.handles, h.bytes, h.copy_ms, h.kept, h.kept_bytes
     ));
     Ok(Moved {
         allocations: allocations as u64,

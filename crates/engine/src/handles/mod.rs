@@ -862,6 +862,9 @@ pub struct Moved {
     pub kept: usize,
     /// Their bytes.
     pub kept_bytes: u64,
+    /// Of the time taken, the copies between device and host (the rest: unmapping,
+    /// releasing, mapping again).
+    pub copy_ms: f64,
 }
 
 /// Evicts every evictable handle (the gate closed, the devices synchronised): bytes to
@@ -927,9 +930,11 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                     owner.push(v);
                 }
             }
+            let copy_started = std::time::Instant::now();
             let copies = staging()
                 .save(backend, &ranges)
                 .map_err(|e| format!("copying driver handles of device {dev} to host: {e}"))?;
+            moved.copy_ms += copy_started.elapsed().as_secs_f64() * 1e3;
             copied(ranges.iter().map(|r| r.len).sum());
             for ((r, v), c) in ranges.iter().zip(&owner).zip(copies) {
                 let HostCopy::Memory(bytes) = c else {
