@@ -444,65 +444,76 @@ fn bring_back_shared(job: &Job) -> Result<u64> {
     if awaiting == 0 {
         return Ok(0);
     }
-    let mut fds: BTreeMap<(u32, u64), std::os::fd::OwnedFd> = BTreeMap::new();
-    for (exporter, handles) in wanted {
-        if !job.members.contains(&exporter) {
-            return Err(fail(
-                Kind::Failed,
-                format!(
-                    "process {exporter}, which exported memory the job's imports need, is no longer in the job; the job stays paused"
-                ),
-            ));
-        }
+    if let Some(gone) = wanted.keys().find(|p| !job.members.contains(p)) {
+        return Err(fail(
+            Kind::Failed,
+            format!(
+                "process {gone}, which exported memory the job's imports need, is no longer in the job; the job stays paused"
+            ),
+        ));
+    }
+    // Every exporter makes its exports again at once, then every importer imports them at
+    // once: one process after another cost a 2-rank DDP job's resume about 200 ms.
+    let exporters: Vec<u32> = wanted.keys().copied().collect();
+    let made = each(&exporters, |exporter| {
+        let handles = &wanted[&exporter];
         let (reply, got) = ckpt_client::request_fds(
             exporter,
             &Request::Reexport {
                 handles: handles.clone(),
             },
             &[],
-        )
-        .map_err(|e| {
-            fail(
-                ckpt_client::kind_of(&e),
-                format!("{e:#}; the job stays paused"),
-            )
-        })?;
+        )?;
         let back = reply.reexported.map(|r| r.handles).unwrap_or_default();
-        if back != handles || got.len() != handles.len() {
+        if back != *handles || got.len() != handles.len() {
             return Err(fail(
                 Kind::Connection,
                 format!(
-                    "process {exporter}: a reexport of {} handles came back with {} descriptors; the job stays paused",
+                    "a reexport of {} handles came back with {} descriptors",
                     handles.len(),
                     got.len()
                 ),
             ));
         }
-        for (h, fd) in handles.into_iter().zip(got) {
+        Ok(got)
+    });
+    if let Some(e) = first_failure(&made, "") {
+        return Err(fail(
+            ckpt_client::kind_of(&e),
+            format!("{e:#}; the job stays paused"),
+        ));
+    }
+    let mut fds: BTreeMap<(u32, u64), std::os::fd::OwnedFd> = BTreeMap::new();
+    for (exporter, got) in made {
+        let Ok(got) = got else { continue };
+        for (&h, fd) in wanted[&exporter].iter().zip(got) {
             fds.insert((exporter, h), fd);
         }
     }
-    let mut back = 0;
-    for (pid, s) in &shares {
-        if s.awaiting.is_empty() {
-            continue;
-        }
+    let importers: Vec<u32> = shares
+        .iter()
+        .filter(|(_, s)| !s.awaiting.is_empty())
+        .map(|(p, _)| *p)
+        .collect();
+    let by_pid: BTreeMap<u32, _> = shares.iter().map(|(p, s)| (*p, s)).collect();
+    let imported = each(&importers, |pid| {
+        let s = by_pid[&pid];
         let handles: Vec<u64> = s.awaiting.iter().map(|a| a.handle).collect();
         let passed: Vec<std::os::fd::BorrowedFd<'_>> = s
             .awaiting
             .iter()
             .filter_map(|a| fds.get(&(a.pid, a.export)).map(|f| f.as_fd()))
             .collect();
-        let (reply, _) = ckpt_client::request_fds(*pid, &Request::Reimport { handles }, &passed)
-            .map_err(|e| {
-                fail(
-                    ckpt_client::kind_of(&e),
-                    format!("{e:#}; the job stays paused"),
-                )
-            })?;
-        back += reply.reimported.map_or(0, |r| r.imports);
+        let (reply, _) = ckpt_client::request_fds(pid, &Request::Reimport { handles }, &passed)?;
+        Ok(reply.reimported.map_or(0, |r| r.imports))
+    });
+    if let Some(e) = first_failure(&imported, "") {
+        return Err(fail(
+            ckpt_client::kind_of(&e),
+            format!("{e:#}; the job stays paused"),
+        ));
     }
-    Ok(back)
+    Ok(imported.into_iter().filter_map(|(_, r)| r.ok()).sum())
 }
 
 /// One try: holds every member, holding again while devices are busy, up to four windows.
