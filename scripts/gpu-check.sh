@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace (multigpu jobbench: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace diskbench (multigpu jobbench: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -22,6 +22,7 @@
 #   SECTIONS="env trace" scripts/gpu-check.sh                                     # ~290 s (in-process A/B, TORCH_STEPS=6000, and CUDAW_TRACE_SELF)
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
+#   SECTIONS="env diskbench" DISK_GIB=16 scripts/gpu-check.sh                     # ~3 min: dump/restore vs dd
 # On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
@@ -445,6 +446,26 @@ if want pausebench; then
   fi
 fi
 lap pausebench
+
+if want diskbench; then
+  # A process holding DISK_GIB GiB (16) dumped, resumed from its image and restored, beside
+  # the disk's own ceilings in the same folder (DISK_DIR, default under $WORK): dd
+  # conv=fsync of the same size, and one read of the image. About 3 minutes for 16 GiB.
+  if nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pause_target" tests/cuda/gpu/pause/pause_target.cu >>"$OUT/programs.log" 2>&1; then
+    timeout 560 python3 scripts/diskbench.py --bin "$WORK" --dist "$ROOT/dist" --dir "${DISK_DIR:-$WORK/disk}" \
+      --gib "${DISK_GIB:-16}" >"$OUT/diskbench.out" 2>&1; rc=$?
+    cp "${DISK_DIR:-$WORK/disk}/target.err" "$OUT/diskbench_target.err" 2>/dev/null
+    while IFS='|' read -r verdict name detail; do
+      verdict=$(echo "$verdict" | tr -d ' ')
+      case $verdict in PASS | FAIL) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;;
+        INFO) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" info "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
+    done <"$OUT/diskbench.out"
+    grep -qE '^(PASS|FAIL) ' "$OUT/diskbench.out" || row "diskbench" FAIL "no verdicts (rc $rc); see diskbench.out"
+  else
+    row "diskbench: build" FAIL "nvcc failed; see programs.log"
+  fi
+fi
+lap diskbench
 
 if want torchpause; then
   # A PyTorch training loop paused/resumed 50 times and dumped/restored 5 times at random
