@@ -197,73 +197,81 @@ def check(args):
     plan = ["pause"] * args.pauses + ["dump"] * args.dumps
     rng.shuffle(plan)
     freed_checked = False
-    for i, what in enumerate(plan):
-        time.sleep(rng.uniform(0.05, args.gap))
-        if job.proc.poll() is not None:
-            failures.append(f"the job ended before event {i} ({what})")
-            break
-        if what == "pause":
-            rc, p = job.job("pause", *(["--keep-shared"] if args.keep_shared else []))
-            if rc != 0:
-                failures.append(f"pause {i}: {p.get('error', p)}")
+    try:
+        for i, what in enumerate(plan):
+            time.sleep(rng.uniform(0.05, args.gap))
+            if job.proc.poll() is not None:
+                failures.append(f"the job ended before event {i} ({what})")
                 break
-            pause_ms.append(p["ms"])
-            attempts.append(p["attempts"])
-            if not freed_checked:
-                freed_checked = True
-                during = smi()
-                detail = "; ".join(f"GPU {g}: {b[0]} MiB used before, {d[0]} MiB paused"
-                                   for g, (b, d) in enumerate(zip(before, during)))
-                held = int(args.hold_gib * 1024)
-                freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
-                verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
-                paused = ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during))
-                # What cudaw still maps on the GPUs (allocations, driver handles, shared
-                # buffers): nothing, but with --keep-shared. The rest is the driver's own:
-                # the contexts, their loaded kernels and local memory.
-                _, st = job.job("status")
-                devs = [d for m in st.get("members", []) for d in m.get("devices", [])]
-                mapped = sum(d.get("mapped", 0) for d in devs)
-                resident = sum(d.get("resident", 0) for d in devs)
-                if args.keep_shared:
-                    verdict(None, "ddp: paused job's GPU memory (--keep-shared: contexts + NCCL's buffers)",
-                            f"{paused}; cudaw maps {mapped} bytes")
-                else:
-                    verdict(bool(devs) and mapped == 0 and resident == 0,
-                            "ddp: paused job's GPUs hold the contexts alone",
-                            f"cudaw maps {mapped} bytes, {resident} resident, on {len(devs)} devices of "
-                            f"{len(st.get('members', []))} processes; nvidia-smi: {paused}")
-                if p.get("shared"):
-                    verdict(None, "ddp: shared memory evicted with the job",
-                            f"{p['shared']['exports']} exports, {p['shared']['imports']} imports, "
-                            f"{p['shared']['unpaired']} unpaired")
-                # All that is free while paused but 1 GiB (the allocating process's own
-                # context and its allocator's rounding): more than was free before the pause.
-                need = min(d[1] for d in during) - 1024
-                more = need > max(b[1] for b in before)
-                a = subprocess.run([sys.executable, "-c", ALLOC, str(need << 20)], capture_output=True,
-                                   text=True, timeout=120, env=dict(os.environ, **MULTICAST_OFF))
-                verdict(a.returncode == 0 and more, "ddp: another process allocates what the job freed",
-                        f"{need} MiB on each GPU (free before the pause: "
-                        f"{', '.join(str(b[1]) for b in before)} MiB): "
-                        f"{(a.stdout + a.stderr).strip()[-160:]}")
-            rc, r = job.job("resume")
-            if rc != 0:
-                failures.append(f"resume {i}: {r.get('error', r)}")
-                break
-            resume_ms.append(r["ms"])
-            pauses += 1
-        else:
-            folder = os.path.join(job.dir, f"image{dumps % 2}")
-            rc, d = job.job("dump", "-o", folder)
-            if rc != 0:
-                failures.append(f"dump {i}: {d.get('error', d)}")
-                break
-            rc, r = job.job("restore", "-i", folder)
-            if rc != 0:
-                failures.append(f"restore {i}: {r.get('error', r)}")
-                break
-            dumps += 1
+            if what == "pause":
+                rc, p = job.job("pause", *(["--keep-shared"] if args.keep_shared else []))
+                if rc != 0:
+                    failures.append(f"pause {i}: {p.get('error', p)}")
+                    break
+                pause_ms.append(p["ms"])
+                attempts.append(p["attempts"])
+                if not freed_checked:
+                    freed_checked = True
+                    during = smi()
+                    detail = "; ".join(f"GPU {g}: {b[0]} MiB used before, {d[0]} MiB paused"
+                                       for g, (b, d) in enumerate(zip(before, during)))
+                    held = int(args.hold_gib * 1024)
+                    freed = all(b[0] - d[0] >= held for b, d in zip(before, during)) and during
+                    verdict(bool(freed), "ddp: paused job frees each GPU (nvidia-smi)", detail)
+                    paused = ", ".join(f"GPU {g} {d[0]} MiB" for g, d in enumerate(during))
+                    # What cudaw still maps on the GPUs (allocations, driver handles, shared
+                    # buffers): nothing, but with --keep-shared. The rest is the driver's own:
+                    # the contexts, their loaded kernels and local memory.
+                    _, st = job.job("status")
+                    devs = [d for m in st.get("members", []) for d in m.get("devices", [])]
+                    mapped = sum(d.get("mapped", 0) for d in devs)
+                    resident = sum(d.get("resident", 0) for d in devs)
+                    if args.keep_shared:
+                        verdict(None, "ddp: paused job's GPU memory (--keep-shared: contexts + NCCL's buffers)",
+                                f"{paused}; cudaw maps {mapped} bytes")
+                    else:
+                        verdict(bool(devs) and mapped == 0 and resident == 0,
+                                "ddp: paused job's GPUs hold the contexts alone",
+                                f"cudaw maps {mapped} bytes, {resident} resident, on {len(devs)} devices of "
+                                f"{len(st.get('members', []))} processes; nvidia-smi: {paused}")
+                    if p.get("shared"):
+                        verdict(None, "ddp: shared memory evicted with the job",
+                                f"{p['shared']['exports']} exports, {p['shared']['imports']} imports, "
+                                f"{p['shared']['unpaired']} unpaired")
+                    # All that is free while paused but 1 GiB (the allocating process's own
+                    # context and its allocator's rounding): more than was free before the pause.
+                    if not during or not before:
+                        verdict(False, "ddp: another process allocates what the job freed",
+                                "nvidia-smi gave no figures")
+                        during = before = [(0, 1024)]
+                    need = min(d[1] for d in during) - 1024
+                    more = need > max(b[1] for b in before)
+                    a = subprocess.run([sys.executable, "-c", ALLOC, str(need << 20)], capture_output=True,
+                                       text=True, timeout=120, env=dict(os.environ, **MULTICAST_OFF))
+                    verdict(a.returncode == 0 and more, "ddp: another process allocates what the job freed",
+                            f"{need} MiB on each GPU (free before the pause: "
+                            f"{', '.join(str(b[1]) for b in before)} MiB): "
+                            f"{(a.stdout + a.stderr).strip()[-160:]}")
+                rc, r = job.job("resume")
+                if rc != 0:
+                    failures.append(f"resume {i}: {r.get('error', r)}")
+                    break
+                resume_ms.append(r["ms"])
+                pauses += 1
+            else:
+                folder = os.path.join(job.dir, f"image{dumps % 2}")
+                rc, d = job.job("dump", "-o", folder)
+                if rc != 0:
+                    failures.append(f"dump {i}: {d.get('error', d)}")
+                    break
+                rc, r = job.job("restore", "-i", folder)
+                if rc != 0:
+                    failures.append(f"restore {i}: {r.get('error', r)}")
+                    break
+                dumps += 1
+    except Exception as e:  # noqa: BLE001 - the job must not stay paused behind a crash
+        failures.append(f"the check itself failed: {e!r}")
+
     if failures:
         # Never leave the job paused behind a failed step: it would wait for ever.
         job.job("resume")
@@ -382,8 +390,9 @@ def driver_bench(args, gib):
             ck, err, _ = driver_steps(args.driver, "checkpoint", pids, ["5000"])
             rs, err2, _ = driver_steps(args.driver, "restore", list(ck)) if ck else ({}, None, 0)
             if err2:
-                slow = max(v["lock_s"] + v["checkpoint_s"] for v in ck.values())
-                verdict(None, name, f"lock+checkpoint worked on every rank ({slow * 1e3:.0f} ms, "
+                slow = max(v.get("lock_s", 0) + v.get("checkpoint_s", 0) for v in ck.values())
+                ranks = "every rank" if not err else f"{len(ck)} of {len(pids)} ranks"
+                verdict(None, name, f"lock+checkpoint worked on {ranks} ({slow * 1e3:.0f} ms, "
                         f"try {tries}), restore failed: {err2}")
                 return
             if not err:

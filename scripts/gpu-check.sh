@@ -545,8 +545,9 @@ elif want multigpu; then
   else
     row "peer: build" FAIL "nvcc failed; see programs.log"
   fi
-  # 2. A 2-rank DDP job (torchrun, NCCL) paused/resumed as a job 20 times and
-  #    dumped/restored 3 times at random instants, bit-identical to the native job. ~3 min.
+  # 2. A DDP job with one rank per GPU (DDP_GPUS for fewer; torchrun, NCCL) paused/resumed
+  #    as a job 20 times and dumped/restored 3 times at random instants, bit-identical to
+  #    the native job. ~3 min.
   timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus "${DDP_GPUS:-$gpus}" \
     --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} ${DDP_KEEP_SHARED:+--keep-shared} >"$OUT/ddp.out" 2>&1; rc=$?
   cp "$WORK/ddp/cudaw/ckpt.log" "$OUT/ddp_ckpt.log" 2>/dev/null; cp "$WORK/ddp/cudaw/job.err" "$OUT/ddp_job.err" 2>/dev/null
@@ -581,6 +582,8 @@ elif want jobbench; then
       INFO) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" info "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
   done <"$OUT/jobbench.out"
   grep -qE '^(INFO|FAIL) ' "$OUT/jobbench.out" || row "jobbench" FAIL "no figures (rc $rc); see jobbench.out"
+  # Figures printed along the way do not make up for a run that crashed or hung after them.
+  [ $rc -eq 0 ] || row "jobbench: script exit status" FAIL "rc $rc (124: timed out); see jobbench.out"
 fi
 lap jobbench
 

@@ -90,7 +90,7 @@ enum Command {
         after_help = "Examples:\n  cudaw-ckpt pause 4242\n  cudaw-ckpt pause 4242 --json    \
                             {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}\n  \
                             cudaw-ckpt pause 4242 --job     every process of the job launched by 4242 (torchrun's PID), together\n  \
-                            cudaw-ckpt pause 4242 --job --json    {\"root\",\"members\":[{\"pid\",...}],\"attempts\",\"ms\",\"allocations\",\"bytes\"}"
+                            cudaw-ckpt pause 4242 --job --json    {\"root\",\"members\":[{\"pid\",...}],\"attempts\",\"ms\",\"allocations\",\"bytes\",\"shared\":{...}}"
     )]
     Pause {
         /// The process ID.
@@ -471,29 +471,7 @@ fn print_job_paused(p: &ckpt_job::JobPaused) -> Result<()> {
     } else {
         String::new()
     };
-    if let Some(e) = p.shared.as_ref().and_then(|s| s.error.as_ref()) {
-        eprintln!("cudaw-ckpt: warning: the job's shared memory: {e}");
-    }
-    if let Some(s) = p
-        .shared
-        .as_ref()
-        .filter(|s| s.error.is_none() && s.exports + s.imports + s.unpaired > 0)
-    {
-        let outside = if s.unpaired > 0 {
-            format!(
-                "; {} imports of memory from outside the job left on the device",
-                s.unpaired
-            )
-        } else {
-            String::new()
-        };
-        outln!(
-            "job of {}: shared memory: {} exports and {} imports evicted with the job{outside}",
-            p.root,
-            s.exports,
-            s.imports
-        )?;
-    }
+    print_shared(p.root, p.shared.as_ref())?;
     outln!(
         "job of {}: {} processes paused: {} allocations, {} ({}) evicted in {:.1} ms{tries}",
         p.root,
@@ -555,6 +533,31 @@ fn job_status(pid: u32, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// What a job operation did with the memory its processes share.
+fn print_shared(root: u32, shared: Option<&ckpt_job::SharedEvicted>) -> Result<()> {
+    let Some(s) = shared else { return Ok(()) };
+    if let Some(e) = &s.error {
+        eprintln!("cudaw-ckpt: warning: the job's shared memory: {e}");
+        return Ok(());
+    }
+    if s.exports + s.imports + s.unpaired == 0 {
+        return Ok(());
+    }
+    let outside = if s.unpaired > 0 {
+        format!(
+            "; {} imports of memory from outside the job left on the device",
+            s.unpaired
+        )
+    } else {
+        String::new()
+    };
+    outln!(
+        "job of {root}: shared memory: {} exports and {} imports evicted with the job{outside}",
+        s.exports,
+        s.imports
+    )
+}
+
 fn job_dump(
     pid: u32,
     output: &Path,
@@ -574,6 +577,7 @@ fn job_dump(
     for m in &d.members {
         print_dumped(m.pid, &m.dumped)?;
     }
+    print_shared(job.root, d.shared.as_ref())?;
     let bytes: u64 = d.members.iter().map(|m| m.dumped.image_bytes).sum();
     outln!(
         "job of {}: {} images and {} written to {} ({} bytes) in {:.1} ms",

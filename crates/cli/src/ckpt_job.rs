@@ -628,6 +628,10 @@ pub struct JobDumped {
     pub pause: JobPaused,
     /// Each member's dump.
     pub members: Vec<MemberDumped>,
+    /// The shared memory evicted after the dump, as a job pause does (the job stays paused:
+    /// without `--leave-running`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedEvicted>,
     /// Milliseconds in all.
     pub ms: f64,
 }
@@ -680,7 +684,7 @@ pub fn dump(
     }
     let pause = pause(job, timeout, false)?;
     // A job paused earlier may have its shared memory evicted: it comes back onto the
-    // device first (the images leave it out; it stays there while the job is paused).
+    // device first (the images leave it out, and a dump needs every handle in place).
     bring_back_shared(job)?;
     let results = each(&job.members, |p| {
         dump_one(p, &dir.join(format!("{p}.cudaw")), leave_running)
@@ -736,10 +740,14 @@ pub fn dump(
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, &path))
         .map_err(|e| fail(Kind::Io, format!("writing {}: {e}", path.display())))?;
+    // A job left paused holds the contexts alone, as after `pause --job`: the shared memory
+    // (never in the images) goes to host memory too.
+    let shared = (!leave_running).then(|| evict_shared(job));
     Ok(JobDumped {
         path: dir.display().to_string(),
         pause,
         members,
+        shared,
         ms: started.elapsed().as_secs_f64() * 1e3,
     })
 }

@@ -79,15 +79,17 @@
 //!
 //! Memory one process exports (`cuMemExportToShareableHandle` to a POSIX descriptor) and
 //! another imports — NCCL's buffers between the ranks of a node — stays on the device in a
-//! plain pause. `cudaw-ckpt pause --job --shared` evicts it too, once every process is
-//! held: `shares` to each (its exports' descriptor numbers), `pair` to each with every
+//! plain pause. `cudaw-ckpt pause --job` evicts it too (not with `--keep-shared`), once
+//! every process is paused: `shares` to each (its exports' descriptor numbers), `pair` to each with every
 //! process's exports (each importer finds its exporter with `kcmp`), all once every
 //! process is paused; then `mark` to each (the exports every descriptor of which an import
 //! of the job matched, and the imports of those), `evict_shared` with `imports` to each,
 //! then `evict_shared` to each (the exports). A failure part-way brings back what was
 //! evicted, as a resume does, and the job stays paused without it. `resume --job` first sends `shares` (the imports not back, and their
-//! exports), `reexport` to each exporter (its reply carries new descriptors, `SCM_RIGHTS`),
-//! and `reimport` to each importer with them; then the resumes. A `resume` of a process
+//! exports), `reexport` to every exporter at once (its reply carries new descriptors,
+//! `SCM_RIGHTS`), then `reimport` to every importer at once with them; then the resumes.
+//! `dump --job` and `restore --job` bring the shared memory back the same way first; a
+//! `dump --job` that leaves the job paused evicts it again after. A `resume` of a process
 //! whose imports are not back is refused.
 //!
 //! | request | reply on success |

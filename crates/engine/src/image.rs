@@ -549,7 +549,7 @@ pub(crate) fn dump(
         return Err(Failure::new(
             ErrorKind::Unsupported,
             format!(
-                "{shared_out} driver-level handles this process shares with the job's others are evicted (a job pause with --shared): resume the job first (`cudaw-ckpt resume --job`), then dump it; no image was written"
+                "{shared_out} driver-level handles this process shares with the job's others are evicted (the job was paused with `cudaw-ckpt pause --job`): dump the whole job with `cudaw-ckpt dump --job`, which brings them back first; no image was written"
             ),
         ));
     }

@@ -328,10 +328,12 @@ pub(crate) fn shared(
         R::EvictShared { imports } => match shared::evict_shared(imports) {
             Ok(n) => {
                 let what = if imports { "imports" } else { "exports" };
-                log::info(format_args!(
-                    "pause: {n} {what} of memory shared within the job evicted (every process \
-                     sharing them is paused)"
-                ));
+                if n > 0 {
+                    log::info(format_args!(
+                        "shared memory: {n} {what} of memory shared within the job evicted \
+                         (every process sharing them is paused)"
+                    ));
+                }
                 let mut r = ok();
                 r.evicted_shared = Some(if imports {
                     Marked {
@@ -352,8 +354,8 @@ pub(crate) fn shared(
             match shared::reexport(&handles, &mut crate::staging::staging()) {
                 Ok(out) => {
                     log::info(format_args!(
-                        "resume: {} exports of memory shared within the job made again, at the \
-                         same addresses",
+                        "shared memory: {} exports of memory shared within the job handed to \
+                         its importers again (the evicted ones made again at the same addresses)",
                         handles.len()
                     ));
                     let mut r = ok();
@@ -366,8 +368,8 @@ pub(crate) fn shared(
         R::Reimport { handles } => match shared::reimport(handles.into_iter().zip(fds).collect()) {
             Ok(n) => {
                 log::info(format_args!(
-                    "resume: {n} imports of memory shared within the job imported again, at the \
-                     same addresses"
+                    "shared memory: {n} imports of memory shared within the job imported again, \
+                     at the same addresses"
                 ));
                 let mut r = ok();
                 r.reimported = Some(Reimported { imports: n as u64 });

@@ -140,7 +140,9 @@ pub fn pair(peers: &[(u32, u64, i32)]) -> Result<(Vec<(u64, u32, u64, i32)>, usi
     let mut out = Vec::new();
     let mut unpaired = 0;
     for (&v, h) in t.handles.iter_mut() {
-        if h.pinned != Some(IMPORTED) {
+        // An import evicted already (the job was paused before) is neither paired nor
+        // from outside the job: its exporter brings it back.
+        if h.pinned != Some(IMPORTED) || h.real.is_none() {
             continue;
         }
         let Some(fd) = h.share.fds.first().map(|f| f.as_raw_fd()) else {
@@ -305,8 +307,13 @@ pub fn awaiting() -> usize {
 }
 
 /// Exports `vs` again (while paused): each evicted one is brought back first (re-created at
-/// its addresses with its bytes); a new descriptor for each, in order, which replaces the
-/// ones kept. A resident export (its eviction failed and was undone) is exported as it is.
+/// its addresses with its bytes) and exported anew; its new descriptor replaces the ones
+/// kept (those were let go with the memory). A resident export (never evicted, or back
+/// from an earlier try that failed later) keeps its memory, and other imports of the job
+/// may map it: it hands out a duplicate of a descriptor kept, so that every import of it
+/// stays paired with it (and one the program released, which cannot be exported again,
+/// still can be handed out); only one with no descriptor kept is exported again, and the
+/// new one joins those kept. A descriptor for each, in order.
 pub fn reexport(
     vs: &[u64],
     loader: &mut dyn Staging<DriverBackend>,
@@ -327,6 +334,17 @@ pub fn reexport(
     let mut out = Vec::new();
     for &v in vs {
         let h = t.handles.get_mut(&v).expect("checked");
+        let fresh = evicted.contains(&v);
+        if !fresh {
+            if let Some(kept) = h.share.fds.last() {
+                let fd = dup(kept.as_raw_fd()).ok_or_else(|| {
+                    format!("duplicating a kept descriptor of driver handle {v:#x}")
+                })?;
+                h.share.evict = false;
+                out.push(fd);
+                continue;
+            }
+        }
         let (Some(r), false) = (h.real, h.real_released) else {
             return Err(format!(
                 "driver handle {v:#x} was released: it cannot be exported again"
@@ -348,7 +366,15 @@ pub fn reexport(
         }
         // SAFETY: the driver just gave us this descriptor; it is ours to own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        h.share.fds = dup(fd.as_raw_fd()).map(Arc::new).into_iter().collect();
+        let kept = dup(fd.as_raw_fd()).map(Arc::new);
+        if fresh {
+            h.share.fds = kept.into_iter().collect();
+        } else if let Some(k) = kept {
+            if h.share.fds.len() >= KEPT_PER_HANDLE {
+                h.share.fds.remove(0);
+            }
+            h.share.fds.push(k);
+        }
         h.share.evict = false;
         out.push(fd);
     }
