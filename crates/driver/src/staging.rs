@@ -51,8 +51,11 @@
 //! it in large asynchronous copies over the pool's streams, with no host-side copy, and
 //! return [`HostCopy::Retained`]; loads of [`Source::Retained`] copy straight out of it.
 //! Readers borrow the bytes with [`PinnedStaging::retained`]; [`PinnedStaging::forget`] /
-//! [`PinnedStaging::forget_all`] release places. Single evictions (the `Staging::save` of
-//! the trait) always take the ordinary path. Not yet measured on the GPU.
+//! [`PinnedStaging::forget_all`] release places ([`PinnedStaging::forget_all_but`] keeps
+//! the places of bytes still needed, which the next pause then places its bytes after).
+//! The arena is keyed by [`vmm::AllocationId`]: whoever saves into it (the VMM's
+//! allocations, the engine's driver-level handles) keeps its ids apart from the others'.
+//! Single evictions (the `Staging::save` of the trait) always take the ordinary path.
 //!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
@@ -704,10 +707,34 @@ impl PinnedStaging {
     /// allocation is back on the device (after a whole restore), so that the next pause
     /// starts at the arena's beginning.
     pub fn forget_all(&mut self, backend: &DriverBackend) {
-        if let Some(a) = self.arenas.get_mut(&backend.context().0) {
-            a.entries.clear();
+        self.forget_all_but(backend, |_| false);
+    }
+
+    /// Forgets what the arena holds for `backend`'s context except the allocations `keep`
+    /// says yes to (bytes still needed: their owner is not back on the device yet). Kept
+    /// bytes stay where they are: the next pause places its bytes after them (where the
+    /// arena has room), and starts at the arena's beginning again only once nothing is
+    /// kept. Returns how many it kept.
+    pub fn forget_all_but(
+        &mut self,
+        backend: &DriverBackend,
+        keep: impl Fn(vmm::AllocationId) -> bool,
+    ) -> usize {
+        let Some(a) = self.arenas.get_mut(&backend.context().0) else {
+            return 0;
+        };
+        a.entries.retain(|&id, _| keep(id));
+        if a.entries.is_empty() {
             a.cursor = 0;
         }
+        a.entries.len()
+    }
+
+    /// The allocations whose bytes the arena of `backend`'s context holds now.
+    pub fn retained_ids(&self, backend: &DriverBackend) -> Vec<vmm::AllocationId> {
+        self.arenas
+            .get(&backend.context().0)
+            .map_or_else(Vec::new, |a| a.entries.keys().copied().collect())
     }
 
     /// Copies `ranges` off the device for a whole-process pause: into the host arena

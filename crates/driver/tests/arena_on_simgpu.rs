@@ -335,3 +335,53 @@ fn a_failed_copy_into_the_arena_retains_nothing() {
     vmm.restore_all(&mut staging).unwrap();
     verify(&vmm, &allocs, 9);
 }
+
+/// What a resume that loads the program's allocations before the driver handles it still
+/// owes does: the arena forgets every place but those kept, and the next pause places its
+/// bytes after the kept ones (never over them); once nothing is kept, pauses start at the
+/// arena's beginning again.
+#[test]
+fn kept_places_survive_a_forget_and_the_next_pause() {
+    let vmm = new_vmm(Config::mapped());
+    let b = vmm.backend();
+    let sizes = [3 << 20, 5000, 1 << 20];
+    let allocs = fill(&vmm, &sizes, 21);
+    let mut staging = PinnedStaging::new(arena_config());
+    // Room for two pauses' bytes.
+    make_arena(&mut staging, b, 2 * demand(&allocs));
+    vmm.evict_all(&mut Retaining(&mut staging)).unwrap();
+    let kept = allocs[0].id;
+    let kept_bytes = staging.retained(b, kept).unwrap().to_vec();
+    assert!(kept_bytes == pattern(3 << 20, 21));
+    // The allocations come back; allocation 0's place is kept as if it were still owed.
+    vmm.restore_all(&mut staging).unwrap();
+    assert_eq!(staging.forget_all_but(b, |id| id == kept), 1);
+    assert_eq!(staging.retained_ids(b), vec![kept]);
+    // New bytes, a second pause: each allocation gets a place of its own again (the kept
+    // id's place is replaced by a new one), after the kept place.
+    for (i, a) in allocs.iter().enumerate() {
+        b.copy_from_host(a.base, &pattern(a.size as usize, 50 + i as u64))
+            .unwrap();
+    }
+    let stale = staging.retained(b, kept).unwrap().as_ptr();
+    vmm.evict_all(&mut Retaining(&mut staging)).unwrap();
+    assert_eq!(staging.arena_status(b).retained, allocs.len());
+    for (i, a) in allocs.iter().enumerate() {
+        let now = staging.retained(b, a.id).expect("in the arena");
+        assert!(
+            now == pattern(a.size as usize, 50 + i as u64),
+            "allocation {i}"
+        );
+        assert!(now.as_ptr() > stale, "placed after the kept place");
+    }
+    vmm.restore_all(&mut staging).unwrap();
+    verify(&vmm, &allocs, 50);
+    // Nothing kept: the next pause starts at the beginning (where the kept place was).
+    assert_eq!(staging.forget_all_but(b, |_| false), 0);
+    vmm.evict_all(&mut Retaining(&mut staging)).unwrap();
+    assert_eq!(staging.retained(b, allocs[0].id).unwrap().as_ptr(), stale);
+    vmm.restore_all(&mut staging).unwrap();
+    staging.forget_all(b);
+    assert!(staging.retained_ids(b).is_empty());
+    verify(&vmm, &allocs, 50);
+}
