@@ -171,10 +171,19 @@ fn a_driver_launch_waits_while_paused() {
 
 /// `expandable.cu` under cudaw, driver layer or not, its stdin piped.
 fn expandable(mode: &str, driver_layer: bool) -> Option<cudaw_tests::KillOnDrop> {
+    expandable_with(mode, driver_layer, &[])
+}
+
+/// `expandable.cu` under cudaw with `env` too.
+fn expandable_with(
+    mode: &str,
+    driver_layer: bool,
+    env: &[(&str, &str)],
+) -> Option<cudaw_tests::KillOnDrop> {
     let nvcc = nvcc()?;
     let dir = workspace().join("tests/cuda/driver");
     let exe = compile(&nvcc, "expandable", &dir.join("expandable.cu"));
-    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, &[]);
+    let mut cmd = command_under_cudaw(&exe, Addressing::Mapped, env);
     if !driver_layer {
         // `cudaw run --no-driver-layer --lib-dir ... -- PROGRAM`: the flag before `--`.
         let args: Vec<_> = cmd.get_args().map(|a| a.to_owned()).collect();
@@ -216,10 +225,43 @@ fn paused_numbers(line: &str) -> (u64, u64, u64, u64) {
     )
 }
 
+/// The line a pause logs when it leaves all 8 of `expandable`'s handles in the host arena.
+const HANDLES_IN_ARENA: &str =
+    "pause: device 0: 8 of 8 driver handles (16777216 bytes) left in the host arena";
+
+/// With `CUDAW_HOST_ARENA=pinned`: waits (after the program's `cudaMalloc`, which follows
+/// "ready") until the control thread has made a host arena large enough for the program's
+/// allocation and its 8 handles (an arena made before the `cudaMalloc` is replaced by a
+/// larger one once the memory holds still again).
+fn wait_for_arena(log: &Receiver<String>, seen: &mut Vec<String>) {
+    loop {
+        let line = wait_for(log, "page-locked, ready in", seen);
+        let bytes: u64 = line
+            .split_once("host arena for device 0: ")
+            .and_then(|(_, rest)| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no size in {line:?}"));
+        if bytes > 8 * (2 << 20) {
+            return;
+        }
+    }
+}
+
 /// Pauses and resumes `expandable` `cycles` times, checking the pattern after each resume.
 fn expandable_cycles(mode: &str, driver_layer: bool, cycles: usize) {
+    expandable_cycles_with(mode, driver_layer, cycles, false);
+}
+
+/// As [`expandable_cycles`], with the host arena on when `arena`: every pause leaves the
+/// handles' bytes in it (and says so), every resume loads them from there.
+fn expandable_cycles_with(mode: &str, driver_layer: bool, cycles: usize, arena: bool) {
     use std::io::Write;
-    let Some(mut child) = expandable(mode, driver_layer) else {
+    let env: &[(&str, &str)] = if arena {
+        &[("CUDAW_HOST_ARENA", "pinned")]
+    } else {
+        &[]
+    };
+    let Some(mut child) = expandable_with(mode, driver_layer, env) else {
         return;
     };
     let mut stdin = child.stdin.take().expect("stdin");
@@ -229,7 +271,17 @@ fn expandable_cycles(mode: &str, driver_layer: bool, cycles: usize) {
     let (mut seen_out, mut seen_log) = (Vec::new(), Vec::new());
     wait_for(&out, "ready: 8 chunks", &mut seen_out);
     wait_for(&log, "pause on signal", &mut seen_log);
+    let mut checks = 0;
+    if arena {
+        // The program's cudaMalloc is done once a check has run.
+        writeln!(stdin, "check").expect("writing to expandable");
+        let line = wait_for(&out, "check 0 ", &mut seen_out);
+        assert!(line.ends_with(" ok"), "{line}");
+        checks += 1;
+        wait_for_arena(&log, &mut seen_log);
+    }
     for cycle in 0..cycles {
+        let before = seen_log.len();
         // SAFETY: kill(2) on our own child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR1) }, 0);
         let line = wait_for(&log, "paused: ", &mut seen_log);
@@ -238,11 +290,21 @@ fn expandable_cycles(mode: &str, driver_layer: bool, cycles: usize) {
         assert!(allocations >= 8, "{line}");
         assert!(bytes >= 8 * (2 << 20), "{line}");
         assert_eq!(mapped, 0, "memory still mapped while paused: {line}");
+        // The pause logs where the handles went before its summary.
+        let in_arena = seen_log[before..]
+            .iter()
+            .any(|l| l.contains(HANDLES_IN_ARENA));
+        assert_eq!(
+            in_arena,
+            arena,
+            "cycle {cycle}: the handles in the host arena: {}",
+            seen_log[before..].join("\n")
+        );
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGUSR2) }, 0);
         wait_for(&log, "resumed: ", &mut seen_log);
         writeln!(stdin, "check").expect("writing to expandable");
-        let line = wait_for(&out, &format!("check {cycle} "), &mut seen_out);
+        let line = wait_for(&out, &format!("check {} ", cycle + checks), &mut seen_out);
         assert!(
             line.ends_with(" ok"),
             "cycle {cycle}: {line}\n{}",
@@ -272,6 +334,19 @@ fn expandable_segments_through_the_entry_points_are_evicted_without_the_driver_l
 #[test]
 fn expandable_segments_through_cu_get_proc_address_are_evicted() {
     expandable_cycles("proc", true, 5);
+}
+
+/// With `CUDAW_HOST_ARENA=pinned`, driver handles' bytes go into the page-locked host
+/// arena as the program's `cudaMalloc` memory does, and come back from there intact,
+/// pause after pause, through the driver layer and without it.
+#[test]
+fn expandable_segments_are_evicted_into_the_host_arena() {
+    expandable_cycles_with("entry", true, 4, true);
+}
+
+#[test]
+fn expandable_segments_are_evicted_into_the_host_arena_without_the_driver_layer() {
+    expandable_cycles_with("entry", false, 3, true);
 }
 
 /// `cudaw-ckpt ARGS --json`: exit status and the reply.

@@ -346,13 +346,15 @@ fn resume_failure(
     Failure::new(kind, msg)
 }
 
-/// Host arena bytes `m`'s allocations need (`CUDAW_HOST_ARENA=pinned`).
+/// Host arena bytes `m`'s allocations and its device's driver handles need
+/// (`CUDAW_HOST_ARENA=pinned`).
 pub(crate) fn arena_demand(m: &DeviceMemory) -> u64 {
     m.vmm
         .snapshot()
         .iter()
         .map(|a| a.size.next_multiple_of(driver::ARENA_ALIGN))
-        .sum()
+        .sum::<u64>()
+        + handles::arena_demand(m.vmm.backend().device())
 }
 
 /// Evicts every resident allocation of one device to host memory: the one place that says

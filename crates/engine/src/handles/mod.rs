@@ -94,18 +94,31 @@ struct Handle {
     share: shared::Share,
 }
 
-/// One mapped range of an evicted handle: its bytes, in host memory or in the image a dump
-/// wrote (`cudaw-ckpt dump`; resume reads them from there, by `id`).
+/// One mapped range of an evicted handle: its bytes, in host memory, in the host arena or
+/// in the image a dump wrote (`cudaw-ckpt dump`; resume reads them from there, by `id`).
 #[derive(Debug, Clone)]
 struct Saved {
     /// The mapping's address.
     addr: u64,
-    /// Its id in a checkpoint image ([`range_id`]).
+    /// Its id in a checkpoint image and in the host arena ([`range_id`]).
     id: u64,
     /// Its bytes.
     len: u64,
-    /// The bytes; `None`: in the image that holds the process's memory.
-    bytes: Option<Vec<u8>>,
+    /// Where the bytes are.
+    bytes: Held,
+}
+
+/// Where an evicted range's bytes are.
+#[derive(Debug, Clone)]
+enum Held {
+    /// In host memory of its own.
+    Memory(Vec<u8>),
+    /// In the page-locked host arena (`CUDAW_HOST_ARENA=pinned`), under the range's id on
+    /// its device: [`crate::staging::with_retained`] reads them, a load or a dump forgets
+    /// them ([`crate::staging::forget`]).
+    Arena,
+    /// In the image that holds the process's memory.
+    Image,
 }
 
 /// Every mapping of virtual handle `v`: (address, mapping).
@@ -141,11 +154,28 @@ fn map_again(maps: &[(u64, Mapping)], r: u64, mapped: &mut Vec<(u64, u64)>) -> R
     Ok(())
 }
 
-/// The image id of range `i` (in address order) of virtual handle `v`: the handle itself
-/// for its first range, then the range index in bits 48..52 (the counter stays below 2^48,
-/// [`TAG`] leaves those bits clear), so ids never meet the VMM's small counters.
+/// Bits 48..52 of a virtual handle: clear while the handle counter stays below 2^48 (and
+/// [`TAG`] leaves them clear), for [`range_id`]'s range index.
+const RANGE_BITS: u64 = 0xF << 48;
+
+/// The id of range `i` (in address order) of virtual handle `v`, in a checkpoint image and
+/// in the host arena: the handle itself for its first range, then the range index in bits
+/// 48..52. `None` past 16 ranges, or for a handle whose counter reached those bits (2^48
+/// handles made: not in practice), so that two ranges never share an id.
+///
+/// Never an id of the VMM's: every range id has [`TAG`]'s bits set, so it is at least
+/// [`TAG`] (0xCDA0 << 48), while the VMM numbers its allocations from 0 up, one per
+/// allocation, per device (`vmm::AllocationId`, its creation order), and would need
+/// 2^63 allocations to reach it. The host arena, keyed by those ids per device, can hold
+/// both ([`is_range_id`] tells them apart).
 fn range_id(v: u64, i: usize) -> Option<u64> {
-    (i < 16).then_some(v | ((i as u64) << 48))
+    (i < 16 && v & TAG == TAG && v & RANGE_BITS == 0).then_some(v | ((i as u64) << 48))
+}
+
+/// Whether `id` (in the host arena or an image) is a driver-handle range's, not a VMM
+/// allocation's ([`range_id`]).
+pub fn is_range_id(id: u64) -> bool {
+    id & TAG == TAG
 }
 
 /// One `cuMemMap`.
@@ -918,36 +948,98 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                 .map_err(|e| format!("device {dev}: error {e}"))?;
             let backend = m.vmm.backend();
             backend.make_current().map_err(|e| e.to_string())?;
-            let mut ranges = Vec::new();
-            let mut owner = Vec::new();
+            // Ranges with an id of their own go where the pause puts the VMM's bytes (the
+            // host arena, where there is one and it has room); the others (a handle mapped
+            // over more than 16 spans) into host memory of their own.
+            let (mut arena, mut other) = (Vec::new(), Vec::new());
             for &v in vs {
-                for (va, len) in ranges_of(&t, v) {
-                    ranges.push(StagingRange {
-                        id: AllocationId(v),
+                for (i, (va, len)) in ranges_of(&t, v).into_iter().enumerate() {
+                    let id = range_id(v, i);
+                    let r = StagingRange {
+                        id: AllocationId(id.unwrap_or(v)),
                         addr: va,
                         len,
-                    });
-                    owner.push(v);
+                    };
+                    match id {
+                        Some(id) => arena.push((r, v, id)),
+                        None => other.push((r, v, 0)),
+                    }
                 }
             }
             let copy_started = std::time::Instant::now();
-            let copies = staging()
-                .save(backend, &ranges)
-                .map_err(|e| format!("copying driver handles of device {dev} to host: {e}"))?;
+            let only = |rs: &[(StagingRange, u64, u64)]| -> Vec<StagingRange> {
+                rs.iter().map(|(r, _, _)| *r).collect()
+            };
+            let failed = |e: vmm::StagingError| {
+                format!("copying driver handles of device {dev} to host: {e}")
+            };
+            let mut copies = if arena.is_empty() {
+                Vec::new()
+            } else {
+                crate::staging::save_for_pause(backend, &only(&arena)).map_err(failed)?
+            };
+            if !other.is_empty() {
+                match staging().save(backend, &only(&other)) {
+                    Ok(c) => copies.extend(c),
+                    Err(e) => {
+                        // The bytes the arena took are nobody's.
+                        for (_, _, id) in &arena {
+                            crate::staging::forget(backend, AllocationId(*id));
+                        }
+                        return Err(failed(e));
+                    }
+                }
+            }
             moved.copy_ms += copy_started.elapsed().as_secs_f64() * 1e3;
-            copied(ranges.iter().map(|r| r.len).sum());
-            for ((r, v), c) in ranges.iter().zip(&owner).zip(copies) {
-                let HostCopy::Memory(bytes) = c else {
-                    return Err("the staging kept a driver handle's bytes itself".into());
+            let ranges: Vec<(StagingRange, u64, u64)> = arena.into_iter().chain(other).collect();
+            copied(ranges.iter().map(|(r, _, _)| r.len).sum());
+            if copies.len() != ranges.len() {
+                return Err(format!(
+                    "the staging returned {} copies of driver handles' ranges, expected {}",
+                    copies.len(),
+                    ranges.len()
+                ));
+            }
+            // Handles whose every range is in the arena.
+            let mut not_all: std::collections::HashSet<u64> = std::collections::HashSet::new();
+            for ((r, v, id), c) in ranges.iter().zip(copies) {
+                let bytes = match c {
+                    HostCopy::Memory(b) => {
+                        not_all.insert(*v);
+                        Held::Memory(b)
+                    }
+                    HostCopy::Retained if *id != 0 => Held::Arena,
+                    other => {
+                        let kind = match other {
+                            HostCopy::File { .. } => "a file",
+                            _ => "the staging itself, under no id of the range's",
+                        };
+                        return Err(format!(
+                            "the bytes of driver handle {v:#x} ({} bytes at {:#x}) went to {kind}, not to host memory or the host arena",
+                            r.len, r.addr
+                        ));
+                    }
                 };
                 let h = t.handles.get_mut(v).expect("live");
-                let id = range_id(*v, h.saved.len()).unwrap_or(0);
                 h.saved.push(Saved {
                     addr: r.addr,
-                    id,
+                    id: *id,
                     len: r.len,
-                    bytes: Some(bytes),
+                    bytes,
                 });
+            }
+            let in_arena: Vec<u64> = vs
+                .iter()
+                .copied()
+                .filter(|v| !not_all.contains(v))
+                .collect();
+            if !in_arena.is_empty() {
+                let bytes: u64 = in_arena.iter().map(|v| t.handles[v].size).sum();
+                log::info(format_args!(
+                    "pause: device {dev}: {} of {} driver handles ({bytes} bytes) left in the host arena",
+                    in_arena.len(),
+                    vs.len()
+                ));
             }
             for &v in vs {
                 let maps: Vec<(u64, u64)> = t
@@ -986,8 +1078,10 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
         }
         Ok(())
     })();
-    // Handles whose bytes were saved but that stayed mapped keep nothing saved.
+    // Handles whose bytes were saved but that stayed mapped keep nothing saved (nor
+    // anything in the host arena).
     for h in t.handles.values_mut().filter(|h| h.real.is_some()) {
+        forget_in_arena(h.device, &h.saved);
         h.saved.clear();
     }
     if let Err(e) = r {
@@ -1000,6 +1094,55 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
         return Err(e);
     }
     Ok(moved)
+}
+
+/// The host arena of `device`'s context forgets the ranges of `saved` it holds.
+fn forget_in_arena(device: Option<i32>, saved: &[Saved]) {
+    for s in saved.iter().filter(|s| matches!(s.bytes, Held::Arena)) {
+        forget_range(device, s.id);
+    }
+}
+
+/// The host arena of `device`'s context forgets range `id`.
+fn forget_range(device: Option<i32>, id: u64) {
+    if let Some(m) = device.and_then(|d| memory::device_without_runtime(d).ok()) {
+        crate::staging::forget(m.vmm.backend(), AllocationId(id));
+    }
+}
+
+/// The ids of device `ordinal`'s evicted ranges whose bytes are in the host arena: what a
+/// resume must not let the arena forget before it has loaded them
+/// ([`crate::staging::restored`]).
+pub fn in_arena(ordinal: i32) -> std::collections::HashSet<u64> {
+    let t = TABLE.lock();
+    t.handles
+        .values()
+        .filter(|h| h.device == Some(ordinal))
+        .flat_map(|h| h.saved.iter())
+        .filter(|s| matches!(s.bytes, Held::Arena))
+        .map(|s| s.id)
+        .collect()
+}
+
+/// Host arena bytes device `ordinal`'s driver handles need for a pause (every handle of
+/// device memory, evictable now or not: each distinct mapped span as [`evict`] saves it,
+/// rounded up as the arena places it).
+pub fn arena_demand(ordinal: i32) -> u64 {
+    demand_of(&TABLE.lock(), ordinal)
+}
+
+fn demand_of(t: &Table, ordinal: i32) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    t.mappings
+        .values()
+        .filter(|m| {
+            t.handles
+                .get(&m.handle)
+                .is_some_and(|h| h.device == Some(ordinal))
+                && seen.insert((m.handle, m.offset, m.size))
+        })
+        .map(|m| m.size.next_multiple_of(driver::ARENA_ALIGN))
+        .sum()
 }
 
 /// Bytes of evicted handles.
@@ -1095,25 +1238,46 @@ pub fn image_records(dev: i32) -> Vec<ckpt::AllocationRecord> {
     out
 }
 
-/// Calls `f` with the saved bytes of range `id` (`None`: they are in the image that holds
-/// the process's memory, or the range is unknown: `Err`).
+/// Calls `f` with the saved bytes of range `id`, from host memory or the host arena
+/// (`None`: they are in the image that holds the process's memory; the range unknown, or
+/// its bytes missing from the arena: `Err`).
 pub fn with_saved<R>(id: u64, f: impl FnOnce(Option<&[u8]>) -> R) -> Result<R, String> {
     let t = TABLE.lock();
-    let s = t
+    let (h, s) = t
         .handles
         .values()
-        .flat_map(|h| h.saved.iter())
-        .find(|s| s.id == id)
+        .flat_map(|h| h.saved.iter().map(move |s| (h, s)))
+        .find(|(_, s)| s.id == id)
         .ok_or_else(|| format!("driver handle range {id:#x} is not saved"))?;
-    Ok(f(s.bytes.as_deref()))
+    match &s.bytes {
+        Held::Memory(b) => Ok(f(Some(b))),
+        Held::Image => Ok(f(None)),
+        Held::Arena => {
+            let dev = h.device.unwrap_or(0);
+            let m = memory::device_without_runtime(dev)
+                .map_err(|e| format!("driver handle range {id:#x}: device {dev}: error {e}"))?;
+            crate::staging::with_retained(m.vmm.backend(), AllocationId(id), |b| f(Some(b)))
+                .ok_or_else(|| {
+                    format!(
+                        "driver handle range {id:#x} ({} bytes at {:#x}): not in the host arena of device {dev}",
+                        s.len, s.addr
+                    )
+                })
+        }
+    }
 }
 
-/// After a dump: the bytes of these ranges live only in the image (host copies freed).
+/// After a dump: the bytes of these ranges live only in the image (host copies freed, the
+/// host arena's forgotten).
 pub fn mark_in_image(ids: &[u64]) {
     let mut t = TABLE.lock();
-    for s in t.handles.values_mut().flat_map(|h| h.saved.iter_mut()) {
-        if ids.contains(&s.id) {
-            s.bytes = None;
+    for h in t.handles.values_mut() {
+        let device = h.device;
+        for s in h.saved.iter_mut().filter(|s| ids.contains(&s.id)) {
+            if matches!(s.bytes, Held::Arena) {
+                forget_range(device, s.id);
+            }
+            s.bytes = Held::Image;
         }
     }
 }
@@ -1192,8 +1356,9 @@ fn restore_handles(
                     addr: s.addr,
                     len: s.len,
                     source: match &s.bytes {
-                        Some(b) => Source::Memory(b),
-                        None => Source::File { offset: 0 },
+                        Held::Memory(b) => Source::Memory(b),
+                        Held::Arena => Source::Retained,
+                        Held::Image => Source::File { offset: 0 },
                     },
                 })
                 .collect();
@@ -1209,8 +1374,18 @@ fn restore_handles(
             undo_charge();
             return Err(f);
         }
-        // Their host copies go back to the staging, for the next pause's bytes.
-        loader.recycle(h.saved.drain(..).filter_map(|s| s.bytes).collect());
+        // Their host copies go back to the staging, for the next pause's bytes; their
+        // places in the host arena are free (the loader read them, or the image).
+        forget_in_arena(h.device, &h.saved);
+        loader.recycle(
+            h.saved
+                .drain(..)
+                .filter_map(|s| match s.bytes {
+                    Held::Memory(b) => Some(b),
+                    _ => None,
+                })
+                .collect(),
+        );
         h.real = Some(r);
         h.charged = charged;
         // An export stays unreleased until exported again (its importers need it).
@@ -1253,6 +1428,68 @@ mod tests {
         assert!(!grants(&descs, 2), "PROT_NONE grants nothing");
         descs.extend_from_slice(&access_desc(1, PROT_READWRITE));
         assert!(grants(&descs, 1));
+    }
+
+    #[test]
+    fn range_ids_never_meet_the_vmms_ids_nor_each_other() {
+        let mut seen = std::collections::HashSet::new();
+        for n in [1u64, 2, 3, 1000, (1 << 48) - 1] {
+            for i in 0..16 {
+                let id = range_id(TAG | n, i).expect("an id");
+                assert!(is_range_id(id) && id >= TAG, "{id:#x}");
+                assert!(seen.insert(id), "{id:#x} twice");
+            }
+            assert_eq!(
+                range_id(TAG | n, 0),
+                Some(TAG | n),
+                "the handle itself first"
+            );
+            assert_eq!(range_id(TAG | n, 16), None, "past 16 ranges");
+        }
+        // A counter that reached the range bits, or no virtual handle: no id.
+        assert_eq!(range_id(TAG | (1 << 48), 0), None);
+        assert_eq!(range_id(7, 0), None);
+        // The VMM numbers its allocations from 0 up: far below any range id.
+        for id in [0u64, 1, 1 << 40, 1 << 62, TAG - 1] {
+            assert!(!is_range_id(id), "{id:#x}");
+        }
+    }
+
+    #[test]
+    fn the_arena_demand_counts_each_mapped_span_once_per_device() {
+        let mut t = Table::default();
+        let handle = |device, size| Handle {
+            real: Some(7),
+            size,
+            prop: [0; PROP_BYTES],
+            device,
+            charged: 0,
+            refs: 1,
+            real_released: false,
+            pinned: None,
+            saved: Vec::new(),
+            share: shared::Share::default(),
+        };
+        let m = |handle, offset, size| Mapping {
+            size,
+            offset,
+            handle,
+            access: Vec::new(),
+        };
+        t.handles.insert(TAG | 1, handle(Some(0), 4 << 20));
+        t.handles.insert(TAG | 2, handle(Some(1), 2 << 20));
+        t.handles.insert(TAG | 3, handle(None, 2 << 20));
+        t.handles.insert(TAG | 4, handle(Some(0), 5000));
+        // Handle 1 in two halves, the first mapped twice (one span, saved once).
+        t.mappings.insert(0x1000_0000, m(TAG | 1, 0, 2 << 20));
+        t.mappings.insert(0x2000_0000, m(TAG | 1, 2 << 20, 2 << 20));
+        t.mappings.insert(0x3000_0000, m(TAG | 1, 0, 2 << 20));
+        t.mappings.insert(0x4000_0000, m(TAG | 2, 0, 2 << 20));
+        t.mappings.insert(0x5000_0000, m(TAG | 3, 0, 2 << 20));
+        t.mappings.insert(0x6000_0000, m(TAG | 4, 0, 5000));
+        assert_eq!(demand_of(&t, 0), (4 << 20) + 8192, "rounded to ARENA_ALIGN");
+        assert_eq!(demand_of(&t, 1), 2 << 20);
+        assert_eq!(demand_of(&t, 2), 0);
     }
 
     #[test]
