@@ -169,12 +169,7 @@ fn a_driver_launch_waits_while_paused() {
     assert!(status.success(), "driver_launch failed: {seen_log:?}");
 }
 
-/// `expandable.cu` under cudaw, driver layer or not, its stdin piped.
-fn expandable(mode: &str, driver_layer: bool) -> Option<cudaw_tests::KillOnDrop> {
-    expandable_with(mode, driver_layer, &[])
-}
-
-/// `expandable.cu` under cudaw with `env` too.
+/// `expandable.cu` under cudaw, driver layer or not, with `env` too, its stdin piped.
 fn expandable_with(
     mode: &str,
     driver_layer: bool,
@@ -368,8 +363,26 @@ fn ckpt_json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
 /// matches the process (it mapped one more chunk) is refused, the process running on.
 #[test]
 fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
+    dump_and_restore_handles(false);
+}
+
+/// As [`a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them`], with the
+/// host arena on (`CUDAW_HOST_ARENA=pinned`): the pauses leave the handles' bytes in the
+/// arena, the dumps write them from there, a dump that leaves the process paused moves
+/// them to the image (resume reads them from it), restores load the image's.
+#[test]
+fn a_dump_of_driver_handles_in_the_host_arena_holds_them_and_restores_them() {
+    dump_and_restore_handles(true);
+}
+
+fn dump_and_restore_handles(arena: bool) {
     use std::io::Write;
-    let Some(mut child) = expandable("entry", true) else {
+    let env: &[(&str, &str)] = if arena {
+        &[("CUDAW_HOST_ARENA", "pinned")]
+    } else {
+        &[]
+    };
+    let Some(mut child) = expandable_with("entry", true, env) else {
         return;
     };
     let mut stdin = child.stdin.take().expect("stdin");
@@ -389,11 +402,23 @@ fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
     };
     // Every allocation made (the program's cudaMalloc follows "ready").
     check(&mut stdin, &mut seen_out);
+    if arena {
+        wait_for_arena(&log, &mut seen_log);
+    }
+    // Each pause leaves the handles in the arena, when it is on (the log is read on
+    // another thread: waited for, bounded).
+    let paused_into_arena = |seen_log: &mut Vec<String>| {
+        if arena {
+            wait_for(&log, HANDLES_IN_ARENA, seen_log);
+        } else {
+            assert!(!seen_log
+                .iter()
+                .any(|l| l.contains("left in the host arena")));
+        }
+    };
     let pid = child.id().to_string();
-    let dir = std::env::temp_dir().join(format!("cudaw-handles-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+    let dir = tempfile::tempdir().expect("a folder for the images");
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
     let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
     const HANDLE_BYTES: u64 = 8 * (2 << 20);
 
@@ -401,6 +426,7 @@ fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
     let (code, d) = ckpt_json(&["dump", &pid, "-o", a_s]);
     assert_eq!(code, Some(0), "{d}");
     assert_eq!(d["state"], "paused", "{d}");
+    paused_into_arena(&mut seen_log);
     assert!(d["bytes"].as_u64() > Some(HANDLE_BYTES), "{d}");
     let (code, v) = ckpt_json(&["inspect", a_s, "--verify"]);
     assert_eq!(code, Some(0), "{v}");
@@ -443,14 +469,17 @@ fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
     let (code, d) = ckpt_json(&["dump", &pid, "-o", b_s, "--leave-running"]);
     assert_eq!(code, Some(0), "{d}");
     assert_eq!(d["state"], "running", "{d}");
+    paused_into_arena(&mut seen_log);
     check(&mut stdin, &mut seen_out);
     let (code, r) = ckpt_json(&["restore", &pid, "-i", b_s]);
     assert_eq!(code, Some(0), "{r}");
     assert!(r["bytes"].as_u64() > Some(HANDLE_BYTES), "{r}");
+    paused_into_arena(&mut seen_log);
     check(&mut stdin, &mut seen_out);
     // A restore of the first image, paused after a dump: loads it.
     let (code, d) = ckpt_json(&["dump", &pid, "-o", b_s]);
     assert_eq!(code, Some(0), "{d}");
+    paused_into_arena(&mut seen_log);
     let (code, r) = ckpt_json(&["restore", &pid, "-i", a_s]);
     assert_eq!(code, Some(0), "{r}");
     check(&mut stdin, &mut seen_out);
@@ -481,7 +510,6 @@ fn a_dump_of_a_process_with_driver_handles_holds_them_and_restores_them() {
         "{}",
         seen_log.join("\n")
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Launches per thread of `inflight_launch.cu`.

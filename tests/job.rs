@@ -62,6 +62,11 @@ impl TwoRanks {
     /// Two ranks: `commands[r]` (shell words; `{w}` names the work folder) with
     /// CUDA_VISIBLE_DEVICES=r; started once both outputs have a line beginning `ready`.
     fn start_with(commands: [String; 2], ready: &str) -> TwoRanks {
+        TwoRanks::start_with_env(commands, ready, &[])
+    }
+
+    /// As [`TwoRanks::start_with`], with `env` set for the job's processes too.
+    fn start_with_env(commands: [String; 2], ready: &str, env: &[(&str, &str)]) -> TwoRanks {
         let run_dir = tempfile::Builder::new()
             .prefix("cj")
             .tempdir_in("/tmp")
@@ -95,6 +100,7 @@ impl TwoRanks {
             .env("SIMGPU_MEM", "4G")
             .env("SIMGPU_DEVICES", "2")
             .env_remove("LD_PRELOAD")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .process_group(0);
         let group = Group(cmd.spawn().expect("starting the job"));
@@ -165,6 +171,25 @@ impl TwoRanks {
 
     fn output(&self, rank: usize) -> String {
         std::fs::read_to_string(self.work.path().join(format!("out{rank}"))).unwrap_or_default()
+    }
+
+    /// Rank `rank`'s log (its standard error).
+    fn log(&self, rank: usize) -> String {
+        std::fs::read_to_string(self.work.path().join(format!("err{rank}"))).unwrap_or_default()
+    }
+
+    /// Waits (up to 120 s) until `done` holds for both ranks' logs.
+    fn wait_for_log(&self, done: impl Fn(&str) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !(0..2).all(|r| done(&self.log(r))) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 120 s\n{}\n{}",
+                self.log(0),
+                self.log(1)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn ckpt(&self, args: &[&str]) -> Output {
@@ -480,6 +505,18 @@ fn a_rank_that_does_not_answer_fails_the_job_pause_and_the_others_run_on() {
 /// `resume --job`.
 #[test]
 fn a_job_pause_evicts_the_memory_the_ranks_share() {
+    job_shares_memory(false);
+}
+
+/// As [`a_job_pause_evicts_the_memory_the_ranks_share`], with the host arena on
+/// (`CUDAW_HOST_ARENA=pinned`): each rank's export goes into its arena with its job, and
+/// comes back from there before the importers map it again.
+#[test]
+fn a_job_pause_evicts_the_memory_the_ranks_share_into_the_host_arena() {
+    job_shares_memory(true);
+}
+
+fn job_shares_memory(arena: bool) {
     let Some(nvcc) = nvcc() else { return };
     let exe = cudaw_tests::compile(
         &nvcc,
@@ -487,8 +524,37 @@ fn a_job_pause_evicts_the_memory_the_ranks_share() {
         &cudaw_tests::workspace().join("tests/cuda/ipc/ipc_pair.cu"),
     );
     let cmd = |r: usize| format!("'{}' {r} '{{w}}/pair.sock'", exe.display());
-    let mut job = TwoRanks::start_with([cmd(0), cmd(1)], "ready rank=");
+    let env: &[(&str, &str)] = if arena {
+        &[("CUDAW_HOST_ARENA", "pinned")]
+    } else {
+        &[]
+    };
+    let mut job = TwoRanks::start_with_env([cmd(0), cmd(1)], "ready rank=", env);
     let pid = job.pid();
+    // Each job pause that evicts the shared memory leaves the rank's export in its arena.
+    let in_arena = "of 1 driver handles (";
+    let exports_in_arena = |job: &TwoRanks, n: usize| {
+        if arena {
+            job.wait_for_log(
+                |log| {
+                    log.lines()
+                        .filter(|l| l.contains(in_arena) && l.ends_with("left in the host arena"))
+                        .count()
+                        >= n
+                },
+                &format!("{n} pauses leaving the export in the host arena"),
+            );
+        } else {
+            assert!((0..2).all(|r| !job.log(r).contains("left in the host arena")));
+        }
+    };
+    if arena {
+        // Made while the ranks run, their memory holding still: before the first pause.
+        job.wait_for_log(
+            |log| log.contains("page-locked, ready in"),
+            "the host arenas",
+        );
+    }
     let ran = |job: &TwoRanks, n: u32| {
         job.wait_for(
             |out| out.lines().any(|l| l == format!("ran {n}")),
@@ -556,6 +622,7 @@ fn a_job_pause_evicts_the_memory_the_ranks_share() {
             assert_eq!(p["shared"]["unpaired"], 0, "round {round}: {p}");
             // Nothing of the shared buffers stays on a device.
             assert_eq!(resident(&job), [0, 0], "round {round}");
+            exports_in_arena(&job, round as usize + 1);
             // One rank alone cannot come back: its import needs the other's export.
             let rank0 = p["members"][0]["pid"].as_u64().unwrap().to_string();
             let lone = job.ckpt(&["resume", &rank0, "--json"]);
