@@ -13,8 +13,9 @@
 //!
 //! Pause ([`evict`], after the VMM's eviction, through the same pinned staging): every
 //! live handle of device memory whose bytes are all reachable through its mappings is
-//! copied to host memory, unmapped, and its real handle released; its budget charge is
-//! given back. Resume ([`restore`]): a new real handle with the same properties is
+//! copied to host memory (with `CUDAW_HOST_ARENA=pinned`, into the host arena as the VMM's
+//! allocations are, under ids of its own: [`range_id`]), unmapped, and its real handle
+//! released; its budget charge is given back. Resume ([`restore`]): a new real handle with the same properties is
 //! created, mapped at the same addresses with the same offsets, its access restored and
 //! its bytes copied back; the charge is taken again. Never evicted, and reported:
 //! handles exported to or imported from a shareable handle (another process may use the
