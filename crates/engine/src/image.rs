@@ -966,7 +966,7 @@ fn load_image(
             Ok(moved) => {
                 allocations += moved.allocations as u64;
                 bytes += moved.bytes;
-                staging::restored(m.vmm.backend(), 0);
+                evict::arena_after_restore(m, 0);
             }
             Err(e) => {
                 // This device's load was rolled back; the devices loaded before it are

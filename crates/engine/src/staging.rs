@@ -10,8 +10,8 @@
 //! ([`vmm::HostCopy::Retained`]) and resumes load them from there. Dumps read them with
 //! [`with_retained`]; when the bytes move to an image the arena forgets them ([`forget`]).
 //! The driver-level handles' ranges ([`crate::handles`]) go there the same way, under ids
-//! of their own that never meet the VMM's (`handles::is_range_id`); the arena's size
-//! counts them.
+//! of their own that never meet the VMM's (`crate::handles::is_range_id`); the arena's
+//! size counts them.
 
 use crate::log;
 use driver::{DriverBackend, PinnedStaging, Retaining};
@@ -57,30 +57,32 @@ pub fn save_for_pause(
     })
 }
 
-/// Allocations of the device's VMM the host arena holds now (driver handles' ranges left
-/// out).
-pub fn retained_count(backend: &DriverBackend) -> usize {
+/// Allocations of the device the host arena holds now, of those `counted` says yes to (the
+/// VMM's, or the driver handles' ranges).
+pub fn retained_count(
+    backend: &DriverBackend,
+    counted: impl Fn(vmm::AllocationId) -> bool,
+) -> usize {
     STAGING.get().map_or(0, |s| {
         s.lock()
             .retained_ids(backend)
             .into_iter()
-            .filter(|id| !crate::handles::is_range_id(id.0))
+            .filter(|&id| counted(id))
             .count()
     })
 }
 
 /// Every allocation of `backend`'s device is back on the device: the arena forgets what it
 /// held, and, with `CUDAW_HOST_ARENA=pinned`, starts making an arena of `demand` bytes in
-/// the background if it has none that large (`demand` 0: only forget). The ranges of
-/// driver handles still evicted stay (a restore loads the VMM's allocations before the
-/// handles; a handle that failed to come back is loaded by the next resume): the handles
-/// forget theirs once loaded.
-pub fn restored(backend: &DriverBackend, demand: u64) {
+/// the background if it has none that large (`demand` 0: only forget). What `owed` says
+/// yes to stays: the ranges of driver handles still evicted (a restore loads the VMM's
+/// allocations before the handles; a handle that failed to come back is loaded by the next
+/// resume), which the handles forget once loaded (`crate::handles::in_arena` lists them:
+/// ask it before calling, as its table's lock comes before the staging's).
+pub fn restored(backend: &DriverBackend, demand: u64, owed: impl Fn(vmm::AllocationId) -> bool) {
     let Some(m) = STAGING.get() else { return };
-    // The handles' table before the staging: the order every path takes both locks in.
-    let owed = crate::handles::in_arena(backend.device());
     let mut s = m.lock();
-    let kept = s.forget_all_but(backend, |id| owed.contains(&id.0));
+    let kept = s.forget_all_but(backend, owed);
     if kept > 0 {
         log::debug(format_args!(
             "host arena for device {}: {kept} ranges of driver handles not back yet kept",

@@ -171,7 +171,8 @@ fn evict_devices(progress: &mut Counter<'_, '_>) -> Result<(Evicted, usize, u64)
                 allocations += moved.allocations;
                 bytes += moved.bytes;
                 evicted.push((ordinal, m));
-                let kept = staging::retained_count(m.vmm.backend());
+                let kept =
+                    staging::retained_count(m.vmm.backend(), |id| !handles::is_range_id(id.0));
                 if kept > 0 {
                     log::info(format_args!(
                         "pause: device {ordinal}: {kept} of {} allocations left in the host arena",
@@ -197,7 +198,7 @@ fn roll_back_pause(evicted: Evicted, msg: String) -> Failure {
     log::error(format_args!("pause: {msg}"));
     for (o, m) in evicted {
         match m.vmm.restore_all(&mut staging()) {
-            Ok(_) => staging::restored(m.vmm.backend(), 0),
+            Ok(_) => arena_after_restore(m, 0),
             Err(e) => log::error(format_args!("pause: restoring device {o} failed: {e}")),
         }
     }
@@ -282,7 +283,7 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     ctl.paused = false;
     host().open_gate();
     for m in restored {
-        staging::restored(m.vmm.backend(), arena_demand(m));
+        arena_after_restore(m, arena_demand(m));
     }
     Ok(Moved {
         allocations: allocations as u64,
@@ -344,6 +345,14 @@ fn resume_failure(
     };
     log::error(format_args!("resume: {msg}"));
     Failure::new(kind, msg)
+}
+
+/// Every allocation of `m` is back on its device: the host arena forgets them, keeping the
+/// ranges of its device's driver handles not back yet, and is made `demand` bytes large
+/// ([`staging::restored`]).
+pub(crate) fn arena_after_restore(m: &DeviceMemory, demand: u64) {
+    let owed = handles::in_arena(m.vmm.backend().device());
+    staging::restored(m.vmm.backend(), demand, |id| owed.contains(&id.0));
 }
 
 /// Host arena bytes `m`'s allocations and its device's driver handles need
