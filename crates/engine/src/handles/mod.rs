@@ -15,9 +15,9 @@
 //! live handle of device memory whose bytes are all reachable through its mappings is
 //! copied to host memory (with `CUDAW_HOST_ARENA=pinned`, into the host arena as the VMM's
 //! allocations are, under ids of its own: [`range_id`]), unmapped, and its real handle
-//! released; its budget charge is given back. Resume ([`restore`]): a new real handle with the same properties is
-//! created, mapped at the same addresses with the same offsets, its access restored and
-//! its bytes copied back; the charge is taken again. Never evicted, and reported:
+//! released; its budget charge is given back. Resume ([`restore`]): a new real handle with
+//! the same properties is created, mapped at the same addresses with the same offsets, its
+//! access restored and its bytes copied back; the charge is taken again. Never evicted, and reported:
 //! handles exported to or imported from a shareable handle (another process may use the
 //! memory) or bound to a multicast object, handles of host memory, and handles not fully
 //! mapped (bytes no mapping reaches cannot be copied). Not translated: the handles inside
@@ -992,35 +992,21 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                 }
             }
             moved.copy_ms += copy_started.elapsed().as_secs_f64() * 1e3;
+            let arena_ids: Vec<u64> = arena.iter().map(|(_, _, id)| *id).collect();
             let ranges: Vec<(StagingRange, u64, u64)> = arena.into_iter().chain(other).collect();
             copied(ranges.iter().map(|(r, _, _)| r.len).sum());
-            if copies.len() != ranges.len() {
-                return Err(format!(
-                    "the staging returned {} copies of driver handles' ranges, expected {}",
-                    copies.len(),
-                    ranges.len()
-                ));
-            }
+            let held = held_copies(&ranges, copies).inspect_err(|_| {
+                // Nothing of this device is evicted: the arena's bytes are nobody's.
+                for id in &arena_ids {
+                    crate::staging::forget(backend, AllocationId(*id));
+                }
+            })?;
             // Handles whose every range is in the arena.
             let mut not_all: std::collections::HashSet<u64> = std::collections::HashSet::new();
-            for ((r, v, id), c) in ranges.iter().zip(copies) {
-                let bytes = match c {
-                    HostCopy::Memory(b) => {
-                        not_all.insert(*v);
-                        Held::Memory(b)
-                    }
-                    HostCopy::Retained if *id != 0 => Held::Arena,
-                    other => {
-                        let kind = match other {
-                            HostCopy::File { .. } => "a file",
-                            _ => "the staging itself, under no id of the range's",
-                        };
-                        return Err(format!(
-                            "the bytes of driver handle {v:#x} ({} bytes at {:#x}) went to {kind}, not to host memory or the host arena",
-                            r.len, r.addr
-                        ));
-                    }
-                };
+            for ((r, v, id), bytes) in ranges.iter().zip(held) {
+                if matches!(bytes, Held::Memory(_)) {
+                    not_all.insert(*v);
+                }
                 let h = t.handles.get_mut(v).expect("live");
                 h.saved.push(Saved {
                     addr: r.addr,
@@ -1095,6 +1081,39 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
         return Err(e);
     }
     Ok(moved)
+}
+
+/// Where the staging put each of `ranges` ((range, handle, range id or 0)): in host memory,
+/// or in the host arena (only a range with an id of its own); `Err` on anything else.
+fn held_copies(
+    ranges: &[(StagingRange, u64, u64)],
+    copies: Vec<HostCopy>,
+) -> Result<Vec<Held>, String> {
+    if copies.len() != ranges.len() {
+        return Err(format!(
+            "the staging returned {} copies of driver handles' ranges, expected {}",
+            copies.len(),
+            ranges.len()
+        ));
+    }
+    ranges
+        .iter()
+        .zip(copies)
+        .map(|((r, v, id), c)| match c {
+            HostCopy::Memory(b) => Ok(Held::Memory(b)),
+            HostCopy::Retained if *id != 0 => Ok(Held::Arena),
+            other => {
+                let kind = match other {
+                    HostCopy::File { .. } => "a file",
+                    _ => "the staging itself, under no id of the range's",
+                };
+                Err(format!(
+                    "the bytes of driver handle {v:#x} ({} bytes at {:#x}) went to {kind}, not to host memory or the host arena",
+                    r.len, r.addr
+                ))
+            }
+        })
+        .collect()
 }
 
 /// The host arena of `device`'s context forgets the ranges of `saved` it holds.
@@ -1454,6 +1473,40 @@ mod tests {
         for id in [0u64, 1, 1 << 40, 1 << 62, TAG - 1] {
             assert!(!is_range_id(id), "{id:#x}");
         }
+    }
+
+    #[test]
+    fn copies_go_to_host_memory_or_the_arena_under_a_range_id_only() {
+        let r = |id| {
+            (
+                StagingRange {
+                    id: AllocationId(id),
+                    addr: 0x1000,
+                    len: 4,
+                },
+                TAG | 1,
+                id,
+            )
+        };
+        let ranges = [r(TAG | 1), r(0)];
+        let held = held_copies(
+            &ranges,
+            vec![HostCopy::Retained, HostCopy::Memory(vec![1, 2, 3, 4])],
+        )
+        .unwrap();
+        assert!(matches!(held[0], Held::Arena));
+        assert!(matches!(&held[1], Held::Memory(b) if b == &[1, 2, 3, 4]));
+        // A range with no id of its own cannot be in the arena; a file is no place; the
+        // count must match.
+        let e = held_copies(&ranges, vec![HostCopy::Retained, HostCopy::Retained]).unwrap_err();
+        assert!(e.contains("under no id of the range's"), "{e}");
+        let e = held_copies(&ranges[..1], vec![HostCopy::File { offset: 0 }]).unwrap_err();
+        assert!(e.contains("went to a file"), "{e}");
+        let e = held_copies(&ranges, vec![HostCopy::Retained]).unwrap_err();
+        assert!(
+            e.contains("returned 1 copies of driver handles' ranges, expected 2"),
+            "{e}"
+        );
     }
 
     #[test]
