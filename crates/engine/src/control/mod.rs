@@ -12,7 +12,7 @@ pub mod socket;
 
 use crate::host::host;
 use crate::requests::{self, Request};
-use crate::{evict, inflight, lifecycle, log, memory, signals, staging, state};
+use crate::{evict, handles, inflight, lifecycle, log, memory, signals, staging, state};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -288,7 +288,19 @@ impl ArenaWatch {
         if ctl.paused {
             return;
         }
-        for (ordinal, m) in memory::managed_devices() {
+        // Devices cudaw manages, and those that hold only driver handles (PyTorch with
+        // expandable segments makes no cudaMalloc): their memory manager is made here as a
+        // pause would make it, so that even their first pause finds an arena.
+        let mut devices: Vec<(i32, &'static memory::DeviceMemory)> =
+            memory::managed_devices().collect();
+        for o in handles::devices() {
+            if !devices.iter().any(|(d, _)| *d == o) {
+                if let Ok(m) = memory::device_without_runtime(o) {
+                    devices.push((o, m));
+                }
+            }
+        }
+        for (ordinal, m) in devices {
             let demand = evict::arena_demand(m);
             match self.demand.iter_mut().find(|(o, _)| *o == ordinal) {
                 Some((_, before)) => {

@@ -1028,6 +1028,17 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                     vs.len()
                 ));
             }
+            // With the arena on, what did not fit is said too (it went to host memory, at
+            // the slower staging speed).
+            if crate::config::get().staging.host_arena && !not_all.is_empty() {
+                let bytes: u64 = not_all.iter().map(|v| t.handles[v].size).sum();
+                log::info(format_args!(
+                    "pause: device {dev}: {} of {} driver handles ({bytes} bytes) went to host memory: \
+                     the host arena had no room for them (or not yet: it is made once the memory holds still)",
+                    not_all.len(),
+                    vs.len()
+                ));
+            }
             for &v in vs {
                 let maps: Vec<(u64, u64)> = t
                     .mappings
