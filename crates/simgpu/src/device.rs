@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::config::{self, Config, MAX_DEVICES};
@@ -27,10 +27,10 @@ pub const DRIVER_VERSION: i32 = 13000;
 /// One visible device.
 pub struct Device {
     ordinal: usize,
-    physical: usize,
-    uuid: [u8; 16],
-    name: String,
-    mem_bytes: u64,
+    /// The physical device it is; a restore onto another GPU changes it
+    /// ([`Device::become_physical`]).
+    physical: AtomicUsize,
+    mem_bytes: AtomicU64,
     memory: Arc<Mutex<Memory>>,
     /// Its streams.
     pub streams: Streams,
@@ -75,7 +75,9 @@ impl Machine {
                     say!("simgpu: {e}");
                     CuError::CUDA_ERROR_INVALID_VALUE
                 })?;
-                Machine::new(config)
+                let machine = Machine::new(config)?;
+                crate::checkpoint::serve_once();
+                Ok(machine)
             })
             .as_ref()
             .map_err(|e| *e)
@@ -101,10 +103,8 @@ impl Machine {
             .enumerate()
             .map(|(ordinal, &physical)| Device {
                 ordinal,
-                physical,
-                uuid: config::uuid_of(physical),
-                name: format!("{NAME} #{physical}"),
-                mem_bytes: config.mem_bytes[physical],
+                physical: AtomicUsize::new(physical),
+                mem_bytes: AtomicU64::new(config.mem_bytes[physical]),
                 memory: memory.clone(),
                 streams: Streams::new(),
                 events: Mutex::new(HashMap::new()),
@@ -225,27 +225,35 @@ impl Device {
 
     /// The physical device it is (its ordinal when `CUDA_VISIBLE_DEVICES` is unset).
     pub fn physical(&self) -> usize {
-        self.physical
+        self.physical.load(Ordering::Acquire)
     }
 
     /// Its UUID (`cuDeviceGetUuid`).
     pub fn uuid(&self) -> [u8; 16] {
-        self.uuid
+        config::uuid_of(self.physical())
     }
 
     /// Its name (`cuDeviceGetName`).
-    pub fn name(&self) -> &str {
-        &self.name
+    pub fn name(&self) -> String {
+        format!("{NAME} #{}", self.physical())
     }
 
     /// Its memory in bytes (`cuDeviceTotalMem`).
     pub fn total_mem(&self) -> u64 {
-        self.mem_bytes
+        self.mem_bytes.load(Ordering::Acquire)
     }
 
     /// Its PCI bus number.
     pub fn pci_bus(&self) -> u32 {
-        0x18 + self.physical as u32
+        0x18 + self.physical() as u32
+    }
+
+    /// The driver's restore onto another GPU: this ordinal is physical device `physical`
+    /// (of `mem_bytes`) from now on, for the program as for its memory (whose accounting
+    /// the caller moves, [`crate::memory::Memory::restore`]).
+    pub fn become_physical(&self, physical: usize, mem_bytes: u64) {
+        self.physical.store(physical, Ordering::Release);
+        self.mem_bytes.store(mem_bytes, Ordering::Release);
     }
 
     /// Its PCI location as `cuDeviceGetPCIBusId` writes it: `0000:BB:00.0`.

@@ -71,8 +71,16 @@ const ALLOCATION_PINNED: u32 = 1;
 
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
-/// Runs an export's body; a panic is logged once and becomes `CUDA_ERROR_UNKNOWN`.
+/// Runs an export's body; a panic is logged once and becomes `CUDA_ERROR_UNKNOWN`. A
+/// process the driver's checkpoint API locked holds the call until unlock.
 pub fn boundary(body: impl FnOnce() -> CuResult<()>) -> CUresult {
+    let _inside = crate::checkpoint::enter();
+    boundary_ungated(body)
+}
+
+/// [`boundary`] without the checkpoint gate: the checkpoint API's own entry points, which
+/// act on other processes.
+pub fn boundary_ungated(body: impl FnOnce() -> CuResult<()>) -> CUresult {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(result) => CuError::to_code(result),
         Err(_) => {
@@ -230,6 +238,7 @@ fn static_name(code: CUresult) -> Option<&'static [u8]> {
         "CUDA_ERROR_NOT_MAPPED",
         "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
         "CUDA_ERROR_INVALID_HANDLE",
+        "CUDA_ERROR_ILLEGAL_STATE",
         "CUDA_ERROR_NOT_FOUND",
         "CUDA_ERROR_NOT_READY",
         "CUDA_ERROR_ILLEGAL_ADDRESS",
@@ -334,7 +343,7 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
     entry!({
         let device = device_at(dev)?;
         // SAFETY: the caller's buffer of `len` bytes.
-        unsafe { put_text(name, len, device.name()) }
+        unsafe { put_text(name, len, &device.name()) }
     })
 }
 
@@ -1368,6 +1377,132 @@ pub unsafe extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
     entry!({
         Device::with_context()?;
         Machine::get()?.remove_event(event as u64)
+    })
+}
+
+// ---- the process checkpoint API (crate::checkpoint) ----
+
+/// The checkpoint API's argument structures are 64 bytes of words (`CUcheckpoint*Args`).
+type Args = [u64; 8];
+
+/// Reads an optional argument structure (NULL: all zero).
+///
+/// # Safety
+/// `args` is null or valid for a read of 64 bytes.
+unsafe fn args(args: *const Args) -> Args {
+    if args.is_null() {
+        [0; 8]
+    } else {
+        // SAFETY: non-null, and valid by the caller's contract.
+        unsafe { args.read_unaligned() }
+    }
+}
+
+fn zero(words: &[u64]) -> CuResult<()> {
+    if words.iter().all(|&w| w == 0) {
+        Ok(())
+    } else {
+        Err(CuError::CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// `cuCheckpointProcessLock`: `timeoutMs` (0: wait for ever), the rest reserved (zero).
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args_in: *const Args) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        // SAFETY: the caller's contract.
+        let a = unsafe { args(args_in) };
+        zero(&[a[0] >> 32])?;
+        zero(&a[1..])?;
+        let timeout_ms = a[0] & 0xffff_ffff;
+        crate::checkpoint::request(pid, &format!("lock {timeout_ms}")).map(drop)
+    })
+}
+
+/// `cuCheckpointProcessCheckpoint`: to host memory only (`customStorageInfo_out` set:
+/// CUDA_ERROR_NOT_SUPPORTED).
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(
+    pid: c_int,
+    args_in: *const Args,
+) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        // SAFETY: the caller's contract.
+        let a = unsafe { args(args_in) };
+        if a[0] != 0 {
+            return Err(CuError::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        zero(&a[1..])?;
+        crate::checkpoint::request(pid, "checkpoint").map(drop)
+    })
+}
+
+/// `cuCheckpointProcessRestore`: from host memory, with optional GPU pairs
+/// (`gpuPairs`, `gpuPairsCount`: old UUID, new UUID).
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args_in: *const Args) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        // SAFETY: the caller's contract.
+        let a = unsafe { args(args_in) };
+        if a[2] != 0 {
+            return Err(CuError::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        zero(&a[3..])?;
+        let count = (a[1] & 0xffff_ffff) as usize;
+        zero(&[a[1] >> 32])?;
+        let pairs_ptr = a[0] as *const [[u8; 16]; 2];
+        if count > 0 && pairs_ptr.is_null() || count > 4096 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let pairs: Vec<([u8; 16], [u8; 16])> = (0..count)
+            .map(|i| {
+                // SAFETY: the caller passes `count` pairs at `gpuPairs`.
+                let [old, new] = unsafe { pairs_ptr.add(i).read_unaligned() };
+                (old, new)
+            })
+            .collect();
+        crate::checkpoint::request(pid, &crate::checkpoint::restore_line(&pairs)).map(drop)
+    })
+}
+
+/// `cuCheckpointProcessUnlock`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessUnlock(pid: c_int, args_in: *const Args) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        // SAFETY: the caller's contract.
+        zero(&unsafe { args(args_in) })?;
+        crate::checkpoint::request(pid, "unlock").map(drop)
+    })
+}
+
+/// `cuCheckpointProcessGetState`: a `CUprocessState`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_int) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        let s = crate::checkpoint::request(pid, "state")?;
+        let s: c_int = s.parse().map_err(|_| CuError::CUDA_ERROR_UNKNOWN)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(state, s) }
+    })
+}
+
+/// `cuCheckpointProcessGetRestoreThreadId`: the target's thread that carries requests out.
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
+    pid: c_int,
+    tid: *mut c_int,
+) -> CUresult {
+    boundary_ungated(|| {
+        crate::checkpoint::caller_ready()?;
+        let t = crate::checkpoint::request(pid, "tid")?;
+        let t: c_int = t.parse().map_err(|_| CuError::CUDA_ERROR_UNKNOWN)?;
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(tid, t) }
     })
 }
 

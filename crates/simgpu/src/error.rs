@@ -46,6 +46,7 @@ codes! {
     CUDA_ERROR_NOT_MAPPED = 211,
     CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
@@ -62,6 +63,11 @@ impl CuError {
     /// The numeric `CUresult`.
     pub fn code(self) -> u32 {
         self.0.get()
+    }
+
+    /// The error a non-zero `CUresult` is (`None` for 0).
+    pub fn from_code(code: u32) -> Option<CuError> {
+        NonZeroU32::new(code).map(CuError)
     }
 
     /// The driver's name for this code.

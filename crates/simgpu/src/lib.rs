@@ -17,6 +17,12 @@
 //! exported, passed to another process and imported there, as NCCL does between ranks
 //! ([`memory`]). `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
 //! call before queuing its kernel: tests widen the window of a launch in flight).
+//!
+//! The driver's process checkpoint API (`cuCheckpointProcess*`) works across processes
+//! as the real one does ([`checkpoint`]): every process serves a small socket
+//! (`$SIMGPU_CHECKPOINT_DIR/PID.sock`) that another process's calls reach;
+//! `SIMGPU_CHECKPOINT=unsupported` makes the calling process's entry points return
+//! `CUDA_ERROR_NOT_SUPPORTED`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(missing_docs)]
 
@@ -36,6 +42,7 @@ pub(crate) fn say_line(args: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod driver_api;

@@ -223,6 +223,9 @@ enum Backing {
     Pool { offset: u64 },
     /// At offset 0 of a memory file of its own, followed by its [`Trailer`].
     Shareable(OwnedFd),
+    /// In host memory, off the device: the driver's process checkpoint
+    /// ([`Memory::checkpoint`]) moved it there; [`Memory::restore`] brings it back.
+    Host(Vec<u8>),
 }
 
 /// The simulated device's memory.
@@ -245,6 +248,29 @@ pub struct Memory {
     linear: BTreeMap<u64, (u64, u64)>,
     /// Pinned host memory: address → (size, allocated by us rather than registered).
     host: BTreeMap<u64, (u64, bool)>,
+    /// The driver's process checkpoint holds the memory in host memory
+    /// ([`Memory::checkpoint`]): the devices it was on.
+    checkpointed: Option<Vec<usize>>,
+}
+
+/// What [`Memory::checkpoint`] moved to host memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpointed {
+    /// Physical allocations moved.
+    pub allocations: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The devices (ordinals) whose memory it held.
+    pub devices: Vec<usize>,
+}
+
+/// The widest of the devices' rights: what host code may do with the range.
+fn widest(access: &[Access]) -> Access {
+    access.iter().fold(Access::None, |w, &a| match (w, a) {
+        (Access::ReadWrite, _) | (_, Access::ReadWrite) => Access::ReadWrite,
+        (Access::Read, _) | (_, Access::Read) => Access::Read,
+        _ => Access::None,
+    })
 }
 
 fn round_up(value: u64, to: u64) -> CuResult<u64> {
@@ -293,6 +319,7 @@ impl Memory {
             next_handle: 1,
             linear: BTreeMap::new(),
             host: BTreeMap::new(),
+            checkpointed: None,
         })
     }
 
@@ -587,7 +614,8 @@ impl Memory {
 
     fn free_physical(&mut self, handle: u64) {
         if let Some(p) = self.physicals.remove(&handle) {
-            if let (true, Some(device)) = (p.charged, p.device) {
+            let on_device = !matches!(p.backing, Backing::Host(_));
+            if let (true, Some(device), true) = (p.charged, p.device, on_device) {
                 self.used[device] -= p.size;
             }
             match p.backing {
@@ -595,6 +623,7 @@ impl Memory {
                 // Closing this process's descriptor: the file (and its pages) goes with
                 // the last descriptor and mapping of any process.
                 Backing::Shareable(file) => drop(file),
+                Backing::Host(bytes) => drop(bytes),
             }
         }
     }
@@ -652,6 +681,7 @@ impl Memory {
         let (file, file_offset) = match &physical.backing {
             Backing::Pool { offset } => (&self.file, *offset),
             Backing::Shareable(file) => (file, 0),
+            Backing::Host(_) => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
         };
         let base = self.reservation_of(addr, size)?;
         let reservation = &self.reservations[&base];
@@ -762,14 +792,7 @@ impl Memory {
             for &(device, access) in rights {
                 mapping.access[device] = access;
             }
-            let widest = mapping
-                .access
-                .iter()
-                .fold(Access::None, |w, &a| match (w, a) {
-                    (Access::ReadWrite, _) | (_, Access::ReadWrite) => Access::ReadWrite,
-                    (Access::Read, _) | (_, Access::Read) => Access::Read,
-                    _ => Access::None,
-                });
+            let widest = widest(&mapping.access);
             // SAFETY: the mapping is ours; the caller guarantees no reference into it is
             // invalidated.
             unsafe { os::protect(*start, mapping.size, widest.prot()) }.map_err(os_err)?;
@@ -965,6 +988,182 @@ impl Memory {
             }
             _ => Err(CuError::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
+    }
+
+    /// Bytes of `device`'s memory this process holds now.
+    pub fn used(&self, device: usize) -> u64 {
+        self.used.get(device).copied().unwrap_or(0)
+    }
+
+    /// The physical device ordinal `device` is now.
+    pub fn physical_id(&self, device: usize) -> Option<usize> {
+        self.physical_ids.get(device).copied()
+    }
+
+    /// Whether the driver's process checkpoint holds the memory in host memory.
+    pub fn is_checkpointed(&self) -> bool {
+        self.checkpointed.is_some()
+    }
+
+    /// The driver's process checkpoint (`cuCheckpointProcessCheckpoint`): every physical
+    /// allocation's bytes are copied to host memory and its device memory is freed (the
+    /// devices' use drops to 0); every mapping becomes inaccessible address space at the
+    /// same address, so nothing can read memory that was released. Reservations, handles
+    /// and access rights are kept for [`Memory::restore`].
+    ///
+    /// CUDA_ERROR_NOT_SUPPORTED (said on standard error), nothing changed, when the process
+    /// holds memory shared with other processes (exported or imported through a POSIX
+    /// descriptor): its other holders would lose it.
+    ///
+    /// # Safety
+    /// No Rust reference may point into device memory (every call of the process is held).
+    pub unsafe fn checkpoint(&mut self) -> CuResult<Checkpointed> {
+        if self.checkpointed.is_some() {
+            return Err(CuError::CUDA_ERROR_ILLEGAL_STATE);
+        }
+        let shared = self
+            .physicals
+            .values()
+            .filter(|p| matches!(p.backing, Backing::Shareable(_)))
+            .count();
+        if shared > 0 {
+            say!(
+                "simgpu: cuCheckpointProcessCheckpoint: the process holds {shared} allocations \
+                 shared with other processes (POSIX descriptors), which a checkpoint cannot \
+                 take; returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // Read everything first: a failure leaves the memory as it was.
+        let mut saved: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (&handle, p) in &self.physicals {
+            let Backing::Pool { offset } = p.backing else {
+                continue;
+            };
+            let mut bytes = vec![0u8; p.size as usize];
+            let got = os::read_at(&self.file, &mut bytes, offset).map_err(os_err)?;
+            if got != bytes.len() {
+                say!("simgpu: cuCheckpointProcessCheckpoint: short read of the device memory file");
+                return Err(CuError::CUDA_ERROR_UNKNOWN);
+            }
+            saved.push((handle, bytes));
+        }
+        let mut devices: Vec<usize> = (0..self.devices()).filter(|&d| self.used[d] > 0).collect();
+        let mut bytes = 0;
+        let allocations = saved.len();
+        for reservation in self.reservations.values() {
+            for (&addr, m) in &reservation.mappings {
+                // SAFETY: the mapping lies in our reservation; the caller holds every call,
+                // so nothing references it.
+                unsafe { os::make_inaccessible(addr, m.size) }.map_err(os_err)?;
+            }
+        }
+        for (handle, data) in saved {
+            let p = self.physicals.get_mut(&handle).expect("read above");
+            let Backing::Pool { offset } = p.backing else {
+                continue;
+            };
+            let (size, device) = (p.size, p.device);
+            bytes += size;
+            p.backing = Backing::Host(data);
+            if let Some(d) = device {
+                self.used[d] -= size;
+            }
+            self.give_offsets(offset, size);
+        }
+        devices.dedup();
+        self.checkpointed = Some(devices.clone());
+        Ok(Checkpointed {
+            allocations,
+            bytes,
+            devices,
+        })
+    }
+
+    /// Undoes [`Memory::checkpoint`] (`cuCheckpointProcessRestore`): every allocation comes
+    /// back from host memory at its addresses, with its access rights. `remap` lists
+    /// `(ordinal, physical device, its capacity)`: device `ordinal` becomes that physical
+    /// device (restore onto another GPU) before the memory comes back to it. Checks first
+    /// that each device has room (CUDA_ERROR_OUT_OF_MEMORY, nothing changed).
+    ///
+    /// # Safety
+    /// As [`Memory::checkpoint`].
+    pub unsafe fn restore(&mut self, remap: &[(usize, usize, u64)]) -> CuResult<Checkpointed> {
+        let Some(devices) = self.checkpointed.clone() else {
+            return Err(CuError::CUDA_ERROR_ILLEGAL_STATE);
+        };
+        for &(ordinal, _, _) in remap {
+            self.check_device_index(ordinal)?;
+        }
+        let mut capacity = self.capacity.clone();
+        for &(ordinal, _, cap) in remap {
+            capacity[ordinal] = cap;
+        }
+        let mut need = vec![0u64; self.devices()];
+        for p in self.physicals.values() {
+            if let (Backing::Host(_), Some(d)) = (&p.backing, p.device) {
+                need[d] += p.size;
+            }
+        }
+        for d in 0..self.devices() {
+            if self.used[d] + need[d] > capacity[d] {
+                say!(
+                    "simgpu: cuCheckpointProcessRestore: device {d} needs {} bytes, has {} \
+                     free; returning CUDA_ERROR_OUT_OF_MEMORY",
+                    need[d],
+                    capacity[d].saturating_sub(self.used[d])
+                );
+                return Err(CuError::CUDA_ERROR_OUT_OF_MEMORY);
+            }
+        }
+        for &(ordinal, physical, cap) in remap {
+            self.physical_ids[ordinal] = physical;
+            self.capacity[ordinal] = cap;
+        }
+        let handles: Vec<u64> = self
+            .physicals
+            .iter()
+            .filter(|(_, p)| matches!(p.backing, Backing::Host(_)))
+            .map(|(&h, _)| h)
+            .collect();
+        let mut bytes = 0;
+        for &handle in &handles {
+            let size = self.physicals[&handle].size;
+            let offset = self.take_offsets(size)?;
+            let p = self.physicals.get_mut(&handle).expect("listed above");
+            let Backing::Host(data) = std::mem::replace(&mut p.backing, Backing::Pool { offset })
+            else {
+                unreachable!("listed as host-backed");
+            };
+            if let Some(d) = p.device {
+                self.used[d] += size;
+            }
+            bytes += size;
+            os::write_at(&self.file, &data, offset).map_err(os_err)?;
+        }
+        let mut remapped = Vec::new();
+        for reservation in self.reservations.values() {
+            for (&addr, m) in &reservation.mappings {
+                remapped.push((addr, m.size, m.handle, widest(&m.access)));
+            }
+        }
+        for (addr, size, handle, access) in remapped {
+            let Some(Backing::Pool { offset }) = self.physicals.get(&handle).map(|p| &p.backing)
+            else {
+                continue;
+            };
+            // SAFETY: the range is our reservation's, inaccessible since the checkpoint;
+            // nothing references it.
+            unsafe { os::map_file(addr, size, &self.file, *offset) }.map_err(os_err)?;
+            // SAFETY: as above; access only widens.
+            unsafe { os::protect(addr, size, access.prot()) }.map_err(os_err)?;
+        }
+        self.checkpointed = None;
+        Ok(Checkpointed {
+            allocations: handles.len(),
+            bytes,
+            devices,
+        })
     }
 }
 

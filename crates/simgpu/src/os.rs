@@ -240,6 +240,38 @@ pub fn read_at(file: &OwnedFd, buf: &mut [u8], offset: u64) -> io::Result<usize>
     Ok(done)
 }
 
+/// Writes all of `buf` to `file` at `offset`.
+pub fn write_at(file: &OwnedFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the source is `buf[done..]`, valid for that many bytes.
+        let n = unsafe {
+            libc::pwrite(
+                file.as_raw_fd(),
+                buf[done..].as_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "pwrite wrote nothing",
+                ))
+            }
+            n => done += n as usize,
+        }
+    }
+    Ok(())
+}
+
 /// Gives the pages of `[offset, offset + len)` of `file` back (they read as zero after).
 pub fn punch_hole(file: &OwnedFd, offset: u64, len: u64) -> io::Result<()> {
     // SAFETY: plain system call on a descriptor we own; it changes file contents only.

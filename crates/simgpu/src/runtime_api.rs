@@ -375,7 +375,8 @@ unsafe fn device_properties(prop: *mut c_void, dev: c_int) -> RtResult<()> {
         return Err(RtError::cudaErrorInvalidValue);
     }
     let mut head = [0u8; 296];
-    let name = device.name().as_bytes();
+    let name = device.name();
+    let name = name.as_bytes();
     let n = name.len().min(255);
     head[..n].copy_from_slice(&name[..n]);
     head[256..272].copy_from_slice(&device.uuid());

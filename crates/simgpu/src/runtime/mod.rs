@@ -75,6 +75,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Runs an export's body; a panic is logged once and becomes `on_panic`.
 pub fn guard<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
+    // A process the driver's checkpoint API locked holds every call here until unlock.
+    let _inside = crate::checkpoint::enter();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,
         Err(_) => {
