@@ -10,6 +10,7 @@ mod ckpt_client;
 mod ckpt_inspect;
 mod ckpt_job;
 mod ckpt_progress;
+mod ckpt_release;
 // Shared with cudaw, which reports kinds this binary never makes.
 #[allow(dead_code)]
 mod failure;
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use clap::{Parser, Subcommand};
-use cudaw_control::{Moved, Request, Status};
+use cudaw_control::{Moved, Request, State, Status};
 
 use ckpt_client::{absolute, carried, fail, kind_of, request, utf8, Kind};
 use ckpt_progress::Bars;
@@ -46,6 +47,9 @@ use ckpt_progress::Bars;
 ///   cudaw-ckpt status                  every process under cudaw on this machine
 ///
 ///   cudaw-ckpt pause 4242              pause; prints what was evicted and how long it took
+///
+///   cudaw-ckpt pause 4242 --release    pause, then have the driver checkpoint the context
+///                                      too: the GPU holds nothing of 4242 (resume as usual)
 ///
 ///   cudaw-ckpt pause 4242 --job        every process of the job 4242 launched, together
 ///                                      (also resume, status, dump and restore --job)
@@ -86,9 +90,20 @@ enum Command {
     ///
     /// Waits until done; prints the allocations and bytes evicted and the time taken (a
     /// progress bar on a terminal). Pausing a paused process changes nothing.
+    ///
+    /// A paused process still holds its CUDA context on the GPU (hundreds of MiB for
+    /// PyTorch). With --release, once cudaw has evicted the memory, the CUDA driver's own
+    /// checkpoint (cuCheckpointProcessLock + cuCheckpointProcessCheckpoint, driver 550 or
+    /// later, called from here) takes the rest to host memory: the GPU then holds nothing
+    /// of the process (nvidia-smi lists it no more). `cudaw-ckpt resume` has the driver
+    /// restore it first. The driver's checkpoint needs root or persistence mode
+    /// (nvidia-smi -pm 1); where the driver lacks the API or refuses, the process is
+    /// paused without releasing the context, with a warning saying why (exit status 0).
     #[command(
         after_help = "Examples:\n  cudaw-ckpt pause 4242\n  cudaw-ckpt pause 4242 --json    \
                             {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}\n  \
+                            cudaw-ckpt pause 4242 --release     the GPU holds nothing of 4242 afterwards\n  \
+                            cudaw-ckpt pause 4242 --release --json    {...,\"released\":true,\"driver\":{\"lock_ms\",\"checkpoint_ms\"},\"driver_ms\"}\n                                   (\"released\":false,\"reason\":... when the driver could not)\n  \
                             cudaw-ckpt pause 4242 --job     every process of the job launched by 4242 (torchrun's PID), together\n  \
                             cudaw-ckpt pause 4242 --job --json    {\"root\",\"members\":[{\"pid\",...}],\"attempts\",\"ms\",\"allocations\",\"bytes\",\"shared\":{...}}"
     )]
@@ -113,12 +128,27 @@ enum Command {
         /// process outside the job imports the job's memory (cudaw cannot see that).
         #[arg(long, requires = "job")]
         keep_shared: bool,
+        /// Release the CUDA context too, through the driver's checkpoint (default for a
+        /// process started with `cudaw run --release-on-pause`).
+        #[arg(long, conflicts_with_all = ["job", "no_release"])]
+        release: bool,
+        /// Keep the context on the GPU even if the process was started with
+        /// --release-on-pause.
+        #[arg(long)]
+        no_release: bool,
+        /// With --release: how long the driver's lock waits for the program's CUDA work
+        /// ("10s", "500ms", "off": for ever).
+        #[arg(long, value_name = "TIME", default_value = "10s", value_parser = parse_timeout)]
+        lock_timeout: Timeout,
     },
     /// Resume a paused process: restore its device memory at the same addresses.
     ///
     /// Loads from host memory, or from the image a `dump` left the memory in. Waits until
     /// done; prints the allocations and bytes restored and the time taken. If the image
     /// holding the memory is damaged the process stays paused (restore another image).
+    /// A process paused with --release first has the driver restore and unlock its
+    /// context (cuCheckpointProcessRestore + cuCheckpointProcessUnlock); `kill -USR2`
+    /// cannot resume such a process.
     #[command(after_help = "Examples:\n  cudaw-ckpt resume 4242\n  cudaw-ckpt resume 4242 --json")]
     Resume {
         /// The process ID.
@@ -350,14 +380,29 @@ fn main() -> ExitCode {
             job: true,
             timeout,
             keep_shared,
+            ..
         } => job_pause(pid, timeout.0, !keep_shared, json),
         Command::Resume {
             pid,
             json,
             job: true,
         } => job_resume(pid, json),
-        Command::Pause { pid, json, .. } => pause_or_resume(pid, true, json),
-        Command::Resume { pid, json, .. } => pause_or_resume(pid, false, json),
+        Command::Pause {
+            pid,
+            json,
+            release,
+            no_release,
+            lock_timeout,
+            ..
+        } => {
+            let want = match (release, no_release) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
+            pause_one(pid, want, lock_timeout.0, json)
+        }
+        Command::Resume { pid, json, .. } => resume_one(pid, json),
         Command::Status {
             pid: Some(pid),
             json,
@@ -636,11 +681,12 @@ fn with_bars_and_file(
     let mut bars = Bars::new(json);
     if bars.wanted() {
         match &mut req {
-            Request::Pause { progress }
-            | Request::Resume { progress }
+            Request::Pause { progress, .. }
+            | Request::Resume { progress, .. }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress = true,
-            Request::Status {}
+            Request::ContextKept {}
+            | Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
             | Request::Shares {}
@@ -687,6 +733,132 @@ fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
         outln!("{pid}: {already}")?;
     }
     Ok(())
+}
+
+/// The process's status.
+fn status_of(pid: u32) -> Result<Status> {
+    let reply = request(pid, &Request::Status {}, &mut |_| {})?;
+    carried(reply.status, "status")
+}
+
+/// `pause PID`, with `--release` (`Some(true)`), `--no-release` (`Some(false)`), or as
+/// the process was started (`cudaw run --release-on-pause`).
+fn pause_one(
+    pid: u32,
+    release: Option<bool>,
+    lock_timeout: Option<Duration>,
+    json: bool,
+) -> Result<()> {
+    let release = match release {
+        Some(r) => r,
+        None => status_of(pid)?.release_on_pause,
+    };
+    if !release {
+        return pause_or_resume(pid, true, json);
+    }
+    let req = Request::Pause {
+        progress: false,
+        release_context: true,
+    };
+    let m = carried(with_bars(pid, req, json)?.pause, "result")?;
+    let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
+    let started = std::time::Instant::now();
+    let driver = ckpt_release::release(pid, lock_ms);
+    let driver_ms = started.elapsed().as_secs_f64() * 1e3;
+    let reason = match &driver {
+        Ok(_) => None,
+        Err(why) => {
+            // Back to a plain pause: the process must not stay refusing resumes.
+            if let Err(e) = request(pid, &Request::ContextKept {}, &mut |_| {}) {
+                eprintln!(
+                    "cudaw-ckpt: warning: telling process {pid} that its context stays on the GPU failed: {e:#}"
+                );
+            }
+            eprintln!(
+                "cudaw-ckpt: warning: --release: {why}; paused without releasing the context"
+            );
+            Some(why.clone())
+        }
+    };
+    if json {
+        let mut v = serde_json::to_value(m)?;
+        v["released"] = serde_json::Value::Bool(driver.is_ok());
+        match &driver {
+            Ok(d) => {
+                v["driver"] = serde_json::to_value(d)?;
+                v["driver_ms"] = serde_json::json!(driver_ms);
+            }
+            Err(_) => v["reason"] = serde_json::json!(reason),
+        }
+        outln!("{v}")?;
+        return Ok(());
+    }
+    if m.changed {
+        outln!(
+            "{pid}: paused: {} allocations, {} bytes ({}) evicted in {:.1} ms",
+            m.allocations,
+            m.bytes,
+            mib(m.bytes),
+            m.ms
+        )?;
+    } else {
+        outln!("{pid}: already paused")?;
+    }
+    match driver {
+        Ok(d) if d.already => outln!("{pid}: context already released: the GPU holds nothing of it"),
+        Ok(d) => outln!(
+            "{pid}: context released by the driver in {driver_ms:.1} ms (lock {:.1} ms, checkpoint {:.1} ms): the GPU holds nothing of it; `cudaw-ckpt resume {pid}` brings it back",
+            d.lock_ms,
+            d.checkpoint_ms
+        ),
+        Err(_) => outln!("{pid}: context kept on the GPU"),
+    }
+}
+
+/// `resume PID`: a released process has the driver restore its context first.
+fn resume_one(pid: u32, json: bool) -> Result<()> {
+    if status_of(pid)?.state != State::Released {
+        return pause_or_resume(pid, false, json);
+    }
+    let started = std::time::Instant::now();
+    let d = ckpt_release::restore(pid).map_err(|why| {
+        fail(
+            Kind::Failed,
+            format!(
+                "process {pid} was paused with --release and the driver could not restore its context: {why}; it stays paused, its context with the driver"
+            ),
+        )
+    })?;
+    let driver_ms = started.elapsed().as_secs_f64() * 1e3;
+    let req = Request::Resume {
+        progress: false,
+        context_restored: true,
+    };
+    let m = carried(with_bars(pid, req, json)?.resume, "result")?;
+    if json {
+        let mut v = serde_json::to_value(m)?;
+        v["released"] = serde_json::Value::Bool(true);
+        v["driver"] = serde_json::to_value(&d)?;
+        v["driver_ms"] = serde_json::json!(driver_ms);
+        outln!("{v}")?;
+        return Ok(());
+    }
+    outln!(
+        "{pid}: context restored by the driver in {driver_ms:.1} ms (restore {:.1} ms, unlock {:.1} ms)",
+        d.restore_ms,
+        d.unlock_ms
+    )?;
+    if m.changed {
+        outln!(
+            "{pid}: resumed: {} allocations, {} bytes ({}) restored in {:.1} ms",
+            m.allocations,
+            m.bytes,
+            mib(m.bytes),
+            m.ms
+        )
+    } else {
+        outln!("{pid}: not paused; nothing to resume")
+    }
 }
 
 /// Checks, before asking the process, that `path` can be an image file to write.
@@ -943,6 +1115,12 @@ fn print_status(s: &Status) -> Result<()> {
         s.state.as_str(),
         s.addressing
     )?;
+    if s.state == State::Released {
+        outln!(
+            "  context released to the driver: the GPU holds nothing of it (`cudaw-ckpt resume {}` restores it)",
+            s.pid
+        )?;
+    }
     if let Some(img) = &s.image {
         outln!("  memory in the image {img} (resume loads it)")?;
     }

@@ -518,7 +518,13 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         3,
         "pause (what `kill -USR1 PID` and `cudaw-ckpt pause PID` do)",
     )?;
-    let rep = r.request(&Request::Pause { progress: true }, out)?;
+    let rep = r.request(
+        &Request::Pause {
+            progress: true,
+            release_context: false,
+        },
+        out,
+    )?;
     let paused = rep.pause.context("pause: no result")?;
     let st = r.status()?;
     let (mapped_paused, _) = held(&st);
@@ -551,7 +557,13 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
 
     // 4. Resume.
     out.step(4, "resume (`kill -USR2 PID`, `cudaw-ckpt resume PID`)")?;
-    let rep = r.request(&Request::Resume { progress: true }, out)?;
+    let rep = r.request(
+        &Request::Resume {
+            progress: true,
+            context_restored: false,
+        },
+        out,
+    )?;
     let resumed = rep.resume.context("resume: no result")?;
     if frozen {
         r.wait_ran()?;

@@ -44,6 +44,12 @@ pub struct Args {
     /// ever). Default 60 s. Sets CUDAW_PAUSE_TIMEOUT.
     #[arg(long, value_name = "TIME", value_parser = parse_pause_timeout)]
     pub pause_timeout: Option<String>,
+    /// `cudaw-ckpt pause PID` releases the CUDA context too, as with --release (the
+    /// driver's checkpoint, from cudaw-ckpt: NVIDIA's API is called from another
+    /// process), unless told --no-release. A pause by signal (kill -USR1) cannot call it
+    /// and keeps the context. Sets CUDAW_RELEASE_ON_PAUSE=1.
+    #[arg(long)]
+    pub release_on_pause: bool,
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
@@ -464,6 +470,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(t) = &args.pause_timeout {
         env.push(("CUDAW_PAUSE_TIMEOUT".into(), t.into()));
+    }
+    if args.release_on_pause {
+        env.push(("CUDAW_RELEASE_ON_PAUSE".into(), "1".into()));
     }
     if let Some(l) = &args.log {
         env.push(("CUDAW_LOG".into(), l.into()));

@@ -152,6 +152,11 @@ pub struct Config {
     /// the launch exports even where the driver layer marks the launches:
     /// the runtime shim's `launch_bypass` module).
     pub direct_launches: bool,
+    /// `CUDAW_RELEASE_ON_PAUSE` (`1`, `on`; default off; `cudaw run --release-on-pause`):
+    /// `cudaw-ckpt pause` releases the context too (as `--release`) unless told
+    /// `--no-release`; the status says so. A signal's pause cannot: NVIDIA's API is called
+    /// from another process.
+    pub release_on_pause: bool,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -283,6 +288,12 @@ impl Config {
             trace_driver: switch("CUDAW_TRACE_DRIVER"),
             trace_direct: switch("CUDAW_TRACE_DIRECT"),
             direct_launches: switch("CUDAW_DIRECT_LAUNCHES"),
+            release_on_pause: matches!(
+                get("CUDAW_RELEASE_ON_PAUSE")
+                    .map(|v| v.trim().to_ascii_lowercase())
+                    .as_deref(),
+                Some("1" | "on" | "yes" | "true")
+            ),
             warnings,
         }
     }

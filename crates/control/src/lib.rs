@@ -47,8 +47,9 @@
 //!
 //! | request | reply on success |
 //! | --- | --- |
-//! | `{"cmd":"pause","progress":false}` | `"pause"`: [`Moved`] (`allocations`, `bytes`, `ms`, `changed`) |
-//! | `{"cmd":"resume","progress":false}` | `"resume"`: [`Moved`] |
+//! | `{"cmd":"pause","progress":false,"release_context":false}` | `"pause"`: [`Moved`] (`allocations`, `bytes`, `ms`, `changed`) |
+//! | `{"cmd":"resume","progress":false,"context_restored":false}` | `"resume"`: [`Moved`] |
+//! | `{"cmd":"context_kept"}` | `"pause"`: [`Moved`] (`changed`: whether the process was released) |
 //! | `{"cmd":"hold","window_ms":250,"lease_ms":30000}` | `"hold"`: [`Held`] (`idle`, `busy_devices`, `calls_in_flight`, `changed`, `ms`) |
 //! | `{"cmd":"release"}` | `"release"`: [`Held`] (`changed`) |
 //! | `{"cmd":"status"}` | `"status"`: [`Status`] (`pid`, `state`, `addressing`, `image`?, `kept_host`, `arena`, `arena_building`, `devices`: a list of [`DeviceStatus`], `busy`?) |
@@ -63,6 +64,19 @@
 //! `restore` and `tracing` run one at a time on the process's control thread, in the order they came, as the
 //! pause and resume signals do. A pause while paused, or a resume while running, succeeds
 //! with `changed: false`.
+//!
+//! # Releasing the context
+//!
+//! `cudaw-ckpt pause PID --release` sends a `pause` with `"release_context":true`: the
+//! process pauses as usual (its memory evicted by cudaw, its gate closed, none of cudaw's
+//! threads inside the driver) and is `released` from the reply on. The client then has
+//! the driver checkpoint what is left — the context, modules, streams — with
+//! `cuCheckpointProcessLock` and `cuCheckpointProcessCheckpoint` (NVIDIA's API is called
+//! from another process). When the driver cannot (no such API, no permission), the client
+//! sends `context_kept` and the process is plainly paused. A released process refuses a
+//! `resume` without `"context_restored":true` (the `SIGUSR2` signal's too: its threads would
+//! wait inside the locked driver), `dump`, `restore`, `hold` and the shared-memory
+//! requests; `cudaw-ckpt resume` has the driver restore and unlock the context first.
 //!
 //! # Jobs: hold, then pause
 //!
@@ -174,6 +188,12 @@ pub enum Request {
         /// Stream [`Progress`] lines before the reply.
         #[serde(default, skip_serializing_if = "is_false")]
         progress: bool,
+        /// The client will then have the driver release the process's context
+        /// (`cuCheckpointProcessLock` + `cuCheckpointProcessCheckpoint`, "Releasing the
+        /// context"): the process is [`State::Released`] from the reply on, and only a
+        /// `resume` with `context_restored` (or `context_kept`) ends that.
+        #[serde(default, skip_serializing_if = "is_false")]
+        release_context: bool,
     },
     /// Resume: restore every allocation at its address (from host memory, or from the
     /// image a dump left it in) and let calls through.
@@ -181,7 +201,16 @@ pub enum Request {
         /// Stream [`Progress`] lines before the reply.
         #[serde(default, skip_serializing_if = "is_false")]
         progress: bool,
+        /// The client has had the driver restore the process's context
+        /// (`cuCheckpointProcessRestore` + `cuCheckpointProcessUnlock`): a released process
+        /// may resume. A released process refuses a resume without it.
+        #[serde(default, skip_serializing_if = "is_false")]
+        context_restored: bool,
     },
+    /// The driver did not release the context after a `pause` with `release_context`
+    /// (it lacks the API, or refused): the process is plainly paused again, its context
+    /// on the GPU.
+    ContextKept {},
     /// Report the process's state and memory.
     Status {},
     /// A job pause's first step ([`Held`]): close the gate (calls entering the library
@@ -330,9 +359,15 @@ fn default_lease_ms() -> u64 {
 
 impl Request {
     /// `{"cmd":"pause"}`.
-    pub const PAUSE: Request = Request::Pause { progress: false };
+    pub const PAUSE: Request = Request::Pause {
+        progress: false,
+        release_context: false,
+    };
     /// `{"cmd":"resume"}`.
-    pub const RESUME: Request = Request::Resume { progress: false };
+    pub const RESUME: Request = Request::Resume {
+        progress: false,
+        context_restored: false,
+    };
 
     /// Parses one request line.
     pub fn parse(line: &str) -> Result<Request, String> {
@@ -356,6 +391,7 @@ impl Request {
         match self {
             Request::Pause { .. } => "pause",
             Request::Resume { .. } => "resume",
+            Request::ContextKept {} => "context_kept",
             Request::Status {} => "status",
             Request::Hold { .. } => "hold",
             Request::Release {} => "release",
@@ -386,11 +422,12 @@ impl Request {
     /// Whether the client asked for progress lines.
     pub fn wants_progress(&self) -> bool {
         match self {
-            Request::Pause { progress }
-            | Request::Resume { progress }
+            Request::Pause { progress, .. }
+            | Request::Resume { progress, .. }
             | Request::Dump { progress, .. }
             | Request::Restore { progress, .. } => *progress,
-            Request::Status {}
+            Request::ContextKept {}
+            | Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
             | Request::Shares {}
@@ -423,6 +460,11 @@ pub enum State {
     Paused,
     /// CUDA calls held, memory on the device: a job pause's first step (`hold`).
     Held,
+    /// Paused, and the driver holds the rest (`cudaw-ckpt pause --release`): the context is
+    /// checkpointed to host memory, the GPU holds nothing of the process. Only
+    /// `cudaw-ckpt resume` (the driver's restore, then a `resume` with
+    /// `context_restored`) brings it back.
+    Released,
 }
 
 impl State {
@@ -432,6 +474,7 @@ impl State {
             State::Running => "running",
             State::Paused => "paused",
             State::Held => "held",
+            State::Released => "released",
         }
     }
 }
@@ -879,6 +922,10 @@ pub struct Status {
     pub arena_building: u64,
     /// Every device cudaw manages memory on.
     pub devices: Vec<DeviceStatus>,
+    /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`
+    /// releases the context too unless told `--no-release`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub release_on_pause: bool,
     /// The request the process is carrying out now, when the status was taken while it
     /// ran (`dump, for 3.2 s`): `state` is then the pause gate's (paused while the
     /// request holds calls), and `image` is not known.
@@ -943,7 +990,19 @@ mod tests {
             Request::PAUSE,
             Request::RESUME,
             Request::Status {},
-            Request::Pause { progress: true },
+            Request::Pause {
+                progress: true,
+                release_context: false,
+            },
+            Request::Pause {
+                progress: false,
+                release_context: true,
+            },
+            Request::Resume {
+                progress: false,
+                context_restored: true,
+            },
+            Request::ContextKept {},
             Request::Dump {
                 path: "/a b/c.img".into(),
                 leave_running: true,
@@ -1015,6 +1074,31 @@ mod tests {
     }
 
     #[test]
+    fn release_fields_on_the_wire() {
+        assert_eq!(
+            Request::parse("{\"cmd\":\"pause\",\"release_context\":true}"),
+            Ok(Request::Pause {
+                progress: false,
+                release_context: true
+            })
+        );
+        assert_eq!(
+            Request::Resume {
+                progress: false,
+                context_restored: true
+            }
+            .to_line(),
+            "{\"cmd\":\"resume\",\"context_restored\":true}\n"
+        );
+        assert_eq!(
+            Request::parse("{\"cmd\":\"context_kept\"}"),
+            Ok(Request::ContextKept {})
+        );
+        assert_eq!(Request::PAUSE.to_line(), "{\"cmd\":\"pause\"}\n");
+        assert_eq!(State::Released.as_str(), "released");
+    }
+
+    #[test]
     fn progress_lines_and_replies_are_told_apart() {
         let p = Progress {
             phase: Phase::Write,
@@ -1062,6 +1146,7 @@ mod tests {
                 kept_host: 14 << 20,
                 arena: 8 << 30,
                 arena_building: 0,
+                release_on_pause: true,
                 devices: vec![DeviceStatus {
                     ordinal: 0,
                     allocations: 5,

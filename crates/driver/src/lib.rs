@@ -11,6 +11,7 @@
 pub mod abi;
 pub mod api;
 pub mod backend;
+pub mod checkpoint;
 pub mod error;
 pub mod hooks;
 pub mod inflight;

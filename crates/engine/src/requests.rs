@@ -19,6 +19,13 @@ pub enum Request {
     Pause,
     /// Resume.
     Resume,
+    /// Pause, then stay [`Ctl::released`]: the client has the driver checkpoint the
+    /// context (`cudaw-ckpt pause --release`).
+    PauseForRelease,
+    /// Resume a released process whose context the client has had the driver restore.
+    ResumeReleased,
+    /// The driver kept the context after a [`Request::PauseForRelease`]: plainly paused.
+    ContextKept,
     /// A job pause's first step: close the gate, wait up to `window` for the process to be
     /// idle; the gate opens by itself after `lease` without a pause, release or resume.
     Hold {
@@ -81,6 +88,75 @@ pub(crate) fn handle(req: Request, report: Report<'_>) -> Result<Outcome, Failur
 }
 
 fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
+    if ctl.released {
+        match req {
+            Request::Pause | Request::PauseForRelease => {
+                log::info(format_args!("pause: already paused (context released)"));
+                return Ok(Outcome::Pause(Moved::default()));
+            }
+            Request::ContextKept => {
+                ctl.released = false;
+                log::info(format_args!(
+                    "the driver kept the context: paused as before, the context on the GPU"
+                ));
+                return Ok(Outcome::Pause(Moved {
+                    changed: true,
+                    ..Moved::default()
+                }));
+            }
+            Request::ResumeReleased => {
+                ctl.released = false;
+                log::info(format_args!(
+                    "the driver restored the context: resuming cudaw's memory"
+                ));
+            }
+            other => {
+                let msg = released_refusal(request_name(&other));
+                log::warn(format_args!("{msg}"));
+                return Err(Failure::new(ErrorKind::Failed, msg));
+            }
+        }
+    }
+    let (req, release) = match req {
+        Request::PauseForRelease => (Request::Pause, true),
+        Request::ResumeReleased => (Request::Resume, false),
+        Request::ContextKept => return Ok(Outcome::Pause(Moved::default())),
+        other => (other, false),
+    };
+    let out = serve_plain(ctl, req, report);
+    if release && ctl.paused && matches!(out, Ok(Outcome::Pause(_))) {
+        ctl.released = true;
+        log::info(format_args!(
+            "paused for the driver's checkpoint: the context is the driver's until `cudaw-ckpt resume {}`",
+            std::process::id()
+        ));
+    }
+    out
+}
+
+/// Why a released process refuses `what`.
+pub(crate) fn released_refusal(what: &str) -> String {
+    format!(
+        "{what} refused: the process's context is released to the driver (cudaw-ckpt pause \
+         --release) and cudaw cannot call the driver until it is restored; resume it with \
+         `cudaw-ckpt resume {}`, which has the driver restore the context first",
+        std::process::id()
+    )
+}
+
+fn request_name(req: &Request) -> &'static str {
+    match req {
+        Request::Pause | Request::PauseForRelease => "pause",
+        Request::Resume | Request::ResumeReleased => "resume",
+        Request::ContextKept => "context_kept",
+        Request::Hold { .. } => "hold",
+        Request::Release => "release",
+        Request::Dump { .. } => "dump",
+        Request::Restore { .. } => "restore",
+    }
+}
+
+fn serve_plain(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Failure> {
     match req {
         Request::Hold { .. } if !ctl.paused && exiting() => {
             let msg = "the process is exiting: hold refused";
@@ -156,6 +232,9 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
         Request::Restore { path, force } => {
             image::restore(ctl, &path, force, report).map(Outcome::Restore)
         }
+        Request::PauseForRelease | Request::ResumeReleased | Request::ContextKept => {
+            unreachable!("mapped by serve")
+        }
     }
 }
 
@@ -168,7 +247,15 @@ pub(crate) fn serve_exit() {
         hold::release(&mut ctl.hold, paused);
         log::info(format_args!("exiting while held: the hold ends"));
     }
-    if ctl.paused {
+    if ctl.released {
+        // The driver holds the context: cudaw cannot bring the memory back, and a
+        // program let go would wait inside the locked driver. It waits at the gate instead.
+        log::warn(format_args!(
+            "exiting while paused with the context released to the driver: the program's \
+             teardown waits until `cudaw-ckpt resume {}` restores it",
+            std::process::id()
+        ));
+    } else if ctl.paused {
         match evict::resume(&mut ctl, &mut |_| {}) {
             Ok(m) => log::info(format_args!(
                 "exiting while paused: the pause was undone ({} bytes restored) so that the program's teardown runs as it would have",
@@ -261,6 +348,9 @@ pub(crate) fn shared(
         (Reply::error(ErrorKind::Failed, msg), Vec::new())
     };
     let ctl = CTL.lock();
+    if ctl.released {
+        return Ok(failed(released_refusal(req.name())));
+    }
     if !ctl.paused && !matches!(req, R::Shares {}) {
         return Ok(failed(format!(
             "{}: the process is not paused (a job pauses every process before it shares out their memory)",

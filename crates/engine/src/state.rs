@@ -11,6 +11,10 @@ use std::path::PathBuf;
 pub(crate) struct Ctl {
     /// cudaw has paused it (memory evicted, gate closed).
     pub paused: bool,
+    /// Paused, and handed to the driver's checkpoint (`cudaw-ckpt pause --release`): the
+    /// driver holds the context, so cudaw must not call the driver until `cudaw-ckpt
+    /// resume` has had it restored.
+    pub released: bool,
     /// A job pause's first step holds it (gate closed, memory on the device).
     pub hold: Option<crate::hold::Hold>,
     /// The image holding allocations' bytes after a dump without `--leave-running`
@@ -28,6 +32,7 @@ pub(crate) struct Held {
 
 pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
     paused: false,
+    released: false,
     hold: None,
     image: None,
 });
@@ -35,6 +40,11 @@ pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
 /// Whether the process is paused now.
 pub fn is_paused() -> bool {
     CTL.lock().paused
+}
+
+/// Whether the process is paused with its context released to the driver.
+pub fn is_released() -> bool {
+    CTL.lock().released
 }
 
 /// Whether a job pause's first step holds the process now (calls wait, memory on the

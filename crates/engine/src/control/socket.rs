@@ -684,7 +684,12 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             lease: std::time::Duration::from_millis(lease_ms.min(3_600_000)),
         },
         Request::Release {} => requests::Request::Release,
+        Request::Pause {
+            release_context: true,
+            ..
+        } => requests::Request::PauseForRelease,
         Request::Pause { .. } => requests::Request::Pause,
+        Request::ContextKept {} => requests::Request::ContextKept,
         Request::Shares {}
         | Request::Pair { .. }
         | Request::Mark { .. }
@@ -696,6 +701,10 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
                 "a shared-memory request reached the wrong handler",
             )
         }
+        Request::Resume {
+            context_restored: true,
+            ..
+        } => requests::Request::ResumeReleased,
         Request::Resume { .. } => requests::Request::Resume,
         Request::Dump {
             path,
@@ -822,7 +831,9 @@ fn status_now(busy: Option<String>) -> Status {
         .collect();
     Status {
         pid: std::process::id(),
-        state: if busy.as_deref().is_some_and(|b| b.starts_with("hold")) && host().gate_closed() {
+        state: if busy.is_none() && state::is_released() {
+            State::Released
+        } else if busy.as_deref().is_some_and(|b| b.starts_with("hold")) && host().gate_closed() {
             State::Held
         } else if busy.is_some() && host().gate_closed() || busy.is_none() && state::is_paused() {
             State::Paused
@@ -842,6 +853,7 @@ fn status_now(busy: Option<String>) -> Status {
             state::image_path().map(|p| p.to_string_lossy().into_owned())
         },
         kept_host: staging::kept_host() as u64,
+        release_on_pause: config::get().release_on_pause,
         arena,
         arena_building,
         devices,

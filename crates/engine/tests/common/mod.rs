@@ -223,11 +223,11 @@ pub fn request(req: Request) -> Reply {
 }
 
 pub fn pause() -> Reply {
-    request(Request::Pause { progress: false })
+    request(Request::PAUSE)
 }
 
 pub fn resume() -> Reply {
-    request(Request::Resume { progress: false })
+    request(Request::RESUME)
 }
 
 pub fn dump(path: &Path, leave_running: bool) -> Reply {

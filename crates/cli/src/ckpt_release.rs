@@ -1,0 +1,162 @@
+//! `cudaw-ckpt pause PID --release` and the resume of a released process: the driver's
+//! half. cudaw evicts the memory first (fast); then the driver's process checkpoint
+//! (`cuCheckpointProcessLock` + `cuCheckpointProcessCheckpoint`, which NVIDIA's API
+//! requires to be called from another process: this one) takes what is left — the
+//! context, modules, streams — so the GPU holds nothing of the process. Resume reverses
+//! it: the driver's restore and unlock, then cudaw's resume. The driver is `libcuda.so.1`
+//! (`$CUDAW_LIBCUDA` names another), loaded here; its calls go through the typed wrapper
+//! of the `driver` crate ([`driver::checkpoint`]).
+
+use std::time::Instant;
+
+use driver::checkpoint::{CheckpointApi, ProcessState};
+use driver::{Driver, DriverError, LibCuda};
+use serde::Serialize;
+
+/// What the driver's half of a `--release` pause did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DriverPause {
+    /// `cuCheckpointProcessLock`, in milliseconds.
+    pub lock_ms: f64,
+    /// `cuCheckpointProcessCheckpoint`, in milliseconds.
+    pub checkpoint_ms: f64,
+    /// The driver had it checkpointed already (a second `pause --release`).
+    pub already: bool,
+}
+
+/// What the driver's half of resuming a released process did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DriverResume {
+    /// `cuCheckpointProcessRestore`, in milliseconds (0 when the driver had it locked
+    /// only).
+    pub restore_ms: f64,
+    /// `cuCheckpointProcessUnlock`, in milliseconds.
+    pub unlock_ms: f64,
+    /// The driver's state of the process before: `checkpointed`, `locked` or `running`.
+    pub found: &'static str,
+}
+
+/// The driver, loaded, with its checkpoint API; the reason (for people) when it has none.
+struct Loaded {
+    cuda: LibCuda,
+}
+
+fn load() -> Result<Loaded, String> {
+    let cuda = LibCuda::open().map_err(|e| format!("the CUDA driver cannot be loaded ({e})"))?;
+    cuda.init()
+        .map_err(|e| format!("the CUDA driver did not initialise ({e})"))?;
+    Ok(Loaded { cuda })
+}
+
+impl Loaded {
+    fn api(&self) -> Result<CheckpointApi<'_>, String> {
+        CheckpointApi::load(&self.cuda).map_err(|e| {
+            format!(
+                "the driver has no cuCheckpointProcess* (driver 550 or later needed; {})",
+                e.name
+            )
+        })
+    }
+}
+
+/// Says why a driver call failed, with what the operator can do about it.
+fn reason(e: &DriverError, pid: u32, lock_timeout_ms: u32) -> String {
+    let what = format!("{} returned {} ({})", e.call, e.name, e.code);
+    match e.name.as_str() {
+        "CUDA_ERROR_NOT_PERMITTED" => format!(
+            "the driver refused: {what}; its checkpoint needs root, or persistence mode \
+             (nvidia-smi -pm 1), and the same user as process {pid}"
+        ),
+        "CUDA_ERROR_NOT_SUPPORTED" => format!(
+            "the driver cannot checkpoint process {pid}: {what} (memory shared with other \
+             processes, IPC or a GPU the driver's checkpoint does not support)"
+        ),
+        "CUDA_ERROR_NOT_READY" => format!(
+            "the driver could not lock process {pid} within {lock_timeout_ms} ms: {what} \
+             (a CUDA call of the program's own, outside cudaw's gate, did not return)"
+        ),
+        _ => what,
+    }
+}
+
+/// The driver's half of `pause --release`, once cudaw has paused the process (its gate
+/// closed, none of its threads inside the driver): lock (waiting up to `lock_timeout_ms`,
+/// 0 for ever) and checkpoint. A process the driver already holds checkpointed is left as
+/// it is. On failure nothing of the driver's is left behind (a lock taken is undone); the
+/// error is the reason, for people.
+pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
+    let loaded = load()?;
+    let api = loaded.api()?;
+    let state = api
+        .state(pid)
+        .map_err(|e| reason(&e, pid, lock_timeout_ms))?;
+    let mut done = DriverPause::default();
+    match state {
+        ProcessState::Checkpointed => {
+            done.already = true;
+            return Ok(done);
+        }
+        ProcessState::Running => {
+            let t = Instant::now();
+            api.lock(pid, lock_timeout_ms)
+                .map_err(|e| reason(&e, pid, lock_timeout_ms))?;
+            done.lock_ms = t.elapsed().as_secs_f64() * 1e3;
+        }
+        // Locked by an earlier `--release` that stopped before its checkpoint.
+        ProcessState::Locked => {}
+        other => {
+            return Err(format!(
+                "the driver has process {pid} in state {other:?}; not checkpointing it"
+            ))
+        }
+    }
+    let t = Instant::now();
+    if let Err(e) = api.checkpoint(pid) {
+        let why = reason(&e, pid, lock_timeout_ms);
+        return Err(match api.unlock(pid) {
+            Ok(()) => why,
+            Err(u) => format!(
+                "{why}; and unlocking it again failed ({u}): its CUDA calls may wait until \
+                 `cudaw-ckpt resume {pid}`"
+            ),
+        });
+    }
+    done.checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(done)
+}
+
+/// The driver's half of resuming a released process, before cudaw's resume: restore (when
+/// checkpointed) and unlock (when locked). The error says what failed; the process is then
+/// left released (paused, its context with the driver).
+pub fn restore(pid: u32) -> Result<DriverResume, String> {
+    let loaded = load()?;
+    let api = loaded.api()?;
+    let state = api.state(pid).map_err(|e| reason(&e, pid, 0))?;
+    let mut done = DriverResume {
+        found: match state {
+            ProcessState::Checkpointed => "checkpointed",
+            ProcessState::Locked => "locked",
+            ProcessState::Running => "running",
+            _ => "other",
+        },
+        ..DriverResume::default()
+    };
+    match state {
+        ProcessState::Running => return Ok(done),
+        ProcessState::Checkpointed => {
+            let t = Instant::now();
+            api.restore(pid, &[]).map_err(|e| reason(&e, pid, 0))?;
+            done.restore_ms = t.elapsed().as_secs_f64() * 1e3;
+        }
+        ProcessState::Locked => {}
+        other => {
+            return Err(format!(
+                "the driver has process {pid} in state {other:?}; it cannot be restored"
+            ))
+        }
+    }
+    let t = Instant::now();
+    api.unlock(pid).map_err(|e| reason(&e, pid, 0))?;
+    done.unlock_ms = t.elapsed().as_secs_f64() * 1e3;
+    Ok(done)
+}
