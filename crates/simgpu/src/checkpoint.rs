@@ -542,6 +542,11 @@ fn parse_pairs(arg: &str) -> Option<Vec<([u8; 16], [u8; 16])>> {
 
 /// Sends `line` to process `pid`'s simgpu and returns its answer's payload.
 pub fn request(pid: i32, line: &str) -> CuResult<String> {
+    request_in(&socket_dir(), pid, line)
+}
+
+/// [`request`], to a process whose checkpoint folder is `dir`.
+pub fn request_in(dir: &std::path::Path, pid: i32, line: &str) -> CuResult<String> {
     if pid <= 0 {
         return Err(CuError::CUDA_ERROR_INVALID_VALUE);
     }
@@ -551,7 +556,7 @@ pub fn request(pid: i32, line: &str) -> CuResult<String> {
     if !alive {
         return Err(CuError::CUDA_ERROR_INVALID_VALUE);
     }
-    let mut stream = match UnixStream::connect(socket_path(pid)) {
+    let mut stream = match UnixStream::connect(dir.join(format!("{pid}.sock"))) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(CuError::CUDA_ERROR_NOT_PERMITTED)
@@ -599,7 +604,12 @@ pub fn restore_line(pairs: &[([u8; 16], [u8; 16])]) -> String {
 /// What process `pid` holds on each of its devices (simgpu's own request, for tests: what
 /// `nvidia-smi` shows of a process on a GPU).
 pub fn usage(pid: i32) -> CuResult<Usage> {
-    let payload = request(pid, "usage")?;
+    usage_in(&socket_dir(), pid)
+}
+
+/// [`usage`] of a process whose checkpoint folder is `dir`.
+pub fn usage_in(dir: &std::path::Path, pid: i32) -> CuResult<Usage> {
+    let payload = request_in(dir, pid, "usage")?;
     let parts: Vec<&str> = payload.split(' ').collect();
     let bad = || CuError::CUDA_ERROR_UNKNOWN;
     if parts.len() != 4 {
