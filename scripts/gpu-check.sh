@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace diskbench (multigpu jobbench: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace diskbench (multigpu jobbench: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -23,6 +23,7 @@
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
 #   SECTIONS="env diskbench" DISK_GIB=16 scripts/gpu-check.sh                     # ~3 min: dump/restore vs dd
+#   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, ~3-4 min (not yet timed on a GPU)
 # On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
@@ -34,7 +35,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench limits demo trace driver expandable exitrace"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -466,6 +467,30 @@ if want diskbench; then
   fi
 fi
 lap diskbench
+
+if want release; then
+  # `cudaw-ckpt pause --release`: PyTorch processes holding RELEASE_SIZES GiB paused with
+  # and without --release and checkpointed by NVIDIA's driver alone, in the same run
+  # (nvidia-smi must list nothing of a released process; pause and resume within 0.3 s of
+  # cudaw's without --release); then a training job paused with --release RELEASE_PAUSES
+  # times at random instants, bit-identical to the native run. Under 8 minutes.
+  if nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/driver_checkpoint" tests/cuda/gpu/pause/driver_checkpoint.cu -ldl >>"$OUT/programs.log" 2>&1; then
+    # shellcheck disable=SC2086
+    timeout "${RELEASE_TIMEOUT:-470}" python3 scripts/release_check.py --dist "$ROOT/dist" --bin "$WORK" --work "$WORK/release" \
+      --sizes ${RELEASE_SIZES:-8 32} --pauses "${RELEASE_PAUSES:-10}" >"$OUT/release.out" 2>&1; rc=$?
+    cp "$WORK/release/ckpt.log" "$OUT/release-ckpt.log" 2>/dev/null
+    cp "$WORK/release/train-cudaw.err" "$OUT/release-train.err" 2>/dev/null
+    while IFS='|' read -r verdict name detail; do
+      verdict=$(echo "$verdict" | tr -d ' ')
+      case $verdict in PASS | FAIL | info) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-240)" ;; esac
+    done <"$OUT/release.out"
+    grep -qE '^(PASS|FAIL) ' "$OUT/release.out" || row "release" FAIL "no verdicts (rc $rc); see release.out"
+    [ $rc -eq 0 ] || row "release: script exit status" FAIL "rc $rc (124: timed out); see release.out"
+  else
+    row "release: compile driver_checkpoint" FAIL "nvcc failed, see programs.log"
+  fi
+fi
+lap release
 
 if want torchpause; then
   # A PyTorch training loop paused/resumed 50 times and dumped/restored 5 times at random
