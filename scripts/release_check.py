@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -151,7 +152,10 @@ def cudaw_cycle(args, size, release, env):
             h.quit()
         else:
             # Never leave it paused: resume (the driver's restore first), then kill.
-            subprocess.run([ckpt, "resume", str(h.pid)], capture_output=True, env=env, timeout=120)
+            try:
+                subprocess.run([ckpt, "resume", str(h.pid)], capture_output=True, env=env, timeout=120)
+            except subprocess.TimeoutExpired:
+                pass
             h.kill()
     return r
 
@@ -192,7 +196,11 @@ def sizes_part(args, env):
             verdict("FAIL", f"{name}: pause --release", rel.get("error", "failed or not verified; see ckpt.log"))
             continue
         mib = rel["paused_mib"]
-        verdict("PASS" if mib == 0 else "FAIL", f"{name}: GPU memory while released",
+        # nvidia-smi must see the process at all (another PID namespace lists nothing):
+        # running, and paused without --release (its context), it holds memory.
+        seen = rel.get("before_mib", 0) > 0 and (plain.get("paused_mib") or 0) > 0
+        verdict("PASS" if mib == 0 and seen else "FAIL", f"{name}: GPU memory while released",
+                ("" if seen else "cannot verify: nvidia-smi does not list this process's memory; ") +
                 f"nvidia-smi: {mib} MiB (0: not listed) while released; {rel['before_mib']} MiB running; "
                 f"without --release {plain.get('paused_mib')} MiB paused")
         for what in ("pause", "resume"):
@@ -231,6 +239,7 @@ def training_part(args, env):
             pid = int(open(pid_file).read())
         except (OSError, ValueError):
             time.sleep(0.05)
+    running_mib = smi_mib(pid) if pid else 0
     try:
         for i in range(args.pauses if pid else 0):
             time.sleep(rng.uniform(0, 0.5))
@@ -245,8 +254,10 @@ def training_part(args, env):
                 break
             if i == 0:
                 mib = smi_mib(pid)
-                verdict("PASS" if mib == 0 else "FAIL", "release: training job's GPU memory while released",
-                        f"nvidia-smi: {mib} MiB (0: not listed)")
+                verdict("PASS" if mib == 0 and running_mib > 0 else "FAIL",
+                        "release: training job's GPU memory while released",
+                        f"nvidia-smi: {mib} MiB (0: not listed) released, {running_mib} MiB running"
+                        + ("" if running_mib > 0 else "; cannot verify: nvidia-smi does not list it"))
             time.sleep(rng.uniform(0, 0.2))
             q, rs = timed([ckpt, "resume", str(pid), "--json"], env)
             if q.returncode != 0:
@@ -255,13 +266,23 @@ def training_part(args, env):
             released += 1
             pause_s.append(ps)
             resume_s.append(rs)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        problems.append(f"{type(e).__name__}: {e}")
     finally:
         if pid is None:
             problems.append("the trainer wrote no PID; see train-cudaw.err")
+        elif problems and proc.poll() is None:
+            # Never wait on a paused or released trainer: resume it (the driver's restore
+            # first), and kill it if it does not end soon.
+            try:
+                subprocess.run([ckpt, "resume", str(pid)], capture_output=True, env=env, timeout=120)
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            rc = proc.wait(timeout=600)
+            rc = proc.wait(timeout=60 if problems else 300)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
             rc = "timeout"
         out.close()
         err.close()
@@ -279,6 +300,8 @@ def training_part(args, env):
 
 
 def main():
+    # gpu-check's timeout sends SIGTERM: run the finally blocks (resume, kill) on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dist", required=True)
     ap.add_argument("--bin", required=True, help="folder holding driver_checkpoint (gpu-check.sh compiles it)")

@@ -96,9 +96,10 @@ enum Command {
     /// checkpoint (cuCheckpointProcessLock + cuCheckpointProcessCheckpoint, driver 550 or
     /// later, called from here) takes the rest to host memory: the GPU then holds nothing
     /// of the process (nvidia-smi lists it no more). `cudaw-ckpt resume` has the driver
-    /// restore it first. The driver's checkpoint needs root or persistence mode
-    /// (nvidia-smi -pm 1); where the driver lacks the API or refuses, the process is
-    /// paused without releasing the context, with a warning saying why (exit status 0).
+    /// restore it first. What the driver's checkpoint requires (root or the same user,
+    /// persistence mode) is not yet confirmed on GPUs; where the driver lacks the API or
+    /// refuses, the process is paused without releasing the context, with a warning saying
+    /// why (exit status 0). Not with --job (pause the job without it).
     #[command(
         after_help = "Examples:\n  cudaw-ckpt pause 4242\n  cudaw-ckpt pause 4242 --json    \
                             {\"allocations\":5,\"bytes\":327680,\"ms\":1.2,\"changed\":true}\n  \
@@ -767,6 +768,15 @@ fn pause_one(
     let driver_ms = started.elapsed().as_secs_f64() * 1e3;
     let reason = match &driver {
         Ok(_) => None,
+        Err(why) if !ckpt_release::driver_runs(pid) => {
+            // The driver still holds the process (locked, or checkpointed: an unlock that
+            // failed after a failed checkpoint). cudaw must not call the driver for it: it
+            // stays released, and `resume` has the driver restore and unlock it first.
+            eprintln!(
+                "cudaw-ckpt: warning: --release: {why}; the driver still holds process {pid}: it stays paused with its context released, and `cudaw-ckpt resume {pid}` brings it back"
+            );
+            Some(why.clone())
+        }
         Err(why) => {
             // Back to a plain pause: the process must not stay refusing resumes.
             if let Err(e) = request(pid, &Request::ContextKept {}, &mut |_| {}) {

@@ -59,13 +59,24 @@ impl Loaded {
     }
 }
 
+/// Whether the driver has process `pid` running (not locked, not checkpointed): `true`
+/// too where the driver lacks the API or cannot say (it never touched the process then).
+pub fn driver_runs(pid: u32) -> bool {
+    let Ok(loaded) = load() else { return true };
+    let Ok(api) = loaded.api() else { return true };
+    !matches!(
+        api.state(pid),
+        Ok(ProcessState::Locked) | Ok(ProcessState::Checkpointed)
+    )
+}
+
 /// Says why a driver call failed, with what the operator can do about it.
 fn reason(e: &DriverError, pid: u32, lock_timeout_ms: u32) -> String {
     let what = format!("{} returned {} ({})", e.call, e.name, e.code);
     match e.name.as_str() {
         "CUDA_ERROR_NOT_PERMITTED" => format!(
-            "the driver refused: {what}; its checkpoint needs root, or persistence mode \
-             (nvidia-smi -pm 1), and the same user as process {pid}"
+            "the driver refused: {what}; its checkpoint may need root, persistence mode \
+             (nvidia-smi -pm 1), or the same user as process {pid}"
         ),
         "CUDA_ERROR_NOT_SUPPORTED" => format!(
             "the driver cannot checkpoint process {pid}: {what} (memory shared with other \

@@ -308,10 +308,7 @@ impl PinnedStaging {
     /// flight between calls). Bytes the arenas retained are lost.
     pub fn release(&mut self) -> Result<(), DriverError> {
         let mut first = None;
-        let keys: Vec<usize> = self.building.keys().copied().collect();
-        for key in keys {
-            self.finish_build(key);
-        }
+        self.finish_all_builds();
         for (_, mut arena) in self.arenas.drain() {
             if let Err(e) = arena.free() {
                 first.get_or_insert(e);
@@ -661,6 +658,15 @@ impl PinnedStaging {
             .collect();
         for k in done {
             self.finish_build(k);
+        }
+    }
+
+    /// Waits for every arena being made and installs it: no thread of ours is inside the
+    /// driver (making page-locked memory) when this returns.
+    pub fn finish_all_builds(&mut self) {
+        let keys: Vec<usize> = self.building.keys().copied().collect();
+        for key in keys {
+            self.finish_build(key);
         }
     }
 

@@ -7,7 +7,7 @@
 use crate::failure::{Failure, Report};
 use crate::host::host;
 use crate::state::{Ctl, CTL};
-use crate::{evict, handles, hold, image, lifecycle, log, memory};
+use crate::{evict, handles, hold, image, lifecycle, log, memory, staging};
 use cudaw_control::{Dumped, ErrorKind, Held, Moved, Restored};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -99,6 +99,17 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                 log::info(format_args!(
                     "the driver kept the context: paused as before, the context on the GPU"
                 ));
+                // An exit that began while released was left waiting at the gate: now the
+                // pause can be undone for its teardown, as at any exit.
+                if lifecycle::is_exiting() && ctl.paused {
+                    match evict::resume(ctl, &mut |_| {}) {
+                        Ok(m) => log::info(format_args!(
+                            "exiting while paused: the pause was undone ({} bytes restored) so that the program's teardown runs as it would have",
+                            m.bytes
+                        )),
+                        Err(e) => abandon(ctl, &format!("exiting while paused: {e}")),
+                    }
+                }
                 return Ok(Outcome::Pause(Moved {
                     changed: true,
                     ..Moved::default()
@@ -125,6 +136,8 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
     };
     let out = serve_plain(ctl, req, report);
     if release && ctl.paused && matches!(out, Ok(Outcome::Pause(_))) {
+        // An arena still being made would be inside the driver when it locks the process.
+        staging::finish_arena_builds();
         ctl.released = true;
         log::info(format_args!(
             "paused for the driver's checkpoint: the context is the driver's until `cudaw-ckpt resume {}`",

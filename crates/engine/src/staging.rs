@@ -57,6 +57,14 @@ pub fn save_for_pause(
     })
 }
 
+/// Waits for the host arenas being made in the background: before the driver checkpoints
+/// the process (`pause --release`), no thread of cudaw's may be inside the driver.
+pub fn finish_arena_builds() {
+    if let Some(s) = STAGING.get() {
+        s.lock().finish_all_builds();
+    }
+}
+
 /// Allocations of the device the host arena holds now, of those `counted` says yes to (the
 /// VMM's, or the driver handles' ranges).
 pub fn retained_count(

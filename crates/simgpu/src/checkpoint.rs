@@ -406,7 +406,11 @@ pub fn serve_once() {
 
 extern "C" fn remove_socket() {
     if let Some(Some(path)) = SERVING.get() {
-        let _ = std::fs::remove_file(path);
+        // A fork child inherits the handler: only the process the socket is named for
+        // removes it.
+        if path.file_stem().and_then(|s| s.to_str()) == Some(&std::process::id().to_string()) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
