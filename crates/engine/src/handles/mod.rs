@@ -1440,6 +1440,22 @@ pub mod shared;
 mod tests {
     use super::*;
 
+    /// A live handle of `size` bytes on `device`, as cuMemCreate makes one.
+    fn handle(device: Option<i32>, size: u64) -> Handle {
+        Handle {
+            real: Some(7),
+            size,
+            prop: [0; PROP_BYTES],
+            device,
+            charged: 0,
+            refs: 1,
+            real_released: false,
+            pinned: None,
+            saved: Vec::new(),
+            share: shared::Share::default(),
+        }
+    }
+
     #[test]
     fn device_of_reads_the_location() {
         let mut p = [0u8; PROP_BYTES];
@@ -1523,18 +1539,6 @@ mod tests {
     #[test]
     fn the_arena_demand_counts_each_mapped_span_once_per_device() {
         let mut t = Table::default();
-        let handle = |device, size| Handle {
-            real: Some(7),
-            size,
-            prop: [0; PROP_BYTES],
-            device,
-            charged: 0,
-            refs: 1,
-            real_released: false,
-            pinned: None,
-            saved: Vec::new(),
-            share: shared::Share::default(),
-        };
         let m = |handle, offset, size| Mapping {
             size,
             offset,
@@ -1560,18 +1564,7 @@ mod tests {
     #[test]
     fn partly_mapped_handles_are_not_evictable() {
         let mut t = Table::default();
-        let h = Handle {
-            real: Some(7),
-            size: 4 << 20,
-            prop: [0; PROP_BYTES],
-            device: Some(0),
-            charged: 0,
-            refs: 1,
-            real_released: false,
-            pinned: None,
-            saved: Vec::new(),
-            share: shared::Share::default(),
-        };
+        let h = handle(Some(0), 4 << 20);
         t.handles.insert(TAG | 1, h);
         let m = |offset| Mapping {
             size: 2 << 20,
