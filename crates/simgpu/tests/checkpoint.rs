@@ -7,9 +7,12 @@
 //! The machine and the checkpoint folder are read from the environment, so every side
 //! runs in a child process of this test binary with its own variables.
 
+mod common;
+use common::Children;
+
 use std::ffi::{c_int, c_void};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 
 use simgpu::driver_api::{self as d, Handle};
 
@@ -21,31 +24,7 @@ const ILLEGAL_STATE: u32 = 401;
 const NOT_SUPPORTED: u32 = 801;
 
 fn spawn_child(role: &str, env: &[(&str, &str)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env_remove("SIMGPU_DEVICES")
-        .env_remove("SIMGPU_MEM")
-        .env_remove("SIMGPU_CHECKPOINT")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("starting the child")
-}
-
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    common::spawn_child(ROLE, role, env, Stdio::piped())
 }
 
 fn ok(code: u32) {

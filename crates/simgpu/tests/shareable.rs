@@ -8,11 +8,14 @@
 //! the cross-process case are two children whose standard inputs are the two ends of one
 //! Unix socket pair.
 
+mod common;
+use common::Children;
+
 use std::ffi::{c_int, c_void};
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 
 use simgpu::driver_api::{self as d, Handle, MemAccessDesc, MemAllocationProp, MemLocation};
 
@@ -23,33 +26,8 @@ const POSIX_FD: u32 = 1;
 const INVALID_VALUE: u32 = 1;
 const NOT_SUPPORTED: u32 = 801;
 
-/// A child of this binary running `role` with `env`, its standard input `stdin`.
 fn spawn_child(role: &str, env: &[(&str, &str)], stdin: Stdio) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env_remove("SIMGPU_DEVICES")
-        .env_remove("SIMGPU_MEM")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("starting the child")
-}
-
-/// Kills the children on drop, so that a failing test leaves none behind.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    common::spawn_child(ROLE, role, env, stdin)
 }
 
 fn assert_passed(role: &str, out: &Output) {
