@@ -47,8 +47,8 @@ fn mapped_handle(va: u64, size: u64) -> u64 {
 fn driver_handles_are_evicted_and_restored_at_the_same_address() {
     let _turn = setup();
     let drv = cudaw_engine::memory::driver().unwrap();
-    // Device 0's memory manager makes the primary context current on this thread.
-    let _ = device();
+    // Device 0's primary context, current on this test's thread.
+    device().vmm.backend().make_current().unwrap();
     let va = drv.mem_address_reserve(8 * MIB, 0, 0).unwrap();
     let (a, b) = (
         mapped_handle(va, 4 * MIB),
@@ -92,5 +92,52 @@ fn driver_handles_are_evicted_and_restored_at_the_same_address() {
     assert_eq!(handles::unmap(va, (6 * MIB) as usize), 0);
     assert_eq!((handles::release(a), handles::release(b)), (0, 0));
     assert_eq!(handles::counts(0).handles, 0);
+    drv.mem_address_free(va, 8 * MIB).unwrap();
+}
+
+/// A resume that cannot make every handle of a device again (its memory taken by another
+/// allocation while paused) undoes the ones it made: the process stays paused with all of
+/// them evicted, and a resume once the memory is free brings every one back intact.
+#[test]
+fn a_resume_without_room_for_every_handle_leaves_them_all_evicted() {
+    let _turn = setup();
+    let drv = cudaw_engine::memory::driver().unwrap();
+    device().vmm.backend().make_current().unwrap();
+    let va = drv.mem_address_reserve(8 * MIB, 0, 0).unwrap();
+    let (a, b) = (
+        mapped_handle(va, 4 * MIB),
+        mapped_handle(va + 4 * MIB, 2 * MIB),
+    );
+    let (pa, pb) = (pattern(4 << 20, 3), pattern(2 << 20, 4));
+    write(va, &pa);
+    write(va + 4 * MIB, &pb);
+    ok(&pause(), "pause");
+
+    // Another allocation takes all but 5 MiB: handle a (4 MiB) fits again, b (2 MiB) not.
+    let (free, _) = drv.mem_get_info().unwrap();
+    let hog = drv.mem_alloc(free - 5 * MIB).unwrap();
+    let r = resume();
+    assert!(r.error.is_some(), "a resume without room succeeded: {r:?}");
+    assert!(
+        state::is_paused(),
+        "the failed resume left the process running"
+    );
+    let c = handles::counts(0);
+    assert_eq!(
+        (c.resident, c.evicted),
+        (0, 6 * MIB),
+        "the handle made before the failure was not undone"
+    );
+
+    drv.mem_free(hog).unwrap();
+    ok(&resume(), "resume with room again");
+    assert!(read(va, pa.len()) == pa, "handle a lost its bytes");
+    assert!(
+        read(va + 4 * MIB, pb.len()) == pb,
+        "handle b lost its bytes"
+    );
+
+    assert_eq!(handles::unmap(va, (6 * MIB) as usize), 0);
+    assert_eq!((handles::release(a), handles::release(b)), (0, 0));
     drv.mem_address_free(va, 8 * MIB).unwrap();
 }

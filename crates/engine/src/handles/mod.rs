@@ -1337,32 +1337,79 @@ fn restore_handles(
     loader: &mut dyn Staging<DriverBackend>,
     keep_unreleased: bool,
 ) -> Result<Moved, String> {
+    // Device by device: every handle is made and mapped first, then all their bytes load
+    // in one staging call (one pipeline, not a wait per handle: PyTorch's expandable
+    // segments are hundreds of handles). A failure undoes that device's handles (they stay
+    // evicted); the devices done before it stay done.
+    let mut by_device: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
+    for &v in ids {
+        by_device
+            .entry(t.handles[&v].device.unwrap_or(0))
+            .or_default()
+            .push(v);
+    }
     let mut moved = Moved::default();
-    let ids = ids.to_vec();
-    for v in ids {
-        let (size, prop, dev, released) = {
+    for (dev, vs) in by_device {
+        let m = restore_device(t, dev, &vs, loader, keep_unreleased)?;
+        moved.handles += m.handles;
+        moved.bytes += m.bytes;
+    }
+    Ok(moved)
+}
+
+/// A handle made again and mapped, its bytes not yet loaded.
+struct Remade {
+    v: u64,
+    real: u64,
+    mapped: Vec<(u64, u64)>,
+    charged: u64,
+}
+
+/// Undoes `made` (unmapped, released, uncharged): they stay evicted.
+fn unmake(dev: i32, made: Vec<Remade>) {
+    for r in made {
+        for (va, size) in r.mapped {
+            let _ = real_unmap(va, size);
+        }
+        let _ = real_release(r.real);
+        if r.charged > 0 {
+            memory::uncharge(dev, r.charged);
+        }
+    }
+}
+
+/// [`restore_handles`] for the handles `vs` of device `dev`.
+fn restore_device(
+    t: &mut Table,
+    dev: i32,
+    vs: &[u64],
+    loader: &mut dyn Staging<DriverBackend>,
+    keep_unreleased: bool,
+) -> Result<Moved, String> {
+    let m = memory::device_without_runtime(dev).map_err(|e| format!("device {dev}: error {e}"))?;
+    let backend = m.vmm.backend();
+    backend.make_current().map_err(|e| e.to_string())?;
+    let mut made: Vec<Remade> = Vec::with_capacity(vs.len());
+    for &v in vs {
+        let (size, prop) = {
             let h = &t.handles[&v];
-            (h.size, h.prop, h.device.unwrap_or(0), h.refs == 0)
+            (h.size, h.prop)
         };
-        let m =
-            memory::device_without_runtime(dev).map_err(|e| format!("device {dev}: error {e}"))?;
-        let backend = m.vmm.backend();
-        backend.make_current().map_err(|e| e.to_string())?;
         let mut charged = 0;
         if let Ok(b) = memory::budget(dev) {
-            b.try_acquire(size)
-                .map_err(|e| format!("driver handle {v:#x} ({size} bytes): {e}"))?;
+            if let Err(e) = b.try_acquire(size) {
+                unmake(dev, made);
+                return Err(format!("driver handle {v:#x} ({size} bytes): {e}"));
+            }
             charged = size;
         }
-        let undo_charge = || {
-            if charged > 0 {
-                memory::uncharge(dev, charged);
-            }
-        };
         let r = match real_create(size, &prop) {
             Ok(r) => r,
             Err(rc) => {
-                undo_charge();
+                if charged > 0 {
+                    memory::uncharge(dev, charged);
+                }
+                unmake(dev, made);
                 return Err(format!(
                     "re-creating driver handle {v:#x} ({size} bytes): CUresult {rc}"
                 ));
@@ -1377,59 +1424,67 @@ fn restore_handles(
                 .iter()
                 .find_map(|(va, m)| grant_peers(*va, m.size, dev).err());
         }
-        let h = t.handles.get_mut(&v).expect("live");
-        if fail.is_none() {
-            let ranges: Vec<LoadRange<'_>> = h
-                .saved
-                .iter()
-                .map(|s| LoadRange {
-                    id: AllocationId(s.id),
-                    addr: s.addr,
-                    len: s.len,
-                    source: match &s.bytes {
-                        Held::Memory(b) => Source::Memory(b),
-                        Held::Arena => Source::Retained,
-                        Held::Image => Source::File { offset: 0 },
-                    },
-                })
-                .collect();
-            if let Err(e) = loader.load(backend, &ranges) {
-                fail = Some(format!("copying driver handle {v:#x} back: {e}"));
-            }
-        }
+        made.push(Remade {
+            v,
+            real: r,
+            mapped,
+            charged,
+        });
         if let Some(f) = fail {
-            for (va, size) in mapped {
-                let _ = real_unmap(va, size);
-            }
-            let _ = real_release(r);
-            undo_charge();
+            unmake(dev, made);
             return Err(f);
         }
+    }
+    // Every handle's bytes, in one call.
+    let loaded = {
+        let ranges: Vec<LoadRange<'_>> = made
+            .iter()
+            .flat_map(|r| t.handles[&r.v].saved.iter())
+            .map(|s| LoadRange {
+                id: AllocationId(s.id),
+                addr: s.addr,
+                len: s.len,
+                source: match &s.bytes {
+                    Held::Memory(b) => Source::Memory(b),
+                    Held::Arena => Source::Retained,
+                    Held::Image => Source::File { offset: 0 },
+                },
+            })
+            .collect();
+        loader.load(backend, &ranges)
+    };
+    if let Err(e) = loaded {
+        let n = made.len();
+        unmake(dev, made);
+        return Err(format!(
+            "copying {n} driver handles of device {dev} back: {e}"
+        ));
+    }
+    let mut moved = Moved::default();
+    let mut copies = Vec::new();
+    for r in made {
+        let h = t.handles.get_mut(&r.v).expect("live");
         // Their host copies go back to the staging, for the next pause's bytes; their
         // places in the host arena are free (the loader read them, or the image).
         forget_in_arena(h.device, &h.saved);
-        loader.recycle(
-            h.saved
-                .drain(..)
-                .filter_map(|s| match s.bytes {
-                    Held::Memory(b) => Some(b),
-                    _ => None,
-                })
-                .collect(),
-        );
-        h.real = Some(r);
-        h.charged = charged;
+        copies.extend(h.saved.drain(..).filter_map(|s| match s.bytes {
+            Held::Memory(b) => Some(b),
+            _ => None,
+        }));
+        h.real = Some(r.real);
+        h.charged = r.charged;
         // An export stays unreleased until exported again (its importers need it).
-        if released && !keep_unreleased && h.pinned != Some(EXPORTED) {
+        if h.refs == 0 && !keep_unreleased && h.pinned != Some(EXPORTED) {
             // The program released it while mapped: the driver frees it at its last unmap.
-            let _ = real_release(r);
+            let _ = real_release(r.real);
             h.real_released = true;
         } else {
             h.real_released = false;
         }
         moved.handles += 1;
-        moved.bytes += size;
+        moved.bytes += h.size;
     }
+    loader.recycle(copies);
     Ok(moved)
 }
 
