@@ -1155,22 +1155,31 @@ pub fn in_arena(ordinal: i32) -> std::collections::HashSet<u64> {
         .collect()
 }
 
-/// Host arena bytes device `ordinal`'s driver handles need for a pause (every handle of
-/// device memory, evictable now or not: each distinct mapped span as [`evict`] saves it,
-/// rounded up as the arena places it).
+/// Host arena bytes device `ordinal`'s driver handles need for a pause (the handles a
+/// pause evicts, exports included: each distinct mapped span as [`evict`] saves it, up to
+/// 16 a handle, rounded up as the arena places it).
 pub fn arena_demand(ordinal: i32) -> u64 {
     demand_of(&TABLE.lock(), ordinal)
 }
 
 fn demand_of(t: &Table, ordinal: i32) -> u64 {
+    // Only what a pause can put there: handles it evicts (and exports, which a job pause
+    // evicts), not those bound to multicast or not wholly mapped; at most 16 spans a
+    // handle (the ranges past those have no arena id).
+    let counted = |v: u64| {
+        t.handles.get(&v).is_some_and(|h| {
+            h.device == Some(ordinal) && (h.pinned == Some(EXPORTED) || evictable(t, v).is_ok())
+        })
+    };
     let mut seen = std::collections::HashSet::new();
+    let mut spans: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     t.mappings
         .values()
+        .filter(|m| counted(m.handle) && seen.insert((m.handle, m.offset, m.size)))
         .filter(|m| {
-            t.handles
-                .get(&m.handle)
-                .is_some_and(|h| h.device == Some(ordinal))
-                && seen.insert((m.handle, m.offset, m.size))
+            let n = spans.entry(m.handle).or_default();
+            *n += 1;
+            range_id(m.handle, *n - 1).is_some()
         })
         .map(|m| m.size.next_multiple_of(driver::ARENA_ALIGN))
         .sum()
@@ -1611,6 +1620,10 @@ mod tests {
         t.mappings.insert(0x4000_0000, m(TAG | 2, 0, 2 << 20));
         t.mappings.insert(0x5000_0000, m(TAG | 3, 0, 2 << 20));
         t.mappings.insert(0x6000_0000, m(TAG | 4, 0, 5000));
+        // Handle 5 mapped over half its size: a pause leaves it on the device, so it takes
+        // no arena place.
+        t.handles.insert(TAG | 5, handle(Some(0), 4 << 20));
+        t.mappings.insert(0x7000_0000, m(TAG | 5, 0, 2 << 20));
         assert_eq!(demand_of(&t, 0), (4 << 20) + 8192, "rounded to ARENA_ALIGN");
         assert_eq!(demand_of(&t, 1), 2 << 20);
         assert_eq!(demand_of(&t, 2), 0);
