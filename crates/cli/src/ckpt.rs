@@ -757,6 +757,8 @@ fn pause_one(
     if !release {
         return pause_or_resume(pid, true, json);
     }
+    // Held until the driver's step is done and cudaw told: a resume waits for it.
+    let _sequence = ckpt_client::sequence_lock(pid);
     let req = Request::Pause {
         progress: false,
         release_context: true,
@@ -827,6 +829,12 @@ fn pause_one(
 
 /// `resume PID`: a released process has the driver restore its context first.
 fn resume_one(pid: u32, json: bool) -> Result<()> {
+    if status_of(pid)?.state != State::Released {
+        return pause_or_resume(pid, false, json);
+    }
+    // A `--release` pause under way finishes first (its driver step, then cudaw told);
+    // then the state is read again (it may have kept the context).
+    let _sequence = ckpt_client::sequence_lock(pid);
     if status_of(pid)?.state != State::Released {
         return pause_or_resume(pid, false, json);
     }

@@ -347,6 +347,8 @@ pub fn remove_stale_socket(dir: &Path, pid: u32) -> Result<Option<String>, Strin
     let Some(why) = not_the_socket_process(pid, made) else {
         return Ok(None);
     };
+    // The lock file of a `--release` sequence goes with it (see `sequence_lock`).
+    let _ = std::fs::remove_file(dir.join(format!("{pid}.release-lock")));
     match std::fs::remove_file(&path) {
         Ok(()) => Ok(Some(why)),
         // Removed meanwhile (by the process's successor, or another cudaw-ckpt).
@@ -409,4 +411,25 @@ pub fn request_fds(
         let kind = kind_of(&e);
         fail(kind, format!("process {pid}: {e:#}"))
     })
+}
+
+/// An exclusive lock held for the driver-and-cudaw sequence of a `--release` pause or of a
+/// released process's resume (`PID.release-lock` in the process's run folder, next to its
+/// socket): two `cudaw-ckpt` at once cannot interleave the driver's lock and checkpoint
+/// with a resume. `None` where the file cannot be made (another user's folder): no lock.
+pub fn sequence_lock(pid: u32) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dirs = run_dirs().ok()?;
+    let dir = dirs
+        .iter()
+        .find(|d| cudaw_control::socket_path(d, pid).exists())?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join(format!("{pid}.release-lock")))
+        .ok()?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).ok()?;
+    Some(f)
 }
