@@ -43,9 +43,18 @@ fn mapped_handle(va: u64, size: u64) -> u64 {
     h
 }
 
-#[test]
-fn driver_handles_are_evicted_and_restored_at_the_same_address() {
-    let _turn = setup();
+/// Two handles through the engine, of 4 and 2 MiB, mapped one after the other in an 8 MiB
+/// reservation and filled with the patterns of `seed` and `seed + 1`: (the reservation,
+/// the handles, the patterns).
+struct Two {
+    va: u64,
+    a: u64,
+    b: u64,
+    pa: Vec<u8>,
+    pb: Vec<u8>,
+}
+
+fn two_handles(seed: u64) -> Two {
     let drv = cudaw_engine::memory::driver().unwrap();
     // Device 0's primary context, current on this test's thread.
     device().vmm.backend().make_current().unwrap();
@@ -54,9 +63,17 @@ fn driver_handles_are_evicted_and_restored_at_the_same_address() {
         mapped_handle(va, 4 * MIB),
         mapped_handle(va + 4 * MIB, 2 * MIB),
     );
-    let (pa, pb) = (pattern(4 << 20, 1), pattern(2 << 20, 2));
+    let (pa, pb) = (pattern(4 << 20, seed), pattern(2 << 20, seed + 1));
     write(va, &pa);
     write(va + 4 * MIB, &pb);
+    Two { va, a, b, pa, pb }
+}
+
+#[test]
+fn driver_handles_are_evicted_and_restored_at_the_same_address() {
+    let _turn = setup();
+    let drv = cudaw_engine::memory::driver().unwrap();
+    let Two { va, a, b, pa, pb } = two_handles(1);
     assert_eq!(handles::counts(0).resident, 6 * MIB);
 
     ok(&pause(), "pause");
@@ -102,15 +119,7 @@ fn driver_handles_are_evicted_and_restored_at_the_same_address() {
 fn a_resume_without_room_for_every_handle_leaves_them_all_evicted() {
     let _turn = setup();
     let drv = cudaw_engine::memory::driver().unwrap();
-    device().vmm.backend().make_current().unwrap();
-    let va = drv.mem_address_reserve(8 * MIB, 0, 0).unwrap();
-    let (a, b) = (
-        mapped_handle(va, 4 * MIB),
-        mapped_handle(va + 4 * MIB, 2 * MIB),
-    );
-    let (pa, pb) = (pattern(4 << 20, 3), pattern(2 << 20, 4));
-    write(va, &pa);
-    write(va + 4 * MIB, &pb);
+    let Two { va, a, b, pa, pb } = two_handles(3);
     ok(&pause(), "pause");
 
     // Another allocation takes all but 5 MiB: handle a (4 MiB) fits again, b (2 MiB) not.
