@@ -33,6 +33,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lines import Lines  # noqa: E402
 import torch_pause_check as tpc  # noqa: E402
+# GPU memory nvidia-smi lists for a PID (MiB): 0 when not listed; None without a reading.
+from pausebench import gpu_used_mib as smi_mib  # noqa: E402
 
 HOLDER = r"""
 import os, sys, torch
@@ -68,24 +70,6 @@ results = []
 def verdict(status, name, detail):
     results.append(status)
     print(f"{status} | {name} | {detail}", flush=True)
-
-
-def smi_mib(pid):
-    """GPU memory nvidia-smi lists for PID (MiB): 0 when not listed; None without a reading."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(pid):
-            try:
-                return int(parts[1])
-            except ValueError:
-                return None
-    return 0
 
 
 class Holder:

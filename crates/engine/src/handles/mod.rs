@@ -131,6 +131,24 @@ fn mappings_of(t: &Table, v: u64) -> Vec<(u64, Mapping)> {
         .collect()
 }
 
+/// Unmaps every mapping of virtual handle `v` from the device (their records stay, to map
+/// again): the first failure's address, size and CUresult.
+fn unmap_all(t: &Table, v: u64) -> Result<(), (u64, u64, u32)> {
+    let maps: Vec<(u64, u64)> = t
+        .mappings
+        .iter()
+        .filter(|(_, m)| m.handle == v)
+        .map(|(&va, m)| (va, m.size))
+        .collect();
+    for (va, size) in maps {
+        let rc = real_unmap(va, size);
+        if rc != CU_SUCCESS {
+            return Err((va, size, rc));
+        }
+    }
+    Ok(())
+}
+
 /// Maps real handle `r` at every one of `maps` again, with the access recorded on each;
 /// `mapped` receives what was mapped (for the caller to undo on an error).
 fn map_again(maps: &[(u64, Mapping)], r: u64, mapped: &mut Vec<(u64, u64)>) -> Result<(), String> {
@@ -1040,18 +1058,9 @@ pub fn evict(copied: &mut dyn FnMut(u64)) -> Result<Moved, String> {
                 ));
             }
             for &v in vs {
-                let maps: Vec<(u64, u64)> = t
-                    .mappings
-                    .iter()
-                    .filter(|(_, m)| m.handle == v)
-                    .map(|(&va, m)| (va, m.size))
-                    .collect();
-                for (va, size) in maps {
-                    let rc = real_unmap(va, size);
-                    if rc != CU_SUCCESS {
-                        return Err(format!("unmapping {size} bytes at {va:#x}: CUresult {rc}"));
-                    }
-                }
+                unmap_all(&t, v).map_err(|(va, size, rc)| {
+                    format!("unmapping {size} bytes at {va:#x}: CUresult {rc}")
+                })?;
                 let h = t.handles.get_mut(&v).expect("live");
                 if !h.real_released {
                     let rc = real_release(h.real.expect("resident"));

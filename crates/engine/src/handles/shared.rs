@@ -255,20 +255,9 @@ fn evict_imports(t: &mut Table) -> Result<usize, String> {
         .map(|(&v, _)| v)
         .collect();
     for &v in &ids {
-        let maps: Vec<(u64, u64)> = t
-            .mappings
-            .iter()
-            .filter(|(_, m)| m.handle == v)
-            .map(|(&va, m)| (va, m.size))
-            .collect();
-        for (va, size) in maps {
-            let rc = real_unmap(va, size);
-            if rc != CU_SUCCESS {
-                return Err(format!(
-                    "unmapping imported memory ({size} bytes at {va:#x}): CUresult {rc}"
-                ));
-            }
-        }
+        unmap_all(t, v).map_err(|(va, size, rc)| {
+            format!("unmapping imported memory ({size} bytes at {va:#x}): CUresult {rc}")
+        })?;
         let h = t.handles.get_mut(&v).expect("live");
         if let (Some(r), false) = (h.real, h.real_released) {
             let rc = real_release(r);
