@@ -182,7 +182,7 @@ def sizes_part(args, env):
         mib = rel["paused_mib"]
         # nvidia-smi must see the process at all (another PID namespace lists nothing):
         # running, and paused without --release (its context), it holds memory.
-        seen = rel.get("before_mib", 0) > 0 and (plain.get("paused_mib") or 0) > 0
+        seen = (rel.get("before_mib") or 0) > 0 and (plain.get("paused_mib") or 0) > 0
         verdict("PASS" if mib == 0 and seen else "FAIL", f"{name}: GPU memory while released",
                 ("" if seen else "cannot verify: nvidia-smi does not list this process's memory; ") +
                 f"nvidia-smi: {mib} MiB (0: not listed) while released; {rel['before_mib']} MiB running; "
@@ -223,7 +223,7 @@ def training_part(args, env):
             pid = int(open(pid_file).read())
         except (OSError, ValueError):
             time.sleep(0.05)
-    running_mib = smi_mib(pid) if pid else 0
+    running_mib = (smi_mib(pid) or 0) if pid else 0
     try:
         for i in range(args.pauses if pid else 0):
             time.sleep(rng.uniform(0, 0.5))
