@@ -551,7 +551,8 @@ fn run_jobs() {
         let Some(job) = JOBS.lock().pop_front() else {
             return;
         };
-        let _exec = EXEC.lock();
+        // RUNNING is set before EXEC is taken and cleared after it is let go, so a status
+        // that finds EXEC held always finds the request's name.
         struct Running;
         impl Drop for Running {
             fn drop(&mut self) {
@@ -560,6 +561,7 @@ fn run_jobs() {
         }
         *RUNNING.lock() = Some((job.req.name(), Instant::now()));
         let _running = Running;
+        let _exec = EXEC.lock();
         answer(job);
     }
 }
@@ -766,12 +768,15 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
 /// The process's state and memory now; while a queued request runs on the control thread,
 /// without waiting for it (the state from the pause gate, `busy` naming the request).
 pub fn status() -> Status {
-    match EXEC.try_lock() {
-        Some(_idle) => status_now(None),
-        None => {
-            let busy = (*RUNNING.lock())
-                .map(|(name, since)| format!("{name}, for {:.1} s", since.elapsed().as_secs_f64()));
-            status_now(Some(busy.unwrap_or_else(|| "a request".to_owned())))
+    loop {
+        if let Some(_idle) = EXEC.try_lock() {
+            return status_now(None);
+        }
+        // EXEC was held, so RUNNING was set; None here means the request ended in between:
+        // look again.
+        if let Some((name, since)) = *RUNNING.lock() {
+            let busy = format!("{name}, for {:.1} s", since.elapsed().as_secs_f64());
+            return status_now(Some(busy));
         }
     }
 }
