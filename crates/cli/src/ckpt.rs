@@ -9,6 +9,7 @@ mod out;
 mod ckpt_client;
 mod ckpt_inspect;
 mod ckpt_job;
+mod ckpt_migrate;
 mod ckpt_progress;
 mod ckpt_release;
 // Shared with cudaw, which reports kinds this binary never makes.
@@ -326,6 +327,40 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move a running process to another GPU, at the same device addresses.
+    ///
+    /// Checks first, before anything moves: the GPU exists, is the same model (the
+    /// driver restores only onto the same kind of GPU) and has room for the process's
+    /// memory beside the other processes under cudaw on it (the node ledger). Then
+    /// pauses the process with its context released (as `pause --release`), has the
+    /// driver restore the context on the other GPU (cuCheckpointProcessRestore with GPU
+    /// pairs, driver 580 or later) and restores cudaw's memory there. The program keeps
+    /// its device ordinal and every pointer; only the GPU behind them changes.
+    ///
+    /// What fails is undone: the process runs on where it was, and the error says why.
+    /// A paused process is resumed on its new GPU. GPU indexes are nvidia-smi's (PCI bus
+    /// order, every GPU of the machine whatever CUDA_VISIBLE_DEVICES says here).
+    #[command(verbatim_doc_comment)]
+    #[command(after_help = "Examples:\n  \
+        cudaw-ckpt migrate 4242 --to 1                    onto GPU 1 (nvidia-smi's index)\n  \
+        cudaw-ckpt migrate 4242 --to GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9\n  \
+        cudaw-ckpt migrate 4242 --to 0=2,1=3              a process on GPUs 0 and 1 onto 2 and 3\n  \
+        cudaw-ckpt migrate 4242 --to 1 --json             {\"pid\",\"moved\":[{\"ordinal\",\"from\",\"to\"}],\"bytes\",\"allocations\",\"pause_ms\",\"release_ms\",\"restore_ms\",\"resume_ms\",\"total_ms\"}")]
+    Migrate {
+        /// The process ID.
+        pid: u32,
+        /// Where to: a GPU index or UUID for a process on one GPU; OLD=NEW[,OLD=NEW] for
+        /// one on several.
+        #[arg(long, value_name = "GPU")]
+        to: String,
+        /// How long the driver's lock waits for the program's CUDA work ("10s", "500ms",
+        /// "off": for ever).
+        #[arg(long, value_name = "TIME", default_value = "10s", value_parser = parse_timeout)]
+        lock_timeout: Timeout,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a checkpoint image: format, producing process, GPU, allocation table.
     ///
     /// Reading the header checks the format, version, header and metadata checksums, the
@@ -357,6 +392,7 @@ impl Command {
         match self {
             Command::Pause { json, .. }
             | Command::Resume { json, .. }
+            | Command::Migrate { json, .. }
             | Command::Status { json, .. }
             | Command::Dump { json, .. }
             | Command::Restore { json, .. }
@@ -404,6 +440,12 @@ fn main() -> ExitCode {
             pause_one(pid, want, lock_timeout.0, json)
         }
         Command::Resume { pid, json, .. } => resume_one(pid, json),
+        Command::Migrate {
+            pid,
+            to,
+            lock_timeout,
+            json,
+        } => ckpt_migrate::migrate(pid, &to, lock_timeout.0, json),
         Command::Status {
             pid: Some(pid),
             json,
@@ -738,8 +780,7 @@ fn pause_or_resume(pid: u32, pause: bool, json: bool) -> Result<()> {
 
 /// The process's status.
 fn status_of(pid: u32) -> Result<Status> {
-    let reply = request(pid, &Request::Status {}, &mut |_| {})?;
-    carried(reply.status, "status")
+    ckpt_client::status(pid)
 }
 
 /// `pause PID`, with `--release` (`Some(true)`), `--no-release` (`Some(false)`), or as
@@ -839,7 +880,7 @@ fn resume_one(pid: u32, json: bool) -> Result<()> {
         return pause_or_resume(pid, false, json);
     }
     let started = std::time::Instant::now();
-    let d = ckpt_release::restore(pid).map_err(|why| {
+    let d = ckpt_release::restore(pid, &[]).map_err(|why| {
         fail(
             Kind::Failed,
             format!(

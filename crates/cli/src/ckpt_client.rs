@@ -35,7 +35,23 @@ pub fn run_dirs() -> anyhow::Result<Vec<PathBuf>> {
 
 /// Whether a process `pid` exists (as /proc shows it: also another user's).
 pub fn process_exists(pid: u32) -> bool {
-    pid != 0 && std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok()
+    if pid == 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie (exited, not yet reaped by its parent) is gone for every purpose here:
+        // the state follows the command name's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => std::fs::symlink_metadata(format!("/proc/{pid}")).is_ok(),
+    }
+}
+
+/// The process's status.
+pub fn status(pid: u32) -> anyhow::Result<cudaw_control::Status> {
+    let reply = request(pid, &cudaw_control::Request::Status {}, &mut |_| {})?;
+    carried(reply.status, "status")
 }
 
 /// The run folder named in messages: the first of [`run_dirs`], else the first place a

@@ -137,9 +137,10 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
 }
 
 /// The driver's half of resuming a released process, before cudaw's resume: restore (when
-/// checkpointed) and unlock (when locked). The error says what failed; the process is then
-/// left released (paused, its context with the driver).
-pub fn restore(pid: u32) -> Result<DriverResume, String> {
+/// checkpointed; onto other GPUs by `pairs`, old UUID → new UUID, which must then name
+/// every GPU the process was checkpointed on) and unlock (when locked). The error says
+/// what failed; the process is then left released (paused, its context with the driver).
+pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume, String> {
     let loaded = load()?;
     let api = loaded.api()?;
     let state = api.state(pid).map_err(|e| reason(&e, pid, 0))?;
@@ -156,7 +157,7 @@ pub fn restore(pid: u32) -> Result<DriverResume, String> {
         ProcessState::Running => return Ok(done),
         ProcessState::Checkpointed => {
             let t = Instant::now();
-            api.restore(pid, &[]).map_err(|e| reason(&e, pid, 0))?;
+            api.restore(pid, pairs).map_err(|e| reason(&e, pid, 0))?;
             done.restore_ms = t.elapsed().as_secs_f64() * 1e3;
         }
         ProcessState::Locked => {}
@@ -170,4 +171,113 @@ pub fn restore(pid: u32) -> Result<DriverResume, String> {
     api.unlock(pid).map_err(|e| reason(&e, pid, 0))?;
     done.unlock_ms = t.elapsed().as_secs_f64() * 1e3;
     Ok(done)
+}
+
+/// A GPU of this machine, as the driver in `cudaw-ckpt` sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gpu {
+    /// Its index (the driver's enumeration; [`gpus`] says in which order).
+    pub index: i32,
+    /// `cuDeviceGetUuid`.
+    pub uuid: [u8; 16],
+    /// The UUID as `nvidia-smi -L` writes it (`GPU-…`).
+    pub text: String,
+    /// `cuDeviceGetName`.
+    pub name: String,
+    /// `cuDeviceTotalMem`, in bytes.
+    pub total: u64,
+    /// Its compute capability (major, minor): the driver restores a process only onto a
+    /// GPU of the same chip.
+    pub capability: (i32, i32),
+}
+
+/// Every GPU the driver in this process sees, in its order (the caller sets
+/// `CUDA_DEVICE_ORDER=PCI_BUS_ID` and clears `CUDA_VISIBLE_DEVICES` before the driver is
+/// loaded for `nvidia-smi`'s numbering).
+pub fn gpus() -> Result<Vec<Gpu>, String> {
+    let loaded = load()?;
+    let cuda = &loaded.cuda;
+    use driver::sys::CUdevice_attribute as A;
+    let n = cuda
+        .device_count()
+        .map_err(|e| format!("cuDeviceGetCount failed ({e})"))?;
+    (0..n)
+        .map(|index| {
+            let d = cuda
+                .device_get(index)
+                .map_err(|e| format!("cuDeviceGet({index}) failed ({e})"))?;
+            let uuid = cuda
+                .device_uuid(d)
+                .map_err(|e| format!("cuDeviceGetUuid(GPU {index}) failed ({e})"))?;
+            Ok(Gpu {
+                index,
+                uuid,
+                text: uuid_text(&uuid),
+                name: cuda.device_name(d).unwrap_or_default(),
+                total: cuda.device_total_mem(d).unwrap_or(0),
+                capability: (
+                    cuda.device_attribute(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                        .unwrap_or(0),
+                    cuda.device_attribute(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+                        .unwrap_or(0),
+                ),
+            })
+        })
+        .collect()
+}
+
+/// A UUID as `nvidia-smi -L` writes it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_text(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The 16 bytes of a UUID written as [`uuid_text`] writes it (the `GPU-` prefix optional,
+/// any case).
+pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let t = text.strip_prefix("GPU-").unwrap_or(text);
+    let groups: Vec<&str> = t.split('-').collect();
+    let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+    if lens != [8, 4, 4, 4, 12] {
+        return None;
+    }
+    let hex: String = groups.concat();
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_round_trip_and_bad_ones_are_refused() {
+        let u = [
+            0x5a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7,
+            0xe8, 0xf9,
+        ];
+        let t = uuid_text(&u);
+        assert_eq!(t, "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9");
+        assert_eq!(parse_uuid(&t), Some(u));
+        assert_eq!(parse_uuid(&t[4..].to_uppercase()), Some(u));
+        for bad in [
+            "",
+            "GPU-",
+            "GPU-5a1b2c3d",
+            "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8fz",
+            "GPU-5a1b2c3d4e5f-6071-8293-a4b5c6d7e8f9-",
+        ] {
+            assert_eq!(parse_uuid(bad), None, "{bad}");
+        }
+    }
 }

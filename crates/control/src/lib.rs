@@ -849,10 +849,14 @@ impl Line {
 }
 
 /// One managed device's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeviceStatus {
     /// The CUDA device ordinal.
     pub ordinal: i32,
+    /// The GPU behind the ordinal now (`GPU-…`, as `nvidia-smi -L` writes it; empty when
+    /// the driver gives no UUID). A migration changes it, never the ordinal.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gpu: String,
     /// Live allocations.
     pub allocations: u64,
     /// Requested bytes of resident allocations.
@@ -922,6 +926,9 @@ pub struct Status {
     pub arena_building: u64,
     /// Every device cudaw manages memory on.
     pub devices: Vec<DeviceStatus>,
+    /// The node ledger's folder (`CUDAW_NODE_DIR`), when the process keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_dir: Option<String>,
     /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`
     /// releases the context too unless told `--no-release`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -1149,6 +1156,7 @@ mod tests {
                 release_on_pause: true,
                 devices: vec![DeviceStatus {
                     ordinal: 0,
+                    gpu: "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9".into(),
                     allocations: 5,
                     resident: 0,
                     evicted: 327680,
@@ -1163,6 +1171,7 @@ mod tests {
                     handles: 2,
                     held: 0,
                 }],
+                node_dir: Some("/dev/shm".into()),
                 busy: None,
             }),
             ..Reply::default()

@@ -128,24 +128,6 @@ fn runtime_major() -> u32 {
         .unwrap_or(0)
 }
 
-/// A GPU's UUID as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (as `nvidia-smi` writes it),
-/// from the driver's `cuDeviceGetUuid` (the control thread does not call the real runtime
-/// while the process is paused); empty when the driver does not give it (simgpu).
-fn uuid_text(bytes: [u8; 16]) -> String {
-    if bytes.iter().all(|&b| b == 0) {
-        return String::new();
-    }
-    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
-
 fn gpu_info(dev: Option<&(i32, &DeviceMemory)>) -> GpuInfo {
     let mut g = GpuInfo {
         name: String::new(),
@@ -170,7 +152,13 @@ fn gpu_info(dev: Option<&(i32, &DeviceMemory)>) -> GpuInfo {
     g.compute_capability_major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
     g.compute_capability_minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     g.total_memory = drv.device_total_mem(d).unwrap_or(0);
-    g.uuid = drv.device_uuid(d).map(uuid_text).unwrap_or_default();
+    // From the driver (the control thread does not call the real runtime while the
+    // process is paused); empty when the driver gives none.
+    g.uuid = drv
+        .device_uuid(d)
+        .ok()
+        .and_then(|u| memory::uuid_text(&u))
+        .unwrap_or_default();
     g
 }
 

@@ -258,18 +258,32 @@ pub fn device_facts(ordinal: i32) -> Result<DeviceFacts, cudaError_t> {
 /// The GPU's name in the ledger: its UUID as `nvidia-smi -L` writes it (`GPU-…`), or
 /// `device-ORDINAL` when the runtime gives none.
 pub fn ledger_key(ordinal: i32, uuid: &[u8; 16]) -> String {
+    uuid_text(uuid).unwrap_or_else(|| format!("device-{ordinal}"))
+}
+
+/// A GPU's UUID as `nvidia-smi -L` writes it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`);
+/// `None` for the all-zero UUID of a driver that gives none.
+pub fn uuid_text(uuid: &[u8; 16]) -> Option<String> {
     if uuid.iter().all(|&b| b == 0) {
-        return format!("device-{ordinal}");
+        return None;
     }
     let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
+    Some(format!(
         "GPU-{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],
         &h[16..20],
         &h[20..32]
-    )
+    ))
+}
+
+/// The GPU behind device `ordinal` (`GPU-…`), as cudaw last read it: when the device's
+/// budget was made, and after each restore of the context by the driver (a migration
+/// changes it). `None` for a device without a budget, or a driver that gives no UUID.
+/// Never calls the driver: status asks it while the driver holds the process locked.
+pub fn gpu_of(ordinal: i32) -> Option<String> {
+    uuid_text(DEVICE_GPU.lock().get(&ordinal)?)
 }
 
 /// What a device's budget says, logged: refusals at info level (each one), ledger
@@ -322,10 +336,27 @@ fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
             limits
         ));
     }
+    DEVICE_GPU.lock().insert(ordinal, facts.uuid);
     let accounting = if cfg.ledger {
-        let key = ledger_key(ordinal, &facts.uuid);
+        ledger_accounting(ordinal, &facts.uuid, facts.total, limit)
+    } else {
+        Accounting::Off
+    };
+    Ok(Arc::new(DeviceBudget::new(limit, accounting, notes)))
+}
+
+/// The GPU (UUID) behind each device with a budget, by ordinal: read when the budget is
+/// made, and again by [`follow_moved_devices`] (never while paused: the driver may hold
+/// the process locked then, and a call into it would wait).
+static DEVICE_GPU: Mutex<BTreeMap<i32, [u8; 16]>> = Mutex::new(BTreeMap::new());
+
+/// Joins GPU `uuid`'s node ledger for device `ordinal` (a card of `total` bytes), or,
+/// when it cannot be joined, an accounting that refuses until it can.
+fn ledger_accounting(ordinal: i32, uuid: &[u8; 16], total: u64, limit: Option<u64>) -> Accounting {
+    let cfg = crate::config::get();
+    {
+        let key = ledger_key(ordinal, uuid);
         let dir = cfg.node_dir.clone();
-        let total = facts.total;
         let join = move || Ledger::join(&dir, &key, total, limit).map_err(|e| e.to_string());
         match join() {
             Ok(l) => {
@@ -345,10 +376,66 @@ fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
                 }
             }
         }
-    } else {
-        Accounting::Off
-    };
-    Ok(Arc::new(DeviceBudget::new(limit, accounting, notes)))
+    }
+}
+
+/// One device's budget moved to another GPU's node ledger: the device's ordinal and the
+/// ledger keys (`GPU-…`) before and after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMove {
+    /// The CUDA ordinal (the same before and after: the program never notices).
+    pub ordinal: i32,
+    /// The GPU it was on.
+    pub from: String,
+    /// The GPU it is on now.
+    pub to: String,
+}
+
+/// After the driver restored the process's context, possibly onto other GPUs
+/// (`cudaw-ckpt migrate`: the restore's GPU pairs keep every ordinal and change the GPU
+/// behind it): each device's budget follows its ordinal to the node ledger of the GPU it
+/// names now, asking that GPU's ledger for what the budget holds now (evicted memory is
+/// not held: the resume asks the new GPU's ledger for it as it comes back). The moves
+/// made; an error names the device that does not fit beside the new GPU's other
+/// processes — the devices before it stay moved (a later call moves them back if the
+/// driver does), nothing of it is moved.
+pub fn follow_moved_devices() -> Result<Vec<DeviceMove>, String> {
+    use driver::Driver;
+    let drv = driver()?;
+    let mut moves = Vec::new();
+    let keyed: Vec<(i32, [u8; 16])> = DEVICE_GPU.lock().iter().map(|(o, u)| (*o, *u)).collect();
+    for (ordinal, was) in keyed {
+        let Ok(budget) = budget(ordinal) else {
+            continue;
+        };
+        let dev = drv
+            .device_get(ordinal)
+            .map_err(|e| format!("device {ordinal}: the driver does not name its GPU ({e})"))?;
+        let now = drv
+            .device_uuid(dev)
+            .map_err(|e| format!("device {ordinal}: cuDeviceGetUuid failed ({e})"))?;
+        if now == was {
+            continue;
+        }
+        let total = drv
+            .device_total_mem(dev)
+            .map_err(|e| format!("device {ordinal}: cuDeviceTotalMem failed ({e})"))?;
+        let (from, to) = (ledger_key(ordinal, &was), ledger_key(ordinal, &now));
+        let accounting = if crate::config::get().ledger {
+            ledger_accounting(ordinal, &now, total, budget.limit())
+        } else {
+            Accounting::Off
+        };
+        budget.move_to(accounting).map_err(|r| {
+            format!("device {ordinal} cannot move from {from} to {to} in the node ledger: {r}")
+        })?;
+        DEVICE_GPU.lock().insert(ordinal, now);
+        log::info(format_args!(
+            "device {ordinal}: now on {to} (was {from}): its node-ledger entry moved with it"
+        ));
+        moves.push(DeviceMove { ordinal, from, to });
+    }
+    Ok(moves)
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -120,6 +120,13 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                 log::info(format_args!(
                     "the driver restored the context: resuming cudaw's memory"
                 ));
+                // The restore may have put a device on another GPU (a migration): its
+                // node-ledger entry follows before any memory comes back there.
+                if let Err(why) = memory::follow_moved_devices() {
+                    let msg = format!("{why}; the process stays paused");
+                    log::warn(format_args!("resume: {msg}"));
+                    return Err(Failure::new(ErrorKind::Failed, msg));
+                }
             }
             other => {
                 let msg = released_refusal(request_name(&other));

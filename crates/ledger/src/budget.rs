@@ -416,6 +416,68 @@ impl DeviceBudget {
         (free, total)
     }
 
+    /// Moves this budget onto another card's node ledger (the process was moved to
+    /// another GPU): `accounting` is the new card's, and must take everything the budget
+    /// holds now before the old card's entry is left. Refused (the new card has no room
+    /// beside its other processes, or its ledger cannot be written), nothing changes: the
+    /// old entry stays and the error says why. [`Accounting::Rejoin`] and
+    /// [`Accounting::Off`] take the place of the old accounting as they are.
+    pub fn move_to(&self, accounting: Accounting) -> Result<(), Refusal> {
+        let mut tell = Tell::default();
+        let result = {
+            let mut g = self.inner.lock();
+            let used = g.used;
+            let mut accounting = accounting;
+            let taken = match &mut accounting {
+                Accounting::Ledger(l) => match l.acquire(used) {
+                    Ok(Grant::Granted) => Ok(()),
+                    Ok(Grant::Refused {
+                        capacity, others, ..
+                    }) => Err(Refusal::Node {
+                        bytes: used,
+                        capacity,
+                        others,
+                        used: 0,
+                    }),
+                    Ok(Grant::Unknown { why }) => Err(Refusal::Unaccounted {
+                        bytes: used,
+                        why: format!("node ledger: {why}"),
+                    }),
+                    Err(e) => Err(Refusal::Unaccounted {
+                        bytes: used,
+                        why: format!("node ledger: {e}"),
+                    }),
+                },
+                Accounting::Off | Accounting::Rejoin { .. } => Ok(()),
+            };
+            match taken {
+                Ok(()) => {
+                    if let Accounting::Ledger(old) = &mut g.accounting {
+                        if let Err(e) = old.leave() {
+                            tell.repaired
+                                .push(format!("leaving the old card's ledger: {e}"));
+                        }
+                    }
+                    g.said = match &accounting {
+                        Accounting::Rejoin { why, .. } => Some(rejoin_failed(why)),
+                        _ => None,
+                    };
+                    g.accounting = accounting;
+                    Ok(())
+                }
+                Err(r) => {
+                    // The new entry, written with nothing granted, goes again.
+                    if let Accounting::Ledger(l) = &mut accounting {
+                        let _ = l.leave();
+                    }
+                    Err(r)
+                }
+            }
+        };
+        self.tell(tell);
+        result
+    }
+
     /// Removes this process from the ledger (at exit).
     pub fn leave(&self) {
         if let Accounting::Ledger(l) = &mut self.inner.lock().accounting {
@@ -552,6 +614,62 @@ mod tests {
         }
         .to_string();
         assert!(msg.contains("other processes under cudaw hold"), "{msg}");
+    }
+
+    fn join_key(dir: &std::path::Path, key: &str, n: u32) -> Ledger {
+        Ledger::join_as(
+            dir,
+            key,
+            4 * G,
+            None,
+            ProcessId {
+                pid: (1 << 30) + n,
+                start: 1,
+            },
+            lives,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_budget_moves_to_another_card_only_where_it_fits() {
+        let d = tempfile::tempdir().unwrap();
+        let mine = DeviceBudget::new(
+            None,
+            Accounting::Ledger(join_key(d.path(), "GPU-a", 1)),
+            |_| {},
+        );
+        mine.try_acquire(3 * G).unwrap();
+        // Card b: another process holds 2 of its 4 GiB.
+        let other = DeviceBudget::new(
+            None,
+            Accounting::Ledger(join_key(d.path(), "GPU-b", 2)),
+            |_| {},
+        );
+        other.try_acquire(2 * G).unwrap();
+        let refused = mine.move_to(Accounting::Ledger(join_key(d.path(), "GPU-b", 1)));
+        assert_eq!(
+            refused,
+            Err(Refusal::Node {
+                bytes: 3 * G,
+                capacity: 4 * G,
+                others: 2 * G,
+                used: 0
+            })
+        );
+        // Nothing changed: card a still counts the 3 GiB, card b only the other's 2.
+        assert_eq!(join_key(d.path(), "GPU-a", 9).view().unwrap().used(), 3 * G);
+        assert_eq!(join_key(d.path(), "GPU-b", 9).view().unwrap().used(), 2 * G);
+        assert_eq!(mine.usage().used, 3 * G);
+        other.give_back(2 * G);
+        mine.move_to(Accounting::Ledger(join_key(d.path(), "GPU-b", 1)))
+            .unwrap();
+        assert_eq!(join_key(d.path(), "GPU-a", 9).view().unwrap().used(), 0);
+        assert_eq!(join_key(d.path(), "GPU-b", 9).view().unwrap().used(), 3 * G);
+        // The budget now takes from card b.
+        assert!(other.try_acquire(2 * G).is_err());
+        mine.give_back(3 * G);
+        other.try_acquire(2 * G).unwrap();
     }
 
     /// Collects what a budget says.

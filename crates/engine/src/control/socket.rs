@@ -818,6 +818,7 @@ fn status_now(busy: Option<String>) -> Status {
             let h = handles::counts(ordinal);
             DeviceStatus {
                 ordinal,
+                gpu: memory::gpu_of(ordinal).unwrap_or_default(),
                 allocations: s.allocations + h.handles,
                 resident: s.resident + h.resident,
                 evicted: s.evicted + h.evicted,
@@ -862,6 +863,9 @@ fn status_now(busy: Option<String>) -> Status {
         arena,
         arena_building,
         devices,
+        node_dir: config::get()
+            .ledger
+            .then(|| config::get().node_dir.to_string_lossy().into_owned()),
         busy,
     }
 }

@@ -1,0 +1,579 @@
+//! `cudaw-ckpt migrate PID --to GPU`: a process moved to another GPU while it runs, at the
+//! same device addresses; the program never notices.
+//!
+//! 1. Checks first, before anything moves: the target GPU exists, is not where the process
+//!    is, is the same model (the driver restores only onto the same chip), and has room in
+//!    the node ledger for what the process holds there.
+//! 2. `pause --release`: cudaw evicts the memory, the driver checkpoints the rest
+//!    ([`ckpt_release::release`]); the GPU holds nothing of the process.
+//! 3. The driver restores the context onto the target through its GPU remapping
+//!    (`cuCheckpointProcessRestore`'s GPU pairs: every GPU the process was on, each onto
+//!    itself but the moved ones) and unlocks it. The ordinal stays; the GPU behind it
+//!    changes.
+//! 4. cudaw's resume: its node-ledger entry follows the ordinal to the new GPU, and every
+//!    allocation comes back there at its old address.
+//!
+//! What fails is undone: a driver that cannot restore on the target restores where the
+//! process was; cudaw's memory that does not fit on the target (a process outside cudaw
+//! took it) is released again and moved back. The process ends running either way (a
+//! paused one too: migrate resumes it on its new GPU), unless it exited, or the driver
+//! keeps it and the error says how to bring it back.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use cudaw_control::{DeviceStatus, Moved, Request, State, Status};
+use serde::Serialize;
+
+use crate::ckpt_client::{self, carried, fail, request, Kind};
+use crate::ckpt_release::{self, Gpu};
+
+/// One device of the process, moved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Move {
+    /// The process's CUDA ordinal (unchanged).
+    pub ordinal: i32,
+    /// The GPU it was on (`GPU-…`).
+    pub from: String,
+    /// The GPU it is on now.
+    pub to: String,
+}
+
+/// What a migration did, and how long each step took.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Migrated {
+    /// The process.
+    pub pid: u32,
+    /// The devices moved.
+    pub moved: Vec<Move>,
+    /// Bytes of cudaw's memory moved.
+    pub bytes: u64,
+    /// Allocations moved.
+    pub allocations: u64,
+    /// cudaw's eviction, in milliseconds (0 for a process already paused).
+    pub pause_ms: f64,
+    /// The driver's lock and checkpoint.
+    pub release_ms: f64,
+    /// The driver's restore onto the new GPUs and its unlock.
+    pub restore_ms: f64,
+    /// cudaw's memory back, on the new GPUs.
+    pub resume_ms: f64,
+    /// The whole migration, as the operator waits for it.
+    pub total_ms: f64,
+}
+
+/// A GPU pair for the driver's restore: old UUID → new UUID.
+type Pair = ([u8; 16], [u8; 16]);
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The GPUs of this machine numbered as `nvidia-smi` numbers them: the driver loaded in
+/// this process with `CUDA_DEVICE_ORDER=PCI_BUS_ID` and every GPU visible.
+fn machine_gpus() -> Result<Vec<Gpu>> {
+    // cudaw-ckpt is single-threaded here, and the driver is not loaded yet (it reads
+    // both at cuInit).
+    std::env::set_var("CUDA_DEVICE_ORDER", "PCI_BUS_ID");
+    std::env::remove_var("CUDA_VISIBLE_DEVICES");
+    ckpt_release::gpus().map_err(|why| fail(Kind::Failed, format!("listing the GPUs: {why}")))
+}
+
+fn list(gpus: &[Gpu]) -> String {
+    gpus.iter()
+        .map(|g| format!("{}: {} ({})", g.index, g.text, g.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The GPU `spec` names: an index as `nvidia-smi` numbers them, or a UUID.
+fn find<'a>(gpus: &'a [Gpu], spec: &str) -> Result<&'a Gpu> {
+    let spec = spec.trim();
+    let found = if let Ok(i) = spec.parse::<i32>() {
+        gpus.iter().find(|g| g.index == i)
+    } else if let Some(u) = ckpt_release::parse_uuid(spec) {
+        gpus.iter().find(|g| g.uuid == u)
+    } else {
+        return Err(fail(
+            Kind::Usage,
+            format!(
+                "--to {spec:?}: not a GPU index (0, 1, ...) or UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L writes it)"
+            ),
+        ));
+    };
+    found.ok_or_else(|| {
+        fail(
+            Kind::Usage,
+            format!("--to {spec}: no such GPU; this machine has {}", list(gpus)),
+        )
+    })
+}
+
+/// The process's devices with the GPU behind each (status gives them).
+fn process_devices(pid: u32, st: &Status) -> Result<Vec<DeviceStatus>> {
+    let devices: Vec<DeviceStatus> = st
+        .devices
+        .iter()
+        .filter(|d| !d.gpu.is_empty())
+        .cloned()
+        .collect();
+    if devices.is_empty() {
+        return Err(fail(
+            Kind::Failed,
+            format!(
+                "process {pid} holds no memory on any GPU under cudaw (or its driver names no GPU UUID): nothing to move"
+            ),
+        ));
+    }
+    Ok(devices)
+}
+
+/// The moves `--to` asks for: `GPU` for a process on one GPU, else `OLD=NEW,...` (each an
+/// index or UUID; OLD one of the process's GPUs). Pairs for the driver name every GPU the
+/// process is on (itself where it stays).
+fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, Vec<Move>)> {
+    let gpu_of = |d: &DeviceStatus| -> Result<&Gpu> {
+        gpus.iter()
+            .find(|g| g.text.eq_ignore_ascii_case(&d.gpu))
+            .ok_or_else(|| {
+                fail(
+                    Kind::Failed,
+                    format!(
+                        "the process's device {} is on {}, which this machine's driver does not list ({})",
+                        d.ordinal,
+                        d.gpu,
+                        list(gpus)
+                    ),
+                )
+            })
+    };
+    let mut wanted: Vec<(&Gpu, &Gpu)> = Vec::new();
+    if to.contains('=') {
+        for item in to.split(',') {
+            let (old, new) = item.split_once('=').ok_or_else(|| {
+                fail(Kind::Usage, format!("--to {to:?}: {item:?} is not OLD=NEW"))
+            })?;
+            let (old, new) = (find(gpus, old)?, find(gpus, new)?);
+            if wanted.iter().any(|(o, _)| o.uuid == old.uuid) {
+                return Err(fail(
+                    Kind::Usage,
+                    format!("--to {to}: GPU {} is named twice", old.index),
+                ));
+            }
+            if !devices
+                .iter()
+                .any(|d| d.gpu.eq_ignore_ascii_case(&old.text))
+            {
+                return Err(fail(
+                    Kind::Usage,
+                    format!(
+                        "--to {item}: the process is not on GPU {} ({}); it is on {}",
+                        old.index,
+                        old.text,
+                        devices
+                            .iter()
+                            .map(|d| d.gpu.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            wanted.push((old, new));
+        }
+    } else {
+        if devices.len() > 1 {
+            return Err(fail(
+                Kind::Usage,
+                format!(
+                    "the process is on {} GPUs ({}): say which goes where, --to OLD=NEW[,OLD=NEW]",
+                    devices.len(),
+                    devices
+                        .iter()
+                        .map(|d| d.gpu.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        wanted.push((gpu_of(&devices[0])?, find(gpus, to)?));
+    }
+    let mut pairs = Vec::new();
+    let mut moves = Vec::new();
+    for d in devices {
+        let from = gpu_of(d)?;
+        let to_gpu = wanted
+            .iter()
+            .find(|(o, _)| o.uuid == from.uuid)
+            .map_or(from, |(_, n)| *n);
+        if to_gpu.uuid != from.uuid {
+            if to_gpu.capability != from.capability {
+                let cc = |g: &Gpu| format!("{}.{}", g.capability.0, g.capability.1);
+                return Err(fail(
+                    Kind::Failed,
+                    format!(
+                        "GPU {} ({}, compute capability {}) is not the same chip as GPU {} ({}, compute capability {}): the driver restores a process only onto the same kind of GPU",
+                        to_gpu.index,
+                        to_gpu.name,
+                        cc(to_gpu),
+                        from.index,
+                        from.name,
+                        cc(from)
+                    ),
+                ));
+            }
+            moves.push(Move {
+                ordinal: d.ordinal,
+                from: from.text.clone(),
+                to: to_gpu.text.clone(),
+            });
+        }
+        pairs.push((from.uuid, to_gpu.uuid));
+    }
+    let mut targets: Vec<[u8; 16]> = pairs.iter().map(|p| p.1).collect();
+    targets.sort_unstable();
+    if targets.windows(2).any(|w| w[0] == w[1]) {
+        return Err(fail(
+            Kind::Usage,
+            format!("--to {to}: two of the process's devices would share one GPU"),
+        ));
+    }
+    if moves.is_empty() {
+        return Err(fail(
+            Kind::Usage,
+            format!(
+                "--to {to}: the process is already there ({}); nothing to move",
+                devices
+                    .iter()
+                    .map(|d| d.gpu.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    Ok((pairs, moves))
+}
+
+/// Refuses, before anything moves, a target whose node ledger lacks room for what the
+/// process holds on the device that goes there.
+fn check_room(pid: u32, st: &Status, moves: &[Move], gpus: &[Gpu]) -> Result<()> {
+    let Some(dir) = &st.node_dir else {
+        return Ok(());
+    };
+    for m in moves {
+        let Some(d) = st.devices.iter().find(|d| d.ordinal == m.ordinal) else {
+            continue;
+        };
+        let Some(g) = gpus.iter().find(|g| g.text == m.to) else {
+            continue;
+        };
+        let view = cudaw_ledger::ledger::read(std::path::Path::new(dir), &m.to, g.total)
+            .map_err(|e| {
+                fail(
+                    Kind::Failed,
+                    format!(
+                        "the node ledger of GPU {} ({}) cannot be read ({e}); not moving process {pid} onto a card whose use is unknown",
+                        g.index, m.to
+                    ),
+                )
+            })?;
+        // A paused process holds nothing against its budget: what it will ask for is
+        // its evicted memory.
+        let need = d.used.max(d.resident + d.evicted);
+        if need > view.available() {
+            return Err(fail(
+                Kind::Failed,
+                format!(
+                    "GPU {} ({}) has {} free in the node ledger ({} of {} held by {} process(es) under cudaw); process {pid} holds {} on its device {}: not moved",
+                    g.index,
+                    m.to,
+                    gib(view.available()),
+                    gib(view.used()),
+                    gib(view.capacity),
+                    view.entries.len(),
+                    gib(need),
+                    d.ordinal
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Test builds only: whether `CUDAW_CKPT_FAULT` asks for the fault `at` —
+/// `skip-room-check` (a target that had room when checked and has none when the memory
+/// comes) or `kill-after-release` (a process that exits mid-migration).
+fn fault(at: &str) -> bool {
+    cfg!(debug_assertions) && std::env::var("CUDAW_CKPT_FAULT").is_ok_and(|v| v == at)
+}
+
+/// Kills `pid` and waits for it to be gone (the `kill-after-release` fault).
+fn kill(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    for _ in 0..500 {
+        if !ckpt_client::process_exists(pid) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Says, on a terminal, which step runs.
+struct Steps {
+    on: bool,
+}
+
+impl Steps {
+    fn say(&self, what: std::fmt::Arguments<'_>) {
+        if self.on {
+            eprintln!("cudaw-ckpt: {what}");
+        }
+    }
+}
+
+/// Why a process that left mid-way cannot be moved.
+fn gone_or(pid: u32, why: String) -> anyhow::Error {
+    if ckpt_client::process_exists(pid) {
+        fail(Kind::Failed, why)
+    } else {
+        fail(
+            Kind::Failed,
+            format!("process {pid} exited during the migration ({why}); nothing is left to move"),
+        )
+    }
+}
+
+/// Resumes a released process where the driver put it back; the error for people.
+fn resume_released(pid: u32) -> Result<Moved, String> {
+    let req = Request::Resume {
+        progress: false,
+        context_restored: true,
+    };
+    request(pid, &req, &mut |_| {})
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|r| carried(r.resume, "result").map_err(|e| format!("{e:#}")))
+}
+
+/// Pause with the context released: cudaw's eviction, then the driver's checkpoint.
+/// Returns (pause ms, release ms); on failure the process runs on as it was.
+fn release(pid: u32, lock_ms: u32, steps: &Steps) -> Result<(Moved, f64)> {
+    steps.say(format_args!("{pid}: pausing (cudaw evicts its memory)"));
+    let req = Request::Pause {
+        progress: false,
+        release_context: true,
+    };
+    let paused = carried(request(pid, &req, &mut |_| {})?.pause, "result")?;
+    steps.say(format_args!("{pid}: the driver checkpoints its context"));
+    let t = Instant::now();
+    match ckpt_release::release(pid, lock_ms) {
+        Ok(_) => Ok((paused, ms(t))),
+        Err(why) if !ckpt_release::driver_runs(pid) => Err(gone_or(
+            pid,
+            format!(
+                "not moved: {why}; the driver still holds process {pid}: `cudaw-ckpt resume {pid}` brings it back where it was"
+            ),
+        )),
+        Err(why) => {
+            let back = request(pid, &Request::ContextKept {}, &mut |_| {}).and_then(|_| {
+                request(pid, &Request::Resume { progress: false, context_restored: false }, &mut |_| {})
+            });
+            let state = match back {
+                Ok(_) => "it runs where it was".to_owned(),
+                Err(e) => format!("resuming it failed too ({e:#}): `cudaw-ckpt resume {pid}`"),
+            };
+            Err(gone_or(pid, format!("not moved: {why}; {state}")))
+        }
+    }
+}
+
+/// `cudaw-ckpt migrate PID --to GPU`.
+pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -> Result<()> {
+    let started = Instant::now();
+    let steps = Steps {
+        on: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let st = ckpt_client::status(pid)?;
+    let devices = process_devices(pid, &st)?;
+    let gpus = machine_gpus()?;
+    let (pairs, moves) = plan(to, &devices, &gpus)?;
+    if !fault("skip-room-check") {
+        check_room(pid, &st, &moves, &gpus)?;
+    }
+    let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
+    // Held until the end: a `resume` or another migration waits for this one.
+    let _sequence = ckpt_client::sequence_lock(pid);
+    let st = ckpt_client::status(pid)?;
+    let (paused, release_ms) = if st.state == State::Released {
+        (Moved::default(), 0.0)
+    } else {
+        release(pid, lock_ms, &steps)?
+    };
+    if fault("kill-after-release") {
+        kill(pid);
+    }
+    let targets = moves
+        .iter()
+        .map(|m| m.to.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    steps.say(format_args!(
+        "{pid}: the driver restores its context on {targets}"
+    ));
+    let t = Instant::now();
+    if let Err(why) = ckpt_release::restore(pid, &pairs) {
+        if !ckpt_client::process_exists(pid) {
+            return Err(gone_or(pid, why));
+        }
+        let back = ckpt_release::restore(pid, &[]).and_then(|_| resume_released(pid));
+        return Err(fail(
+            Kind::Failed,
+            match back {
+                Ok(_) => format!(
+                    "not moved: the driver could not restore process {pid} on {targets}: {why}; it runs where it was"
+                ),
+                Err(e) => format!(
+                    "not moved: the driver could not restore process {pid} on {targets}: {why}; and bringing it back where it was failed ({e}): `cudaw-ckpt resume {pid}` tries again"
+                ),
+            },
+        ));
+    }
+    let restore_ms = ms(t);
+    steps.say(format_args!(
+        "{pid}: cudaw restores its memory on {targets}"
+    ));
+    let t = Instant::now();
+    let resumed = match resume_released(pid) {
+        Ok(m) => m,
+        Err(why) => return Err(move_back(pid, &pairs, lock_ms, &why)),
+    };
+    let resume_ms = ms(t);
+    let done = Migrated {
+        pid,
+        moved: moves,
+        bytes: resumed.bytes.max(paused.bytes),
+        allocations: resumed.allocations.max(paused.allocations),
+        pause_ms: paused.ms,
+        release_ms,
+        restore_ms,
+        resume_ms,
+        total_ms: ms(started),
+    };
+    if json {
+        outln!("{}", serde_json::to_string(&done)?)?;
+        return Ok(());
+    }
+    for m in &done.moved {
+        outln!(
+            "{pid}: device {} moved from {} to {}",
+            m.ordinal,
+            m.from,
+            m.to
+        )?;
+    }
+    outln!(
+        "{pid}: {} allocations, {} ({} bytes) moved in {:.1} ms (pause {:.1}, driver checkpoint {:.1}, driver restore {:.1}, resume {:.1})",
+        done.allocations,
+        gib(done.bytes),
+        done.bytes,
+        done.total_ms,
+        done.pause_ms,
+        done.release_ms,
+        done.restore_ms,
+        done.resume_ms
+    )
+}
+
+/// cudaw's memory did not come back on the new GPUs (the node ledger refused, or the card
+/// is full): the process, paused with its context on the new GPUs, is released again and
+/// restored where it was. The error says what happened.
+fn move_back(pid: u32, pairs: &[Pair], lock_ms: u32, why: &str) -> anyhow::Error {
+    let back: Vec<Pair> = pairs.iter().map(|(o, n)| (*n, *o)).collect();
+    let undone = request(
+        pid,
+        &Request::Pause {
+            progress: false,
+            release_context: true,
+        },
+        &mut |_| {},
+    )
+    .map_err(|e| format!("{e:#}"))
+    .and_then(|_| ckpt_release::release(pid, lock_ms))
+    .and_then(|_| ckpt_release::restore(pid, &back))
+    .and_then(|_| resume_released(pid));
+    match undone {
+        Ok(_) => fail(
+            Kind::Failed,
+            format!("not moved: cudaw's memory did not come back on the new GPU ({why}); the process was moved back and runs where it was"),
+        ),
+        Err(e) => gone_or(
+            pid,
+            format!(
+                "not moved: cudaw's memory did not come back on the new GPU ({why}); moving it back failed too ({e}): it is paused; `cudaw-ckpt status {pid}` says where, `cudaw-ckpt resume {pid}` tries again"
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpus(n: i32) -> Vec<Gpu> {
+        (0..n)
+            .map(|i| {
+                let mut uuid = [0u8; 16];
+                uuid[15] = i as u8 + 1;
+                Gpu {
+                    index: i,
+                    uuid,
+                    text: ckpt_release::uuid_text(&uuid),
+                    name: "H100".into(),
+                    total: 80 << 30,
+                    capability: (9, 0),
+                }
+            })
+            .collect()
+    }
+
+    fn on(g: &[Gpu], which: &[usize]) -> Vec<DeviceStatus> {
+        which
+            .iter()
+            .enumerate()
+            .map(|(ordinal, &i)| DeviceStatus {
+                ordinal: ordinal as i32,
+                gpu: g[i].text.clone(),
+                ..DeviceStatus::default()
+            })
+            .collect()
+    }
+
+    fn refusal(to: &str, devices: &[DeviceStatus], g: &[Gpu]) -> String {
+        format!("{:#}", plan(to, devices, g).unwrap_err())
+    }
+
+    #[test]
+    fn a_process_on_several_gpus_names_each_move_and_the_pairs_name_every_gpu() {
+        let g = gpus(4);
+        let d = on(&g, &[0, 1]);
+        let (pairs, moves) = plan("0=2,1=3", &d, &g).unwrap();
+        assert_eq!(pairs, vec![(g[0].uuid, g[2].uuid), (g[1].uuid, g[3].uuid)]);
+        assert_eq!(moves.len(), 2);
+        // One moves, the other stays: the pairs still name it, onto itself.
+        let (pairs, moves) = plan("1=3", &d, &g).unwrap();
+        assert_eq!(pairs, vec![(g[0].uuid, g[0].uuid), (g[1].uuid, g[3].uuid)]);
+        assert_eq!(moves[0].ordinal, 1);
+        // A swap is two distinct GPUs.
+        assert!(plan("0=1,1=0", &d, &g).is_ok());
+        // Refused: a bare GPU for two devices, two onto one, a GPU of another chip.
+        assert!(refusal("2", &d, &g).contains("say which goes where"));
+        assert!(refusal("0=1", &d, &g).contains("would share one GPU"));
+        let mut other = gpus(4);
+        other[3].capability = (8, 0);
+        assert!(refusal("1=3", &on(&other, &[0, 1]), &other).contains("not the same chip"));
+    }
+}
