@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace diskbench (multigpu jobbench: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace diskbench (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -28,6 +28,9 @@
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
 #   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared)
+#   SECTIONS="env migrate" MIGRATE_SIZES="8 32" scripts/gpu-check.sh   # cudaw-ckpt migrate, < 7 min (not yet timed on GPUs)
+#   (MIGRATE_STEPS: the training job's steps, 3000, 0 skips it; MIGRATE_SEED: the moves' steps;
+#    MIGRATE_TIMEOUT: the script's limit in seconds, 400)
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -528,7 +531,7 @@ lap exitrace
 # The multi-GPU sections run where nvidia-smi -L shows two or more GPUs (nvidia-h100-x2 or
 # x4): elsewhere they are skipped with a row saying so. NVLink multicast stays off.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if want multigpu || want jobbench; then
+if want multigpu || want jobbench || want migrate; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 fi
 if want multigpu && [ "$gpus" -lt 2 ]; then
@@ -611,6 +614,36 @@ elif want jobbench; then
   [ $rc -eq 0 ] || row "jobbench: script exit status" FAIL "rc $rc (124: timed out); see jobbench.out"
 fi
 lap jobbench
+
+if want migrate && [ "$gpus" -lt 2 ]; then
+  row "migrate" info "skipped: needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+elif want migrate; then
+  # `cudaw-ckpt migrate PID --to GPU` (scripts/migrate_check.py): a GPT-style training job
+  # (examples/torch_gpt.py: torch.compile, AdamW) moved GPU 0 -> 1 -> 0 at two random steps,
+  # bit-identical to the unmoved native run, nvidia-smi placing its memory after each move;
+  # processes holding MIGRATE_SIZES GiB moved 0 -> 1 -> 0 (goal: under 1 s at 8 GiB), data
+  # intact, beside the pinned copy, cudaw's pause + resume and NVIDIA's checkpoint/restore
+  # with GPU remapping of the same process run natively; refusals (no such GPU, the GPU it
+  # is on) leave the process running and intact. A markdown table of the times last.
+  if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pinned_copy" tests/cuda/gpu/pause/pinned_copy.cu >>"$OUT/programs.log" 2>&1; then
+    row "migrate: compile pinned_copy" FAIL "nvcc failed, see programs.log (the pinned copy goes unmeasured)"
+  fi
+  # shellcheck disable=SC2086
+  timeout "${MIGRATE_TIMEOUT:-400}" python3 scripts/migrate_check.py --dist "$ROOT/dist" --bin "$WORK" --work "$WORK/migrate" \
+    --sizes ${MIGRATE_SIZES:-8 32} --steps "${MIGRATE_STEPS:-3000}" ${MIGRATE_SEED:+--seed "$MIGRATE_SEED"} \
+    --budget-s "${MIGRATE_TIMEOUT:-400}" >"$OUT/migrate.out" 2>&1; rc=$?
+  cp "$WORK/migrate/ckpt.log" "$OUT/migrate-ckpt.log" 2>/dev/null
+  for f in "$WORK"/migrate/train-*.err "$WORK"/migrate/holder-*.err; do [ -f "$f" ] && cp "$f" "$OUT/migrate-$(basename "$f")"; done
+  while IFS='|' read -r verdict name detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL | info) row "$(echo "$name" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-300)" ;; esac
+  done <"$OUT/migrate.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/migrate.out" || row "migrate" FAIL "no verdicts (rc $rc); see migrate.out"
+  [ $rc -eq 0 ] || row "migrate: script exit status" FAIL "rc $rc (124: timed out); see migrate.out"
+  # The times side by side (markdown), as the script printed them.
+  grep '^|' "$OUT/migrate.out" >"$OUT/migrate-table.md" && cat "$OUT/migrate-table.md"
+fi
+lap migrate
 
 if want expandable; then
   # PyTorch with expandable segments (cuMemCreate + cuMemMap through the runtime's driver
