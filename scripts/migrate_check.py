@@ -209,6 +209,12 @@ def cell(row, key, text):
     TABLE[row][key] = text
 
 
+# The processes moved see one GPU, as a job's process sees its own: the driver's restore
+# maps that GPU onto another, and a process that saw the other GPU too would have it twice.
+# cudaw-ckpt and the driver helper see every GPU (nvidia-smi's numbering).
+ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}
+
+
 def gpus():
     """[(nvidia-smi index, UUID as nvidia-smi writes it: GPU-...)], or [] without a reading."""
     try:
@@ -336,7 +342,8 @@ def training_part(args, env, gl, started):
     at = [rng.randint(int(steps * 0.15), int(steps * 0.4)), rng.randint(int(steps * 0.55), int(steps * 0.8))]
     inductor = os.path.join(args.work, "inductor")  # shared: the cudaw run reuses the native run's kernels
     train = ["python3", TRAIN, "--steps", str(steps), "--print-losses", "--hold-gib", f"{args.hold_gib:g}"]
-    native_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=inductor, **MULTICAST_OFF)
+    native_env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=inductor, **MULTICAST_OFF,
+                      **ONE_GPU)
     t = time.monotonic()
     with open(os.path.join(args.work, "train-native.out"), "w") as out, \
             open(os.path.join(args.work, "train-native.err"), "w") as err:
@@ -353,7 +360,7 @@ def training_part(args, env, gl, started):
     out_path = os.path.join(args.work, "train-cudaw.out")
     out = open(out_path, "w")
     err = open(os.path.join(args.work, "train-cudaw.err"), "w")
-    tenv = dict(env, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=inductor)
+    tenv = dict(env, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=inductor, **ONE_GPU)
     proc = subprocess.Popen([os.path.join(args.dist, "bin", "cudaw"), "run", "--", *train, "--pid-file", pid_file],
                             stdout=out, stderr=err, env=tenv)
     problems, moves, places = [], [], []
@@ -466,7 +473,7 @@ def cudaw_holder(args, env, gl, size, first):
     """A holder under cudaw: (refusals,) pause + resume, then 0 -> 1 -> 0."""
     ck = Ckpt(args, env)
     h = Holder([os.path.join(args.dist, "bin", "cudaw"), "run", "--", "python3", "-c", HOLDER, f"{size:g}"],
-               env, os.path.join(args.work, f"holder-{size:g}g.err"))
+               dict(env, **ONE_GPU), os.path.join(args.work, f"holder-{size:g}g.err"))
     r = {"problems": [], "moves": [], "places": [], "verified": 0, "plain_ok": False}
     done = False
     try:
@@ -505,7 +512,8 @@ def cudaw_holder(args, env, gl, size, first):
 def driver_remap(args, gl, size):
     """The same kind of process run natively, moved 0 -> 1 by NVIDIA's checkpoint alone."""
     env = dict(os.environ, **MULTICAST_OFF)
-    h = Holder(["python3", "-c", HOLDER, f"{size:g}"], env, os.path.join(args.work, f"holder-{size:g}g-native.err"))
+    h = Holder(["python3", "-c", HOLDER, f"{size:g}"], dict(env, **ONE_GPU),
+               os.path.join(args.work, f"holder-{size:g}g-native.err"))
     r = {"ok": False}
     uuids = dict(gl)
 
