@@ -690,3 +690,84 @@ fn job_shares_memory(arena: bool) {
     job.send("end");
     job.finish();
 }
+
+#[test]
+fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let want = expected("ckpt_target");
+    let sockets = tempfile::Builder::new()
+        .prefix("cjm")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let sd = sockets.path().to_str().unwrap().to_owned();
+    let e = format!("'{}'", exe.display());
+    let mut job = TwoRanks::start_with_env(
+        [e.clone(), e],
+        "ckpt_target:",
+        &[("SIMGPU_CHECKPOINT_DIR", &sd)],
+    );
+    let pid = job.pid();
+    let migrate = |job: &TwoRanks, to: &str| {
+        let out = Command::new(cudaw_ckpt())
+            .args(["migrate", &pid, "--job", "--to", to, "--json"])
+            .env("CUDAW_RUN_DIR", job.run_dir.path())
+            .env("CUDAW_LIBCUDA", simgpu())
+            .env("SIMGPU_CHECKPOINT_DIR", &sd)
+            .env("SIMGPU_DEVICES", "2")
+            .env("SIMGPU_MEM", "4G")
+            .output()
+            .expect("running cudaw-ckpt");
+        ok_json(&out, &format!("migrate --job --to {to}"))
+    };
+    let gpus = |job: &TwoRanks| -> Vec<String> {
+        let v = ok_json(
+            &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
+            "status --job",
+        );
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["devices"][0]["gpu"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    };
+    let uuid = |i| simgpu::config::uuid_text(&simgpu::config::uuid_of(i));
+    job.run(7);
+    assert_eq!(gpus(&job), [uuid(0), uuid(1)]);
+    // The ranks swap GPUs (each GPU's ledger counts what the other rank leaves), run, and
+    // swap back by OLD=NEW.
+    let m = migrate(&job, "1,0");
+    let members = m["members"].as_array().expect("members");
+    assert_eq!(members.len(), 2, "{m}");
+    assert!(
+        members
+            .iter()
+            .all(|x| x["moved"].as_array().unwrap().len() == 1),
+        "{m}"
+    );
+    for k in [
+        "pause_ms",
+        "release_ms",
+        "restore_ms",
+        "resume_ms",
+        "total_ms",
+    ] {
+        assert!(m[k].is_number(), "{k}: {m}");
+    }
+    assert_eq!(job.states(), ["running", "running"]);
+    assert_eq!(
+        gpus(&job),
+        [uuid(1), uuid(0)],
+        "{m}\n{}\n{}",
+        job.log(0),
+        job.log(1)
+    );
+    job.run(9);
+    migrate(&job, "0=1,1=0");
+    assert_eq!(gpus(&job), [uuid(0), uuid(1)]);
+    job.run(5);
+    let (a, b) = job.finish();
+    assert_eq!(a, want, "rank 0 after two migrations");
+    assert_eq!(b, want, "rank 1 after two migrations");
+}

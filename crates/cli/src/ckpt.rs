@@ -345,6 +345,7 @@ enum Command {
         cudaw-ckpt migrate 4242 --to 1                    onto GPU 1 (nvidia-smi's index)\n  \
         cudaw-ckpt migrate 4242 --to GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9\n  \
         cudaw-ckpt migrate 4242 --to 0=2,1=3              a process on GPUs 0 and 1 onto 2 and 3\n  \
+        cudaw-ckpt migrate 4100 --job --to 2,3            a job on GPUs 0 and 1 (torchrun's PID) onto 2 and 3\n  \
         cudaw-ckpt migrate 4242 --to 1 --json             {\"pid\",\"moved\":[{\"ordinal\",\"from\",\"to\"}],\"bytes\",\"allocations\",\"pause_ms\",\"release_ms\",\"restore_ms\",\"resume_ms\",\"total_ms\"}")]
     Migrate {
         /// The process ID.
@@ -360,6 +361,16 @@ enum Command {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// PID names a job: move every process under cudaw in its tree together (paused
+        /// together, their shared memory evicted, each checkpointed and restored by the
+        /// driver on its new GPUs, then resumed together). --to gives OLD=NEW for each of
+        /// the job's GPUs that moves, or the new GPUs in the order of the job's.
+        #[arg(long)]
+        job: bool,
+        /// With --job: how long to look for an instant when every process is at rest
+        /// together ("60", "2.5s", "500ms", "2m", "off").
+        #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_timeout, requires = "job")]
+        timeout: Timeout,
     },
     /// Show a checkpoint image: format, producing process, GPU, allocation table.
     ///
@@ -445,6 +456,15 @@ fn main() -> ExitCode {
             to,
             lock_timeout,
             json,
+            job: true,
+            timeout,
+        } => ckpt_migrate::migrate_job(pid, &to, timeout.0, lock_timeout.0, json),
+        Command::Migrate {
+            pid,
+            to,
+            lock_timeout,
+            json,
+            ..
         } => ckpt_migrate::migrate(pid, &to, lock_timeout.0, json),
         Command::Status {
             pid: Some(pid),

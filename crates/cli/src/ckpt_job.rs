@@ -142,7 +142,10 @@ pub fn find(pid: u32) -> Result<Job> {
 }
 
 /// `f` for every PID at once, each on a thread of its own: the results in PID order.
-fn each<T: Send>(pids: &[u32], f: impl Fn(u32) -> Result<T> + Sync) -> Vec<(u32, Result<T>)> {
+pub(crate) fn each<T: Send>(
+    pids: &[u32],
+    f: impl Fn(u32) -> Result<T> + Sync,
+) -> Vec<(u32, Result<T>)> {
     std::thread::scope(|s| {
         let f = &f;
         let handles: Vec<_> = pids.iter().map(|&p| (p, s.spawn(move || f(p)))).collect();

@@ -132,38 +132,57 @@ fn process_devices(pid: u32, st: &Status) -> Result<Vec<DeviceStatus>> {
     Ok(devices)
 }
 
+/// The GPU a process's device is on, from the machine's list.
+fn gpu_of<'a>(d: &DeviceStatus, gpus: &'a [Gpu]) -> Result<&'a Gpu> {
+    gpus.iter()
+        .find(|g| g.text.eq_ignore_ascii_case(&d.gpu))
+        .ok_or_else(|| {
+            fail(
+                Kind::Failed,
+                format!(
+                    "device {} is on {}, which this machine's driver does not list ({})",
+                    d.ordinal,
+                    d.gpu,
+                    list(gpus)
+                ),
+            )
+        })
+}
+
+fn names(devices: &[DeviceStatus]) -> String {
+    devices
+        .iter()
+        .map(|d| d.gpu.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `OLD=NEW,...` (each an index or UUID): the moves it names, each OLD once.
+fn parse_map<'a>(to: &str, gpus: &'a [Gpu]) -> Result<Vec<(&'a Gpu, &'a Gpu)>> {
+    let mut wanted: Vec<(&Gpu, &Gpu)> = Vec::new();
+    for item in to.split(',') {
+        let (old, new) = item
+            .split_once('=')
+            .ok_or_else(|| fail(Kind::Usage, format!("--to {to:?}: {item:?} is not OLD=NEW")))?;
+        let (old, new) = (find(gpus, old)?, find(gpus, new)?);
+        if wanted.iter().any(|(o, _)| o.uuid == old.uuid) {
+            return Err(fail(
+                Kind::Usage,
+                format!("--to {to}: GPU {} is named twice", old.index),
+            ));
+        }
+        wanted.push((old, new));
+    }
+    Ok(wanted)
+}
+
 /// The moves `--to` asks for: `GPU` for a process on one GPU, else `OLD=NEW,...` (each an
 /// index or UUID; OLD one of the process's GPUs). Pairs for the driver name every GPU the
 /// process is on (itself where it stays).
 fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, Vec<Move>)> {
-    let gpu_of = |d: &DeviceStatus| -> Result<&Gpu> {
-        gpus.iter()
-            .find(|g| g.text.eq_ignore_ascii_case(&d.gpu))
-            .ok_or_else(|| {
-                fail(
-                    Kind::Failed,
-                    format!(
-                        "the process's device {} is on {}, which this machine's driver does not list ({})",
-                        d.ordinal,
-                        d.gpu,
-                        list(gpus)
-                    ),
-                )
-            })
-    };
-    let mut wanted: Vec<(&Gpu, &Gpu)> = Vec::new();
-    if to.contains('=') {
-        for item in to.split(',') {
-            let (old, new) = item.split_once('=').ok_or_else(|| {
-                fail(Kind::Usage, format!("--to {to:?}: {item:?} is not OLD=NEW"))
-            })?;
-            let (old, new) = (find(gpus, old)?, find(gpus, new)?);
-            if wanted.iter().any(|(o, _)| o.uuid == old.uuid) {
-                return Err(fail(
-                    Kind::Usage,
-                    format!("--to {to}: GPU {} is named twice", old.index),
-                ));
-            }
+    let wanted = if to.contains('=') {
+        let wanted = parse_map(to, gpus)?;
+        for (old, _) in &wanted {
             if !devices
                 .iter()
                 .any(|d| d.gpu.eq_ignore_ascii_case(&old.text))
@@ -171,19 +190,15 @@ fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, 
                 return Err(fail(
                     Kind::Usage,
                     format!(
-                        "--to {item}: the process is not on GPU {} ({}); it is on {}",
+                        "--to {to}: the process is not on GPU {} ({}); it is on {}",
                         old.index,
                         old.text,
-                        devices
-                            .iter()
-                            .map(|d| d.gpu.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        names(devices)
                     ),
                 ));
             }
-            wanted.push((old, new));
         }
+        wanted
     } else {
         if devices.len() > 1 {
             return Err(fail(
@@ -191,20 +206,36 @@ fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, 
                 format!(
                     "the process is on {} GPUs ({}): say which goes where, --to OLD=NEW[,OLD=NEW]",
                     devices.len(),
-                    devices
-                        .iter()
-                        .map(|d| d.gpu.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    names(devices)
                 ),
             ));
         }
-        wanted.push((gpu_of(&devices[0])?, find(gpus, to)?));
+        vec![(gpu_of(&devices[0], gpus)?, find(gpus, to)?)]
+    };
+    let (pairs, moves) = pairs_for(&wanted, devices, gpus)?;
+    if moves.is_empty() {
+        return Err(fail(
+            Kind::Usage,
+            format!(
+                "--to {to}: the process is already there ({}); nothing to move",
+                names(devices)
+            ),
+        ));
     }
+    Ok((pairs, moves))
+}
+
+/// The driver's pairs for one process whose devices are `devices`, and its moves, from
+/// the moves `wanted` (old GPU, new GPU): every device named, onto itself where it stays.
+fn pairs_for(
+    wanted: &[(&Gpu, &Gpu)],
+    devices: &[DeviceStatus],
+    gpus: &[Gpu],
+) -> Result<(Vec<Pair>, Vec<Move>)> {
     let mut pairs = Vec::new();
     let mut moves = Vec::new();
     for d in devices {
-        let from = gpu_of(d)?;
+        let from = gpu_of(d, gpus)?;
         let to_gpu = wanted
             .iter()
             .find(|(o, _)| o.uuid == from.uuid)
@@ -238,64 +269,68 @@ fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, 
     if targets.windows(2).any(|w| w[0] == w[1]) {
         return Err(fail(
             Kind::Usage,
-            format!("--to {to}: two of the process's devices would share one GPU"),
-        ));
-    }
-    if moves.is_empty() {
-        return Err(fail(
-            Kind::Usage,
-            format!(
-                "--to {to}: the process is already there ({}); nothing to move",
-                devices
-                    .iter()
-                    .map(|d| d.gpu.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            "two of the process's devices would share one GPU".to_owned(),
         ));
     }
     Ok((pairs, moves))
 }
 
 /// Refuses, before anything moves, a target whose node ledger lacks room for what the
-/// process holds on the device that goes there.
-fn check_room(pid: u32, st: &Status, moves: &[Move], gpus: &[Gpu]) -> Result<()> {
-    let Some(dir) = &st.node_dir else {
-        return Ok(());
-    };
-    for m in moves {
-        let Some(d) = st.devices.iter().find(|d| d.ordinal == m.ordinal) else {
+/// processes moving there hold on the devices that go there (`moving`: each process's
+/// status and moves; a job's ranks are summed per target).
+fn check_room(moving: &[(u32, &Status, &[Move])], gpus: &[Gpu]) -> Result<()> {
+    // Target GPU -> (bytes wanted, who); GPU -> bytes the processes moving away free there
+    // (a job's ranks swapping GPUs make room for each other).
+    let mut wanted: std::collections::BTreeMap<String, (u64, Vec<String>)> = Default::default();
+    let mut freed: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut dir = None;
+    for (pid, st, moves) in moving {
+        let Some(d) = &st.node_dir else { continue };
+        dir = Some(d.clone());
+        for m in moves.iter() {
+            let Some(d) = st.devices.iter().find(|d| d.ordinal == m.ordinal) else {
+                continue;
+            };
+            // A paused process holds nothing against its budget: what it will ask for is
+            // its evicted memory.
+            let need = d.used.max(d.resident + d.evicted);
+            *freed.entry(m.from.clone()).or_default() += d.used;
+            let w = wanted.entry(m.to.clone()).or_default();
+            w.0 += need;
+            w.1.push(format!(
+                "process {pid} holds {} on its device {}",
+                gib(need),
+                d.ordinal
+            ));
+        }
+    }
+    let Some(dir) = dir else { return Ok(()) };
+    for (to, (need, who)) in wanted {
+        let Some(g) = gpus.iter().find(|g| g.text == to) else {
             continue;
         };
-        let Some(g) = gpus.iter().find(|g| g.text == m.to) else {
-            continue;
-        };
-        let view = cudaw_ledger::ledger::read(std::path::Path::new(dir), &m.to, g.total)
+        let view = cudaw_ledger::ledger::read(std::path::Path::new(&dir), &to, g.total)
             .map_err(|e| {
                 fail(
                     Kind::Failed,
                     format!(
-                        "the node ledger of GPU {} ({}) cannot be read ({e}); not moving process {pid} onto a card whose use is unknown",
-                        g.index, m.to
+                        "the node ledger of GPU {} ({to}) cannot be read ({e}); not moving onto a card whose use is unknown",
+                        g.index
                     ),
                 )
             })?;
-        // A paused process holds nothing against its budget: what it will ask for is
-        // its evicted memory.
-        let need = d.used.max(d.resident + d.evicted);
-        if need > view.available() {
+        let room = view.available() + freed.get(&to).copied().unwrap_or(0);
+        if need > room {
             return Err(fail(
                 Kind::Failed,
                 format!(
-                    "GPU {} ({}) has {} free in the node ledger ({} of {} held by {} process(es) under cudaw); process {pid} holds {} on its device {}: not moved",
+                    "GPU {} ({to}) has {} free in the node ledger ({} of {} held by {} process(es) under cudaw, counting what the processes moving away leave); {}: not moved",
                     g.index,
-                    m.to,
-                    gib(view.available()),
+                    gib(room),
                     gib(view.used()),
                     gib(view.capacity),
                     view.entries.len(),
-                    gib(need),
-                    d.ordinal
+                    who.join(", ")
                 ),
             ));
         }
@@ -402,7 +437,7 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
     let gpus = machine_gpus()?;
     let (pairs, moves) = plan(to, &devices, &gpus)?;
     if !fault("skip-room-check") {
-        check_room(pid, &st, &moves, &gpus)?;
+        check_room(&[(pid, &st, &moves)], &gpus)?;
     }
     let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
     // Held until the end: a `resume` or another migration waits for this one.
@@ -517,6 +552,328 @@ fn move_back(pid: u32, pairs: &[Pair], lock_ms: u32, why: &str) -> anyhow::Error
             ),
         ),
     }
+}
+
+/// What a job's migration did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobMigrated {
+    /// The launcher.
+    pub root: u32,
+    /// Each member's moves.
+    pub members: Vec<MemberMigrated>,
+    /// Bytes of cudaw's memory moved, over all members.
+    pub bytes: u64,
+    /// The job pause (every member at rest at once, its shared memory evicted).
+    pub pause_ms: f64,
+    /// The driver's lock and checkpoint of every member (at once).
+    pub release_ms: f64,
+    /// The driver's restores onto the new GPUs and unlocks (at once).
+    pub restore_ms: f64,
+    /// The job resume on the new GPUs (shared memory made again, then every member).
+    pub resume_ms: f64,
+    /// The whole migration.
+    pub total_ms: f64,
+}
+
+/// One member of a job, moved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberMigrated {
+    /// The process.
+    pub pid: u32,
+    /// Its devices moved.
+    pub moved: Vec<Move>,
+}
+
+/// Brings every member of a job whose migration failed part-way back where it was and
+/// resumes the job: `on_new` are the members the driver restored onto their new GPUs
+/// (with their pairs), `checkpointed` those it holds checkpointed. What could not be
+/// undone is returned, for the error.
+fn job_home(
+    job: &crate::ckpt_job::Job,
+    on_new: &[(u32, Vec<Pair>)],
+    checkpointed: &[u32],
+    lock_ms: u32,
+) -> Vec<String> {
+    let mut left = Vec::new();
+    let back = crate::ckpt_job::each(checkpointed, |p| {
+        ckpt_release::restore(p, &[]).map_err(|e| fail(Kind::Failed, e))
+    });
+    let moved_pids: Vec<u32> = on_new.iter().map(|(p, _)| *p).collect();
+    let undone = crate::ckpt_job::each(&moved_pids, |p| {
+        let pairs = &on_new.iter().find(|(q, _)| *q == p).expect("listed").1;
+        let reverse: Vec<Pair> = pairs.iter().map(|(o, n)| (*n, *o)).collect();
+        request(p, &Request::ContextKept {}, &mut |_| {})?;
+        request(
+            p,
+            &Request::Pause {
+                progress: false,
+                release_context: true,
+            },
+            &mut |_| {},
+        )?;
+        ckpt_release::release(p, lock_ms)
+            .and_then(|_| ckpt_release::restore(p, &reverse))
+            .map_err(|e| fail(Kind::Failed, e))
+    });
+    for (p, r) in back.into_iter().chain(undone) {
+        if let Err(e) = r {
+            left.push(format!("process {p}: {e:#}"));
+        }
+    }
+    let kept = crate::ckpt_job::each(&job.members, |p| {
+        request(p, &Request::ContextKept {}, &mut |_| {})
+    });
+    left.extend(
+        kept.into_iter()
+            .filter_map(|(p, r)| r.err().map(|e| format!("process {p}: {e:#}"))),
+    );
+    if let Err(e) = crate::ckpt_job::resume(job) {
+        left.push(format!("resuming the job: {e:#}"));
+    }
+    left
+}
+
+fn job_failed(what: String, left: Vec<String>) -> anyhow::Error {
+    fail(
+        Kind::Failed,
+        if left.is_empty() {
+            format!("not moved: {what}; the job runs where it was")
+        } else {
+            format!(
+                "not moved: {what}; bringing the job back where it was failed in part ({}): `cudaw-ckpt status --job` says where each is",
+                left.join("; ")
+            )
+        },
+    )
+}
+
+/// `cudaw-ckpt migrate ROOT --job --to ...`: every process of the job moved together —
+/// `OLD=NEW,...` for the job's GPUs, or `NEW,NEW,...` onto the job's GPUs in their order.
+pub fn migrate_job(
+    root: u32,
+    to: &str,
+    timeout: Option<Duration>,
+    lock_timeout: Option<Duration>,
+    json: bool,
+) -> Result<()> {
+    let started = Instant::now();
+    let steps = Steps {
+        on: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let job = crate::ckpt_job::find(root)?;
+    if let Some(n) = &job.note {
+        eprintln!("cudaw-ckpt: note: {n}");
+    }
+    let statuses: Vec<(u32, Status)> = job
+        .members
+        .iter()
+        .map(|&p| ckpt_client::status(p).map(|s| (p, s)))
+        .collect::<Result<_>>()?;
+    let gpus = machine_gpus()?;
+    let mut job_gpus: Vec<&Gpu> = Vec::new();
+    for (p, st) in &statuses {
+        for d in process_devices(*p, st)? {
+            let g = gpu_of(&d, &gpus)?;
+            if !job_gpus.iter().any(|j| j.uuid == g.uuid) {
+                job_gpus.push(g);
+            }
+        }
+    }
+    job_gpus.sort_by_key(|g| g.index);
+    let wanted: Vec<(&Gpu, &Gpu)> = if to.contains('=') {
+        parse_map(to, &gpus)?
+    } else {
+        let new: Vec<&Gpu> = to
+            .split(',')
+            .map(|t| find(&gpus, t))
+            .collect::<Result<_>>()?;
+        if new.len() != job_gpus.len() {
+            return Err(fail(
+                Kind::Usage,
+                format!(
+                    "--to {to}: the job is on {} GPUs ({}): name as many, in that order, or OLD=NEW for each that moves",
+                    job_gpus.len(),
+                    job_gpus.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        job_gpus.iter().copied().zip(new).collect()
+    };
+    let mut plans: Vec<(u32, Vec<Pair>, Vec<Move>)> = Vec::new();
+    for (p, st) in &statuses {
+        let (pairs, moves) = pairs_for(&wanted, &process_devices(*p, st)?, &gpus)
+            .map_err(|e| fail(Kind::Usage, format!("process {p}: {e:#}")))?;
+        plans.push((*p, pairs, moves));
+    }
+    // Two members onto one GPU is what a job may do (ranks sharing a GPU); the driver
+    // decides. Nothing to move at all is refused.
+    if plans.iter().all(|(_, _, m)| m.is_empty()) {
+        return Err(fail(
+            Kind::Usage,
+            format!("--to {to}: the job is already there; nothing to move"),
+        ));
+    }
+    if !fault("skip-room-check") {
+        let moving: Vec<(u32, &Status, &[Move])> = plans
+            .iter()
+            .zip(&statuses)
+            .map(|((p, _, m), (_, st))| (*p, st, m.as_slice()))
+            .collect();
+        check_room(&moving, &gpus)?;
+    }
+    let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
+    steps.say(format_args!("job {root}: pausing every process together"));
+    let paused = crate::ckpt_job::pause(&job, timeout, true)?;
+    let pause_ms = paused.ms;
+    if let Some(why) = paused.shared.as_ref().and_then(|s| s.error.clone()) {
+        let left = crate::ckpt_job::resume(&job)
+            .err()
+            .map(|e| vec![format!("{e:#}")])
+            .unwrap_or_default();
+        return Err(job_failed(
+            format!("the memory the processes share stayed on the device ({why}), and the driver cannot checkpoint it"),
+            left,
+        ));
+    }
+    steps.say(format_args!(
+        "job {root}: the driver checkpoints every process"
+    ));
+    let t = Instant::now();
+    let released = crate::ckpt_job::each(&job.members, |p| {
+        request(
+            p,
+            &Request::Pause {
+                progress: false,
+                release_context: true,
+            },
+            &mut |_| {},
+        )?;
+        ckpt_release::release(p, lock_ms).map_err(|e| fail(Kind::Failed, e))
+    });
+    let release_ms = ms(t);
+    if let Some((p, e)) = released
+        .iter()
+        .find_map(|(p, r)| r.as_ref().err().map(|e| (p, e)))
+    {
+        let held: Vec<u32> = released
+            .iter()
+            .filter(|(p, r)| r.is_ok() || !ckpt_release::driver_runs(*p))
+            .map(|(p, _)| *p)
+            .collect();
+        let left = job_home(&job, &[], &held, lock_ms);
+        return Err(job_failed(format!("process {p}: {e:#}"), left));
+    }
+    if fault("kill-after-release") {
+        kill(job.members[0]);
+    }
+    steps.say(format_args!(
+        "job {root}: the driver restores every process on its new GPUs"
+    ));
+    let t = Instant::now();
+    let restored = crate::ckpt_job::each(&job.members, |p| {
+        let pairs = &plans.iter().find(|(q, _, _)| *q == p).expect("planned").1;
+        ckpt_release::restore(p, pairs).map_err(|e| fail(Kind::Failed, e))
+    });
+    let restore_ms = ms(t);
+    if let Some((p, e)) = restored
+        .iter()
+        .find_map(|(p, r)| r.as_ref().err().map(|e| (p, e)))
+    {
+        let what = format!("process {p}: {e:#}");
+        if job.members.iter().any(|&m| !ckpt_client::process_exists(m)) {
+            return Err(gone_or(*p, what));
+        }
+        let on_new: Vec<(u32, Vec<Pair>)> = restored
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(p, _)| {
+                (
+                    *p,
+                    plans
+                        .iter()
+                        .find(|(q, _, _)| q == p)
+                        .expect("planned")
+                        .1
+                        .clone(),
+                )
+            })
+            .collect();
+        let failed: Vec<u32> = restored
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(p, _)| *p)
+            .collect();
+        let left = job_home(&job, &on_new, &failed, lock_ms);
+        return Err(job_failed(what, left));
+    }
+    steps.say(format_args!(
+        "job {root}: cudaw restores the memory on the new GPUs"
+    ));
+    let t = Instant::now();
+    let kept = crate::ckpt_job::each(&job.members, |p| {
+        request(p, &Request::ContextKept {}, &mut |_| {})
+    });
+    let resumed = match kept
+        .iter()
+        .find_map(|(p, r)| r.as_ref().err().map(|e| (p, e)))
+    {
+        Some((p, e)) => Err(format!("process {p}: {e:#}")),
+        None => crate::ckpt_job::resume(&job).map_err(|e| format!("{e:#}")),
+    };
+    let members = match resumed {
+        Ok(m) => m,
+        Err(what) => {
+            let on_new: Vec<(u32, Vec<Pair>)> = plans
+                .iter()
+                .map(|(p, pairs, _)| (*p, pairs.clone()))
+                .collect();
+            let left = job_home(&job, &on_new, &[], lock_ms);
+            return Err(job_failed(
+                format!("the job did not resume on the new GPUs: {what}"),
+                left,
+            ));
+        }
+    };
+    let resume_ms = ms(t);
+    let done = JobMigrated {
+        root: job.root,
+        bytes: members.iter().map(|m| m.moved.bytes).sum(),
+        members: plans
+            .into_iter()
+            .map(|(pid, _, moved)| MemberMigrated { pid, moved })
+            .collect(),
+        pause_ms,
+        release_ms,
+        restore_ms,
+        resume_ms,
+        total_ms: ms(started),
+    };
+    if json {
+        outln!("{}", serde_json::to_string(&done)?)?;
+        return Ok(());
+    }
+    for m in &done.members {
+        for d in &m.moved {
+            outln!(
+                "{}: device {} moved from {} to {}",
+                m.pid,
+                d.ordinal,
+                d.from,
+                d.to
+            )?;
+        }
+    }
+    outln!(
+        "job {}: {} processes, {} moved in {:.1} ms (pause {:.1}, driver checkpoint {:.1}, driver restore {:.1}, resume {:.1})",
+        done.root,
+        done.members.len(),
+        gib(done.bytes),
+        done.total_ms,
+        done.pause_ms,
+        done.release_ms,
+        done.restore_ms,
+        done.resume_ms
+    )
 }
 
 #[cfg(test)]

@@ -97,8 +97,15 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
             Request::ContextKept => {
                 ctl.released = false;
                 log::info(format_args!(
-                    "the driver kept the context: paused as before, the context on the GPU"
+                    "the context is on the GPU again (kept, or restored by the driver): paused as before"
                 ));
+                // Restored by the driver, maybe on other GPUs (a job's migration, which
+                // resumes the job after): the node-ledger entries follow.
+                if let Err(why) = memory::follow_moved_devices() {
+                    let msg = format!("{why}; the process stays paused");
+                    log::warn(format_args!("context kept: {msg}"));
+                    return Err(Failure::new(ErrorKind::Failed, msg));
+                }
                 // An exit that began while released was left waiting at the gate: now the
                 // pause can be undone for its teardown, as at any exit.
                 if lifecycle::is_exiting() && ctl.paused {
