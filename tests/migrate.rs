@@ -171,7 +171,7 @@ fn a_target_without_room_is_refused_before_anything_moves() {
     assert!(
         err.contains("did not come back on the new GPU")
             && err.contains("refused")
-            && err.contains("was moved back and runs where it was"),
+            && err.contains("was moved back: it runs where it was"),
         "{err}\n{}",
         t.log()
     );
@@ -201,6 +201,18 @@ fn a_driver_without_the_api_moves_nothing() {
     );
     t.assert_running();
     assert_eq!(usage(&dir.0, &t).physical[0], 0);
+    t.run(2);
+    // A paused process is left paused by a migration that fails, and resumed on its new
+    // GPU by one that succeeds.
+    ok(&t, &dir.0, &[], &["pause", &t.pid]);
+    let out = ckpt(&t, &dir.0, &old, &["migrate", &t.pid, "--to", "1"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("it stays paused where it was"), "{err}");
+    assert_eq!(t.status()["state"], "paused");
+    ok(&t, &dir.0, &[TWO], &["migrate", &t.pid, "--to", "1"]);
+    t.assert_running();
+    assert_eq!(usage(&dir.0, &t).physical[0], 1);
     t.run(2);
     t.finish();
 }

@@ -15,9 +15,10 @@
 //!
 //! What fails is undone: a driver that cannot restore on the target restores where the
 //! process was; cudaw's memory that does not fit on the target (a process outside cudaw
-//! took it) is released again and moved back. The process ends running either way (a
-//! paused one too: migrate resumes it on its new GPU), unless it exited, or the driver
-//! keeps it and the error says how to bring it back.
+//! took it) is released again and moved back. Moved, the process runs (a paused one too:
+//! migrate resumes it on its new GPU); not moved, it is as it was found (running or
+//! paused), unless it exited, or the driver keeps it and the error says how to bring it
+//! back.
 
 use std::time::{Duration, Instant};
 
@@ -394,9 +395,25 @@ fn resume_released(pid: u32) -> Result<Moved, String> {
         .and_then(|r| carried(r.resume, "result").map_err(|e| format!("{e:#}")))
 }
 
+/// After a migration failed, with the process's context on the GPU where it was (kept,
+/// or restored there by the driver): the process as it was found — running again, or
+/// paused. What it is now, for the error; or why it could not be settled.
+fn settle(pid: u32, was_running: bool) -> Result<&'static str, String> {
+    request(pid, &Request::ContextKept {}, &mut |_| {}).map_err(|e| format!("{e:#}"))?;
+    if !was_running {
+        return Ok("it stays paused where it was");
+    }
+    let req = Request::Resume {
+        progress: false,
+        context_restored: false,
+    };
+    request(pid, &req, &mut |_| {}).map_err(|e| format!("{e:#}"))?;
+    Ok("it runs where it was")
+}
+
 /// Pause with the context released: cudaw's eviction, then the driver's checkpoint.
-/// Returns (pause ms, release ms); on failure the process runs on as it was.
-fn release(pid: u32, lock_ms: u32, steps: &Steps) -> Result<(Moved, f64)> {
+/// Returns (pause ms, release ms); on failure the process is as it was found.
+fn release(pid: u32, lock_ms: u32, was_running: bool, steps: &Steps) -> Result<(Moved, f64)> {
     steps.say(format_args!("{pid}: pausing (cudaw evicts its memory)"));
     let req = Request::Pause {
         progress: false,
@@ -414,12 +431,9 @@ fn release(pid: u32, lock_ms: u32, steps: &Steps) -> Result<(Moved, f64)> {
             ),
         )),
         Err(why) => {
-            let back = request(pid, &Request::ContextKept {}, &mut |_| {}).and_then(|_| {
-                request(pid, &Request::Resume { progress: false, context_restored: false }, &mut |_| {})
-            });
-            let state = match back {
-                Ok(_) => "it runs where it was".to_owned(),
-                Err(e) => format!("resuming it failed too ({e:#}): `cudaw-ckpt resume {pid}`"),
+            let state = match settle(pid, was_running) {
+                Ok(s) => s.to_owned(),
+                Err(e) => format!("resuming it failed too ({e}): `cudaw-ckpt resume {pid}`"),
             };
             Err(gone_or(pid, format!("not moved: {why}; {state}")))
         }
@@ -443,10 +457,11 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
     // Held until the end: a `resume` or another migration waits for this one.
     let _sequence = ckpt_client::sequence_lock(pid);
     let st = ckpt_client::status(pid)?;
+    let was_running = matches!(st.state, State::Running | State::Held);
     let (paused, release_ms) = if st.state == State::Released {
         (Moved::default(), 0.0)
     } else {
-        release(pid, lock_ms, &steps)?
+        release(pid, lock_ms, was_running, &steps)?
     };
     if fault("kill-after-release") {
         kill(pid);
@@ -464,12 +479,12 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
         if !ckpt_client::process_exists(pid) {
             return Err(gone_or(pid, why));
         }
-        let back = ckpt_release::restore(pid, &[]).and_then(|_| resume_released(pid));
+        let back = ckpt_release::restore(pid, &[]).and_then(|_| settle(pid, was_running));
         return Err(fail(
             Kind::Failed,
             match back {
-                Ok(_) => format!(
-                    "not moved: the driver could not restore process {pid} on {targets}: {why}; it runs where it was"
+                Ok(state) => format!(
+                    "not moved: the driver could not restore process {pid} on {targets}: {why}; {state}"
                 ),
                 Err(e) => format!(
                     "not moved: the driver could not restore process {pid} on {targets}: {why}; and bringing it back where it was failed ({e}): `cudaw-ckpt resume {pid}` tries again"
@@ -484,7 +499,7 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
     let t = Instant::now();
     let resumed = match resume_released(pid) {
         Ok(m) => m,
-        Err(why) => return Err(move_back(pid, &pairs, lock_ms, &why)),
+        Err(why) => return Err(move_back(pid, &pairs, lock_ms, was_running, &why)),
     };
     let resume_ms = ms(t);
     let done = Migrated {
@@ -526,7 +541,13 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
 /// cudaw's memory did not come back on the new GPUs (the node ledger refused, or the card
 /// is full): the process, paused with its context on the new GPUs, is released again and
 /// restored where it was. The error says what happened.
-fn move_back(pid: u32, pairs: &[Pair], lock_ms: u32, why: &str) -> anyhow::Error {
+fn move_back(
+    pid: u32,
+    pairs: &[Pair],
+    lock_ms: u32,
+    was_running: bool,
+    why: &str,
+) -> anyhow::Error {
     let back: Vec<Pair> = pairs.iter().map(|(o, n)| (*n, *o)).collect();
     let undone = request(
         pid,
@@ -539,11 +560,11 @@ fn move_back(pid: u32, pairs: &[Pair], lock_ms: u32, why: &str) -> anyhow::Error
     .map_err(|e| format!("{e:#}"))
     .and_then(|_| ckpt_release::release(pid, lock_ms))
     .and_then(|_| ckpt_release::restore(pid, &back))
-    .and_then(|_| resume_released(pid));
+    .and_then(|_| settle(pid, was_running));
     match undone {
-        Ok(_) => fail(
+        Ok(state) => fail(
             Kind::Failed,
-            format!("not moved: cudaw's memory did not come back on the new GPU ({why}); the process was moved back and runs where it was"),
+            format!("not moved: cudaw's memory did not come back on the new GPU ({why}); the process was moved back: {state}"),
         ),
         Err(e) => gone_or(
             pid,
