@@ -194,8 +194,11 @@ def check(args):
     pauses = dumps = 0
     failures = []
     pause_ms, resume_ms, attempts = [], [], []
-    plan = ["pause"] * args.pauses + ["dump"] * args.dumps
+    plan = ["pause"] * args.pauses + ["dump"] * args.dumps + ["migrate"] * args.migrates
     rng.shuffle(plan)
+    # A migration swaps the ranks' GPUs (reversed order); an even count ends where it began.
+    migrated, migrate_failures, migrate_ms = 0, [], []
+    swap = ",".join(str(g) for g in reversed(range(args.gpus)))
     freed_checked = False
     try:
         for i, what in enumerate(plan):
@@ -203,6 +206,15 @@ def check(args):
             if job.proc.poll() is not None:
                 failures.append(f"the job ended before event {i} ({what})")
                 break
+            if what == "migrate":
+                rc, m = job.job("migrate", "--to", swap)
+                if rc != 0:
+                    # A failed migration leaves the job where it was, running: go on.
+                    migrate_failures.append(f"migrate {i}: {m.get('error', m)}")
+                else:
+                    migrated += 1
+                    migrate_ms.append(m["total_ms"])
+                continue
             if what == "pause":
                 rc, p = job.job("pause", *(["--keep-shared"] if args.keep_shared else []))
                 if rc != 0:
@@ -285,6 +297,10 @@ def check(args):
             f"pause median {sorted(pause_ms)[len(pause_ms) // 2]:.0f} ms, resume median "
             f"{sorted(resume_ms)[len(resume_ms) // 2]:.0f} ms, tries per pause max {max(attempts)} "
             f"mean {sum(attempts) / len(attempts):.2f}" if pause_ms else "no pause done")
+    if args.migrates:
+        verdict(migrated == args.migrates, f"ddp: job migrated {args.migrates} times (ranks swap GPUs)",
+                "; ".join(migrate_failures)[:300] if migrate_failures else
+                f"migration total ms: {', '.join(f'{x:.0f}' for x in migrate_ms)}")
     got = digest_lines(os.path.join(job.dir, "job.out"))
     same = got == want
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
@@ -429,6 +445,8 @@ def main():
     ap.add_argument("--hold-gib", type=float, default=1)
     ap.add_argument("--pauses", type=int, default=20)
     ap.add_argument("--dumps", type=int, default=3)
+    ap.add_argument("--migrates", type=int, default=0,
+                    help="`cudaw-ckpt migrate --job` events: the ranks swap GPUs (keep it even)")
     ap.add_argument("--gap", type=float, default=1.0, help="longest wait between events, in seconds")
     ap.add_argument("--bench", help="GiB per rank, comma-separated: time job pauses instead")
     ap.add_argument("--reps", type=int, default=3)

@@ -27,7 +27,8 @@
 # On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
-#   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared)
+#   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared;
+#   DDP_MIGRATES=N: N `migrate --job` events swapping the ranks' GPUs, default 2, 0: none)
 #   SECTIONS="env migrate" MIGRATE_SIZES="8 32" scripts/gpu-check.sh   # cudaw-ckpt migrate, < 7 min (not yet timed on GPUs)
 #   (MIGRATE_STEPS: the training job's steps, 3000, 0 skips it; MIGRATE_SEED: the moves' steps;
 #    MIGRATE_TIMEOUT: the script's limit in seconds, 400)
@@ -574,10 +575,10 @@ elif want multigpu; then
     row "peer: build" FAIL "nvcc failed; see programs.log"
   fi
   # 2. A DDP job with one rank per GPU (DDP_GPUS for fewer; torchrun, NCCL) paused/resumed
-  #    as a job 20 times and dumped/restored 3 times at random instants, bit-identical to
-  #    the native job. ~3 min.
+  #    as a job 20 times, dumped/restored 3 times and migrated twice (the ranks swap GPUs)
+  #    at random instants, bit-identical to the native job. ~3 min.
   timeout 560 python3 scripts/ddp_pause_check.py --dist "$ROOT/dist" --work "$WORK/ddp" --gpus "${DDP_GPUS:-$gpus}" \
-    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} ${DDP_KEEP_SHARED:+--keep-shared} >"$OUT/ddp.out" 2>&1; rc=$?
+    --pauses "${DDP_PAUSES:-20}" --dumps "${DDP_DUMPS:-3}" --migrates "${DDP_MIGRATES:-2}" ${DDP_STEPS:+--steps "$DDP_STEPS"} ${DDP_STEP_SLEEP:+--step-sleep "$DDP_STEP_SLEEP"} ${DDP_KEEP_SHARED:+--keep-shared} >"$OUT/ddp.out" 2>&1; rc=$?
   cp "$WORK/ddp/cudaw/ckpt.log" "$OUT/ddp_ckpt.log" 2>/dev/null; cp "$WORK/ddp/cudaw/job.err" "$OUT/ddp_job.err" 2>/dev/null
   while IFS='|' read -r verdict name detail; do
     verdict=$(echo "$verdict" | tr -d ' ')
