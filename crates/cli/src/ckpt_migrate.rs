@@ -446,6 +446,9 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
     let steps = Steps {
         on: !json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
+    // Held from the first look to the end: a `resume`, a `pause --release` or another
+    // migration of the process waits for this one (and plans from what it left).
+    let _sequence = ckpt_client::sequence_lock(pid);
     let st = ckpt_client::status(pid)?;
     let devices = process_devices(pid, &st)?;
     let gpus = machine_gpus()?;
@@ -454,15 +457,10 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
         check_room(&[(pid, &st, &moves)], &gpus)?;
     }
     let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
-    // Held until the end: a `resume` or another migration waits for this one.
-    let _sequence = ckpt_client::sequence_lock(pid);
-    let st = ckpt_client::status(pid)?;
     let was_running = matches!(st.state, State::Running | State::Held);
-    let (paused, release_ms) = if st.state == State::Released {
-        (Moved::default(), 0.0)
-    } else {
-        release(pid, lock_ms, was_running, &steps)?
-    };
+    // Released already: the driver's step still runs (it leaves a checkpointed process as
+    // it is, and checkpoints one a stopped command left locked or running).
+    let (paused, release_ms) = release(pid, lock_ms, was_running, &steps)?;
     if fault("kill-after-release") {
         kill(pid);
     }
@@ -502,6 +500,22 @@ pub fn migrate(pid: u32, to: &str, lock_timeout: Option<Duration>, json: bool) -
         Err(why) => return Err(move_back(pid, &pairs, lock_ms, was_running, &why)),
     };
     let resume_ms = ms(t);
+    // Where the process is now, by its own account: a move reported is a move made.
+    let now = ckpt_client::status(pid)?;
+    for m in &moves {
+        let at = now.devices.iter().find(|d| d.ordinal == m.ordinal);
+        if at.is_none_or(|d| !d.gpu.eq_ignore_ascii_case(&m.to)) {
+            return Err(fail(
+                Kind::Failed,
+                format!(
+                    "process {pid} runs, but its device {} is on {}, not {}: the driver did not move it",
+                    m.ordinal,
+                    at.map_or("no GPU", |d| d.gpu.as_str()),
+                    m.to
+                ),
+            ));
+        }
+    }
     let done = Migrated {
         pid,
         moved: moves,
@@ -641,9 +655,19 @@ fn job_home(
             left.push(format!("process {p}: {e:#}"));
         }
     }
-    let kept = crate::ckpt_job::each(&job.members, |p| {
-        request(p, &Request::ContextKept {}, &mut |_| {})
-    });
+    // A process the driver still holds must not be told its context is back: its next
+    // driver call would wait for ever. It stays released; `resume` restores it.
+    let (runs, held): (Vec<u32>, Vec<u32>) = job
+        .members
+        .iter()
+        .filter(|&&p| ckpt_client::process_exists(p))
+        .partition(|&&p| ckpt_release::driver_runs(p));
+    for p in held {
+        left.push(format!(
+            "process {p}: the driver still holds it (released): `cudaw-ckpt resume {p}`"
+        ));
+    }
+    let kept = crate::ckpt_job::each(&runs, |p| request(p, &Request::ContextKept {}, &mut |_| {}));
     left.extend(
         kept.into_iter()
             .filter_map(|(p, r)| r.err().map(|e| format!("process {p}: {e:#}"))),
@@ -685,6 +709,13 @@ pub fn migrate_job(
     if let Some(n) = &job.note {
         eprintln!("cudaw-ckpt: note: {n}");
     }
+    // Every member's sequence lock, in PID order, for the whole migration: a `resume`
+    // of one rank waits for it.
+    let _locks: Vec<_> = job
+        .members
+        .iter()
+        .map(|&p| ckpt_client::sequence_lock(p))
+        .collect();
     let statuses: Vec<(u32, Status)> = job
         .members
         .iter()
@@ -702,7 +733,26 @@ pub fn migrate_job(
     }
     job_gpus.sort_by_key(|g| g.index);
     let wanted: Vec<(&Gpu, &Gpu)> = if to.contains('=') {
-        parse_map(to, &gpus)?
+        let wanted = parse_map(to, &gpus)?;
+        if let Some((old, _)) = wanted
+            .iter()
+            .find(|(o, _)| !job_gpus.iter().any(|j| j.uuid == o.uuid))
+        {
+            return Err(fail(
+                Kind::Usage,
+                format!(
+                    "--to {to}: the job is not on GPU {} ({}); it is on {}",
+                    old.index,
+                    old.text,
+                    job_gpus
+                        .iter()
+                        .map(|g| g.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        wanted
     } else {
         let new: Vec<&Gpu> = to
             .split(',')
@@ -723,7 +773,7 @@ pub fn migrate_job(
     let mut plans: Vec<(u32, Vec<Pair>, Vec<Move>)> = Vec::new();
     for (p, st) in &statuses {
         let (pairs, moves) = pairs_for(&wanted, &process_devices(*p, st)?, &gpus)
-            .map_err(|e| fail(Kind::Usage, format!("process {p}: {e:#}")))?;
+            .map_err(|e| fail(ckpt_client::kind_of(&e), format!("process {p}: {e:#}")))?;
         plans.push((*p, pairs, moves));
     }
     // Two members onto one GPU is what a job may do (ranks sharing a GPU); the driver
@@ -800,9 +850,18 @@ pub fn migrate_job(
         .iter()
         .find_map(|(p, r)| r.as_ref().err().map(|e| (p, e)))
     {
-        let what = format!("process {p}: {e:#}");
-        if job.members.iter().any(|&m| !ckpt_client::process_exists(m)) {
-            return Err(gone_or(*p, what));
+        let mut what = format!("process {p}: {e:#}");
+        let dead: Vec<String> = job
+            .members
+            .iter()
+            .filter(|&&m| !ckpt_client::process_exists(m))
+            .map(|m| m.to_string())
+            .collect();
+        if !dead.is_empty() {
+            what = format!(
+                "process(es) {} exited during the migration ({what})",
+                dead.join(", ")
+            );
         }
         let on_new: Vec<(u32, Vec<Pair>)> = restored
             .iter()

@@ -153,6 +153,12 @@ pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume,
         },
         ..DriverResume::default()
     };
+    if !pairs.is_empty() && state != ProcessState::Checkpointed {
+        return Err(format!(
+            "the driver has process {pid} {}, not checkpointed: it cannot be restored onto other GPUs",
+            done.found
+        ));
+    }
     match state {
         ProcessState::Running => return Ok(done),
         ProcessState::Checkpointed => {

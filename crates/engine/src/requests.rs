@@ -95,17 +95,18 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                 return Ok(Outcome::Pause(Moved::default()));
             }
             Request::ContextKept => {
-                ctl.released = false;
-                log::info(format_args!(
-                    "the context is on the GPU again (kept, or restored by the driver): paused as before"
-                ));
                 // Restored by the driver, maybe on other GPUs (a job's migration, which
-                // resumes the job after): the node-ledger entries follow.
+                // resumes the job after): the node-ledger entries follow first. Until they
+                // have, the process stays released, so that every later resume tries again.
                 if let Err(why) = memory::follow_moved_devices() {
                     let msg = format!("{why}; the process stays paused");
                     log::warn(format_args!("context kept: {msg}"));
                     return Err(Failure::new(ErrorKind::Failed, msg));
                 }
+                ctl.released = false;
+                log::info(format_args!(
+                    "the context is on the GPU again (kept, or restored by the driver): paused as before"
+                ));
                 // An exit that began while released was left waiting at the gate: now the
                 // pause can be undone for its teardown, as at any exit.
                 if lifecycle::is_exiting() && ctl.paused {
@@ -123,17 +124,18 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                 }));
             }
             Request::ResumeReleased => {
-                ctl.released = false;
-                log::info(format_args!(
-                    "the driver restored the context: resuming cudaw's memory"
-                ));
                 // The restore may have put a device on another GPU (a migration): its
-                // node-ledger entry follows before any memory comes back there.
+                // node-ledger entry follows before any memory comes back there. Until it
+                // has, the process stays released: the next resume tries again.
                 if let Err(why) = memory::follow_moved_devices() {
                     let msg = format!("{why}; the process stays paused");
                     log::warn(format_args!("resume: {msg}"));
                     return Err(Failure::new(ErrorKind::Failed, msg));
                 }
+                ctl.released = false;
+                log::info(format_args!(
+                    "the driver restored the context: resuming cudaw's memory"
+                ));
             }
             other => {
                 let msg = released_refusal(request_name(&other));
