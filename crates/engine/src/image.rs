@@ -1,7 +1,9 @@
 //! Dump and restore: the process writes its own checkpoint image, and checks and loads one.
 //!
 //! **Dump** (`cudaw-ckpt dump`): pause if running ([`evict::pause`]), then stream every
-//! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
+//! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3) over a
+//! [`cudaw_files::Streamed`] file (each piece written as given, no copy; the writeback to
+//! the disk started every 32 MiB, so the final fsync waits for the last window only): from
 //! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
 //! bytes a previous dump left in an image, from that image one chunk at a time. The image is
 //! written to a temporary file beside `path` ([`cudaw_files::NewFile`]: exclusive,
@@ -65,7 +67,6 @@ use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored, State};
 use driver::DriverBackend;
 use std::cell::RefCell;
 use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 use std::time::Instant;
 use vmm::{Allocation, Residency, VmmError};
@@ -351,7 +352,9 @@ fn write_image(
 ) -> Result<(u64, u64), Failure> {
     let table = process_table(devices);
     let meta = metadata(devices);
-    let out = BufWriter::with_capacity(1 << 20, file);
+    // Writeback starts as the image is written, not at the final fsync: the dump runs at
+    // the disk's speed ([`cudaw_files::Streamed`]).
+    let out = cudaw_files::Streamed::new(file);
     let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default())
         .map_err(|e| image_failure(path, "writing", e))?;
     let total: u64 = table.iter().map(|r| r.size).sum();
@@ -379,16 +382,10 @@ fn write_image(
         }
     }
     let out = w.finish().map_err(|e| image_failure(path, "writing", e))?;
-    let file = out.into_inner().map_err(|e| {
+    out.finish().map_err(|e| {
         Failure::new(
             ErrorKind::Io,
-            format!("writing {}: {}", path.display(), e.error()),
-        )
-    })?;
-    file.sync_all().map_err(|e| {
-        Failure::new(
-            ErrorKind::Io,
-            format!("writing {} (fsync): {e}", path.display()),
+            format!("writing {} (flushing and fsync): {e}", path.display()),
         )
     })?;
     Ok((table.len() as u64, total))
@@ -396,7 +393,7 @@ fn write_image(
 
 /// An image being written: where each allocation's bytes come from, and the progress.
 struct Writing<'w, 'r, 'a> {
-    w: &'w mut ImageWriter<BufWriter<File>>,
+    w: &'w mut ImageWriter<cudaw_files::Streamed>,
     path: &'w Path,
     /// The image a previous dump left allocations in.
     old: Option<&'r mut ImageReader<File>>,
