@@ -7,8 +7,8 @@ the image, and restored from it, each timed beside the disk's own ceiling in the
             against `dd if=/dev/zero of=DIR/dd.bin bs=16M count=.. conv=fsync` (same size,
             same folder): the goal is >= 90% of dd's throughput.
   resume    `cudaw-ckpt resume PID` loading the memory back from the image.
-  restore   `cudaw-ckpt restore PID -i DIR/img.cudaw` (check and load) against one read of
-            the image (`dd if=img of=/dev/null bs=16M`): the goal is <= 1.1x that read.
+  restore   `cudaw-ckpt restore PID -i DIR/img.cudaw` (one read: each chunk checked as it
+            loads, the digest at the end) against one read of the image (`dd if=img of=/dev/null bs=16M`): the goal is <= 1.1x that read.
             The page cache is dropped before each read where this user may
             (/proc/sys/vm/drop_caches), else reads use O_DIRECT and the rows say so.
 
@@ -141,7 +141,7 @@ def main():
         r = ok(p)
         verdict(r is not None and t.ask("verify") == "verified ok", f"resume {gib} from the image",
                 f"{s:.2f} s = {s / s_read:.2f}x one read" if r else (p.stdout + p.stderr)[-300:])
-        # Restore (check, then load): against one read.
+        # Restore (one read, checked as it loads): against one read.
         drop_caches()
         s, p = timed([ckpt, "restore", pid, "-i", img, "--json"])
         r = ok(p)
@@ -151,7 +151,7 @@ def main():
         intact = t.ask("verify") == "verified ok"
         verdict(intact, f"restore {gib}: memory intact", "verified ok" if intact else "verify failed")
         verdict(s <= 1.1 * s_read, f"restore {gib}: <= 1.1x one read",
-                f"{s:.2f} s = {s / s_read:.2f}x one read ({s_read:.2f} s); check {r['verify_ms'] / 1e3:.2f} s, "
+                f"{s:.2f} s = {s / s_read:.2f}x one read ({s_read:.2f} s); digest check {r['verify_ms'] / 1e3:.2f} s, "
                 f"load {r['load_ms'] / 1e3:.2f} s, pause {r['pause']['ms'] / 1e3:.2f} s")
     finally:
         t.end()

@@ -368,3 +368,64 @@ fn dumped_and_restored_on_two_devices_it_runs_as_uninterrupted() {
 fn dumped_and_restored_on_two_devices_in_translated_addressing() {
     dumped_and_restored(Addressing::Translated);
 }
+
+/// A restore from an image whose device-1 data is corrupt: device 0 is loaded first, then
+/// device 1 fails its chunk check, and both loads are rolled back: device 0 keeps its own
+/// bytes (the image is 8 iterations older than them, so any byte of it left there would
+/// change the program's output).
+fn corrupt_device_1(addressing: Addressing) {
+    let Some(exe) = program() else { return };
+    let reference = uninterrupted(&exe, addressing);
+    let mut job = Job::start(&exe, addressing);
+    job.run(8);
+    job.ok(&["dump", &job.pid, "-o", "a.img", "--leave-running"]);
+    let v = inspect(&job, &job.path("a.img"));
+    job.run(8);
+    // Device 1's last allocation (its `wide` buffer), a byte of its first chunk's data.
+    let wide = v["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rfind(|a| a["device"].as_u64() == Some(1))
+        .expect("an allocation on device 1");
+    let at = wide["data_offset"].as_u64().unwrap() + 24 + 1000;
+    let mut bytes = std::fs::read(job.path("a.img")).unwrap();
+    bytes[at as usize] ^= 0x5a;
+    std::fs::write(job.path("bad.img"), bytes).unwrap();
+    for paused in [true, false] {
+        if paused {
+            job.ok(&["pause", &job.pid]);
+        }
+        let out = job.ckpt(&["restore", &job.pid, "-i", "bad.img"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        for w in [
+            "device 1: ",
+            "checksum mismatch in chunk 0 of allocation",
+            "the devices loaded before it were rolled back too",
+        ] {
+            assert!(err.contains(w), "{err:?} lacks {w:?}");
+        }
+        if paused {
+            job.assert_paused(false);
+            job.ok(&["resume", &job.pid]);
+        }
+        job.assert_running();
+        job.run(4);
+    }
+    let (out, log) = job.finish();
+    assert_eq!(
+        out, reference,
+        "multidev_peer ({addressing:?}) after failed restores differs from its uninterrupted run; its log:\n{log}"
+    );
+}
+
+#[test]
+fn a_failed_restore_on_device_1_leaves_device_0_its_own_bytes() {
+    corrupt_device_1(Addressing::Mapped);
+}
+
+#[test]
+fn a_failed_restore_on_device_1_leaves_device_0_its_own_bytes_translated() {
+    corrupt_device_1(Addressing::Translated);
+}

@@ -6,8 +6,10 @@
 //! [`ImageWriter`] while the process is paused (`cudaw-ckpt dump`), and on `restore` opens it
 //! with [`ImageReader::open`] (which checks header, metadata, table and trailer), compares it
 //! with the paused process ([`ImageReader::check_against`]) before touching anything, then
-//! reads each allocation through pinned buffers with [`ImageReader::read_range`], every chunk
-//! checked as it is read. `cudaw-ckpt inspect` prints [`ImageReader::summary`].
+//! reads the image once: [`ImageReader::begin_load`], each allocation with
+//! [`ImageReader::read_range`] (every chunk checked as it is read), then
+//! [`ImageReader::finish_load`] checks the image digest from the checksums the load saw,
+//! before the restore commits. `cudaw-ckpt inspect` prints [`ImageReader::summary`].
 //!
 //! ```
 //! use ckpt::*;

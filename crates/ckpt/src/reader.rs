@@ -55,6 +55,13 @@ pub struct ImageReader<R: Read + Seek> {
     trailer: Trailer,
     /// Digest state after the header and metadata.
     prefix_digest: Xxh3Default,
+    /// The index of each allocation's first chunk among all the image's chunks.
+    first_chunk: Vec<u64>,
+    /// Since [`ImageReader::begin_load`]: each chunk's checksum once it was read and
+    /// checked (by chunk index), for [`ImageReader::finish_load`].
+    loaded: Option<Vec<Option<u64>>>,
+    /// Bytes read from `inner` since [`ImageReader::open`] began.
+    bytes_read: u64,
 }
 
 impl<R: Read + Seek> fmt::Debug for ImageReader<R> {
@@ -92,6 +99,7 @@ impl<R: Read + Seek> ImageReader<R> {
         let mut r = Raw {
             inner: &mut inner,
             pos: None,
+            read: 0,
         };
         let mut start = [0u8; 16];
         let n = r.read_up_to(0, &mut start)?;
@@ -258,7 +266,7 @@ impl<R: Read + Seek> ImageReader<R> {
                 expected: layout.data_bytes,
             });
         }
-        let pos = r.pos;
+        let (pos, bytes_read) = (r.pos, r.read);
         let mut prefix_digest = Xxh3Default::new();
         prefix_digest.update(&head);
         prefix_digest.update(&md);
@@ -267,6 +275,15 @@ impl<R: Read + Seek> ImageReader<R> {
             .iter()
             .enumerate()
             .map(|(i, e)| (e.record.id, i))
+            .collect();
+        let first_chunk = layout
+            .entries
+            .iter()
+            .scan(0u64, |n, e| {
+                let first = *n;
+                *n += e.chunk_count;
+                Some(first)
+            })
             .collect();
         Ok(ImageReader {
             inner,
@@ -277,6 +294,9 @@ impl<R: Read + Seek> ImageReader<R> {
             by_id,
             trailer,
             prefix_digest,
+            first_chunk,
+            loaded: None,
+            bytes_read,
         })
     }
 
@@ -366,6 +386,75 @@ impl<R: Read + Seek> ImageReader<R> {
         })
     }
 
+    /// Starts a load that reads the image once: from now on the checksum of every chunk
+    /// read and checked ([`ImageReader::read_range`], in any order) is remembered, so that
+    /// [`ImageReader::finish_load`] checks the whole-image digest without reading those
+    /// chunks again. A restore loads every allocation this way, then checks the digest,
+    /// and commits the load only if it matches.
+    pub fn begin_load(&mut self) {
+        self.loaded = Some(vec![None; self.header.chunk_count as usize]);
+    }
+
+    /// Ends a load begun with [`ImageReader::begin_load`]: reads and checks the chunks it
+    /// did not read (none when every allocation was loaded), then checks the whole-image
+    /// digest over every chunk's checksum in image order. `progress` is called after each
+    /// chunk read here with the allocation bytes read here so far. Without
+    /// [`ImageReader::begin_load`] it is [`ImageReader::verify_with_progress`].
+    pub fn finish_load(
+        &mut self,
+        mut progress: impl FnMut(u64),
+    ) -> Result<VerifyReport, ImageError> {
+        let Some(loaded) = self.loaded.take() else {
+            return self.verify_with_progress(progress);
+        };
+        let mut digest = self.prefix_digest.clone();
+        let mut scratch = Vec::new();
+        let (mut chunks, mut data_bytes, mut read_here) = (0u64, 0u64, 0u64);
+        for i in 0..self.entries.len() {
+            for k in 0..self.entries[i].chunk_count {
+                let sum = match loaded[(self.first_chunk[i] + k) as usize] {
+                    Some(sum) => sum,
+                    None => {
+                        if scratch.is_empty() {
+                            scratch = vec![0u8; self.header.chunk_size.min(PIECE) as usize];
+                        }
+                        let (sum, len) = self.read_chunk(i, k, Dest::Scratch(&mut scratch))?;
+                        read_here += len;
+                        progress(read_here);
+                        sum
+                    }
+                };
+                digest.update(&sum.to_le_bytes());
+                chunks += 1;
+                data_bytes += self.chunk_len(i, k);
+            }
+        }
+        let computed = digest.digest();
+        if computed != self.trailer.digest {
+            return Err(ImageError::DigestMismatch {
+                stored: self.trailer.digest,
+                computed,
+            });
+        }
+        Ok(VerifyReport {
+            chunks,
+            data_bytes,
+            digest: computed,
+        })
+    }
+
+    /// Bytes read from the underlying reader so far (opening included): a restore that
+    /// reads the image once reads about its length.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read
+    }
+
+    /// Payload bytes of chunk `k` of allocation `entries[i]`.
+    fn chunk_len(&self, i: usize, k: u64) -> u64 {
+        let cs = self.header.chunk_size;
+        cs.min(self.entries[i].record.size - k * cs)
+    }
+
     /// Reads allocation `id` whole into `buf` (its exact size), checking every chunk.
     pub fn read_allocation(&mut self, id: u64, buf: &mut [u8]) -> Result<(), ImageError> {
         let e = self
@@ -433,6 +522,7 @@ impl<R: Read + Seek> ImageReader<R> {
         let mut r = Raw {
             inner: &mut self.inner,
             pos: self.pos,
+            read: 0,
         };
         let result = (|| {
             let mut h = [0u8; CHUNK_HEADER_LEN as usize];
@@ -497,6 +587,10 @@ impl<R: Read + Seek> ImageReader<R> {
             Ok((stored, len))
         })();
         self.pos = r.pos;
+        self.bytes_read += r.read;
+        if let (Ok((sum, _)), Some(loaded)) = (&result, self.loaded.as_mut()) {
+            loaded[(self.first_chunk[i] + k) as usize] = Some(*sum);
+        }
         result
     }
 }
@@ -506,6 +600,8 @@ impl<R: Read + Seek> ImageReader<R> {
 struct Raw<'a, R> {
     inner: &'a mut R,
     pos: Option<u64>,
+    /// Bytes read through it.
+    read: u64,
 }
 
 impl<R: Read + Seek> Raw<'_, R> {
@@ -531,7 +627,10 @@ impl<R: Read + Seek> Raw<'_, R> {
         while got < buf.len() {
             match self.inner.read(&mut buf[got..]) {
                 Ok(0) => break,
-                Ok(n) => got += n,
+                Ok(n) => {
+                    got += n;
+                    self.read += n as u64;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(source) => {
                     self.pos = None;

@@ -532,9 +532,12 @@ pub struct Restored {
     /// The pause the restore began with (`changed` false: the process was already
     /// paused).
     pub pause: Moved,
-    /// Milliseconds spent checking the image (every chunk) before loading.
+    /// Milliseconds spent on the checks after the load: synchronising the devices and the
+    /// image digest (over the chunk checksums the load saw; the chunks themselves are
+    /// checked as they are loaded, within `load_ms`).
     pub verify_ms: f64,
-    /// Milliseconds spent loading it into device memory.
+    /// Milliseconds spent loading it into device memory: the one read of the image, every
+    /// chunk's checksum checked.
     pub load_ms: f64,
     /// The process's state now (`running`).
     pub state: State,
@@ -551,7 +554,8 @@ pub enum Phase {
     Evict,
     /// Writing the image (dump).
     Write,
-    /// Checking every chunk of the image before loading it (restore).
+    /// Checking chunks of an image without loading them: a restore's chunks the load did
+    /// not read (none, as a rule: a restore checks each chunk as it loads it).
     Verify,
     /// Copying into device memory (resume, restore, `dump --leave-running`).
     Load,

@@ -1,7 +1,9 @@
 //! Dump and restore: the process writes its own checkpoint image, and checks and loads one.
 //!
 //! **Dump** (`cudaw-ckpt dump`): pause if running ([`evict::pause`]), then stream every
-//! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3): from
+//! allocation, in creation order, into a [`ckpt::ImageWriter`] (8 MiB chunks, xxh3) over a
+//! [`cudaw_files::Streamed`] file (each piece written as given, no copy; the writeback to
+//! the disk started every 32 MiB, so the final fsync waits for the last window only): from
 //! the host copies the VMM holds ([`vmm::Vmm::with_host_copy`], no second copy) or, for
 //! bytes a previous dump left in an image, from that image one chunk at a time. The image is
 //! written to a temporary file beside `path` ([`cudaw_files::NewFile`]: exclusive,
@@ -16,21 +18,40 @@
 //!
 //! **Restore** (`cudaw-ckpt restore`): open the image — the one the client passed, or
 //! `path` opened without following a link or blocking, a regular file only — (format,
-//! checksums of header and
-//! metadata, table, length), pause if running, compare its allocation table with the
-//! process's (ids, addresses, sizes, creation order), its addressing mode and its producer
-//! (this PID on this host, unless forced), then read every chunk and the image digest —
-//! all before touching anything. Only then load it into device memory (each chunk checked
-//! again as it is read; a failure rolls the load back) and resume. A refused or failed
-//! restore leaves the process as it was: a paused process stays paused with its memory
-//! where it was, a running one runs on.
+//! checksums of header and metadata, table, length), pause if running, compare its
+//! allocation table with the process's (ids, addresses, sizes, creation order), its
+//! addressing mode and its producer (this PID on this host, unless forced): all before
+//! touching anything, none of it reading the data. Then read the image **once**: every
+//! allocation of every device, then every driver-handle range, is loaded into new device
+//! memory, each chunk checked (xxh3) as it is read ([`ckpt::ImageReader::begin_load`]),
+//! while the process's own copies stay where they are; then every device is synchronised
+//! and the image digest checked over the chunk checksums the load saw
+//! ([`ckpt::ImageReader::finish_load`], no second read); only then is the load committed
+//! (which cannot fail) and the process resumed. A refused or failed restore — a mismatch,
+//! a corrupt chunk, a file cut short or an I/O error mid-load, a digest mismatch, a device
+//! failure — leaves the process as it was: the load is rolled back (the new memory
+//! released), a paused process stays paused with its memory where it was (host copies,
+//! the host arena, or the image an earlier dump left it in, which stays open and usable),
+//! a running one runs on (the pause the restore began with is undone).
+//!
+//! **Keep until commit.** The load goes into new device memory and the old bytes are kept
+//! until the digest passed ([`vmm::Vmm::load_all`] / [`vmm::PendingRestore`],
+//! [`handles::load`] / [`handles::PendingHandles`]), rather than staging the image into new
+//! host copies and swapping: a paused process's memory is off the device (its host copies,
+//! or the file), so loading into the device memory the restore needs anyway costs no
+//! memory beyond what a successful restore holds at its end plus the old copies the pause
+//! already held, and no extra copy of any byte; staging into host memory would need a
+//! second host copy of the whole image and a second pass over its bytes. The old host
+//! copies are given up only at the commit (peak host memory as during the pause), and a
+//! failure on device k releases what devices 0..k loaded: their old bytes were never
+//! touched.
 //!
 //! One image holds every device's memory (format 1.3): the table lists each device's
 //! allocations (ids made unique across devices by [`image_id`]) and then its driver-handle
 //! ranges, device by device in ordinal order, and the image names each device (ordinal,
 //! name, UUID). A restore checks that the process has memory on the same devices, each the
-//! same GPU where both know its UUID, and loads them one after the other; should a device
-//! fail to load, the devices loaded before it are evicted again (the process stays paused).
+//! same GPU where both know its UUID, and loads them one after the other, committing them
+//! together once the digest passed.
 
 use crate::evict::{self, image_id, vmm_id, Load};
 use crate::failure::{Failure, Report};
@@ -43,9 +64,9 @@ use ckpt::{
     WriterOptions,
 };
 use cudaw_control::{Dumped, ErrorKind, Moved, Phase, Progress, Restored, State};
+use driver::DriverBackend;
 use std::cell::RefCell;
 use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 use std::time::Instant;
 use vmm::{Allocation, Residency, VmmError};
@@ -319,7 +340,9 @@ fn write_image(
 ) -> Result<(u64, u64), Failure> {
     let table = process_table(devices);
     let meta = metadata(devices);
-    let out = BufWriter::with_capacity(1 << 20, file);
+    // Writeback starts as the image is written, not at the final fsync: the dump runs at
+    // the disk's speed ([`cudaw_files::Streamed`]).
+    let out = cudaw_files::Streamed::new(file);
     let mut w = ImageWriter::begin(out, &meta, &table, WriterOptions::default())
         .map_err(|e| image_failure(path, "writing", e))?;
     let total: u64 = table.iter().map(|r| r.size).sum();
@@ -347,16 +370,10 @@ fn write_image(
         }
     }
     let out = w.finish().map_err(|e| image_failure(path, "writing", e))?;
-    let file = out.into_inner().map_err(|e| {
+    out.finish().map_err(|e| {
         Failure::new(
             ErrorKind::Io,
-            format!("writing {}: {}", path.display(), e.error()),
-        )
-    })?;
-    file.sync_all().map_err(|e| {
-        Failure::new(
-            ErrorKind::Io,
-            format!("writing {} (fsync): {e}", path.display()),
+            format!("writing {} (flushing and fsync): {e}", path.display()),
         )
     })?;
     Ok((table.len() as u64, total))
@@ -364,7 +381,7 @@ fn write_image(
 
 /// An image being written: where each allocation's bytes come from, and the progress.
 struct Writing<'w, 'r, 'a> {
-    w: &'w mut ImageWriter<BufWriter<File>>,
+    w: &'w mut ImageWriter<cudaw_files::Streamed>,
     path: &'w Path,
     /// The image a previous dump left allocations in.
     old: Option<&'r mut ImageReader<File>>,
@@ -854,46 +871,57 @@ pub(crate) fn restore(
         );
         return Err(refuse(ctl, e));
     }
-    // Every chunk and the digest, before loading anything.
-    let verify_started = Instant::now();
-    if let Err(e) = verify(&mut reader, report) {
-        let e = image_failure(path, "reading", e);
-        return Err(refuse(ctl, e));
-    }
-    let verify_ms = ms(verify_started);
+    // One read of the image: every allocation loaded into new device memory, each chunk
+    // checked as it is read, the process's own copies kept; then the image digest; only
+    // then is the load committed.
     let load_started = Instant::now();
-    let (allocations, bytes) = match load_image(&devices, &mut reader, report) {
-        Ok(moved) => moved,
+    let total = reader.trailer().data_bytes;
+    reader.begin_load();
+    let mut load = Load::new(Some(&mut reader), true, total, report);
+    let loaded = match load_image(&devices, &mut load) {
+        Ok(l) => l,
         Err(f) => {
+            drop(load);
             let e = Failure::new(
                 f.kind,
-                format!("loading {} failed: {}", path.display(), f.message),
+                format!(
+                    "loading {} failed: {} (the load was rolled back)",
+                    path.display(),
+                    f.message
+                ),
             );
             return Err(refuse(ctl, e));
         }
     };
-    // The loaded bytes reach the device before any of the program's kernels run.
-    if let Err(e) = evict::synchronise_all(None) {
+    let load_ms = ms(load_started);
+    let check_started = Instant::now();
+    let checked = finish_load(&mut load, &devices);
+    let verify_ms = ms(check_started);
+    if let Err(e) = checked {
+        drop(loaded);
+        drop(load);
         let e = Failure::new(
-            ErrorKind::Failed,
+            e.kind,
             format!(
-                "loading {} failed: {}; the process stays paused (resume to retry)",
+                "loading {} failed: {} (the load was rolled back)",
                 path.display(),
                 e.message
             ),
         );
-        log::error(format_args!("restore: {}", e.message));
-        return Err(e);
+        return Err(refuse(ctl, e));
     }
-    let load_ms = ms(load_started);
+    let (allocations, bytes) = loaded.commit(&mut load);
+    drop(load);
     // Every allocation is on the device: no image holds the process's memory any more.
     ctl.image = None;
     ctl.paused = false;
     host().open_gate();
     let total_ms = ms(started);
     log::info(format_args!(
-        "restored: {allocations} allocations, {bytes} bytes from {} (checked in {verify_ms:.1} ms, loaded in {load_ms:.1} ms); running",
-        path.display()
+        "restored: {allocations} allocations, {bytes} bytes from {} ({} bytes of the {}-byte image read once: loaded in {load_ms:.1} ms, digest checked in {verify_ms:.1} ms); running",
+        path.display(),
+        reader.bytes_read(),
+        reader.header().file_len,
     ));
     Ok(Restored {
         path: path.to_string_lossy().into_owned(),
@@ -907,106 +935,110 @@ pub(crate) fn restore(
     })
 }
 
-/// Checks every chunk of the image and its digest, reporting the progress.
-fn verify(reader: &mut ImageReader<File>, report: Report<'_>) -> Result<(), ImageError> {
-    let total = reader.trailer().data_bytes;
-    report(Progress {
-        phase: Phase::Verify,
-        done: 0,
-        total,
-    });
-    reader
-        .verify_with_progress(|done| {
-            report(Progress {
-                phase: Phase::Verify,
-                done,
-                total,
-            })
+/// After the load: the copies reach every device, then the image's digest (over every
+/// chunk's checksum, read as the load read them: no second read of the data) matches its
+/// trailer's. A failure here rolls the load back.
+fn finish_load(load: &mut Load<'_>, devices: &Devices) -> Result<(), Failure> {
+    for &(o, m) in devices {
+        m.vmm.backend().synchronize().map_err(|e| {
+            Failure::new(
+                ErrorKind::Failed,
+                format!("synchronising device {o} after the load: {e}"),
+            )
+        })?;
+    }
+    let Load { image, report, .. } = load;
+    let Some(img) = image.as_deref_mut() else {
+        return Ok(());
+    };
+    // Reads only the chunks the load did not (none, unless an allocation was not loaded).
+    img.finish_load(|done| {
+        report(Progress {
+            phase: Phase::Verify,
+            done,
+            total: done,
         })
-        .map(drop)
+    })
+    .map(drop)
+    .map_err(|e| match e {
+        ImageError::Io { .. } => Failure::new(ErrorKind::Io, format!("reading the image: {e}")),
+        e => Failure::new(ErrorKind::BadImage, e.message_without_content()),
+    })
 }
 
-/// Loads a verified image into every device's allocations, device by device, then into the
-/// evicted driver handles: the allocations and bytes loaded, or the failure (its kind and
-/// what was rolled back).
-fn load_image(
-    devices: &Devices,
-    reader: &mut ImageReader<File>,
-    report: Report<'_>,
-) -> Result<(u64, u64), Failure> {
-    let total = reader.trailer().data_bytes;
-    let mut load = Load::new(Some(reader), true, total, report);
+/// An image loaded into every device, not yet committed: dropped, the load is rolled back
+/// (the new memory released, the process's memory where it was).
+struct Loaded {
+    devices: Vec<(
+        &'static DeviceMemory,
+        vmm::PendingRestore<'static, DriverBackend>,
+    )>,
+    handles: handles::PendingHandles,
+}
+
+impl Loaded {
+    /// Commits the load (it cannot fail): the allocations and bytes loaded.
+    fn commit(self, load: &mut Load<'_>) -> (u64, u64) {
+        let Loaded { devices, handles } = self;
+        // The handles first: the host arena's bookkeeping below reads their table.
+        let h = handles.commit(load);
+        let (mut allocations, mut bytes) = (h.handles as u64, h.bytes);
+        for (m, pending) in devices {
+            let moved = pending.commit(load);
+            allocations += moved.allocations as u64;
+            bytes += moved.bytes;
+            evict::arena_after_restore(m, 0);
+        }
+        (allocations, bytes)
+    }
+}
+
+/// Loads the image into every device's allocations, device by device, then into the
+/// evicted driver handles, committing nothing ([`Loaded`]): or the failure (its kind and
+/// where), everything loaded so far rolled back.
+fn load_image(devices: &Devices, load: &mut Load<'_>) -> Result<Loaded, Failure> {
     (load.report)(Progress {
         phase: Phase::Load,
         done: 0,
-        total,
+        total: load.total,
     });
-    let (mut allocations, mut bytes) = (0u64, 0u64);
-    let kind = |load: &Load<'_>| {
-        if load.image_error.is_some() {
-            ErrorKind::BadImage
-        } else {
-            ErrorKind::Failed
-        }
+    let kind = |load: &Load<'_>| match &load.image_error {
+        Some(ImageError::Io { .. }) => ErrorKind::Io,
+        Some(_) => ErrorKind::BadImage,
+        None => ErrorKind::Failed,
     };
-    for (i, &(ordinal, m)) in devices.iter().enumerate() {
-        match m.vmm.restore_all(&mut load) {
-            Ok(moved) => {
-                allocations += moved.allocations as u64;
-                bytes += moved.bytes;
-                evict::arena_after_restore(m, 0);
-            }
+    let mut pending = Vec::with_capacity(devices.len());
+    for &(ordinal, m) in devices {
+        match m.vmm.load_all(load) {
+            Ok(p) => pending.push((m, p)),
             Err(e) => {
-                // This device's load was rolled back; the devices loaded before it are
-                // evicted again, so the process stays paused with nothing on the devices.
-                let loaded = &devices[..i];
-                let again = evict_again(loaded);
+                // Dropping `pending` releases what the devices before it loaded.
+                let before = if pending.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; the devices loaded before it were rolled back too ({} bytes)",
+                        pending.iter().map(|(_, p)| p.moved().bytes).sum::<u64>()
+                    )
+                };
                 return Err(Failure::new(
-                    kind(&load),
-                    format!("device {ordinal}: {e} (its load was rolled back{again})"),
+                    kind(load),
+                    format!("device {ordinal}: {e}{before}"),
                 ));
             }
         }
     }
-    // Driver-handle ranges, from the image too (verified above). A failure here leaves the
-    // handles not yet loaded evicted (a resume loads their host copies) and the runtime
-    // allocations loaded.
-    match handles::restore(&mut load) {
-        Ok(h) => Ok((allocations + h.handles as u64, bytes + h.bytes)),
+    // Driver-handle ranges, from the image too.
+    match handles::load(load) {
+        Ok(handles) => Ok(Loaded {
+            devices: pending,
+            handles,
+        }),
         Err(e) => Err(Failure::new(
-            kind(&load),
-            format!("driver handles: {e} (the handles not loaded stay evicted; the allocations were loaded from the image)"),
+            kind(load),
+            format!("driver handles: {e}; the allocations loaded before them were rolled back too"),
         )),
     }
-}
-
-/// After a restore failed on a later device: evicts the devices `loaded` from the image
-/// again; what to add to the message.
-fn evict_again(loaded: &[(i32, &'static DeviceMemory)]) -> String {
-    if loaded.is_empty() {
-        return String::new();
-    }
-    let mut stayed = Vec::new();
-    for &(o, m) in loaded {
-        if let Err(e) = evict::evict_device(m, &mut |_| {}) {
-            log::error(format_args!(
-                "restore: evicting device {o} again after a failed load: {e}"
-            ));
-            stayed.push(o.to_string());
-        }
-    }
-    let names: Vec<String> = loaded.iter().map(|(o, _)| o.to_string()).collect();
-    let mut s = format!(
-        "; device {} had been loaded from the image and now holds the image's memory, the others their memory from before the restore",
-        names.join(", ")
-    );
-    if !stayed.is_empty() {
-        s.push_str(&format!(
-            " (device {} could not be evicted again: see the log)",
-            stayed.join(", ")
-        ));
-    }
-    s
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+mod streamed;
+pub use streamed::{Streamed, WRITEBACK_WINDOW};
+
 /// What a path names, as messages say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {

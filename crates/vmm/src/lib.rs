@@ -49,4 +49,4 @@ pub use config::{parse_size, Addressing, ChunkPolicy, Config, ALLOCATION_ALIGNME
 pub use error::{StagingError, VmmError};
 pub use staging::{HostCopy, HostStaging, LoadRange, Source, Staging, StagingRange};
 pub use table::{Allocation, AllocationId, AllocationTable, Residency};
-pub use vmm::{KeyHasher, KeyMap, MemoryStats, Moved, Vmm};
+pub use vmm::{KeyHasher, KeyMap, MemoryStats, Moved, PendingRestore, Vmm};

@@ -1232,7 +1232,30 @@ impl<B: Backend> Vmm<B> {
         staging: &mut S,
         unpause: bool,
     ) -> Result<Moved, VmmError> {
-        let _serial = self.residency.lock();
+        Ok(self.load_impl(which, staging, unpause)?.commit(staging))
+    }
+
+    /// Restores every evicted allocation into new device memory through `staging` but
+    /// commits nothing: until [`PendingRestore::commit`] the allocations stay evicted,
+    /// their host copies (and the image a dump left them in) untouched, and dropping the
+    /// [`PendingRestore`] releases the new memory again — the address space as it was,
+    /// not a byte of the old copies lost. A restore from an image loads every device this
+    /// way, checks the image digest, and only then commits them all. The VMM's residency
+    /// changes (evict, restore) wait until the pending restore is committed or dropped.
+    pub fn load_all<S: Staging<B> + ?Sized>(
+        &self,
+        staging: &mut S,
+    ) -> Result<PendingRestore<'_, B>, VmmError> {
+        self.load_impl(Which::All, staging, true)
+    }
+
+    fn load_impl<S: Staging<B> + ?Sized>(
+        &self,
+        which: Which<'_>,
+        staging: &mut S,
+        unpause: bool,
+    ) -> Result<PendingRestore<'_, B>, VmmError> {
+        let serial = self.residency.lock();
         let mut st = self.state.lock();
         let mapped = self.config.addressing == Addressing::Mapped;
         // Targets may change while waiting for a release in flight: recompute after each wait.
@@ -1312,27 +1335,13 @@ impl<B: Backend> Vmm<B> {
                         return Err(VmmError::BudgetExceeded { physical: need });
                     }
                 }
-                let undo = |phys: &[B::Physical], backs: &[u64]| {
-                    for (&(_, base, size), &p) in create.iter().zip(phys) {
-                        let _ = self.backend.unmap(base, size);
-                        let _ = self.backend.release_physical(p);
-                    }
-                    for &a in backs {
-                        let _ = self.backend.free_linear(a);
-                    }
-                    if let Some(b) = &self.budget {
-                        if need > 0 {
-                            b.release(need);
-                        }
-                    }
-                };
                 let mut backs = Vec::new();
                 if !mapped {
                     for &(_, _, size, _) in &meta {
                         match self.backend.alloc_linear(Self::translated_sizes(size).0) {
                             Ok(a) => backs.push(a),
                             Err(e) => {
-                                undo(&[], &backs);
+                                self.release_loaded(&create, &[], &backs, need);
                                 return Err(e.into());
                             }
                         }
@@ -1355,74 +1364,63 @@ impl<B: Backend> Vmm<B> {
                     .collect();
                 let (phys, loaded) = self.create_and_load(&create, &needs, &ranges, staging);
                 if let Err(e) = loaded {
-                    undo(&phys, &backs);
+                    self.release_loaded(&create, &phys, &backs, need);
                     return Err(e);
                 }
                 Ok((phys, backs))
             },
         );
-        let (phys, backs) = match outcome {
-            Ok(v) => v,
-            Err(e) => {
-                st.stats.committed -= need;
-                for (b, host) in targets.iter().zip(hosts) {
-                    let r = st.records.get_mut(b).expect("busy target stays");
-                    r.busy = false;
-                    r.host = host;
-                }
-                for &(ck, _, _) in &create {
-                    st.chunks[ck].busy = false;
-                }
-                self.changed.notify_all();
-                return Err(e);
-            }
-        };
-        for (&(ck, _, size), p) in create.iter().zip(phys) {
-            let c = &mut st.chunks[ck];
-            c.phys = Phys::Mapped(p);
-            c.busy = false;
-            let open = c.slots.as_ref().is_some_and(|s| !s.is_full());
-            if let (Some(cl), true) = (c.class, open) {
-                st.open[cl].insert(ck);
-            }
-            st.stats.mapped += size;
-            st.stats.chunks += 1;
-        }
-        if !mapped {
-            st.stats.mapped += need;
-            st.stats.chunks += targets.len() as u64;
-        }
-        st.stats.peak_mapped = st.stats.peak_mapped.max(st.stats.mapped);
-        for (i, b) in targets.iter().enumerate() {
-            let r = st.records.get_mut(b).expect("busy target stays");
-            r.busy = false;
-            r.alloc.residency = Residency::Resident;
-            if !mapped {
-                r.alloc.backing = backs[i];
-            }
-            let (size, chunk, backing) = (r.alloc.size, r.chunk, r.alloc.backing);
-            self.table.update(*b, |a| {
-                a.residency = Residency::Resident;
-                a.backing = backing;
-            });
-            if let Some(ck) = chunk {
-                st.chunks[ck].resident += 1;
-            }
-            st.stats.resident += size;
-            st.stats.evicted -= size;
-        }
-        if unpause {
-            st.paused = false;
-        }
-        self.changed.notify_all();
-        drop(st);
-        // The restored host copies, outside the lock: the staging may keep their memory.
-        staging.recycle(hosts.into_iter().flatten().collect());
-        Ok(Moved {
-            allocations: targets.len(),
+        let mut pending = PendingRestore {
+            vmm: self,
+            _serial: serial,
+            targets,
+            create,
+            need,
+            hosts,
+            phys: Vec::new(),
+            backs: Vec::new(),
             bytes,
-            chunks: create.len(),
-        })
+            unpause,
+            made: true,
+            open: true,
+        };
+        drop(st);
+        match outcome {
+            Ok((phys, backs)) => {
+                pending.phys = phys;
+                pending.backs = backs;
+                Ok(pending)
+            }
+            Err(e) => {
+                // The memory made was released: only the bookkeeping goes back.
+                pending.made = false;
+                drop(pending);
+                Err(e)
+            }
+        }
+    }
+
+    /// Unmaps and releases the memory a load made (`phys` for the first of `create`, the
+    /// linear backings `backs`) and gives its budget charge back.
+    fn release_loaded(
+        &self,
+        create: &[(usize, u64, u64)],
+        phys: &[B::Physical],
+        backs: &[u64],
+        need: u64,
+    ) {
+        for (&(_, base, size), &p) in create.iter().zip(phys) {
+            let _ = self.backend.unmap(base, size);
+            let _ = self.backend.release_physical(p);
+        }
+        for &a in backs {
+            let _ = self.backend.free_linear(a);
+        }
+        if let Some(b) = &self.budget {
+            if need > 0 {
+                b.release(need);
+            }
+        }
     }
 
     /// Creates and maps `create`'s chunks (in order) on a helper thread while `staging`
@@ -1618,5 +1616,135 @@ impl<B: Backend> Vmm<B> {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// A restore loaded into new device memory but not committed ([`Vmm::load_all`]): the
+/// allocations are still evicted, their host copies kept. [`PendingRestore::commit`] makes
+/// them resident; dropping it releases the new memory and leaves everything as it was.
+#[must_use = "dropping a pending restore rolls it back"]
+pub struct PendingRestore<'v, B: Backend> {
+    vmm: &'v Vmm<B>,
+    /// The VMM's residency changes wait until this one is committed or dropped.
+    _serial: MutexGuard<'v, ()>,
+    /// The restored allocations' bases.
+    targets: Vec<u64>,
+    /// The chunks re-created (mapped addressing): index, base, size.
+    create: Vec<(usize, u64, u64)>,
+    /// Physical bytes charged.
+    need: u64,
+    /// The targets' host copies, taken from their records (given back on rollback).
+    hosts: Vec<Option<Vec<u8>>>,
+    /// The physical memory of `create`.
+    phys: Vec<B::Physical>,
+    /// The new backings (translated addressing), one per target.
+    backs: Vec<u64>,
+    bytes: u64,
+    unpause: bool,
+    /// Whether `phys`, `backs` and the budget charge are still held (to release on
+    /// rollback).
+    made: bool,
+    /// Neither committed nor rolled back yet.
+    open: bool,
+}
+
+impl<B: Backend> std::fmt::Debug for PendingRestore<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingRestore")
+            .field("allocations", &self.targets.len())
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> PendingRestore<'_, B> {
+    /// Allocations and bytes loaded.
+    pub fn moved(&self) -> Moved {
+        Moved {
+            allocations: self.targets.len(),
+            bytes: self.bytes,
+            chunks: self.create.len(),
+        }
+    }
+
+    /// Makes the loaded allocations resident (and lifts the pause of
+    /// [`Vmm::evict_all`]); their host copies go to `staging`'s
+    /// [`Staging::recycle`]. Cannot fail: everything that could was done by the load.
+    pub fn commit<S: Staging<B> + ?Sized>(mut self, staging: &mut S) -> Moved {
+        self.open = false;
+        let vmm = self.vmm;
+        let mapped = vmm.config.addressing == Addressing::Mapped;
+        let moved = self.moved();
+        let phys = std::mem::take(&mut self.phys);
+        let backs = std::mem::take(&mut self.backs);
+        let hosts = std::mem::take(&mut self.hosts);
+        let mut st = vmm.state.lock();
+        for (&(ck, _, size), p) in self.create.iter().zip(phys) {
+            let c = &mut st.chunks[ck];
+            c.phys = Phys::Mapped(p);
+            c.busy = false;
+            let open = c.slots.as_ref().is_some_and(|s| !s.is_full());
+            if let (Some(cl), true) = (c.class, open) {
+                st.open[cl].insert(ck);
+            }
+            st.stats.mapped += size;
+            st.stats.chunks += 1;
+        }
+        if !mapped {
+            st.stats.mapped += self.need;
+            st.stats.chunks += self.targets.len() as u64;
+        }
+        st.stats.peak_mapped = st.stats.peak_mapped.max(st.stats.mapped);
+        for (i, b) in self.targets.iter().enumerate() {
+            let r = st.records.get_mut(b).expect("busy target stays");
+            r.busy = false;
+            r.alloc.residency = Residency::Resident;
+            if !mapped {
+                r.alloc.backing = backs[i];
+            }
+            let (size, chunk, backing) = (r.alloc.size, r.chunk, r.alloc.backing);
+            vmm.table.update(*b, |a| {
+                a.residency = Residency::Resident;
+                a.backing = backing;
+            });
+            if let Some(ck) = chunk {
+                st.chunks[ck].resident += 1;
+            }
+            st.stats.resident += size;
+            st.stats.evicted -= size;
+        }
+        if self.unpause {
+            st.paused = false;
+        }
+        vmm.changed.notify_all();
+        drop(st);
+        // The restored host copies, outside the lock: the staging may keep their memory.
+        staging.recycle(hosts.into_iter().flatten().collect());
+        moved
+    }
+}
+
+impl<B: Backend> Drop for PendingRestore<'_, B> {
+    /// Rolls the load back: the new memory released, the allocations evicted as before
+    /// with their host copies.
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        let vmm = self.vmm;
+        if self.made {
+            vmm.release_loaded(&self.create, &self.phys, &self.backs, self.need);
+        }
+        let mut st = vmm.state.lock();
+        st.stats.committed -= self.need;
+        for (b, host) in self.targets.iter().zip(std::mem::take(&mut self.hosts)) {
+            let r = st.records.get_mut(b).expect("busy target stays");
+            r.busy = false;
+            r.host = host;
+        }
+        for &(ck, _, _) in &self.create {
+            st.chunks[ck].busy = false;
+        }
+        vmm.changed.notify_all();
     }
 }

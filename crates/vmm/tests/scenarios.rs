@@ -751,3 +751,89 @@ fn restores_of_many_chunks_load_while_mapping_and_roll_back() {
     }
     assert_empty(&vmm);
 }
+
+/// Loads every range with the byte `0xab` (as an image's bytes that differ from the host
+/// copies would be).
+struct Other;
+
+impl Staging<HostBackend> for Other {
+    fn save(&mut self, _: &HostBackend, _: &[StagingRange]) -> Result<Vec<HostCopy>, StagingError> {
+        Err(StagingError::Io("loads only".into()))
+    }
+
+    fn load(
+        &mut self,
+        backend: &HostBackend,
+        ranges: &[LoadRange<'_>],
+    ) -> Result<(), StagingError> {
+        for r in ranges {
+            backend.copy_from_host(r.addr, &vec![0xab; r.len as usize])?;
+        }
+        Ok(())
+    }
+}
+
+fn pending_load_rolls_back_or_commits(config: Config) {
+    let vmm = Vmm::new(HostBackend::new(G), config).unwrap();
+    let allocs: Vec<_> = [100, 4000, 3 * MIB]
+        .iter()
+        .map(|&s| vmm.alloc(s, 0).unwrap())
+        .collect();
+    let data: Vec<_> = allocs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| fill(&vmm, a, i as u8))
+        .collect();
+    vmm.evict_all(&mut HostStaging).unwrap();
+    let before = vmm.stats();
+
+    // Loaded, then dropped: the new memory is gone, the host copies are the old bytes.
+    let pending = vmm.load_all(&mut Other).unwrap();
+    assert_eq!(pending.moved().allocations, 3);
+    assert!(vmm.backend().physical_bytes() + vmm.backend().linear_bytes() > 0);
+    drop(pending);
+    assert_eq!(vmm.backend().physical_count(), 0);
+    assert_eq!(vmm.backend().linear_count(), 0);
+    assert_eq!(vmm.stats(), before);
+    assert!(vmm.is_paused());
+    for (a, d) in allocs.iter().zip(&data) {
+        assert_eq!(
+            vmm.lookup(a.base).unwrap().residency,
+            Residency::EvictedToHost
+        );
+        vmm.with_host_copy(a.id, |b| assert_eq!(b, &d[..])).unwrap();
+    }
+    // The old bytes come back as before.
+    vmm.restore_all(&mut HostStaging).unwrap();
+    for (a, d) in allocs.iter().zip(&data) {
+        assert_eq!(&read(&vmm, a), d);
+    }
+
+    // Loaded and committed: resident with the loaded bytes, the host copies dropped.
+    vmm.evict_all(&mut HostStaging).unwrap();
+    let moved = vmm.load_all(&mut Other).unwrap().commit(&mut HostStaging);
+    assert_eq!(moved.allocations, 3);
+    assert!(!vmm.is_paused());
+    for a in &allocs {
+        assert_eq!(vmm.lookup(a.base).unwrap().residency, Residency::Resident);
+        assert!(read(&vmm, a).iter().all(|&b| b == 0xab));
+        assert!(matches!(
+            vmm.with_host_copy(a.id, |_| ()),
+            Err(VmmError::NoHostCopy { .. }) | Err(VmmError::WrongResidency { .. })
+        ));
+    }
+    for a in &allocs {
+        vmm.free(a.base).unwrap();
+    }
+    assert_empty(&vmm);
+}
+
+#[test]
+fn a_pending_load_rolls_back_to_the_host_copies_or_commits_mapped() {
+    pending_load_rolls_back_or_commits(Config::mapped());
+}
+
+#[test]
+fn a_pending_load_rolls_back_to_the_host_copies_or_commits_translated() {
+    pending_load_rolls_back_or_commits(Config::translated());
+}

@@ -1333,10 +1333,19 @@ pub fn mark_in_image(ids: &[u64]) {
 
 /// Restores every evicted handle: a new real handle, the same mappings and access, the
 /// bytes, loaded through `loader` (from host memory, or, for ranges a dump left in an image
-/// or every range of a restore, from the image). On failure the handles not yet restored
-/// stay evicted (resume again retries).
+/// or every range of a restore, from the image). On failure every handle stays evicted
+/// (resume again retries).
 pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String> {
-    let mut t = TABLE.lock();
+    Ok(load(loader)?.commit(loader))
+}
+
+/// [`restore`] without its commit: every evicted handle re-created, mapped and loaded, but
+/// still counted evicted with its saved bytes kept until [`PendingHandles::commit`];
+/// dropping the [`PendingHandles`] unmaps and releases the new handles again, every
+/// handle evicted as before. A restore from an image commits only once the image's digest
+/// matched.
+pub fn load(loader: &mut dyn Staging<DriverBackend>) -> Result<PendingHandles, String> {
+    let t = TABLE.lock();
     // Imports come back from their exporters' new descriptors ([`shared::reimport`]).
     let ids: Vec<u64> = t
         .handles
@@ -1344,21 +1353,83 @@ pub fn restore(loader: &mut dyn Staging<DriverBackend>) -> Result<Moved, String>
         .filter(|(_, h)| h.real.is_none() && h.pinned != Some(IMPORTED))
         .map(|(&v, _)| v)
         .collect();
-    restore_handles(&mut t, &ids, loader, false)
+    load_handles(t, &ids, loader, false)
 }
 
 /// Re-creates, maps and loads the evicted handles `ids`; with `keep_unreleased`, a handle
 /// the program had released is not released again yet (its exporter exports it first).
+/// All or nothing: a failure leaves every one of them evicted.
 fn restore_handles(
     t: &mut Table,
     ids: &[u64],
     loader: &mut dyn Staging<DriverBackend>,
     keep_unreleased: bool,
 ) -> Result<Moved, String> {
-    // Device by device: every handle is made and mapped first, then all their bytes load
-    // in one staging call (one pipeline, not a wait per handle: PyTorch's expandable
-    // segments are hundreds of handles). A failure undoes that device's handles (they stay
-    // evicted); the devices done before it stay done.
+    let made = remake(t, ids, loader)?;
+    Ok(commit_made(t, made, loader, keep_unreleased))
+}
+
+/// [`restore_handles`] holding the table until the commit.
+fn load_handles(
+    mut t: parking_lot::MutexGuard<'static, Table>,
+    ids: &[u64],
+    loader: &mut dyn Staging<DriverBackend>,
+    keep_unreleased: bool,
+) -> Result<PendingHandles, String> {
+    let made = remake(&mut t, ids, loader)?;
+    Ok(PendingHandles {
+        table: t,
+        made,
+        keep_unreleased,
+    })
+}
+
+/// Evicted handles re-created, mapped and loaded, not yet committed ([`load`]): dropped,
+/// they are undone and stay evicted.
+#[must_use = "dropping pending handles rolls their load back"]
+pub struct PendingHandles {
+    table: parking_lot::MutexGuard<'static, Table>,
+    made: Vec<(i32, Vec<Remade>)>,
+    keep_unreleased: bool,
+}
+
+impl PendingHandles {
+    /// Handles and bytes loaded.
+    pub fn moved(&self) -> Moved {
+        let mut m = Moved::default();
+        for r in self.made.iter().flat_map(|(_, made)| made) {
+            m.handles += 1;
+            m.bytes += self.table.handles[&r.v].size;
+        }
+        m
+    }
+
+    /// The handles loaded are the program's again: their saved bytes go (host copies to
+    /// `loader`'s recycling). Cannot fail.
+    pub fn commit(mut self, loader: &mut dyn Staging<DriverBackend>) -> Moved {
+        let made = std::mem::take(&mut self.made);
+        let keep = self.keep_unreleased;
+        commit_made(&mut self.table, made, loader, keep)
+    }
+}
+
+impl Drop for PendingHandles {
+    fn drop(&mut self) {
+        for (dev, made) in std::mem::take(&mut self.made) {
+            unmake(dev, made);
+        }
+    }
+}
+
+/// Device by device: every handle is made and mapped first, then all their bytes load
+/// in one staging call (one pipeline, not a wait per handle: PyTorch's expandable
+/// segments are hundreds of handles). A failure undoes every device's handles (they stay
+/// evicted).
+fn remake(
+    t: &mut Table,
+    ids: &[u64],
+    loader: &mut dyn Staging<DriverBackend>,
+) -> Result<Vec<(i32, Vec<Remade>)>, String> {
     let mut by_device: BTreeMap<i32, Vec<u64>> = BTreeMap::new();
     for &v in ids {
         by_device
@@ -1366,13 +1437,19 @@ fn restore_handles(
             .or_default()
             .push(v);
     }
-    let mut moved = Moved::default();
+    let mut done: Vec<(i32, Vec<Remade>)> = Vec::new();
     for (dev, vs) in by_device {
-        let m = restore_device(t, dev, &vs, loader, keep_unreleased)?;
-        moved.handles += m.handles;
-        moved.bytes += m.bytes;
+        match remake_device(t, dev, &vs, loader) {
+            Ok(made) => done.push((dev, made)),
+            Err(e) => {
+                for (dev, made) in done {
+                    unmake(dev, made);
+                }
+                return Err(e);
+            }
+        }
     }
-    Ok(moved)
+    Ok(done)
 }
 
 /// A handle made again and mapped, its bytes not yet loaded.
@@ -1396,14 +1473,13 @@ fn unmake(dev: i32, made: Vec<Remade>) {
     }
 }
 
-/// [`restore_handles`] for the handles `vs` of device `dev`.
-fn restore_device(
+/// Makes, maps and loads the handles `vs` of device `dev` (undone on failure).
+fn remake_device(
     t: &mut Table,
     dev: i32,
     vs: &[u64],
     loader: &mut dyn Staging<DriverBackend>,
-    keep_unreleased: bool,
-) -> Result<Moved, String> {
+) -> Result<Vec<Remade>, String> {
     let m = memory::device_without_runtime(dev).map_err(|e| format!("device {dev}: error {e}"))?;
     let backend = m.vmm.backend();
     backend.make_current().map_err(|e| e.to_string())?;
@@ -1478,9 +1554,19 @@ fn restore_device(
             "copying {n} driver handles of device {dev} back: {e}"
         ));
     }
+    Ok(made)
+}
+
+/// The handles `made` (loaded) are the program's again.
+fn commit_made(
+    t: &mut Table,
+    made: Vec<(i32, Vec<Remade>)>,
+    loader: &mut dyn Staging<DriverBackend>,
+    keep_unreleased: bool,
+) -> Moved {
     let mut moved = Moved::default();
     let mut copies = Vec::new();
-    for r in made {
+    for r in made.into_iter().flat_map(|(_, made)| made) {
         let h = t.handles.get_mut(&r.v).expect("live");
         // Their host copies go back to the staging, for the next pause's bytes; their
         // places in the host arena are free (the loader read them, or the image).
@@ -1503,7 +1589,7 @@ fn restore_device(
         moved.bytes += h.size;
     }
     loader.recycle(copies);
-    Ok(moved)
+    moved
 }
 
 // After `call!`, which it uses.
