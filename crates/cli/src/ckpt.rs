@@ -229,11 +229,13 @@ enum Command {
     ///
     /// The process checks FILE against itself before touching anything: the format and
     /// version, the allocation table (every address, size and creation order), the
-    /// addressing mode, that it made the image itself (this PID on this host; --force
-    /// accepts another process's image whose table matches), and every chunk checksum.
-    /// Only then does it load the image and resume. A running process is paused first.
-    /// A refused or failed restore leaves the process as it was: a paused process stays
-    /// paused with its memory intact (`resume` continues it unchanged).
+    /// addressing mode, and that it made the image itself (this PID on this host; --force
+    /// accepts another process's image whose table matches). Then it reads the image once,
+    /// loading it into new device memory and checking every chunk's checksum as it goes,
+    /// and the image digest at the end; only then does the load replace the process's
+    /// memory and the process resume. A running process is paused first. A refused or
+    /// failed restore leaves the process as it was: a paused process stays paused with its
+    /// memory intact (`resume` continues it unchanged).
     #[command(verbatim_doc_comment)]
     #[command(after_help = "Examples:\n  \
         cudaw-ckpt restore 4242 -i /scratch/job.img\n  \
@@ -1113,13 +1115,13 @@ fn restore_one(
 
 fn print_restored(pid: u32, r: &cudaw_control::Restored) -> Result<()> {
     outln!(
-        "{pid}: restored {} allocations, {} bytes ({}) from {} (checked in {:.1} ms, loaded in {:.1} ms); running",
+        "{pid}: restored {} allocations, {} bytes ({}) from {} (read once: loaded in {:.1} ms, digest checked in {:.1} ms); running",
         r.allocations,
         r.bytes,
         mib(r.bytes),
         r.path,
-        r.verify_ms,
-        r.load_ms
+        r.load_ms,
+        r.verify_ms
     )?;
     Ok(())
 }
