@@ -771,3 +771,40 @@ fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
     assert_eq!(a, want, "rank 0 after two migrations");
     assert_eq!(b, want, "rank 1 after two migrations");
 }
+
+#[test]
+fn status_names_the_job_and_the_threads_waiting_at_a_held_gate() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let e = format!("'{}'", exe.display());
+    let mut job = TwoRanks::start_with_env([e.clone(), e], "ckpt_target:", &[("CUDAW_JOB", "t28")]);
+    job.run(3);
+    let v = ok_json(
+        &job.ckpt(&["status", &job.pid(), "--job", "--json"]),
+        "status",
+    );
+    let members = v["members"].as_array().unwrap();
+    assert!(members.iter().all(|m| m["job"] == "t28"), "{v}");
+    let rank = members[0]["pid"].as_u64().unwrap() as u32;
+    let dir = job.run_dir.path().to_path_buf();
+    let status = || raw(&dir, rank, "{\"cmd\":\"status\"}\n")["status"].clone();
+    assert!(
+        status().get("waiting").is_none(),
+        "nobody waits: {}",
+        status()
+    );
+    // Held, the rank's next iterations wait at the gate: status counts the thread.
+    let h = raw(&dir, rank, "{\"cmd\":\"hold\",\"window_ms\":5000}\n");
+    assert_eq!(h["hold"]["idle"], true, "{h}");
+    job.run(2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status()["waiting"].as_u64().unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "no thread waiting: {}", status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    raw(&dir, rank, "{\"cmd\":\"release\"}\n");
+    let (out0, out1) = job.finish();
+    let want = expected("ckpt_target");
+    assert_eq!(out0, want);
+    assert_eq!(out1, want);
+}

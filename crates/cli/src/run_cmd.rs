@@ -50,6 +50,11 @@ pub struct Args {
     /// and keeps the context. Sets CUDAW_RELEASE_ON_PAUSE=1.
     #[arg(long)]
     pub release_on_pause: bool,
+    /// The job the program belongs to for the node scheduler (`cudaw node`): its
+    /// processes share the job's turns and shares as the daemon's configuration names
+    /// them. Without it the program is a job of its own. Sets CUDAW_JOB.
+    #[arg(long, value_name = "ID", value_parser = parse_job)]
+    pub job: Option<String>,
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
@@ -474,6 +479,9 @@ pub fn run(args: &Args) -> Result<()> {
     if args.release_on_pause {
         env.push(("CUDAW_RELEASE_ON_PAUSE".into(), "1".into()));
     }
+    if let Some(j) = &args.job {
+        env.push(("CUDAW_JOB".into(), j.into()));
+    }
     if let Some(l) = &args.log {
         env.push(("CUDAW_LOG".into(), l.into()));
     }
@@ -490,6 +498,17 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let err = cmd.exec();
     bail!("cannot run {}: {err}", program.display())
+}
+
+/// `--job ID`: letters, digits, `-`, `_`, `.`, `:`, at most 64.
+fn parse_job(v: &str) -> Result<String, String> {
+    if cudaw_control::job_id_ok(v) {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{v:?} is not a job id: 1 to 64 letters, digits, '-', '_', '.' or ':'"
+        ))
+    }
 }
 
 #[cfg(test)]

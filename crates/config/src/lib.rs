@@ -157,6 +157,10 @@ pub struct Config {
     /// `--no-release`; the status says so. A signal's pause cannot: NVIDIA's API is called
     /// from another process.
     pub release_on_pause: bool,
+    /// `CUDAW_JOB` (`cudaw run --job ID`): the job this process belongs to for the node
+    /// scheduler (`cudaw node`); `None` without one (a job of its own). Letters, digits,
+    /// `-`, `_`, `.` and `:`, at most 64; anything else is refused with a warning.
+    pub job: Option<String>,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -294,6 +298,17 @@ impl Config {
                     .as_deref(),
                 Some("1" | "on" | "yes" | "true")
             ),
+            job: match get("CUDAW_JOB").map(|v| v.trim().to_owned()) {
+                None => None,
+                Some(v) if v.is_empty() => None,
+                Some(v) if cudaw_control::job_id_ok(&v) => Some(v),
+                Some(v) => {
+                    warnings.push(format!(
+                        "CUDAW_JOB={v:?} is not a job id (letters, digits, '-', '_', '.', ':', at most 64): the process is a job of its own"
+                    ));
+                    None
+                }
+            },
             warnings,
         }
     }

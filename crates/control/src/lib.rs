@@ -933,6 +933,13 @@ pub struct Status {
     /// The node ledger's folder (`CUDAW_NODE_DIR`), when the process keeps one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_dir: Option<String>,
+    /// The job the process belongs to for the node scheduler (`cudaw run --job ID`,
+    /// `CUDAW_JOB`); none: a job of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// Threads waiting at the closed gate now (held or paused): the process wants its GPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting: u64,
     /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`
     /// releases the context too unless told `--no-release`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -989,6 +996,15 @@ pub fn pid_of_socket(name: &str) -> Option<u32> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// Whether `id` can name a job (`CUDAW_JOB`, `cudaw run --job`): 1 to 64 of letters,
+/// digits, `-`, `_`, `.` and `:`.
+pub fn job_id_ok(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
 }
 
 #[cfg(test)]
@@ -1176,6 +1192,8 @@ mod tests {
                     held: 0,
                 }],
                 node_dir: Some("/dev/shm".into()),
+                job: Some("train-a".into()),
+                waiting: 2,
                 busy: None,
             }),
             ..Reply::default()

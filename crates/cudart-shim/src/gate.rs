@@ -77,15 +77,28 @@ pub fn mark_initialised() {
     GATE.fetch_and(!UNINITIALISED, Ordering::SeqCst);
 }
 
+/// Threads waiting at the closed gate now (counted only once the gate is found closed:
+/// the open path costs nothing).
+static WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many threads wait at the closed gate now (the node scheduler's sign that a held
+/// process wants its GPU).
+pub fn waiters() -> usize {
+    WAITERS.load(Ordering::SeqCst)
+}
+
 /// Blocks the calling thread while the gate is closed for pause.
 pub fn wait_while_paused() {
     if !is_paused() {
         return;
     }
+    WAITERS.fetch_add(1, Ordering::SeqCst);
     let mut g = LOCK.lock();
     while is_paused() {
         OPENED.wait(&mut g);
     }
+    drop(g);
+    WAITERS.fetch_sub(1, Ordering::SeqCst);
 }
 
 #[cfg(test)]

@@ -50,6 +50,10 @@ impl cudaw_engine::Host for Shim {
         gate::wait_while_paused();
     }
 
+    fn gate_waiters(&self) -> usize {
+        gate::waiters()
+    }
+
     fn in_marked_call(&self) -> bool {
         crate::inflight::active()
     }

@@ -14,6 +14,23 @@ use crate::{inflight, lifecycle, log};
 use cudaw_control::{ErrorKind, Held};
 use std::time::{Duration, Instant};
 
+/// Holds so far. The node scheduler (`cudaw node`) holds a process many times a second:
+/// the first holds and releases are logged at info level, then one in a thousand (with
+/// the count), the rest at debug level.
+static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn say(n: u64, what: std::fmt::Arguments<'_>) {
+    if n < 3 {
+        log::info(what);
+    } else if n.is_multiple_of(1000) {
+        log::info(format_args!(
+            "{what} ({n} holds so far; the others are logged at debug level)"
+        ));
+    } else {
+        log::debug(what);
+    }
+}
+
 /// A hold in force.
 pub struct Hold {
     /// When the process opens its gate by itself.
@@ -45,8 +62,9 @@ pub fn hold(
     let changed = slot.is_none();
     if changed {
         host().close_gate();
-        log::info(format_args!(
-            "hold: calls wait at the gate (a job pause's first step; the lease is {:.1} s)",
+        let n = HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        say(n, format_args!(
+            "hold: calls wait at the gate (a job pause's first step, or the node scheduler's turn; the lease is {:.1} s)",
             lease.as_secs_f64()
         ));
     }
@@ -107,7 +125,10 @@ pub fn release(slot: &mut Option<Hold>, paused: bool) -> Held {
     let changed = slot.take().is_some() && !paused;
     if changed {
         host().open_gate();
-        log::info(format_args!("release: the hold ends, calls go on"));
+        let n = HOLDS
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(1);
+        say(n, format_args!("release: the hold ends, calls go on"));
     }
     Held {
         changed,

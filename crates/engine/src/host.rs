@@ -29,6 +29,10 @@ pub trait Host: Send + Sync + 'static {
     fn gate_closed(&self) -> bool;
     /// Blocks the calling thread while the gate is closed.
     fn wait_while_closed(&self);
+    /// How many threads wait at the closed gate now (0 for a host that does not count).
+    fn gate_waiters(&self) -> usize {
+        0
+    }
 
     // ---- calls in flight the engine does not count itself
 

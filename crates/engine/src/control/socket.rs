@@ -866,6 +866,8 @@ fn status_now(busy: Option<String>) -> Status {
         node_dir: config::get()
             .ledger
             .then(|| config::get().node_dir.to_string_lossy().into_owned()),
+        job: config::get().job.clone(),
+        waiting: host().gate_waiters() as u64,
         busy,
     }
 }
