@@ -6,7 +6,8 @@
 //! the process running where it was: no such GPU, the GPU it is on, a target without room
 //! in the node ledger (refused before anything moves; and, past that check, moved back
 //! after the ledger refused the memory), a driver without the API, and a process that
-//! exits mid-migration.
+//! exits mid-migration. Beside them, what a migration's and the node scheduler's room
+//! rests on: an allocation that does not fit waits for room (`CUDAW_ALLOC_WAIT`).
 
 mod ckpt_common;
 mod release_common;
@@ -234,4 +235,81 @@ fn a_process_that_exits_mid_migration_is_reported_gone() {
     );
     let status = t.child.wait().expect("waiting for the killed target");
     assert!(!status.success());
+}
+
+/// A process of its own whose card the node ledger says is full: its first allocation
+/// waits (CUDAW_ALLOC_WAIT), says so in its status (`wanted`), and goes on once room is
+/// made — here by the test leaving the ledger, as the node daemon swapping a job out would.
+#[test]
+fn an_allocation_that_does_not_fit_waits_for_room() {
+    let Some(nvcc) = cudaw_tests::nvcc() else {
+        return;
+    };
+    let exe = cudaw_tests::compile_program(&nvcc, "vector_add");
+    let node = node_dir("room-wait-node");
+    let run = node_dir("room-wait-run");
+    let mut blocker = {
+        let mut l =
+            cudaw_ledger::Ledger::join(&node.0, &gpu(0), 4 << 30, None).expect("joining GPU 0");
+        assert_eq!(
+            l.acquire((4 << 30) - (1 << 20)).unwrap(),
+            cudaw_ledger::Grant::Granted
+        );
+        l
+    };
+    let mut cmd = cudaw_tests::command_under_cudaw(
+        &exe,
+        cudaw_tests::Addressing::Mapped,
+        &[
+            ("CUDAW_NODE_DIR", node.0.to_str().unwrap()),
+            ("CUDAW_RUN_DIR", run.0.to_str().unwrap()),
+            ("CUDAW_ALLOC_WAIT", "60s"),
+            ("CUDAW_LOG", "info"),
+        ],
+    );
+    let err_path = run.0.join("err");
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&err_path).unwrap());
+    let child = cmd.spawn().expect("starting vector_add");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let pid = child.0.id();
+    let socket = run.0.join(format!("{pid}.sock"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let wanted = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "vector_add never said it waits for room"
+        );
+        if socket.exists() {
+            let st = ckpt_common::raw(&socket, "{\"cmd\":\"status\"}\n");
+            let w = st["status"]["devices"][0]["wanted"].as_u64().unwrap_or(0);
+            if w > 0 {
+                break w;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(wanted >= 4 << 20, "{wanted}");
+    blocker.leave().expect("leaving the ledger");
+    let status = cudaw_tests::wait_timeout(&mut child.0, std::time::Duration::from_secs(60))
+        .expect("vector_add did not end within 60 s once room was made");
+    let mut out = String::new();
+    use std::io::Read;
+    let mut stdout = child.0.stdout.take().expect("stdout");
+    stdout.read_to_string(&mut out).unwrap();
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    assert!(status.success(), "{status:?}\n{err}");
+    assert_eq!(out, cudaw_tests::expected("vector_add"), "{err}");
+    assert!(
+        err.contains("waiting up to 60.0 s for the node scheduler to make room")
+            && err.contains("allocated after waiting"),
+        "{err}"
+    );
 }

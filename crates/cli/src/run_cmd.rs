@@ -55,6 +55,11 @@ pub struct Args {
     /// them. Without it the program is a job of its own. Sets CUDAW_JOB.
     #[arg(long, value_name = "ID", value_parser = parse_job)]
     pub job: Option<String>,
+    /// How long an allocation that does not fit waits for the node scheduler to make room
+    /// before failing with out-of-memory ("30s", "500ms", "off", or "auto": 30 s when a
+    /// `cudaw node` daemon runs, else no wait). Sets CUDAW_ALLOC_WAIT.
+    #[arg(long, value_name = "TIME", value_parser = parse_alloc_wait)]
+    pub alloc_wait: Option<String>,
     /// CUDA major of the runtime to stand in for (default: found from the program).
     #[arg(long, value_parser = ["11", "12", "13"])]
     pub cuda: Option<String>,
@@ -482,6 +487,9 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(j) = &args.job {
         env.push(("CUDAW_JOB".into(), j.into()));
     }
+    if let Some(w) = &args.alloc_wait {
+        env.push(("CUDAW_ALLOC_WAIT".into(), w.into()));
+    }
     if let Some(l) = &args.log {
         env.push(("CUDAW_LOG".into(), l.into()));
     }
@@ -498,6 +506,18 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let err = cmd.exec();
     bail!("cannot run {}: {err}", program.display())
+}
+
+/// `--alloc-wait TIME`: a time, `off` or `auto`.
+fn parse_alloc_wait(v: &str) -> Result<String, String> {
+    if v == "auto" || cudaw_control::parse_timeout(v).is_some() {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{v:?} is not a time ({}) or auto",
+            cudaw_control::TIMEOUT_SYNTAX
+        ))
+    }
 }
 
 /// `--job ID`: letters, digits, `-`, `_`, `.`, `:`, at most 64.

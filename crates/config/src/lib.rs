@@ -161,6 +161,14 @@ pub struct Config {
     /// scheduler (`cudaw node`); `None` without one (a job of its own). Letters, digits,
     /// `-`, `_`, `.` and `:`, at most 64; anything else is refused with a warning.
     pub job: Option<String>,
+    /// `CUDAW_ALLOC_WAIT`: how long an allocation that does not fit waits for the node
+    /// scheduler to make room (`auto`, the default, is `None`: 30 s when a node daemon's
+    /// socket is found, else no wait; `off` is zero).
+    pub alloc_wait: Option<std::time::Duration>,
+    /// `CUDAW_NODE_SOCKET`: the node daemon's socket, where not in a default place.
+    pub node_socket: Option<PathBuf>,
+    /// `CUDAW_RUN_DIR`, when set.
+    pub run_dir: Option<PathBuf>,
     /// Problems found while reading (reported once logging works).
     pub warnings: Vec<String>,
 }
@@ -266,6 +274,21 @@ impl Config {
                 Some(DEFAULT_PAUSE_TIMEOUT)
             }),
         };
+        let alloc_wait = match get("CUDAW_ALLOC_WAIT").map(|v| v.trim().to_owned()) {
+            None => None,
+            Some(v) if v.is_empty() || v == "auto" => None,
+            Some(v) => match parse_timeout(&v) {
+                // `off` (no limit, for a pause) is no wait here.
+                Some(None) => Some(std::time::Duration::ZERO),
+                Some(Some(d)) => Some(d),
+                None => {
+                    warnings.push(format!(
+                        "CUDAW_ALLOC_WAIT={v:?} is not a time ({TIMEOUT_SYNTAX}, or auto); using auto"
+                    ));
+                    None
+                }
+            },
+        };
         let path = |k: &str| get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         // An on/off variable, on unless `off`, `none` or `0`.
         let switch =
@@ -298,6 +321,9 @@ impl Config {
                     .as_deref(),
                 Some("1" | "on" | "yes" | "true")
             ),
+            alloc_wait,
+            node_socket: path("CUDAW_NODE_SOCKET"),
+            run_dir: path("CUDAW_RUN_DIR"),
             job: match get("CUDAW_JOB").map(|v| v.trim().to_owned()) {
                 None => None,
                 Some(v) if v.is_empty() => None,

@@ -901,6 +901,10 @@ pub struct DeviceStatus {
     /// (exported or imported shareable handles, bound to multicast, not fully mapped).
     #[serde(default)]
     pub held: u64,
+    /// Bytes of allocations waiting for room on this device now (they did not fit, and a
+    /// node daemon may make room: `CUDAW_ALLOC_WAIT`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wanted: u64,
 }
 
 /// A process's state.
@@ -1190,6 +1194,7 @@ mod tests {
                     node_capacity: Some(80 << 30),
                     handles: 2,
                     held: 0,
+                    wanted: 1 << 30,
                 }],
                 node_dir: Some("/dev/shm".into()),
                 job: Some("train-a".into()),

@@ -42,6 +42,7 @@ pub mod memory_calls;
 pub mod peer;
 pub mod registry;
 pub mod requests;
+pub mod room;
 pub mod signals;
 pub mod staging;
 pub mod state;

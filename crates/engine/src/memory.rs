@@ -290,6 +290,8 @@ pub fn gpu_of(ordinal: i32) -> Option<String> {
 /// failures as errors (once per reason), repairs as warnings.
 fn budget_notes(ordinal: i32) -> impl Fn(Note<'_>) + Send + Sync + 'static {
     move |n| match n {
+        // The retries of an allocation waiting for room are not logged one by one.
+        Note::Refused(_) if crate::room::quiet() => {}
         Note::Refused(r) => log::info(format_args!("device {ordinal}: {r}")),
         Note::LedgerFailed(m) => log::error(format_args!("device {ordinal}: {m}")),
         Note::LedgerRepaired(m) => log::warn(format_args!("device {ordinal}: node ledger: {m}")),
@@ -630,8 +632,8 @@ impl DeviceMemory {
 
     fn alloc_inner(&self, size: u64, tag: u32) -> Result<Allocation, cudaError_t> {
         self.reap(false);
-        match self.vmm.alloc(size, tag) {
-            Ok(a) => Ok(a),
+        let first = match self.vmm.alloc(size, tag) {
+            Ok(a) => return Ok(a),
             Err(e) if e.cuda_error_code() == ERROR_MEMORY_ALLOCATION => {
                 if self.reap(true) > 0 {
                     self.vmm
@@ -642,7 +644,24 @@ impl DeviceMemory {
                 }
             }
             Err(e) => Err(vmm_error(&e, "allocation")),
-        }
+        };
+        let Err(e) = first else { return first };
+        // Out of memory: with a node daemon, wait for it to make room.
+        let ordinal = managed_devices()
+            .find(|(_, m)| std::ptr::eq(*m, self))
+            .map_or(-1, |(o, _)| o);
+        crate::room::retry(
+            ordinal,
+            size,
+            e,
+            |e| *e == ERROR_MEMORY_ALLOCATION,
+            || {
+                self.reap(false);
+                self.vmm
+                    .alloc(size, tag)
+                    .map_err(|e| vmm_error(&e, "allocation"))
+            },
+        )
     }
 
     /// Releases deferred frees whose stream has passed them (all of them, waiting, when

@@ -832,6 +832,11 @@ fn status_now(busy: Option<String>) -> Status {
                 node_capacity: node.as_ref().map(|v| v.capacity),
                 handles: h.handles,
                 held: h.held,
+                wanted: crate::room::wanted()
+                    .iter()
+                    .filter(|w| w.ordinal == ordinal)
+                    .map(|w| w.bytes)
+                    .sum(),
             }
         })
         .collect();

@@ -407,8 +407,18 @@ pub unsafe fn create(
     let mut charged = 0;
     if let (Some(dev), true) = (device, charge) {
         if let Ok(b) = memory::budget(dev) {
-            if b.try_acquire(size as u64).is_err() {
-                return CU_ERROR_OUT_OF_MEMORY;
+            if let Err(first) = b.try_acquire(size as u64) {
+                // With a node daemon, wait for it to make room.
+                let waited = crate::room::retry(
+                    dev,
+                    size as u64,
+                    first,
+                    |_| true,
+                    || b.try_acquire(size as u64),
+                );
+                if waited.is_err() {
+                    return CU_ERROR_OUT_OF_MEMORY;
+                }
             }
             charged = size as u64;
         }
