@@ -734,6 +734,41 @@ fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
     };
     let uuid = |i| simgpu::config::uuid_text(&simgpu::config::uuid_of(i));
     job.run(7);
+    // A driver without the API: nothing moves, the job runs on where it was; a job found
+    // paused stays paused.
+    let refused = |job: &TwoRanks| {
+        let out = Command::new(cudaw_ckpt())
+            .args(["migrate", &pid, "--job", "--to", "1,0"])
+            .env("CUDAW_RUN_DIR", job.run_dir.path())
+            .env("CUDAW_LIBCUDA", simgpu())
+            .env("SIMGPU_CHECKPOINT_DIR", &sd)
+            .env("SIMGPU_CHECKPOINT", "unsupported")
+            .env("SIMGPU_DEVICES", "2")
+            .env("SIMGPU_MEM", "4G")
+            .output()
+            .expect("running cudaw-ckpt");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("not moved: ") && err.contains("CUDA_ERROR_NOT_SUPPORTED"),
+            "{err}"
+        );
+        err
+    };
+    let err = refused(&job);
+    assert!(err.contains("the job runs where it was"), "{err}");
+    assert_eq!(job.states(), ["running", "running"]);
+    assert_eq!(gpus(&job), [uuid(0), uuid(1)]);
+    ok_json(
+        &job.ckpt(&["pause", &pid, "--job", "--json"]),
+        "pause --job",
+    );
+    refused(&job);
+    assert_eq!(job.states(), ["paused", "paused"]);
+    ok_json(
+        &job.ckpt(&["resume", &pid, "--job", "--json"]),
+        "resume --job",
+    );
     assert_eq!(gpus(&job), [uuid(0), uuid(1)]);
     // The ranks swap GPUs (each GPU's ledger counts what the other rank leaves), run, and
     // swap back by OLD=NEW.

@@ -628,6 +628,7 @@ fn job_home(
     on_new: &[(u32, Vec<Pair>)],
     checkpointed: &[u32],
     lock_ms: u32,
+    was_running: bool,
 ) -> Vec<String> {
     let mut left = Vec::new();
     let back = crate::ckpt_job::each(checkpointed, |p| {
@@ -672,17 +673,26 @@ fn job_home(
         kept.into_iter()
             .filter_map(|(p, r)| r.err().map(|e| format!("process {p}: {e:#}"))),
     );
-    if let Err(e) = crate::ckpt_job::resume(job) {
-        left.push(format!("resuming the job: {e:#}"));
+    // As it was found: a job found paused stays paused (its memory comes back with
+    // `resume --job`).
+    if was_running {
+        if let Err(e) = crate::ckpt_job::resume(job) {
+            left.push(format!("resuming the job: {e:#}"));
+        }
     }
     left
 }
 
-fn job_failed(what: String, left: Vec<String>) -> anyhow::Error {
+fn job_failed(what: String, left: Vec<String>, was_running: bool) -> anyhow::Error {
+    let state = if was_running {
+        "the job runs where it was"
+    } else {
+        "the job stays paused where it was"
+    };
     fail(
         Kind::Failed,
         if left.is_empty() {
-            format!("not moved: {what}; the job runs where it was")
+            format!("not moved: {what}; {state}")
         } else {
             format!(
                 "not moved: {what}; bringing the job back where it was failed in part ({}): `cudaw-ckpt status --job` says where each is",
@@ -794,17 +804,22 @@ pub fn migrate_job(
     }
     let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
     steps.say(format_args!("job {root}: pausing every process together"));
+    let was_running = statuses
+        .iter()
+        .all(|(_, st)| matches!(st.state, State::Running | State::Held));
     let paused = crate::ckpt_job::pause(&job, timeout, true)?;
     let pause_ms = paused.ms;
     if let Some(why) = paused.shared.as_ref().and_then(|s| s.error.clone()) {
-        let left = crate::ckpt_job::resume(&job)
-            .err()
-            .map(|e| vec![format!("{e:#}")])
-            .unwrap_or_default();
+        let left = if was_running {
+            crate::ckpt_job::resume(&job)
+                .err()
+                .map(|e| vec![format!("{e:#}")])
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         return Err(job_failed(
-            format!("the memory the processes share stayed on the device ({why}), and the driver cannot checkpoint it"),
-            left,
-        ));
+            format!("the memory the processes share stayed on the device ({why}), and the driver cannot checkpoint it"), left, was_running));
     }
     steps.say(format_args!(
         "job {root}: the driver checkpoints every process"
@@ -831,8 +846,8 @@ pub fn migrate_job(
             .filter(|(p, r)| r.is_ok() || !ckpt_release::driver_runs(*p))
             .map(|(p, _)| *p)
             .collect();
-        let left = job_home(&job, &[], &held, lock_ms);
-        return Err(job_failed(format!("process {p}: {e:#}"), left));
+        let left = job_home(&job, &[], &held, lock_ms, was_running);
+        return Err(job_failed(format!("process {p}: {e:#}"), left, was_running));
     }
     if fault("kill-after-release") {
         kill(job.members[0]);
@@ -883,8 +898,8 @@ pub fn migrate_job(
             .filter(|(_, r)| r.is_err())
             .map(|(p, _)| *p)
             .collect();
-        let left = job_home(&job, &on_new, &failed, lock_ms);
-        return Err(job_failed(what, left));
+        let left = job_home(&job, &on_new, &failed, lock_ms, was_running);
+        return Err(job_failed(what, left, was_running));
     }
     steps.say(format_args!(
         "job {root}: cudaw restores the memory on the new GPUs"
@@ -907,10 +922,17 @@ pub fn migrate_job(
                 .iter()
                 .map(|(p, pairs, _)| (*p, pairs.clone()))
                 .collect();
-            let left = job_home(&job, &on_new, &[], lock_ms);
+            // Ranks the resume let go run again: the job is paused as one first (their
+            // shared memory evicted), so that the driver can checkpoint each.
+            let mut left = Vec::new();
+            if let Err(e) = crate::ckpt_job::pause(&job, timeout, true) {
+                left.push(format!("pausing the job again: {e:#}"));
+            }
+            left.extend(job_home(&job, &on_new, &[], lock_ms, was_running));
             return Err(job_failed(
                 format!("the job did not resume on the new GPUs: {what}"),
                 left,
+                was_running,
             ));
         }
     };
