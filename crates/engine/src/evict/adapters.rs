@@ -62,10 +62,10 @@ impl Staging<DriverBackend> for Evict<'_> {
 }
 
 /// Loads allocations onto the device: from the host copies the VMM holds and from an
-/// Loads allocations onto the device: from the host copies the VMM holds and from an
 /// image (the allocations a dump left in it, or every allocation for a restore when
-/// `image_only`). Reads the image one chunk at a time through one chunk-sized buffer,
-/// every chunk's checksum checked as it is read.
+/// `image_only`). A run of ranges in the image is read on a thread of its own, chunk by
+/// chunk (every chunk's checksum checked as it is read), a few chunks ahead of the copies
+/// to the device, which this thread makes meanwhile: the read and the copies overlap.
 pub(crate) struct Load<'a> {
     /// The image to read from.
     pub image: Option<&'a mut ImageReader<File>>,
@@ -82,7 +82,6 @@ pub(crate) struct Load<'a> {
     /// Time spent inside the staging's loads (the copies from host memory), for the
     /// phases a resume logs at debug level.
     pub in_staging: std::time::Duration,
-    buf: Vec<u8>,
 }
 
 impl<'a> Load<'a> {
@@ -100,7 +99,6 @@ impl<'a> Load<'a> {
             report,
             image_error: None,
             in_staging: std::time::Duration::ZERO,
-            buf: Vec::new(),
         }
     }
 
@@ -113,54 +111,103 @@ impl<'a> Load<'a> {
         });
     }
 
-    fn load_from_image(
+    /// Loads `run` (ranges held in the image, in the order given) from the image: a
+    /// reader thread fills chunk buffers ([`READ_AHEAD`] ahead), this one copies each to
+    /// the device and hands the buffer back.
+    fn load_run_from_image(
         &mut self,
         backend: &DriverBackend,
-        r: &LoadRange<'_>,
+        run: &[LoadRange<'_>],
     ) -> Result<(), StagingError> {
-        // The VMM's ids are per device; the image's unique across devices.
-        let id = image_id(backend.device(), r.id.0);
         let Some(img) = self.image.as_deref_mut() else {
             return Err(StagingError::Io(format!(
-                "allocation {id} is in an image, but no image is open"
+                "{} allocations are in an image, but no image is open",
+                run.len()
             )));
         };
-        match img.allocation(id).map(|e| e.record.size) {
-            Some(size) if size == r.len => {}
-            other => {
-                return Err(StagingError::Io(format!(
-                    "allocation {id} ({} bytes) is {} in the image",
-                    r.len,
-                    other.map_or("missing".to_owned(), |s| format!("{s} bytes"))
-                )))
+        // The VMM's ids are per device; the image's unique across devices.
+        let pieces: Vec<(u64, u64, u64)> = run
+            .iter()
+            .map(|r| (image_id(backend.device(), r.id.0), r.addr, r.len))
+            .collect();
+        for &(id, _, len) in &pieces {
+            match img.allocation(id).map(|e| e.record.size) {
+                Some(size) if size == len => {}
+                other => {
+                    return Err(StagingError::Io(format!(
+                        "allocation {id} ({len} bytes) is {} in the image",
+                        other.map_or("missing".to_owned(), |s| format!("{s} bytes"))
+                    )))
+                }
             }
         }
-        let cs = img.chunk_size().min(r.len.max(1));
+        let largest = pieces.iter().map(|p| p.2).max().unwrap_or(0);
+        let cs = img.chunk_size().min(largest.max(1));
         let cs = usize::try_from(cs).map_err(|_| StagingError::Io("chunk size".into()))?;
-        if self.buf.len() < cs {
-            self.buf.resize(cs, 0);
+        type Filled = Result<(u64, Vec<u8>), ImageError>;
+        let (filled_tx, filled_rx) = std::sync::mpsc::sync_channel::<Filled>(READ_AHEAD);
+        let (empty_tx, empty_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        for _ in 0..=READ_AHEAD {
+            let _ = empty_tx.send(Vec::with_capacity(cs));
         }
-        let mut off = 0u64;
-        while off < r.len {
-            let n = (r.len - off).min(cs as u64) as usize;
-            let piece = &mut self.buf[..n];
-            if let Err(e) = img.read_range(id, off, piece) {
-                let msg = e.to_string();
-                self.image_error = Some(e);
-                return Err(StagingError::Io(msg));
-            }
-            backend.copy_from_host(r.addr + off, piece)?;
-            off += n as u64;
-            self.done += n as u64;
-            (self.report)(Progress {
-                phase: Phase::Load,
-                done: self.done,
-                total: self.total,
+        let reader_pieces = &pieces;
+        let (result, image_error) = std::thread::scope(|s| {
+            s.spawn(move || {
+                for &(id, addr, len) in reader_pieces {
+                    let mut off = 0u64;
+                    while off < len {
+                        let n = (len - off).min(cs as u64) as usize;
+                        // No buffer back: the copying side stopped.
+                        let Ok(mut b) = empty_rx.recv() else { return };
+                        b.resize(n, 0);
+                        let read = img.read_range(id, off, &mut b);
+                        let failed = read.is_err();
+                        if filled_tx.send(read.map(|()| (addr + off, b))).is_err() || failed {
+                            return;
+                        }
+                        off += n as u64;
+                    }
+                }
             });
+            let mut result = Ok(());
+            let mut image_error = None;
+            for item in filled_rx.iter() {
+                match item {
+                    Ok((addr, b)) => {
+                        if let Err(e) = backend.copy_from_host(addr, &b) {
+                            result = Err(e.into());
+                            break;
+                        }
+                        self.done += b.len() as u64;
+                        (self.report)(Progress {
+                            phase: Phase::Load,
+                            done: self.done,
+                            total: self.total,
+                        });
+                        let _ = empty_tx.send(b);
+                    }
+                    Err(e) => {
+                        result = Err(StagingError::Io(e.to_string()));
+                        image_error = Some(e);
+                        break;
+                    }
+                }
+            }
+            // The reader, waiting for a buffer or to hand one over, sees both channels
+            // closed and ends; the scope joins it.
+            drop(filled_rx);
+            drop(empty_tx);
+            (result, image_error)
+        });
+        if image_error.is_some() {
+            self.image_error = image_error;
         }
-        Ok(())
+        result
     }
 }
+
+/// Chunks the image's reader thread reads ahead of the copies (8 MiB each).
+const READ_AHEAD: usize = 3;
 
 impl Staging<DriverBackend> for Load<'_> {
     fn recycle(&mut self, copies: Vec<Vec<u8>>) {
@@ -214,8 +261,12 @@ impl Staging<DriverBackend> for Load<'_> {
                 i = j;
                 continue;
             }
-            self.load_from_image(backend, &ranges[i])?;
-            i += 1;
+            let mut j = i;
+            while j < ranges.len() && !from_memory(&ranges[j]) {
+                j += 1;
+            }
+            self.load_run_from_image(backend, &ranges[i..j])?;
+            i = j;
         }
         Ok(())
     }
