@@ -935,8 +935,11 @@ impl Scheduler {
             let is_turn = self.turn.as_ref().is_some_and(|t| {
                 t.job == id && matches!(t.phase, Phase::Running { .. } | Phase::Releasing { .. })
             });
+            let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
             if let Some(j) = self.jobs.get_mut(id) {
-                j.vtime = j.vtime.max(floor);
+                if !holds_gpu {
+                    j.vtime = j.vtime.max(floor);
+                }
                 if !is_turn {
                     j.waits += 1;
                 }
