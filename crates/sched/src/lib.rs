@@ -446,7 +446,12 @@ impl Scheduler {
             let job = turn.job.clone();
             match turn.phase {
                 Phase::Preparing { started, failed } => {
-                    if !self.job_pending(&job) && !self.any_pending_outside(&job) {
+                    // Nothing of another job may run (a stray found running, a hold
+                    // that failed) when its gates open.
+                    if !self.job_pending(&job)
+                        && !self.any_pending_outside(&job)
+                        && !self.any_open_outside(&job)
+                    {
                         if failed {
                             self.abort_turn(&job, now);
                         } else if self.fits_now(&job) {
@@ -843,6 +848,10 @@ impl Scheduler {
             .any(|p| p.job != id && p.pending.is_some())
     }
 
+    fn any_open_outside(&self, id: &str) -> bool {
+        self.procs.values().any(|p| p.job != id && p.open)
+    }
+
     /// Every process of the turn's job is held, none with an action outstanding.
     fn turn_drained(&self) -> bool {
         let Some(t) = &self.turn else {
@@ -1043,6 +1052,10 @@ impl Scheduler {
     }
 
     fn release(&mut self, id: &str, swap: Duration, now: Instant, out: &mut Vec<Action>) {
+        if self.any_open_outside(id) {
+            // Not while another job's process may run: tried again at the next tick.
+            return;
+        }
         self.set_phase(id, Phase::Releasing { swap });
         let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
         let mut any = false;
