@@ -12,6 +12,45 @@
 //!   a job over its `limit` waits even when the GPU is free; before a job's quantum, jobs
 //!   not running now are swapped out (least recently run first, never a higher priority
 //!   for a lower) until the job's memory fits.
+//!
+//! # The policy
+//!
+//! - **Turns.** At most one job's gates are open at a time. A job wants the GPU when a
+//!   process of it waits at its closed gate (or an allocation of it waits for room,
+//!   [`Scheduler::alloc_wait`]). Of the jobs that want it, the one with the least GPU time
+//!   used divided by its weight goes next (stride scheduling; GPU time is from its release
+//!   done to its hold done, so a hold's drain is its own). The weight is the job's
+//!   `request`; jobs that request 0 share what the requests of the jobs here leave over
+//!   equally (at least [`MIN_WEIGHT`]). A job that starts wanting is brought up to the
+//!   least virtual time of the others, so time it did not want is not credit.
+//! - **Work-conserving.** At the end of its quantum the running job goes on, with no hold,
+//!   unless a job that wants the GPU should go before it: one job alone is never held.
+//! - **Limits.** A job is held at the end of a quantum when its GPU time over the last
+//!   [`LIMIT_WINDOW`] would pass `limit × LIMIT_WINDOW`, even with the GPU otherwise idle,
+//!   and starts again once a whole quantum fits under it ([`Scheduler::next_deadline`]
+//!   says when).
+//! - **Quanta.** A job's quantum is the configured `quantum`, lengthened to
+//!   [`DRAIN_FACTOR`] times the moving average of its holds' drain (so a switch costs at
+//!   most about 5% of its turn), within `min_quantum..max_quantum`. A turn that had to swap
+//!   memory first lasts at least [`SWAP_FACTOR`] times the swap took, past `max_quantum` if
+//!   need be, so a swap costs at most about a sixth of the GPU's time.
+//! - **Memory.** Before job J's turn, if the memory resident on the GPU plus J's swapped
+//!   memory (and the bytes its allocations wait for) exceed the card, jobs not running are
+//!   swapped out — least recently run first, never one of a higher priority than J — until
+//!   J fits; then J's memory is swapped in, then its gates open (swaps and releases come in
+//!   separate ticks: a failed swap cancels the turn, retried after `max_quantum`). A job
+//!   that cannot fit waits (`memory_waits` in its report); the others go on.
+//! - **Robustness.** A process that joins is running ungated: if another job holds the GPU
+//!   it is held at once. A failed hold means the process may still run: its job keeps the
+//!   turn, the hold is tried again after `min_quantum`, and no other job is released
+//!   meanwhile (the daemon should bound a hold's wait and report it failed). An action
+//!   outstanding (given by [`Scheduler::tick`], not yet [`Scheduler::done`]) blocks any
+//!   other for that process. A job whose processes all leave ends its turn.
+//!
+//! The daemon's loop: [`Scheduler::join`] / [`Scheduler::leave`] / [`Scheduler::observe`]
+//! as it finds processes, [`Scheduler::tick`] after each event and at
+//! [`Scheduler::next_deadline`], each action carried out in order and reported with
+//! [`Scheduler::done`] (then [`Scheduler::tick`] again).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

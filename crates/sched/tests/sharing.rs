@@ -3,6 +3,8 @@
 
 mod sim;
 
+use std::time::Duration;
+
 use cudaw_sched::{Action, Config};
 use sim::{config, pid_of, Load, Sim, GIB};
 
@@ -410,8 +412,29 @@ fn quanta_lengthen_for_jobs_whose_holds_drain_slowly() {
     sim.spawn(2, "b", Load::Busy, GIB, true);
     sim.run(2_000);
     // Holds drain in 1–3 ms: 20 × that stays under the configured 50 ms.
-    assert_eq!(
-        sim.sched.job_quantum("a"),
-        Some(std::time::Duration::from_millis(50))
-    );
+    assert_eq!(sim.sched.job_quantum("a"), Some(Duration::from_millis(50)));
+
+    // Holds that drain in 6 ms: quanta of 120 ms, so a switch costs 5% of a turn; the
+    // shares hold.
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.hold_ms = Some(6);
+    sim.spawn(1, "a", Load::Busy, GIB, true);
+    sim.spawn(2, "b", Load::Busy, GIB, true);
+    sim.run(MINUTE);
+    assert_eq!(sim.sched.job_quantum("a"), Some(Duration::from_millis(120)));
+    assert_eq!(sim.report("b").quantum_seconds, 0.12);
+    for j in ["a", "b"] {
+        let got = share(&sim, j, MINUTE);
+        assert!((got - 0.5).abs() <= 0.02, "{j}: {got:.4}");
+    }
+    // 60 s in turns of about 126 ms: about 480 holds, not the 1,100 of 50 ms quanta.
+    assert!(sim.holds() < 600, "{} holds", sim.holds());
+
+    // Drains past max_quantum / 20 stop at max_quantum.
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.hold_ms = Some(40);
+    sim.spawn(1, "a", Load::Busy, GIB, true);
+    sim.spawn(2, "b", Load::Busy, GIB, true);
+    sim.run(5_000);
+    assert_eq!(sim.sched.job_quantum("a"), Some(Duration::from_millis(200)));
 }

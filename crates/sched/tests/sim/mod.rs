@@ -99,6 +99,8 @@ pub struct Sim {
     pub done: Vec<Done>,
     /// Ms in which two jobs' work ran at once.
     pub overlap_ms: u64,
+    /// A hold drains in this many ms (else 1–3 ms, pseudo-random).
+    pub hold_ms: Option<u64>,
     /// Holds of these pids fail (that many times).
     pub fail_holds: BTreeMap<Pid, u32>,
     /// Priorities, for the swap checks.
@@ -124,6 +126,7 @@ impl Sim {
             given: Vec::new(),
             done: Vec::new(),
             overlap_ms: 0,
+            hold_ms: None,
             fail_holds: BTreeMap::new(),
             priority: BTreeMap::new(),
             swap_outs: Vec::new(),
@@ -185,6 +188,10 @@ impl Sim {
             return;
         };
         let pid = pid_of(&action);
+        let hold_ms = match self.hold_ms {
+            Some(ms) => ms,
+            None => 1 + self.rand() % 3,
+        };
         let Some(p) = self.procs.get_mut(&pid) else {
             // Gone: the daemon reports it failed.
             self.finish(action, issued, false);
@@ -194,7 +201,7 @@ impl Sim {
             Action::Hold(_) => {
                 p.gate_open = false;
                 p.draining = true;
-                1 + self.rand() % 3
+                hold_ms
             }
             Action::Release(_) => 0,
             Action::SwapOut(_) => p.resident.div_ceil(self.bandwidth),
