@@ -175,8 +175,9 @@ fn a_bursty_job_gets_its_work_done_and_the_rest_goes_to_the_busy_one() {
 
 /// Checks each swap out against the job whose turn it made room for (the next release's):
 /// the victim was the least recently run of the jobs that could have gone, and never of a
-/// higher priority.
-fn check_swap_order(sim: &Sim) {
+/// higher priority. Returns how many swap outs it checked.
+fn check_swap_order(sim: &Sim) -> usize {
+    let mut checked = 0;
     for (ms, victim, others) in &sim.swap_outs {
         let next = sim
             .given
@@ -211,7 +212,9 @@ fn check_swap_order(sim: &Sim) {
                  (last run {other_run} ms) for {turn}"
             );
         }
+        checked += 1;
     }
+    checked
 }
 
 /// When a job's last turn before `ms` ended (its last hold done), 0 if none.
@@ -260,7 +263,41 @@ fn three_jobs_of_35_gib_on_80_gib_take_turns_by_swapping() {
     eprintln!("busy {:?}, swaps {}", sim.busy, sim.swap_outs.len());
     let failed: Vec<_> = sim.done.iter().filter(|d| !d.ok).collect();
     assert!(failed.is_empty(), "{failed:?}");
-    check_swap_order(&sim);
+    assert!(check_swap_order(&sim) >= 10);
+}
+
+#[test]
+fn a_job_dying_while_swapped_out_frees_the_others() {
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    // Run until some job is swapped out, then it dies.
+    let mut dead = None;
+    for _ in 0..60_000 {
+        sim.run(1);
+        dead = sim
+            .procs
+            .iter()
+            .find(|(_, p)| p.swapped > 0)
+            .map(|(&pid, _)| pid);
+        if dead.is_some() {
+            break;
+        }
+    }
+    let dead = dead.expect("a job was swapped out");
+    sim.kill(dead);
+    let swaps_before = sim.swap_outs.len();
+    sim.reset_busy();
+    sim.run(MINUTE);
+    // The two left fit together: they share the GPU with no more swaps.
+    assert_eq!(sim.swap_outs.len(), swaps_before, "swapped after the death");
+    for (&pid, p) in &sim.procs {
+        let got = share(&sim, &p.job, MINUTE);
+        assert!((got - 0.5).abs() <= 0.02, "{pid} ({}): {got:.4}", p.job);
+    }
+    assert_eq!(sim.sched.report(sim.now()).len(), 2);
 }
 
 #[test]
@@ -293,7 +330,7 @@ fn a_higher_priority_job_is_never_swapped_out_for_a_lower() {
             sim.busy
         );
     }
-    check_swap_order(&sim);
+    assert!(check_swap_order(&sim) >= 5);
 }
 
 #[test]
