@@ -267,6 +267,25 @@ fn three_jobs_of_35_gib_on_80_gib_take_turns_by_swapping() {
 }
 
 #[test]
+fn a_running_job_whose_allocation_waits_gets_room() {
+    let cfg = config(&[("grow", 0.5, 1.0), ("idle", 0.5, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.spawn(1, "grow", Load::Busy, 35 * GIB, true);
+    sim.spawn(2, "idle", Load::Idle, 35 * GIB, true);
+    sim.run(1_000);
+    // It allocates 20 GiB more: 90 GiB on a card of 80. The idle job is swapped out.
+    sim.procs.get_mut(&1).expect("spawned").footprint = 55 * GIB;
+    sim.reset_busy();
+    sim.run(5_000);
+    assert_eq!(sim.procs[&2].swapped, 35 * GIB);
+    assert_eq!(sim.procs[&1].resident, 55 * GIB);
+    // The swap (35 GiB at 50 GiB/s) and a poll: the rest of the 5 s is its.
+    assert!(sim.busy_ms("grow") >= 4_200, "{:?}", sim.busy);
+    assert_eq!(sim.report("idle").swaps, 1);
+    assert_eq!(sim.holds(), 1, "the running job was not held for it");
+}
+
+#[test]
 fn a_job_dying_while_swapped_out_frees_the_others() {
     let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
     let mut sim = Sim::new(80 * GIB, &cfg);

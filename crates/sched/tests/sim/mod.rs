@@ -392,7 +392,7 @@ impl Sim {
                             resident: p.resident,
                             swapped: p.swapped,
                         },
-                        if p.gate_open { 0 } else { p.need() },
+                        p.need(),
                     )
                 })
                 .collect();
