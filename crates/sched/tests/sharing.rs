@@ -110,6 +110,7 @@ fn limit_holds_a_job_alone() {
     sim.spawn(1, "capped", Load::Busy, GIB, true);
     sim.run(MINUTE);
     let got = share(&sim, "capped", MINUTE);
+    eprintln!("limit 0.3 alone: {got:.4}, {} holds", sim.holds());
     assert!(got <= 0.31, "limit 0.3: got {got:.4}");
     assert!(got >= 0.28, "limit 0.3: got only {got:.4}");
     let reported = sim.report("capped").achieved_share;
