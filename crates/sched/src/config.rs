@@ -23,6 +23,8 @@
 
 use std::time::Duration;
 
+mod parse;
+
 /// A job's memory limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MemSpec {
@@ -106,10 +108,11 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses the TOML text of a configuration.
+    /// Parses the TOML text of a configuration. Every field is checked; the first fault
+    /// is refused with its line and a reason naming the field, the value seen and what is
+    /// expected. A field a `[[job]]` leaves out takes the `[default]` table's value.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let _ = text;
-        todo!("cudaw-sched: Config::parse")
+        parse::parse(text)
     }
 
     /// The spec of job `id` (the default's, with that id, when it is not named).
@@ -124,3 +127,6 @@ impl Config {
             })
     }
 }
+
+#[cfg(test)]
+mod tests;

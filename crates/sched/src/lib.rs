@@ -12,11 +12,51 @@
 //!   a job over its `limit` waits even when the GPU is free; before a job's quantum, jobs
 //!   not running now are swapped out (least recently run first, never a higher priority
 //!   for a lower) until the job's memory fits.
+//!
+//! # The policy
+//!
+//! - **Turns.** At most one job's gates are open at a time. A job wants the GPU when a
+//!   process of it waits at its closed gate (or an allocation of it waits for room,
+//!   [`Scheduler::alloc_wait`]). Of the jobs that want it, the one with the least GPU time
+//!   used divided by its weight goes next (stride scheduling; GPU time is from its release
+//!   done to its hold done, so a hold's drain is its own). The weight is the job's
+//!   `request`; jobs that request 0 share what the requests of the jobs here leave over
+//!   equally (at least [`MIN_WEIGHT`]). A job that starts wanting is brought up to the
+//!   least virtual time of the others, so time it did not want is not credit.
+//! - **Work-conserving.** At the end of its quantum the running job goes on, with no hold,
+//!   unless a job that wants the GPU should go before it: one job alone is never held.
+//! - **Limits.** A job is held at the end of a quantum when its GPU time over the last
+//!   [`LIMIT_WINDOW`] would pass `limit × LIMIT_WINDOW`, even with the GPU otherwise idle,
+//!   and starts again once a whole quantum fits under it ([`Scheduler::next_deadline`]
+//!   says when).
+//! - **Quanta.** A job's quantum is the configured `quantum`, lengthened to
+//!   [`DRAIN_FACTOR`] times the moving average of its holds' drain (so a switch costs at
+//!   most about 5% of its turn), within `min_quantum..max_quantum`. A turn that had to swap
+//!   memory first lasts at least [`SWAP_FACTOR`] times the swap took, past `max_quantum` if
+//!   need be, so a swap costs at most about a sixth of the GPU's time.
+//! - **Memory.** Before job J's turn, if the memory resident on the GPU plus J's swapped
+//!   memory (and the bytes its allocations wait for) exceed the card, jobs not running are
+//!   swapped out — least recently run first, never one of a higher priority than J — until
+//!   J fits; then J's memory is swapped in, then its gates open (swaps and releases come in
+//!   separate ticks: a failed swap cancels the turn, retried after `max_quantum`). A job
+//!   that cannot fit waits (`memory_waits` in its report); the others go on.
+//! - **Robustness.** A process that joins is running ungated: if another job holds the GPU
+//!   it is held at once. A failed hold means the process may still run: its job keeps the
+//!   turn, the hold is tried again after `min_quantum`, and no other job is released
+//!   meanwhile (the daemon should bound a hold's wait and report it failed). An action
+//!   outstanding (given by [`Scheduler::tick`], not yet [`Scheduler::done`]) blocks any
+//!   other for that process. A job whose processes all leave ends its turn.
+//!
+//! The daemon's loop: [`Scheduler::join`] / [`Scheduler::leave`] / [`Scheduler::observe`]
+//! as it finds processes, [`Scheduler::tick`] after each event and at
+//! [`Scheduler::next_deadline`], each action carried out in order and reported with
+//! [`Scheduler::done`] (then [`Scheduler::tick`] again).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod config;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 pub use config::{Config, ConfigError, JobSpec, MemSpec};
@@ -85,6 +125,92 @@ pub struct JobReport {
     pub waits: u64,
     /// Whether it holds the GPU now.
     pub running: bool,
+    /// All the GPU time it had, in seconds (its turns: from release done to hold done).
+    pub gpu_seconds: f64,
+    /// Times it wanted the GPU and did not fit in memory (only jobs of a higher priority
+    /// left to swap out, or a swap failed): it waited for room.
+    pub memory_waits: u64,
+    /// Its weight in the fair share: its request, or an equal part of what the requests
+    /// leave over for a job that requests 0.
+    pub weight: f64,
+    /// The quantum it gets now, in seconds.
+    pub quantum_seconds: f64,
+}
+
+/// How long achieved shares are measured over ([`JobReport::achieved_share`]).
+pub const SHARE_WINDOW: Duration = Duration::from_secs(60);
+/// How long a job's `limit` is enforced over: a job is held while its GPU time in the last
+/// `LIMIT_WINDOW` would exceed `limit × LIMIT_WINDOW`.
+pub const LIMIT_WINDOW: Duration = Duration::from_secs(2);
+/// A job's quantum is at least this many times its holds' drain time (within
+/// `min_quantum..max_quantum`), so the switch costs at most about 5% of its turns.
+pub const DRAIN_FACTOR: u32 = 20;
+/// A turn that had to swap memory first lasts at least this many times the swap took
+/// (even past `max_quantum`), so swapping costs at most about a sixth of the GPU's time.
+pub const SWAP_FACTOR: u32 = 5;
+/// The smallest weight a job with `request = 0` gets when the requests leave nothing over.
+pub const MIN_WEIGHT: f64 = 0.01;
+
+/// One process, as the scheduler knows it.
+#[derive(Debug)]
+struct Proc {
+    job: String,
+    seen: Observation,
+    /// Bytes an allocation of it waits for ([`Scheduler::alloc_wait`]).
+    need: u64,
+    /// Its gate may be open: it joined ungated, was released, or a hold of it failed.
+    open: bool,
+    /// The action the daemon carries out for it now, and when it was given.
+    pending: Option<(Action, Instant)>,
+    /// A failed hold is tried again from then.
+    retry_at: Option<Instant>,
+}
+
+/// One job, as the scheduler knows it.
+#[derive(Debug)]
+struct Job {
+    pids: Vec<Pid>,
+    joined: Instant,
+    /// GPU time used divided by its weight, in seconds: the job that wants the GPU with the
+    /// least goes next (stride scheduling).
+    vtime: f64,
+    /// All its GPU time.
+    gpu: Duration,
+    /// Its turns (from the first release done to the last hold done) within the windows.
+    runs: std::collections::VecDeque<(Instant, Instant)>,
+    /// When its last turn ended (its join, before any): swaps take the least recent first.
+    last_run: Instant,
+    wanting: bool,
+    swaps: u64,
+    waits: u64,
+    memory_waits: u64,
+    /// It wants the GPU and does not fit: counted once in `memory_waits` per episode.
+    mem_blocked: bool,
+    /// The moving average of its holds' drain times.
+    drain: Option<Duration>,
+    /// A turn of it failed to prepare (a swap failed): not tried again before then.
+    backoff_until: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Swaps for the turn are being carried out.
+    Preparing { started: Instant, failed: bool },
+    /// Its releases are being carried out; `swap` is how long preparing took.
+    Releasing { swap: Duration },
+    /// Its gates are open until `end`.
+    Running { end: Instant },
+    /// Its holds are being carried out.
+    Draining,
+}
+
+/// The job that holds the GPU (or is about to, or is giving it back).
+#[derive(Debug)]
+struct Turn {
+    job: String,
+    phase: Phase,
+    /// Its first release done (or its join, when it was found running).
+    since: Option<Instant>,
 }
 
 /// One GPU's schedule. See the crate docs.
@@ -92,69 +218,957 @@ pub struct JobReport {
 pub struct Scheduler {
     capacity: u64,
     config: Config,
-    _state: (),
+    procs: BTreeMap<Pid, Proc>,
+    jobs: BTreeMap<String, Job>,
+    turn: Option<Turn>,
+    /// The last [`Scheduler::tick`]'s time: deadlines not after it are not deadlines.
+    last_tick: Option<Instant>,
+}
+
+/// How much of `[from, to]` lies in `[start, end]` (`from` `None`: from the beginning).
+fn overlap(start: Instant, end: Instant, from: Option<Instant>, to: Instant) -> Duration {
+    let s = match from {
+        Some(f) => start.max(f),
+        None => start,
+    };
+    let e = end.min(to);
+    e.saturating_duration_since(s)
 }
 
 impl Scheduler {
-    /// A GPU of `capacity` bytes scheduled by `config`.
+    /// A GPU of `capacity` bytes scheduled by `config` (`capacity` 0: unknown, nothing is
+    /// swapped).
     pub fn new(capacity: u64, config: &Config) -> Scheduler {
         Scheduler {
             capacity,
             config: config.clone(),
-            _state: (),
+            procs: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            turn: None,
+            last_tick: None,
         }
     }
 
     /// Applies a new configuration (shares and limits at once; a lowered memory limit
     /// as the job frees memory).
-    pub fn set_config(&mut self, config: &Config, _now: Instant) {
+    pub fn set_config(&mut self, config: &Config, now: Instant) {
         self.config = config.clone();
+        // The running turn's end follows the new quantum and limit at once.
+        if let Some(Turn {
+            job,
+            phase: Phase::Running { end },
+            since: Some(since),
+        }) = &self.turn
+        {
+            let q = self.turn_length(job, now);
+            let new_end = (*since + q).max(now);
+            if new_end < *end {
+                let job = job.clone();
+                self.set_phase(&job, Phase::Running { end: new_end });
+            }
+        }
     }
 
     /// Process `pid` of job `job` joined (found running ungated: it counts as running
     /// until the first [`Action::Hold`] of it is done).
     pub fn join(&mut self, pid: Pid, job: &str, now: Instant) {
-        let _ = (pid, job, now, self.capacity);
-        todo!("cudaw-sched: join")
+        if let Some(p) = self.procs.get(&pid) {
+            if p.job == job {
+                return;
+            }
+            self.leave(pid, now);
+        }
+        if !self.jobs.contains_key(job) {
+            let floor = self.vfloor(None, now);
+            self.jobs.insert(
+                job.to_owned(),
+                Job {
+                    pids: Vec::new(),
+                    joined: now,
+                    vtime: floor,
+                    gpu: Duration::ZERO,
+                    runs: Default::default(),
+                    last_run: now,
+                    wanting: false,
+                    swaps: 0,
+                    waits: 0,
+                    memory_waits: 0,
+                    mem_blocked: false,
+                    drain: None,
+                    backoff_until: None,
+                },
+            );
+        }
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.pids.push(pid);
+        }
+        self.procs.insert(
+            pid,
+            Proc {
+                job: job.to_owned(),
+                seen: Observation::default(),
+                need: 0,
+                open: true,
+                pending: None,
+                retry_at: None,
+            },
+        );
+        if self.turn.is_none() && self.procs.values().all(|p| p.job == job || !p.open) {
+            // Found running with the GPU otherwise free: its turn began now.
+            self.start_running(job, now, Duration::ZERO);
+        }
     }
 
     /// Process `pid` is gone (exited, or its socket no longer answers).
     pub fn leave(&mut self, pid: Pid, now: Instant) {
-        let _ = (pid, now);
-        todo!("cudaw-sched: leave")
+        let Some(p) = self.procs.remove(&pid) else {
+            return;
+        };
+        let empty = match self.jobs.get_mut(&p.job) {
+            Some(j) => {
+                j.pids.retain(|&q| q != pid);
+                j.pids.is_empty()
+            }
+            None => false,
+        };
+        let is_turn = self.turn.as_ref().is_some_and(|t| t.job == p.job);
+        let draining = self
+            .turn
+            .as_ref()
+            .is_some_and(|t| t.phase == Phase::Draining);
+        if is_turn && (empty || (draining && self.turn_drained())) {
+            self.end_turn(now);
+        }
+        if empty {
+            self.jobs.remove(&p.job);
+        } else {
+            self.update_wanting(&p.job, now);
+        }
     }
 
     /// What the daemon saw of process `pid` now.
     pub fn observe(&mut self, pid: Pid, seen: Observation, now: Instant) {
-        let _ = (pid, seen, now);
-        todo!("cudaw-sched: observe")
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.seen = seen;
+        let job = p.job.clone();
+        self.update_wanting(&job, now);
+    }
+
+    /// An allocation of process `pid` waits for `bytes` of device memory it does not have
+    /// (0: none waits now). The job counts as wanting the GPU, its turn is prepared with
+    /// room for the bytes, and while it runs, jobs that may be swapped out for it are.
+    /// (Added for the issue's waiting allocations; optional for the daemon.)
+    pub fn alloc_wait(&mut self, pid: Pid, bytes: u64, now: Instant) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.need = bytes;
+        let job = p.job.clone();
+        self.update_wanting(&job, now);
     }
 
     /// An action returned by [`Scheduler::tick`] ended.
     pub fn done(&mut self, action: &Action, outcome: Outcome, now: Instant) {
-        let _ = (action, outcome, now);
-        todo!("cudaw-sched: done")
+        let pid = match action {
+            Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
+        };
+        let min_q = self.config.min_quantum;
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let issued = match &p.pending {
+            Some((a, at)) if a == action => *at,
+            _ => return, // not the action outstanding for it: stale
+        };
+        p.pending = None;
+        let ok = outcome == Outcome::Done;
+        let job = p.job.clone();
+        let mut prep_failed = false;
+        match action {
+            Action::Hold(_) => {
+                if ok {
+                    p.open = false;
+                    p.retry_at = None;
+                    let drain = now.saturating_duration_since(issued);
+                    if let Some(j) = self.jobs.get_mut(&job) {
+                        j.drain = Some(match j.drain {
+                            Some(d) => d.mul_f64(0.7) + drain.mul_f64(0.3),
+                            None => drain,
+                        });
+                    }
+                } else {
+                    // It may still run: it keeps the GPU until a hold of it is done.
+                    p.retry_at = Some(now + min_q);
+                }
+            }
+            Action::Release(_) => {
+                // A failed release leaves its gate unknown: held before anyone else runs.
+                p.open = true;
+                if let Some(Turn {
+                    job: tj,
+                    phase: Phase::Releasing { swap },
+                    ..
+                }) = &self.turn
+                {
+                    if *tj == job {
+                        let swap = *swap;
+                        self.start_running(&job, now, swap);
+                    }
+                }
+            }
+            Action::SwapOut(_) => {
+                if ok {
+                    p.seen.swapped = p.seen.swapped.saturating_add(p.seen.resident);
+                    p.seen.resident = 0;
+                } else {
+                    prep_failed = true;
+                }
+            }
+            Action::SwapIn(_) => {
+                if ok {
+                    p.seen.resident = p.seen.resident.saturating_add(p.seen.swapped);
+                    p.seen.swapped = 0;
+                } else {
+                    prep_failed = true;
+                }
+            }
+        }
+        if prep_failed {
+            if let Some(Turn {
+                phase: Phase::Preparing { failed, .. },
+                ..
+            }) = &mut self.turn
+            {
+                *failed = true;
+            }
+        }
+        if matches!(action, Action::Hold(_))
+            && self
+                .turn
+                .as_ref()
+                .is_some_and(|t| t.job == job && t.phase == Phase::Draining)
+            && self.turn_drained()
+        {
+            self.end_turn(now);
+        }
     }
 
-    /// What to do now. Call again at [`Scheduler::next_deadline`] or after any event.
+    /// What to do now. Call again at [`Scheduler::next_deadline`] or after any event
+    /// (an observation, a join or leave, an action done). At most one action is
+    /// outstanding for a process at a time: no action is given for a process whose last
+    /// one is not yet [`Scheduler::done`].
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
-        let _ = now;
-        todo!("cudaw-sched: tick")
+        self.last_tick = Some(now);
+        self.prune(now);
+        let mut out = Vec::new();
+        let turn_job = self.turn.as_ref().map(|t| t.job.clone());
+
+        // Processes whose gates may be open that are not the turn's: hold them.
+        let strays: Vec<Pid> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| {
+                p.open
+                    && p.pending.is_none()
+                    && Some(&p.job) != turn_job.as_ref()
+                    && p.retry_at.is_none_or(|t| t <= now)
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in strays {
+            self.issue(&mut out, Action::Hold(pid), now);
+        }
+
+        if let Some(turn) = &self.turn {
+            let job = turn.job.clone();
+            match turn.phase {
+                Phase::Preparing { started, failed } => {
+                    // Nothing of another job may run (a stray found running, a hold
+                    // that failed) when its gates open.
+                    if !self.job_pending(&job)
+                        && !self.any_pending_outside(&job)
+                        && !self.any_open_outside(&job)
+                    {
+                        if failed {
+                            self.abort_turn(&job, now);
+                        } else if self.fits_now(&job) {
+                            let swap = now.saturating_duration_since(started);
+                            self.release(&job, swap, now, &mut out);
+                        } else if !self.prepare(&job, now, &mut out) {
+                            self.abort_turn(&job, now);
+                        }
+                    }
+                }
+                Phase::Releasing { .. } => {}
+                Phase::Running { end } => {
+                    self.make_room_for_running(&job, now, &mut out);
+                    if now >= end {
+                        self.end_of_quantum(&job, now, &mut out);
+                    }
+                }
+                Phase::Draining => self.hold_job(&job, now, &mut out),
+            }
+        }
+
+        if self.turn.is_none() {
+            self.start_next(now, &mut out);
+        }
+        out
     }
 
-    /// When the schedule next changes by itself (a quantum's end), if ever.
+    /// When the schedule next changes by itself (a quantum's end, a failed hold tried
+    /// again, a job back under its limit), if ever.
     pub fn next_deadline(&self) -> Option<Instant> {
-        todo!("cudaw-sched: next_deadline")
+        let after = |t: &Instant| self.last_tick.is_none_or(|l| *t > l);
+        let mut times = Vec::new();
+        if let Some(Turn {
+            phase: Phase::Running { end },
+            ..
+        }) = &self.turn
+        {
+            times.push(*end);
+        }
+        for p in self.procs.values() {
+            if p.open && p.pending.is_none() {
+                times.extend(p.retry_at);
+            }
+        }
+        let now = self.last_tick;
+        for (id, j) in &self.jobs {
+            if !j.wanting {
+                continue;
+            }
+            times.extend(j.backoff_until);
+            if let Some(now) = now {
+                times.extend(self.limit_ready_at(id, now));
+            }
+        }
+        times.into_iter().filter(after).min()
     }
 
     /// Every job on this GPU, for `cudaw node status` and the metrics.
     pub fn report(&self, now: Instant) -> Vec<JobReport> {
-        let _ = now;
-        todo!("cudaw-sched: report")
+        let from = now.checked_sub(SHARE_WINDOW);
+        self.jobs
+            .iter()
+            .map(|(id, j)| {
+                let spec = self.config.job(id);
+                let used = self.used_since(id, from, now);
+                let span = now
+                    .saturating_duration_since(j.joined)
+                    .min(SHARE_WINDOW)
+                    .max(Duration::from_millis(1));
+                let mut resident = 0u64;
+                let mut swapped = 0u64;
+                for pid in &j.pids {
+                    if let Some(p) = self.procs.get(pid) {
+                        resident = resident.saturating_add(p.seen.resident);
+                        swapped = swapped.saturating_add(p.seen.swapped);
+                    }
+                }
+                let running = self.turn.as_ref().is_some_and(|t| {
+                    t.job == *id && matches!(t.phase, Phase::Running { .. } | Phase::Draining)
+                });
+                JobReport {
+                    id: id.clone(),
+                    pids: j.pids.clone(),
+                    request: spec.request,
+                    limit: spec.limit,
+                    memory: spec.memory.map(|m| self.mem_bytes(m)),
+                    priority: spec.priority,
+                    achieved_share: (used.as_secs_f64() / span.as_secs_f64()).min(1.0),
+                    resident_bytes: resident,
+                    swapped_bytes: swapped,
+                    swaps: j.swaps,
+                    waits: j.waits,
+                    running,
+                    gpu_seconds: (j.gpu + self.current_run(id, now)).as_secs_f64(),
+                    memory_waits: j.memory_waits,
+                    weight: self.weight(id),
+                    quantum_seconds: self.quantum_for(id).as_secs_f64(),
+                }
+            })
+            .collect()
     }
 
-    /// The quantum the next turn would get now (for the timeline and the logs).
+    /// The quantum the next turn would get now (for the timeline and the logs): the
+    /// running job's, or the configured one when none runs.
     pub fn quantum(&self) -> Duration {
-        self.config.quantum
+        match &self.turn {
+            Some(t) => self.quantum_for(&t.job),
+            None => self
+                .config
+                .quantum
+                .clamp(self.config.min_quantum, self.config.max_quantum),
+        }
+    }
+
+    /// The quantum job `id` gets now, if it is on this GPU: the configured quantum,
+    /// lengthened to [`DRAIN_FACTOR`] times its holds' drain, within
+    /// `min_quantum..max_quantum`. (Added for the daemon's logs.)
+    pub fn job_quantum(&self, id: &str) -> Option<Duration> {
+        self.jobs.contains_key(id).then(|| self.quantum_for(id))
+    }
+
+    /// The job whose turn it is, if any (running, or being prepared, released or held).
+    /// (Added for the daemon's timeline.)
+    pub fn turn_job(&self) -> Option<&str> {
+        self.turn.as_ref().map(|t| t.job.as_str())
+    }
+
+    // ---- policy -------------------------------------------------------------------
+
+    fn quantum_for(&self, id: &str) -> Duration {
+        let c = &self.config;
+        let drain = self.jobs.get(id).and_then(|j| j.drain).unwrap_or_default();
+        c.quantum
+            .max(drain.saturating_mul(DRAIN_FACTOR))
+            .clamp(c.min_quantum, c.max_quantum.max(c.min_quantum))
+    }
+
+    /// Its weight: its request, or for a job that requests 0, an equal part of what the
+    /// requests of the jobs here leave over (at least [`MIN_WEIGHT`]).
+    fn weight(&self, id: &str) -> f64 {
+        let spec = self.config.job(id);
+        if spec.request > 0.0 {
+            return spec.request;
+        }
+        let mut sum = 0.0;
+        let mut zero = 0usize;
+        for other in self.jobs.keys() {
+            let r = self.config.job(other).request;
+            if r > 0.0 {
+                sum += r;
+            } else {
+                zero += 1;
+            }
+        }
+        ((1.0 - sum) / zero.max(1) as f64).max(MIN_WEIGHT)
+    }
+
+    /// Its virtual time, with the running turn counted so far.
+    fn vtime(&self, id: &str, now: Instant) -> f64 {
+        let Some(j) = self.jobs.get(id) else {
+            return 0.0;
+        };
+        j.vtime + self.current_run(id, now).as_secs_f64() / self.weight(id)
+    }
+
+    /// The least virtual time of the jobs that want or hold the GPU, other than `except`:
+    /// a job that starts wanting is brought up to it, so time it did not want is not
+    /// credit it can claim later.
+    fn vfloor(&self, except: Option<&str>, now: Instant) -> f64 {
+        let turn = self.turn.as_ref().map(|t| t.job.as_str());
+        self.jobs
+            .iter()
+            .filter(|(id, j)| Some(id.as_str()) != except && (j.wanting || turn == Some(id)))
+            .map(|(id, _)| self.vtime(id, now))
+            .min_by(f64::total_cmp)
+            .unwrap_or_else(|| {
+                self.jobs
+                    .iter()
+                    .filter(|(id, _)| Some(id.as_str()) != except)
+                    .map(|(_, j)| j.vtime)
+                    .min_by(f64::total_cmp)
+                    .unwrap_or(0.0)
+            })
+    }
+
+    fn current_run(&self, id: &str, now: Instant) -> Duration {
+        match &self.turn {
+            Some(Turn {
+                job,
+                since: Some(since),
+                ..
+            }) if job == id => now.saturating_duration_since(*since),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Its GPU time in `[from, now]`.
+    fn used_since(&self, id: &str, from: Option<Instant>, now: Instant) -> Duration {
+        let Some(j) = self.jobs.get(id) else {
+            return Duration::ZERO;
+        };
+        let mut used: Duration = j.runs.iter().map(|&(s, e)| overlap(s, e, from, now)).sum();
+        if let Some(Turn {
+            job,
+            since: Some(since),
+            ..
+        }) = &self.turn
+        {
+            if job == id {
+                used += overlap(*since, now, from, now);
+            }
+        }
+        used
+    }
+
+    /// How much more GPU time its limit allows in the limit window now (`None`: no limit).
+    fn budget(&self, id: &str, now: Instant) -> Option<Duration> {
+        let limit = self.config.job(id).limit;
+        if limit >= 1.0 {
+            return None;
+        }
+        let allowed = LIMIT_WINDOW.mul_f64(limit.max(0.0));
+        let used = self.used_since(id, now.checked_sub(LIMIT_WINDOW), now);
+        Some(allowed.saturating_sub(used))
+    }
+
+    /// The budget a waiting job needs before it may start a turn: a whole quantum (or its
+    /// whole window's allowance, if smaller), so a limited job does not run in slivers.
+    fn budget_needed(&self, id: &str) -> Duration {
+        let limit = self.config.job(id).limit.max(0.0);
+        self.quantum_for(id).min(LIMIT_WINDOW.mul_f64(limit))
+    }
+
+    fn under_limit(&self, id: &str, now: Instant) -> bool {
+        match self.budget(id, now) {
+            None => true,
+            Some(b) => !b.is_zero() && b >= self.budget_needed(id),
+        }
+    }
+
+    /// When a job that waits only for its limit may start a turn again.
+    fn limit_ready_at(&self, id: &str, now: Instant) -> Option<Instant> {
+        let budget = self.budget(id, now)?;
+        let need = self.budget_needed(id);
+        if budget >= need && !budget.is_zero() {
+            return None;
+        }
+        let mut excess = need.max(Duration::from_micros(1)) - budget;
+        let from = now.checked_sub(LIMIT_WINDOW);
+        let j = self.jobs.get(id)?;
+        for &(s, e) in &j.runs {
+            let len = overlap(s, e, from, now);
+            if len.is_zero() {
+                continue;
+            }
+            let start = from.map_or(s, |f| s.max(f));
+            if excess <= len {
+                return Some(start + excess + LIMIT_WINDOW);
+            }
+            excess -= len;
+        }
+        None
+    }
+
+    fn mem_bytes(&self, m: MemSpec) -> u64 {
+        match m {
+            MemSpec::Bytes(b) => b,
+            MemSpec::Fraction(f) => (self.capacity as f64 * f) as u64,
+        }
+    }
+
+    fn job_sum(&self, id: &str, f: impl Fn(&Proc) -> u64) -> u64 {
+        self.jobs.get(id).map_or(0, |j| {
+            j.pids
+                .iter()
+                .filter_map(|pid| self.procs.get(pid))
+                .map(&f)
+                .fold(0u64, u64::saturating_add)
+        })
+    }
+
+    fn total_resident(&self) -> u64 {
+        self.procs
+            .values()
+            .map(|p| p.seen.resident)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// The bytes job `id` needs on the GPU beyond what it has there.
+    fn job_need(&self, id: &str) -> u64 {
+        self.job_sum(id, |p| p.seen.swapped.saturating_add(p.need))
+    }
+
+    fn fits_now(&self, id: &str) -> bool {
+        self.job_sum(id, |p| p.seen.swapped) == 0
+            && (self.capacity == 0
+                || self
+                    .total_resident()
+                    .saturating_add(self.job_sum(id, |p| p.need))
+                    <= self.capacity)
+    }
+
+    /// The jobs to swap out, least recently run first, for job `id` to fit; `None` if it
+    /// cannot (only jobs of a higher priority, or busy ones, are left to swap out).
+    fn evictions(&self, id: &str) -> Option<Vec<String>> {
+        if self.capacity == 0 {
+            return Some(Vec::new());
+        }
+        let total = self.total_resident().saturating_add(self.job_need(id));
+        let mut over = total.saturating_sub(self.capacity);
+        if over == 0 {
+            return Some(Vec::new());
+        }
+        let prio = self.config.job(id).priority;
+        let mut candidates: Vec<(&String, &Job)> = self
+            .jobs
+            .iter()
+            .filter(|(other, j)| {
+                *other != id
+                    && self.config.job(other).priority <= prio
+                    && j.pids.iter().all(|pid| {
+                        self.procs
+                            .get(pid)
+                            .is_none_or(|p| !p.open && p.pending.is_none())
+                    })
+                    && self.job_sum(other, |p| p.seen.resident) > 0
+            })
+            .collect();
+        candidates.sort_by(|a, b| a.1.last_run.cmp(&b.1.last_run).then(a.0.cmp(b.0)));
+        let mut victims = Vec::new();
+        for (other, _) in candidates {
+            victims.push(other.clone());
+            over = over.saturating_sub(self.job_sum(other, |p| p.seen.resident));
+            if over == 0 {
+                return Some(victims);
+            }
+        }
+        None
+    }
+
+    /// Whether job `id` may start a turn now (memory aside).
+    fn eligible(&self, id: &str, now: Instant) -> bool {
+        let Some(j) = self.jobs.get(id) else {
+            return false;
+        };
+        j.wanting && j.backoff_until.is_none_or(|t| t <= now) && self.under_limit(id, now)
+    }
+
+    /// The job that should have the GPU next among those that want it, other than
+    /// `except`: the least virtual time, then the least recently run.
+    fn best(&self, except: Option<&str>, now: Instant) -> Option<String> {
+        self.jobs
+            .iter()
+            .filter(|(id, _)| Some(id.as_str()) != except)
+            .filter(|(id, _)| self.eligible(id, now) && self.evictions(id).is_some())
+            .map(|(id, j)| (self.vtime(id, now), j.last_run, id))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)))
+            .map(|(_, _, id)| id.clone())
+    }
+
+    // ---- turns --------------------------------------------------------------------
+
+    fn issue(&mut self, out: &mut Vec<Action>, action: Action, now: Instant) {
+        let pid = match &action {
+            Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
+        };
+        if let Some(p) = self.procs.get_mut(&pid) {
+            if p.pending.is_none() {
+                p.pending = Some((action.clone(), now));
+                out.push(action);
+            }
+        }
+    }
+
+    fn set_phase(&mut self, id: &str, phase: Phase) {
+        if let Some(t) = &mut self.turn {
+            if t.job == id {
+                t.phase = phase;
+            }
+        }
+    }
+
+    fn job_pending(&self, id: &str) -> bool {
+        self.jobs.get(id).is_some_and(|j| {
+            j.pids
+                .iter()
+                .any(|pid| self.procs.get(pid).is_some_and(|p| p.pending.is_some()))
+        })
+    }
+
+    fn any_pending_outside(&self, id: &str) -> bool {
+        self.procs
+            .values()
+            .any(|p| p.job != id && p.pending.is_some())
+    }
+
+    fn any_open_outside(&self, id: &str) -> bool {
+        self.procs.values().any(|p| p.job != id && p.open)
+    }
+
+    /// Every process of the turn's job is held, none with an action outstanding.
+    fn turn_drained(&self) -> bool {
+        let Some(t) = &self.turn else {
+            return false;
+        };
+        self.jobs.get(&t.job).is_none_or(|j| {
+            j.pids.iter().all(|pid| {
+                self.procs
+                    .get(pid)
+                    .is_none_or(|p| !p.open && p.pending.is_none())
+            })
+        })
+    }
+
+    /// Its turn's length from its start: its quantum, at least [`SWAP_FACTOR`] times the
+    /// swap that prepared it, at most what its limit allows.
+    fn turn_length(&self, id: &str, now: Instant) -> Duration {
+        let q = self.quantum_for(id);
+        match self.budget(id, now) {
+            Some(b) => q.min(b.max(self.config.min_quantum)),
+            None => q,
+        }
+    }
+
+    fn start_running(&mut self, id: &str, now: Instant, swap: Duration) {
+        let len = self
+            .turn_length(id, now)
+            .max(swap.saturating_mul(SWAP_FACTOR));
+        self.turn = Some(Turn {
+            job: id.to_owned(),
+            phase: Phase::Running { end: now + len },
+            since: Some(now),
+        });
+        if let Some(j) = self.jobs.get_mut(id) {
+            j.mem_blocked = false;
+        }
+    }
+
+    /// The turn is over: its GPU time is the job's.
+    fn end_turn(&mut self, now: Instant) {
+        let Some(t) = self.turn.take() else {
+            return;
+        };
+        let w = self.weight(&t.job);
+        if let Some(j) = self.jobs.get_mut(&t.job) {
+            if let Some(since) = t.since {
+                let used = now.saturating_duration_since(since);
+                j.gpu += used;
+                j.vtime += used.as_secs_f64() / w;
+                j.runs.push_back((since, now));
+                j.last_run = now;
+            }
+        }
+    }
+
+    fn abort_turn(&mut self, id: &str, now: Instant) {
+        self.turn = None;
+        let backoff = self.config.max_quantum;
+        if let Some(j) = self.jobs.get_mut(id) {
+            j.backoff_until = Some(now + backoff);
+            if !j.mem_blocked {
+                j.mem_blocked = true;
+                j.memory_waits += 1;
+            }
+        }
+    }
+
+    fn prune(&mut self, now: Instant) {
+        let Some(from) = now.checked_sub(SHARE_WINDOW.max(LIMIT_WINDOW)) else {
+            return;
+        };
+        for j in self.jobs.values_mut() {
+            while j.runs.front().is_some_and(|&(_, e)| e < from) {
+                j.runs.pop_front();
+            }
+        }
+    }
+
+    fn update_wanting(&mut self, id: &str, now: Instant) {
+        let wanting = self.jobs.get(id).is_some_and(|j| {
+            j.pids.iter().any(|pid| {
+                self.procs
+                    .get(pid)
+                    .is_some_and(|p| p.seen.waiting || p.need > 0)
+            })
+        });
+        let was = self.jobs.get(id).is_some_and(|j| j.wanting);
+        if wanting && !was {
+            let floor = self.vfloor(Some(id), now);
+            let is_turn = self.turn.as_ref().is_some_and(|t| {
+                t.job == id && matches!(t.phase, Phase::Running { .. } | Phase::Releasing { .. })
+            });
+            let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
+            if let Some(j) = self.jobs.get_mut(id) {
+                if !holds_gpu {
+                    j.vtime = j.vtime.max(floor);
+                }
+                if !is_turn {
+                    j.waits += 1;
+                }
+            }
+        }
+        if let Some(j) = self.jobs.get_mut(id) {
+            j.wanting = wanting;
+            if !wanting {
+                j.mem_blocked = false;
+            }
+        }
+    }
+
+    /// Holds every process of job `id` whose gate may be open.
+    fn hold_job(&mut self, id: &str, now: Instant, out: &mut Vec<Action>) {
+        let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| {
+            j.pids
+                .iter()
+                .copied()
+                .filter(|pid| {
+                    self.procs.get(pid).is_some_and(|p| {
+                        p.open && p.pending.is_none() && p.retry_at.is_none_or(|t| t <= now)
+                    })
+                })
+                .collect()
+        });
+        for pid in pids {
+            self.issue(out, Action::Hold(pid), now);
+        }
+    }
+
+    /// The running job's quantum is over: it goes on if no job that wants the GPU should
+    /// go before it and its limit allows; else it is held.
+    fn end_of_quantum(&mut self, id: &str, now: Instant, out: &mut Vec<Action>) {
+        let over = match self.budget(id, now) {
+            Some(b) => {
+                b < self
+                    .config
+                    .min_quantum
+                    .min(self.budget_needed(id))
+                    .max(Duration::from_micros(1))
+            }
+            None => false,
+        };
+        let mine = self.vtime(id, now);
+        let yield_to = self
+            .best(Some(id), now)
+            .is_some_and(|other| self.vtime(&other, now) <= mine);
+        if over || yield_to {
+            self.set_phase(id, Phase::Draining);
+            self.hold_job(id, now, out);
+        } else {
+            let len = self.turn_length(id, now);
+            self.set_phase(id, Phase::Running { end: now + len });
+        }
+    }
+
+    /// While job `id` runs, an allocation of it that waits is given room by swapping out
+    /// jobs that may be swapped out for it.
+    fn make_room_for_running(&mut self, id: &str, now: Instant, out: &mut Vec<Action>) {
+        if self.job_sum(id, |p| p.need) == 0 {
+            return;
+        }
+        if let Some(victims) = self.evictions(id) {
+            self.swap_out(&victims, now, out);
+        }
+    }
+
+    fn swap_out(&mut self, victims: &[String], now: Instant, out: &mut Vec<Action>) {
+        for v in victims {
+            let pids: Vec<Pid> = self.jobs.get(v).map_or(Vec::new(), |j| j.pids.clone());
+            let mut any = false;
+            for pid in pids {
+                if self.procs.get(&pid).is_some_and(|p| p.seen.resident > 0) {
+                    let before = out.len();
+                    self.issue(out, Action::SwapOut(pid), now);
+                    any |= out.len() > before;
+                }
+            }
+            if any {
+                if let Some(j) = self.jobs.get_mut(v) {
+                    j.swaps += 1;
+                }
+            }
+        }
+    }
+
+    /// Issues the swaps job `id`'s turn needs; false if it cannot fit.
+    fn prepare(&mut self, id: &str, now: Instant, out: &mut Vec<Action>) -> bool {
+        let Some(victims) = self.evictions(id) else {
+            return false;
+        };
+        self.swap_out(&victims, now, out);
+        let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
+        for pid in pids {
+            if self.procs.get(&pid).is_some_and(|p| p.seen.swapped > 0) {
+                self.issue(out, Action::SwapIn(pid), now);
+            }
+        }
+        true
+    }
+
+    fn release(&mut self, id: &str, swap: Duration, now: Instant, out: &mut Vec<Action>) {
+        if self.any_open_outside(id) {
+            // Not while another job's process may run: tried again at the next tick.
+            return;
+        }
+        self.set_phase(id, Phase::Releasing { swap });
+        let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
+        let mut any = false;
+        for pid in pids {
+            if self
+                .procs
+                .get(&pid)
+                .is_some_and(|p| !p.open && p.pending.is_none())
+            {
+                self.issue(out, Action::Release(pid), now);
+                any = true;
+            }
+        }
+        if !any {
+            // Its processes are open already (found running): its turn runs now.
+            self.start_running(id, now, swap);
+        }
+    }
+
+    /// No job has the GPU: the one found running takes it, or the next by the policy.
+    fn start_next(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let open_jobs: BTreeSet<&str> = self
+            .procs
+            .values()
+            .filter(|p| p.open || matches!(p.pending, Some((Action::Release(_), _))))
+            .map(|p| p.job.as_str())
+            .collect();
+        if !open_jobs.is_empty() {
+            // Running ungated (joined, or a hold failed): if one job alone, it has the GPU.
+            if open_jobs.len() == 1 {
+                let id = open_jobs
+                    .iter()
+                    .next()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                if !self.job_pending(&id) {
+                    self.start_running(&id, now, Duration::ZERO);
+                }
+            }
+            return;
+        }
+        if self.procs.values().any(|p| p.pending.is_some()) {
+            return;
+        }
+        // Jobs that want the GPU and cannot fit wait; say so once per wait.
+        let blocked: Vec<String> = self
+            .jobs
+            .keys()
+            .filter(|id| self.eligible(id, now) && self.evictions(id).is_none())
+            .cloned()
+            .collect();
+        for id in blocked {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                if !j.mem_blocked {
+                    j.mem_blocked = true;
+                    j.memory_waits += 1;
+                }
+            }
+        }
+        let Some(next) = self.best(None, now) else {
+            return;
+        };
+        self.turn = Some(Turn {
+            job: next.clone(),
+            phase: Phase::Preparing {
+                started: now,
+                failed: false,
+            },
+            since: None,
+        });
+        if self.fits_now(&next) {
+            self.release(&next, Duration::ZERO, now, out);
+        } else if !self.prepare(&next, now, out) {
+            self.abort_turn(&next, now);
+        }
     }
 }
