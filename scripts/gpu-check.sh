@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace diskbench (multigpu jobbench migrate: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -24,6 +24,15 @@
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
 #   SECTIONS="env diskbench" DISK_GIB=16 scripts/gpu-check.sh                     # ~3 min: dump/restore vs dd
 #   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, ~3-4 min (not yet timed on a GPU)
+#   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, < 6 min (not yet timed on a GPU)
+#   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, ~5 min (not yet timed)
+#   (one H100, nvidia-h100-x1; sharing and swap each fit one 10-minute command, not both.
+#    SHARING_SECONDS: each group of jobs together, 40; SHARING_SOLO_SECONDS: each solo run,
+#    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
+#    skip the 4-job group; SHARING_QUANTA="50ms 10ms 200ms": the daemon's quantum, min, max;
+#    SHARING_TIMEOUT / SWAP_TIMEOUT: each script's limit in seconds, 520; SWAP_HOLD_GIB: GiB
+#    each job holds, 35 (two must fit the card, three not); SWAP_JOBS, 3; SWAP_SECONDS: each
+#    job's training alone, 25; the tables side by side in sharing-table.md)
 # On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
@@ -39,7 +48,7 @@ ROOT=$PWD
 OUT=${OUT:-$(mktemp -d /tmp/cudaw-gpu-check.XXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cudaw-work.XXXX)
-SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace"}
+SECTIONS=${SECTIONS:-"env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap"}
 ARCH=${ARCH:-sm_90}
 REPS=${REPS:-7}
 CUDAW="$ROOT/dist/bin/cudaw"
@@ -529,6 +538,57 @@ if want exitrace; then
 fi
 lap exitrace
 
+# sharing_rows NAME RC: the verdict lines of sharing_check.py in $OUT/NAME.out as table rows,
+# its markdown table appended to $OUT/sharing-table.md, the daemons' logs copied to $OUT.
+sharing_rows() {
+  local name=$1 rc=$2 f
+  # (The daemons' logs, their configurations, every job's output and error.)
+  for f in "$WORK/$name"/*.log "$WORK/$name"/*.toml "$WORK/$name"/*.out "$WORK/$name"/*.err; do
+    [ -s "$f" ] && cp "$f" "$OUT/$name-$(basename "$f")"
+  done
+  while IFS='|' read -r verdict vname detail; do
+    verdict=$(echo "$verdict" | tr -d ' ')
+    case $verdict in PASS | FAIL | info) row "$(echo "$vname" | sed 's/^ *//; s/ *$//')" "$verdict" "$(echo "$detail" | sed 's/^ *//' | cut -c1-300)" ;; esac
+  done <"$OUT/$name.out"
+  grep -qE '^(PASS|FAIL) ' "$OUT/$name.out" || row "$name" FAIL "no verdicts (rc $rc); see $name.out"
+  [ "$rc" -eq 0 ] || row "$name: script exit status" FAIL "rc $rc (124: timed out); see $name.out"
+  # The targets against the figures (markdown), as the script printed them.
+  grep '^|' "$OUT/$name.out" | tee -a "$OUT/sharing-table.md"
+}
+
+if want sharing; then
+  # `cudaw node` time-slicing one GPU (scripts/sharing_check.py, examples/torch_spin.py:
+  # steps of bf16 8192x8192 matmuls). A job alone without the daemon and under it with
+  # request 1.0, in turn (overhead: >= 0.99); jobs with requests 0.25/0.75 (each within
+  # +-0.05 of its share), 0.1/0.9 (each within +-10% of it) and 4 x 0.25 (+-0.05) together
+  # for SHARING_SECONDS, their shares from their step rates against the solo rate and from
+  # the daemon's achieved_share (both pairs' aggregate >= 0.95); one job with limit 0.3
+  # (<= 0.33 of solo). Under 6 minutes (not yet timed on a GPU).
+  # shellcheck disable=SC2086
+  timeout "${SHARING_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/sharing" \
+    --parts overhead fairness limit --seconds "${SHARING_SECONDS:-40}" --solo-seconds "${SHARING_SOLO_SECONDS:-12}" \
+    --pairs "${SHARING_PAIRS:-2}" ${SHARING_NO_FOUR:+--no-four} --quanta ${SHARING_QUANTA:-50ms 10ms 200ms} \
+    --budget-s "$((${SHARING_TIMEOUT:-520} - 20))" >"$OUT/sharing.out" 2>&1; rc=$?
+  sharing_rows sharing $rc
+fi
+lap sharing
+
+if want swap; then
+  # `cudaw node` swapping instead of failing with out-of-memory (scripts/sharing_check.py
+  # --parts swap): SWAP_JOBS training jobs (torch_spin.py --train) each holding
+  # SWAP_HOLD_GIB GiB, on a GPU that holds two of them, each alone first (SWAP_SECONDS of
+  # training), then started one after another under the daemon (--alloc-wait 120s): all
+  # finish, each bit-identical to its solo run, aggregate throughput >= 0.80 of the solo
+  # runs in turn; then without the daemon the last one fails with out-of-memory. About 5
+  # minutes (not yet timed on a GPU).
+  # shellcheck disable=SC2086
+  timeout "${SWAP_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/swap" \
+    --parts swap --hold-gib "${SWAP_HOLD_GIB:-35}" --swap-jobs "${SWAP_JOBS:-3}" --swap-seconds "${SWAP_SECONDS:-25}" \
+    --quanta ${SHARING_QUANTA:-50ms 10ms 200ms} --budget-s "$((${SWAP_TIMEOUT:-520} - 20))" >"$OUT/swap.out" 2>&1; rc=$?
+  sharing_rows swap $rc
+fi
+lap swap
+
 # The multi-GPU sections run where nvidia-smi -L shows two or more GPUs (nvidia-h100-x2 or
 # x4): elsewhere they are skipped with a row saying so. NVLink multicast stays off.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -962,7 +1022,7 @@ lap driver
 # (tar may complain that the folder changed while it read it: a tee into gpu-check.log.)
 ( cd "$OUT" && { tar czf logs.tar.gz --exclude=logs.tar.gz --exclude=table.txt --exclude=gpu-check.log . 2>/dev/null; true; } \
   && [ -s logs.tar.gz ] \
-  && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt -exec rm -rf {} + )
+  && find . -mindepth 1 -maxdepth 1 ! -name logs.tar.gz ! -name table.txt ! -name gpu-check.log ! -name vmm_check.txt ! -name pausebench.txt ! -name sharing-table.md -exec rm -rf {} + )
 row "time per section" info "$(laps)total $((SECONDS / 60)) min $((SECONDS % 60)) s"
 echo
 echo "== cudaw gpu-check: $(grep -c ' PASS ' "$TABLE") passed, $failures failed (logs in $OUT, logs.tar.gz) =="
