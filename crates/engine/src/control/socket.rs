@@ -867,5 +867,7 @@ fn status_now(busy: Option<String>) -> Status {
             .ledger
             .then(|| config::get().node_dir.to_string_lossy().into_owned()),
         busy,
+        job: None,
+        waiting: 0,
     }
 }
