@@ -152,9 +152,7 @@ pub fn parse_interval(v: &str) -> Result<Duration, String> {
     } else if let Some(n) = t.strip_suffix('s') {
         (n, 1.0)
     } else {
-        return Err(format!(
-            "--interval {v:?}: expected a time with its unit, such as 20ms or 0.05s"
-        ));
+        return Err("expected a time with its unit, such as 20ms or 0.05s".into());
     };
     let secs = num
         .trim()
@@ -162,9 +160,9 @@ pub fn parse_interval(v: &str) -> Result<Duration, String> {
         .ok()
         .filter(|s| s.is_finite())
         .map(|s| s * scale)
-        .ok_or_else(|| format!("--interval {v:?}: {num:?} is not a number"))?;
+        .ok_or_else(|| format!("{num:?} is not a number"))?;
     if !(0.001..=10.0).contains(&secs) {
-        return Err(format!("--interval {v:?}: expected between 1ms and 10s"));
+        return Err(format!("{v} is not between 1ms and 10s"));
     }
     Ok(Duration::from_secs_f64(secs))
 }

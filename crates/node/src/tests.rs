@@ -517,5 +517,5 @@ fn intervals() {
         .contains("with its unit"));
     assert!(crate::parse_interval("0ms")
         .unwrap_err()
-        .contains("between 1ms and 10s"));
+        .contains("0ms is not between 1ms and 10s"));
 }
