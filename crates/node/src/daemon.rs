@@ -127,10 +127,11 @@ impl Daemon {
                     wake = wake.min(d);
                 }
             }
-            // Signals set `stop` without waking us: look at it at least every 100 ms.
+            // Signals set `stop` without waking us: look at it at least every 100 ms. A
+            // deadline already past (the policy did not move it) must not make this spin.
             let wait = wake
                 .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(100));
+                .clamp(Duration::from_millis(1), Duration::from_millis(100));
             match self.events.recv_timeout(wait) {
                 Ok(ev) => {
                     self.handle(ev);
