@@ -18,6 +18,7 @@ mod device;
 #[allow(dead_code)]
 mod failure;
 mod fatbin_cmd;
+mod node_cmd;
 mod run_cmd;
 
 /// What `cudaw --help` says after the commands.
@@ -46,6 +47,9 @@ enum Command {
     Fatbin(fatbin_cmd::Args),
     /// Run a CUDA program under cudaw's drop-in runtime.
     Run(run_cmd::Args),
+    /// Run the node daemon that shares each GPU between the jobs under cudaw
+    /// (`cudaw node --config FILE`), or show its status (`cudaw node status`).
+    Node(node_cmd::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => (demo_cmd::run(&args), args.json),
         Command::Fatbin(args) => (fatbin_cmd::run(&args), args.json),
         Command::Run(args) => (run_cmd::run(&args), false),
+        Command::Node(args) => (node_cmd::run(&args), args.json()),
     };
     failure::finish("cudaw", result, json)
 }

@@ -1,0 +1,552 @@
+//! The daemon's loop: discover processes, ask each for its status, feed the GPUs'
+//! policies, carry out their actions, publish the report; at SIGTERM, let every process go.
+
+use crate::client::Failure;
+use crate::config_file::{Change, ConfigFile};
+use crate::exec::{Event, Task, Timing, Worker};
+use crate::log::{log_debug as debug, log_info as info, log_warn as warn};
+use crate::policy::{MakePolicy, Policy};
+use crate::report::{ConfigReport, GpuReport, JobRow, NodeReport, ProcessRow};
+use crate::server::Shared;
+use cudaw_sched::{Action, Observation, Outcome};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How often the configuration file and the list of run folders are looked at.
+const SLOW_PERIOD: Duration = Duration::from_secs(1);
+/// How long a socket that did not answer is left alone before it is asked again.
+const RETRY: Duration = Duration::from_secs(5);
+/// How long stopping waits for the processes to be released and swapped in.
+const STOP_WAIT: Duration = Duration::from_secs(120);
+
+/// What the loop needs besides the configuration.
+pub struct Setup {
+    /// `--run-dir` folders (empty: the defaults).
+    pub run_dirs: Vec<PathBuf>,
+    /// The daemon's uid (root looks in every user's run folders).
+    pub uid: u32,
+    /// How often the run folders are scanned and each process asked for its status.
+    pub interval: Duration,
+    /// The holds' timing.
+    pub timing: Timing,
+    /// Makes a GPU's policy.
+    pub make: Box<MakePolicy>,
+}
+
+struct Gpu {
+    index: i32,
+    capacity: Option<u64>,
+    policy: Box<dyn Policy>,
+}
+
+struct Proc {
+    worker: Worker,
+    job: Option<String>,
+    gpus: BTreeSet<String>,
+    /// A status request is queued or under way.
+    polling: bool,
+    note: Option<String>,
+}
+
+/// A socket that did not answer: left alone until `until`.
+struct Ignored {
+    until: Instant,
+    reason: String,
+}
+
+/// The daemon's state.
+pub struct Daemon {
+    setup: Setup,
+    config: ConfigFile,
+    gpus: BTreeMap<String, Gpu>,
+    procs: BTreeMap<u32, Proc>,
+    ignored: BTreeMap<u32, Ignored>,
+    events: Receiver<Event>,
+    sender: Sender<Event>,
+    stopping: Arc<AtomicBool>,
+    shared: Shared,
+    dirs: Vec<PathBuf>,
+    /// Failures logged, by process and reason: each is logged once.
+    logged: BTreeSet<(u32, String)>,
+}
+
+impl Daemon {
+    /// A daemon with the configuration `config`, publishing its report to `shared`.
+    pub fn new(setup: Setup, config: ConfigFile, shared: Shared) -> Daemon {
+        let (sender, events) = std::sync::mpsc::channel();
+        let dirs = crate::discover::run_dirs(&setup.run_dirs, setup.uid);
+        Daemon {
+            setup,
+            config,
+            gpus: BTreeMap::new(),
+            procs: BTreeMap::new(),
+            ignored: BTreeMap::new(),
+            events,
+            sender,
+            stopping: Arc::new(AtomicBool::new(false)),
+            shared,
+            dirs,
+            logged: BTreeSet::new(),
+        }
+    }
+
+    /// Runs until `stop` is set, then lets every process go ([`Daemon::stop`]).
+    pub fn run(&mut self, stop: &AtomicBool) {
+        info!(
+            "looking for processes under cudaw in {} every {} ms; configuration {}",
+            self.dirs_text(),
+            self.setup.interval.as_millis(),
+            self.config.path().display()
+        );
+        let mut next_scan = Instant::now();
+        let mut next_slow = Instant::now() + SLOW_PERIOD;
+        let mut next_publish = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= next_slow {
+                self.poll_config(now);
+                self.dirs = crate::discover::run_dirs(&self.setup.run_dirs, self.setup.uid);
+                next_slow = now + SLOW_PERIOD;
+            }
+            if now >= next_scan {
+                self.scan(now);
+                next_scan = now + self.setup.interval;
+            }
+            self.tick(now);
+            if now >= next_publish {
+                self.publish(now);
+                next_publish = now + self.setup.interval;
+            }
+            let mut wake = next_scan.min(next_slow).min(next_publish);
+            for g in self.gpus.values() {
+                if let Some(d) = g.policy.next_deadline() {
+                    wake = wake.min(d);
+                }
+            }
+            // Signals set `stop` without waking us: look at it at least every 100 ms. A
+            // deadline already past (the policy did not move it) must not make this spin.
+            let wait = wake
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), Duration::from_millis(100));
+            match self.events.recv_timeout(wait) {
+                Ok(ev) => {
+                    self.handle(ev);
+                    while let Ok(ev) = self.events.try_recv() {
+                        self.handle(ev);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+            }
+        }
+        self.stop();
+    }
+
+    fn dirs_text(&self) -> String {
+        if self.dirs.is_empty() {
+            "no run folder (none exists yet)".into()
+        } else {
+            self.dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+
+    fn poll_config(&mut self, now: Instant) {
+        match self.config.poll() {
+            None => {}
+            Some(Change::Reloaded) => {
+                info!(
+                    "configuration {} reloaded: {} job{} named; applied to {} GPU{}",
+                    self.config.path().display(),
+                    self.config.config().jobs.len(),
+                    plural(self.config.config().jobs.len()),
+                    self.gpus.len(),
+                    plural(self.gpus.len())
+                );
+                let c = self.config.config().clone();
+                for g in self.gpus.values_mut() {
+                    g.policy.set_config(&c, now);
+                }
+            }
+            Some(Change::Refused(msg)) => warn!("configuration refused: {msg}"),
+        }
+    }
+
+    /// Finds new and vanished sockets; asks every process for its status.
+    fn scan(&mut self, now: Instant) {
+        let found = crate::discover::scan(&self.dirs);
+        let gone: Vec<u32> = self
+            .procs
+            .keys()
+            .filter(|p| !found.contains_key(p))
+            .copied()
+            .collect();
+        for pid in gone {
+            self.forget(pid, "its socket is gone (the process exited)", now);
+        }
+        self.ignored.retain(|pid, _| found.contains_key(pid));
+        self.logged.retain(|(pid, _)| found.contains_key(pid));
+        for (pid, socket) in found {
+            if self.procs.contains_key(&pid)
+                || self.ignored.get(&pid).is_some_and(|i| i.until > now)
+            {
+                continue;
+            }
+            debug!("found {}", socket.display());
+            let worker = Worker::spawn(
+                pid,
+                socket,
+                self.setup.timing,
+                self.sender.clone(),
+                Arc::clone(&self.stopping),
+            );
+            self.procs.insert(
+                pid,
+                Proc {
+                    worker,
+                    job: None,
+                    gpus: BTreeSet::new(),
+                    polling: false,
+                    note: Some("not answered yet".into()),
+                },
+            );
+        }
+        for p in self.procs.values_mut() {
+            if !p.polling {
+                p.polling = p.worker.send(Task::Status);
+            }
+        }
+    }
+
+    /// The process left: every GPU's policy is told.
+    fn forget(&mut self, pid: u32, reason: &str, now: Instant) {
+        let Some(p) = self.procs.remove(&pid) else {
+            return;
+        };
+        for key in &p.gpus {
+            if let Some(g) = self.gpus.get_mut(key) {
+                g.policy.leave(pid, now);
+            }
+        }
+        if p.job.is_some() {
+            info!("{}: left ({reason})", who(pid, p.job.as_deref()));
+        } else {
+            debug!("process {pid}: not joined ({reason})");
+        }
+        // Its worker ends once its queue is done (the sender is dropped here).
+        drop(p.worker);
+        self.drop_empty_gpus();
+    }
+
+    fn drop_empty_gpus(&mut self) {
+        let used: BTreeSet<&String> = self.procs.values().flat_map(|p| &p.gpus).collect();
+        let empty: Vec<String> = self
+            .gpus
+            .keys()
+            .filter(|k| !used.contains(k))
+            .cloned()
+            .collect();
+        for k in empty {
+            self.gpus.remove(&k);
+            info!("GPU {k}: no process under cudaw uses it now");
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        let now = Instant::now();
+        match ev {
+            Event::Status { pid, result } => {
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.polling = false;
+                }
+                match result {
+                    Ok(st) => self.observed(pid, st, now),
+                    Err(f) => {
+                        let reason = match &f {
+                            Failure::Gone(m) => m.clone(),
+                            Failure::Failed(m) => format!("it does not answer: {m}"),
+                        };
+                        if self.procs.contains_key(&pid) {
+                            let again = self.ignored.get(&pid).is_some_and(|i| i.reason == reason);
+                            if !again && self.procs[&pid].job.is_none() {
+                                info!("process {pid}: not joined: {reason}");
+                            }
+                            self.forget(pid, &reason, now);
+                            self.ignored.insert(
+                                pid,
+                                Ignored {
+                                    until: now + RETRY,
+                                    reason,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            Event::Done {
+                pid,
+                gpu,
+                action,
+                outcome,
+            } => {
+                // A process that left meanwhile: its policy has forgotten it.
+                let Some(p) = self.procs.get(&pid) else {
+                    return;
+                };
+                let name = who(pid, p.job.as_deref());
+                match (&action, &outcome) {
+                    (_, Outcome::Failed(why)) => {
+                        if self.logged.insert((pid, why.clone())) {
+                            warn!("{name}: {} failed: {why}", verb(&action));
+                        }
+                    }
+                    (Action::SwapOut(_), Outcome::Done) => {
+                        info!("{name}: swapped out on GPU {gpu}")
+                    }
+                    (Action::SwapIn(_), Outcome::Done) => info!("{name}: swapped in on GPU {gpu}"),
+                    (_, Outcome::Done) => debug!("{name}: {} done on GPU {gpu}", verb(&action)),
+                }
+                if let Some(g) = self.gpus.get_mut(&gpu) {
+                    g.policy.done(&action, outcome, now);
+                }
+            }
+            Event::Note { pid, warn, message } => {
+                let name = who(pid, self.procs.get(&pid).and_then(|p| p.job.as_deref()));
+                if warn {
+                    warn!("{name}: {message}");
+                } else {
+                    info!("{name}: {message}");
+                }
+            }
+            Event::Stopped { .. } => {}
+        }
+    }
+
+    /// A status came: join the process to its GPUs, and tell their policies what it does.
+    fn observed(&mut self, pid: u32, st: cudaw_control::Status, now: Instant) {
+        let job = st.job.clone().unwrap_or_else(|| format!("pid-{pid}"));
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if p.job.as_deref() != Some(job.as_str()) {
+            if let Some(old) = p.job.take() {
+                info!("process {pid}: its job is now {job} (was {old}): joining again");
+                for key in std::mem::take(&mut p.gpus) {
+                    if let Some(g) = self.gpus.get_mut(&key) {
+                        g.policy.leave(pid, now);
+                    }
+                }
+            }
+            p.job = Some(job.clone());
+        }
+        let mut now_on = BTreeSet::new();
+        for d in &st.devices {
+            let key = if d.gpu.is_empty() {
+                format!("ordinal-{}", d.ordinal)
+            } else {
+                d.gpu.clone()
+            };
+            let gpu = self.gpus.entry(key.clone()).or_insert_with(|| {
+                let capacity = d.node_capacity;
+                info!(
+                    "GPU {key} (ordinal {}{}): first process under cudaw on it",
+                    d.ordinal,
+                    capacity
+                        .map(|c| format!(", {}", crate::report::bytes(c)))
+                        .unwrap_or_else(|| ", memory unknown: nothing is swapped for room".into())
+                );
+                Gpu {
+                    index: d.ordinal,
+                    capacity,
+                    policy: (self.setup.make)(capacity.unwrap_or(u64::MAX), self.config.config()),
+                }
+            });
+            if !p.gpus.contains(&key) {
+                gpu.policy.join(pid, &job, now);
+                p.gpus.insert(key.clone());
+                info!(
+                    "{}: joined GPU {key} (ordinal {})",
+                    who(pid, Some(&job)),
+                    d.ordinal
+                );
+            }
+            gpu.policy.observe(
+                pid,
+                Observation {
+                    waiting: st.waiting > 0,
+                    resident: d.resident,
+                    swapped: d.evicted,
+                },
+                now,
+            );
+            now_on.insert(key);
+        }
+        let left: Vec<String> = p.gpus.difference(&now_on).cloned().collect();
+        for key in left {
+            p.gpus.remove(&key);
+            if let Some(g) = self.gpus.get_mut(&key) {
+                g.policy.leave(pid, now);
+            }
+            info!("{}: no longer on GPU {key}", who(pid, Some(&job)));
+        }
+        p.note = p
+            .gpus
+            .is_empty()
+            .then(|| "no device memory yet: it joins a GPU at its first allocation".into());
+        self.drop_empty_gpus();
+    }
+
+    /// Asks every GPU's policy what to do now, and has it done.
+    fn tick(&mut self, now: Instant) {
+        let mut refused = Vec::new();
+        for (key, g) in &mut self.gpus {
+            for action in g.policy.tick(now) {
+                let pid = pid_of(&action);
+                let sent = self.procs.get(&pid).is_some_and(|p| {
+                    p.worker.send(Task::Act {
+                        gpu: key.clone(),
+                        action: action.clone(),
+                    })
+                });
+                if !sent {
+                    refused.push((key.clone(), action));
+                }
+            }
+        }
+        for (key, action) in refused {
+            if let Some(g) = self.gpus.get_mut(&key) {
+                let pid = pid_of(&action);
+                g.policy.done(
+                    &action,
+                    Outcome::Failed(format!("process {pid} is not known to the daemon")),
+                    now,
+                );
+            }
+        }
+    }
+
+    /// The report as the status socket and the metrics give it.
+    pub fn report(&self, now: Instant) -> NodeReport {
+        let mut gpus: Vec<GpuReport> = self
+            .gpus
+            .iter()
+            .map(|(key, g)| GpuReport {
+                index: g.index,
+                uuid: key.clone(),
+                capacity: g.capacity,
+                jobs: g.policy.report(now).iter().map(JobRow::from).collect(),
+            })
+            .collect();
+        gpus.sort_by(|a, b| (a.index, &a.uuid).cmp(&(b.index, &b.uuid)));
+        let loaded = self
+            .config
+            .loaded()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        NodeReport {
+            gpus,
+            config: ConfigReport {
+                path: self.config.path().display().to_string(),
+                loaded,
+                error: self.config.error().map(str::to_owned),
+            },
+            processes: self
+                .procs
+                .iter()
+                .map(|(pid, p)| ProcessRow {
+                    pid: *pid,
+                    job: p.job.clone(),
+                    gpus: p.gpus.iter().cloned().collect(),
+                    note: p.note.clone(),
+                })
+                .collect(),
+            pid: std::process::id(),
+            run_dirs: self.dirs.iter().map(|d| d.display().to_string()).collect(),
+        }
+    }
+
+    fn publish(&self, now: Instant) {
+        let r = self.report(now);
+        if let Ok(mut s) = self.shared.lock() {
+            *s = r;
+        }
+    }
+
+    /// Lets every process go: a held one is released, one the daemon swapped out resumed;
+    /// waits for that (up to two minutes), logging what could not be done.
+    pub fn stop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        info!(
+            "stopping: letting {} process{} go (held ones released, swapped-out ones swapped in)",
+            self.procs.len(),
+            if self.procs.len() == 1 { "" } else { "es" }
+        );
+        let mut waiting: BTreeSet<u32> = BTreeSet::new();
+        for (pid, p) in &self.procs {
+            if p.worker.send(Task::Stop) {
+                waiting.insert(*pid);
+            }
+        }
+        let deadline = Instant::now() + STOP_WAIT;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(Event::Stopped { pid }) => {
+                    waiting.remove(&pid);
+                }
+                Ok(ev @ Event::Note { .. }) => self.handle(ev),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        if !waiting.is_empty() {
+            warn!(
+                "stopping: processes {waiting:?} did not answer within {} s; their gates open by themselves at their holds' lease ({} s)",
+                STOP_WAIT.as_secs(),
+                self.setup.timing.lease.as_secs()
+            );
+        }
+        for (pid, p) in std::mem::take(&mut self.procs) {
+            if !waiting.contains(&pid) {
+                p.worker.join();
+            }
+        }
+        info!("stopped");
+    }
+}
+
+fn pid_of(a: &Action) -> u32 {
+    match a {
+        Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
+    }
+}
+
+fn verb(a: &Action) -> &'static str {
+    match a {
+        Action::Hold(_) => "hold",
+        Action::Release(_) => "release",
+        Action::SwapOut(_) => "swap out",
+        Action::SwapIn(_) => "swap in",
+    }
+}
+
+fn who(pid: u32, job: Option<&str>) -> String {
+    match job {
+        Some(j) => format!("job {j} (PID {pid})"),
+        None => format!("process {pid}"),
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}

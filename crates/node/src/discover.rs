@@ -1,0 +1,132 @@
+//! Finding the processes under cudaw: every `PID.sock` in the run folders.
+//!
+//! By default the folders are those `cudaw-ckpt status` looks in for the daemon's user
+//! (`CUDAW_RUN_DIR` alone when set, else `$XDG_RUNTIME_DIR/cudaw`, `/tmp/cudaw-UID` and
+//! the user's private `/tmp/cudaw-UID-*`); as root, also every user's:
+//! `/run/user/*/cudaw` and `/tmp/cudaw-*`. `--run-dir` names the folders instead. A socket
+//! is taken for its process only once the process itself answers on it (the client checks
+//! the socket's peer).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+/// The folders to look in: `explicit` when given, else the defaults (see the module's
+/// doc) as they exist now.
+pub fn run_dirs(explicit: &[PathBuf], uid: u32) -> Vec<PathBuf> {
+    if !explicit.is_empty() {
+        return explicit.to_vec();
+    }
+    let mut dirs = cudaw_control::find_run_dirs(
+        |k| std::env::var(k).ok(),
+        uid,
+        Path::new(cudaw_control::TMP),
+    )
+    .unwrap_or_default();
+    if uid == 0 && std::env::var_os("CUDAW_RUN_DIR").is_none_or(|v| v.is_empty()) {
+        dirs.extend(everyones(
+            Path::new("/run/user"),
+            Path::new(cudaw_control::TMP),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
+    dirs
+}
+
+/// Every user's run folders: `RUN_USER/*/cudaw` and `TMP/cudaw-*` that are real folders.
+fn everyones(run_user: &Path, tmp: &Path) -> Vec<PathBuf> {
+    let is_dir = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    let mut users: Vec<PathBuf> = std::fs::read_dir(run_user)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("cudaw"))
+        .filter(is_dir)
+        .collect();
+    users.sort();
+    let mut tmps: Vec<PathBuf> = std::fs::read_dir(tmp)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("cudaw-"))
+        .map(|e| e.path())
+        .filter(is_dir)
+        .collect();
+    tmps.sort();
+    users.extend(tmps);
+    users
+}
+
+/// The processes' sockets in `dirs`: PID → socket (the first folder naming a PID wins).
+pub fn scan(dirs: &[PathBuf]) -> BTreeMap<u32, PathBuf> {
+    let mut found = BTreeMap::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(cudaw_control::pid_of_socket) else {
+                continue;
+            };
+            if e.file_type().is_ok_and(|t| t.is_socket()) {
+                found.entry(pid).or_insert_with(|| e.path());
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn sockets_are_found_by_their_pid() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let _l1 = UnixListener::bind(a.path().join("12.sock")).unwrap();
+        let _l2 = UnixListener::bind(b.path().join("12.sock")).unwrap();
+        let _l3 = UnixListener::bind(b.path().join("40.sock")).unwrap();
+        // Not processes' sockets: the daemon's own, a plain file, a lock.
+        let _l4 = UnixListener::bind(b.path().join("node.sock")).unwrap();
+        std::fs::write(b.path().join("41.sock"), "").unwrap();
+        std::fs::write(b.path().join("40.release-lock"), "").unwrap();
+        let dirs = [
+            a.path().to_path_buf(),
+            b.path().to_path_buf(),
+            "/nonexistent".into(),
+        ];
+        let found = scan(&dirs);
+        assert_eq!(found.keys().copied().collect::<Vec<_>>(), vec![12, 40]);
+        assert_eq!(found[&12], a.path().join("12.sock"));
+    }
+
+    #[test]
+    fn every_users_folders() {
+        let run = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        for d in ["1000/cudaw", "1001"] {
+            std::fs::create_dir_all(run.path().join(d)).unwrap();
+        }
+        for d in ["cudaw-1000", "cudaw-0-abc", "other"] {
+            std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        std::fs::write(tmp.path().join("cudaw-file"), "").unwrap();
+        let got = everyones(run.path(), tmp.path());
+        let want = [
+            run.path().join("1000/cudaw"),
+            tmp.path().join("cudaw-0-abc"),
+            tmp.path().join("cudaw-1000"),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn explicit_folders_replace_the_defaults() {
+        let d = vec![PathBuf::from("/x"), PathBuf::from("/y")];
+        assert_eq!(run_dirs(&d, 0), d);
+    }
+}

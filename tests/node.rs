@@ -1,0 +1,355 @@
+//! `cudaw node` end to end on simgpu: two `ckpt_target` programs under `cudaw run`, each
+//! with its private run folder, and a daemon looking in both, with its own status socket
+//! and metrics port. The daemon's log is read on a thread; every child is killed on drop.
+
+mod ckpt_common;
+
+use ckpt_common::{Target, TempDir};
+use cudaw_tests::{cudaw, wait_timeout, Addressing, KillOnDrop};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A `cudaw node` daemon under test.
+struct Daemon {
+    child: KillOnDrop,
+    log: Arc<Mutex<String>>,
+    socket: PathBuf,
+    config: PathBuf,
+    metrics: String,
+    _dir: TempDir,
+}
+
+impl Daemon {
+    /// Starts `cudaw node` looking in the targets' run folders, with `config` as its
+    /// configuration file.
+    fn start(tag: &str, targets: &[&Target], config: &str) -> Daemon {
+        let dir = ckpt_common::temp_dir(&format!("node-{tag}"));
+        let cfg = dir.0.join("node.toml");
+        std::fs::write(&cfg, config).unwrap();
+        let socket = dir.0.join("node.sock");
+        // A free port: bound and let go (the daemon binds it right after).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let metrics = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(cudaw());
+        cmd.args(["node", "--config"])
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--metrics", &metrics, "--interval", "20ms"])
+            .env("CUDAW_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for t in targets {
+            cmd.arg("--run-dir").arg(&t.run_dir);
+        }
+        let mut child = KillOnDrop(cmd.spawn().expect("starting cudaw node"));
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Daemon {
+            child,
+            log,
+            socket,
+            config: cfg,
+            metrics,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 20 s) for the daemon's log to contain `what`.
+    fn wait_log(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.log().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} in the daemon's log within 20 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `cudaw node status --json --socket S`.
+    fn status(&self) -> Result<serde_json::Value, String> {
+        let out = Command::new(cudaw())
+            .args(["node", "status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("running cudaw node status");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!(
+                "{}: {text}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("{text:?}: {e}"))
+    }
+
+    /// Waits (up to 20 s) for the status to satisfy `pred`; returns it.
+    fn status_until(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = self.status();
+            if let Ok(v) = &st {
+                if pred(v) {
+                    return v.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 20 s; the status: {st:?}\nthe daemon's log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A plain HTTP GET of `path` on the metrics port: the whole answer.
+    fn get(&self, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(&self.metrics).expect("connecting to --metrics");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut r = String::new();
+        s.read_to_string(&mut r).expect("reading the metrics");
+        r
+    }
+
+    /// Rewrites the configuration (a new file renamed over it, as editors do).
+    fn configure(&self, text: &str) {
+        let tmp = self.config.with_extension("new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.config).unwrap();
+    }
+
+    /// SIGTERM; waits (up to 60 s) for the exit and returns its status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("running kill");
+        assert!(ok.success());
+        wait_timeout(&mut self.child, Duration::from_secs(60)).unwrap_or_else(|| {
+            panic!(
+                "cudaw node did not exit within 60 s of SIGTERM:\n{}",
+                self.log()
+            )
+        })
+    }
+}
+
+/// The job of `pid` in a status, with the GPU it is listed under.
+fn job<'a>(
+    st: &'a serde_json::Value,
+    id: &str,
+) -> Option<(&'a serde_json::Value, &'a serde_json::Value)> {
+    st["gpus"].as_array()?.iter().find_map(|g| {
+        g["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["id"] == id)
+            .map(|j| (g, j))
+    })
+}
+
+/// The process's own status (`cudaw-ckpt status PID --json`): running, its gate open.
+fn assert_ungated(t: &Target) {
+    let st = t.status();
+    assert_eq!(st["state"], "running", "{st}");
+}
+
+fn start_two(tag: &str) -> Option<(Target, Target)> {
+    let a = Target::start(Addressing::Mapped, &format!("{tag}-a"))?;
+    let b = Target::start(Addressing::Mapped, &format!("{tag}-b"))?;
+    Some((a, b))
+}
+
+fn job_id(t: &Target) -> String {
+    format!("pid-{}", t.pid)
+}
+
+#[test]
+#[ignore = "needs cudaw-sched's policy"]
+fn the_daemon_finds_both_jobs_reloads_and_lets_go() {
+    let Some((mut a, mut b)) = start_two("find") else {
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let mut d = Daemon::start("find", &[&a, &b], "quantum = \"20ms\"\n");
+    let (ja, jb) = (job_id(&a), job_id(&b));
+
+    // Both discovered, each under its pid's job, on the one simulated GPU.
+    let st = d.status_until("both jobs listed", |st| {
+        job(st, &ja).is_some() && job(st, &jb).is_some()
+    });
+    let (ga, a_row) = job(&st, &ja).unwrap();
+    let (gb, b_row) = job(&st, &jb).unwrap();
+    assert_eq!(ga["uuid"], gb["uuid"], "{st}");
+    assert!(ga["uuid"].as_str().unwrap().starts_with("GPU-"), "{st}");
+    assert_eq!(
+        a_row["pids"],
+        serde_json::json!([a.pid.parse::<u32>().unwrap()])
+    );
+    assert_eq!(
+        b_row["pids"],
+        serde_json::json!([b.pid.parse::<u32>().unwrap()])
+    );
+    assert_eq!(
+        a_row["resident_bytes"].as_u64(),
+        Some(ckpt_common::BYTES),
+        "{st}"
+    );
+    assert_eq!(st["config"]["error"], serde_json::Value::Null, "{st}");
+    d.wait_log(&format!("job {ja} (PID {}): joined GPU", a.pid));
+
+    // Both run under the daemon: their work goes on, in turns.
+    a.send_run(20);
+    b.send_run(20);
+    a.wait_ran();
+    b.wait_ran();
+
+    // A reload applies; a bad edit is refused with its line, the last good one kept.
+    d.configure(&format!(
+        "quantum = \"20ms\"\n\n[[job]]\nid = \"{ja}\"\nrequest = 0.25\nlimit = 1.0\n"
+    ));
+    d.wait_log("reloaded");
+    d.status_until("the new request", |st| {
+        job(st, &ja).is_some_and(|(_, j)| j["request"].as_f64() == Some(0.25))
+    });
+    d.configure(&format!(
+        "quantum = \"20ms\"\n\n[[job]]\nid = \"{ja}\"\nrequest = 7\n"
+    ));
+    let st = d.status_until("the refusal", |st| st["config"]["error"].is_string());
+    let e = st["config"]["error"].as_str().unwrap();
+    assert!(e.contains("line "), "{st}");
+    assert!(
+        e.ends_with("keeping the configuration loaded before"),
+        "{st}"
+    );
+    assert_eq!(
+        job(&st, &ja).unwrap().1["request"].as_f64(),
+        Some(0.25),
+        "{st}"
+    );
+    d.wait_log("configuration refused: ");
+
+    // The metrics.
+    let m = d.get("/metrics");
+    assert!(m.contains(" 200 "), "{m}");
+    assert!(m.contains("cudaw_node_jobs{gpu=\"GPU-"), "{m}");
+    assert!(
+        m.contains(&format!("cudaw_node_gpu_share{{job=\"{ja}\",gpu=\"GPU-")),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("cudaw_node_request{{job=\"{ja}\",gpu=\"GPU-")),
+        "{m}"
+    );
+    assert!(m.contains("cudaw_node_config_refused 1"), "{m}");
+    assert!(d.get("/").contains(" 404 "));
+
+    // SIGTERM: the daemon lets both go, and exits 0; both run on, ungated.
+    let status = d.terminate();
+    assert!(status.success(), "{status}\n{}", d.log());
+    assert!(
+        d.log().contains("stopping: letting 2 processes go"),
+        "{}",
+        d.log()
+    );
+    assert!(!d.socket.exists(), "the status socket outlived the daemon");
+    assert_ungated(&a);
+    assert_ungated(&b);
+    a.run(5);
+    b.run(5);
+    a.finish();
+    b.finish();
+}
+
+#[test]
+#[ignore = "needs cudaw-sched's policy"]
+fn a_job_that_exits_leaves_and_the_other_runs_on() {
+    let Some((a, mut b)) = start_two("exit") else {
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let mut d = Daemon::start("exit", &[&a, &b], "quantum = \"20ms\"\n");
+    let (ja, jb) = (job_id(&a), job_id(&b));
+    d.status_until("both jobs listed", |st| {
+        job(st, &ja).is_some() && job(st, &jb).is_some()
+    });
+    a.finish();
+    d.status_until("the job gone", |st| {
+        job(st, &ja).is_none() && job(st, &jb).is_some()
+    });
+    d.wait_log(&format!("job {ja} (PID"));
+    b.run(30);
+    let status = d.terminate();
+    assert!(status.success(), "{status}");
+    assert_ungated(&b);
+    b.finish();
+}
+
+#[test]
+fn status_without_a_daemon_says_so() {
+    let dir = ckpt_common::temp_dir("node-none");
+    let socket = dir.0.join("node.sock");
+    let out = Command::new(cudaw())
+        .args(["node", "status", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("no cudaw node daemon serves {}", socket.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("start one with `cudaw node --config FILE`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_configuration_is_a_usage_error() {
+    let dir = ckpt_common::temp_dir("node-cfg");
+    let out = Command::new(cudaw())
+        .args(["node", "--socket"])
+        .arg(dir.0.join("node.sock"))
+        .args(["--run-dir"])
+        .arg(&dir.0)
+        .arg("--config")
+        .arg(dir.0.join("none.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("configuration refused: "), "{err}");
+    assert!(err.contains("none.toml: No such file"), "{err}");
+}
