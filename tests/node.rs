@@ -195,7 +195,6 @@ fn job_id(t: &Target) -> String {
 }
 
 #[test]
-#[ignore = "needs cudaw-sched's policy"]
 fn the_daemon_finds_both_jobs_reloads_and_lets_go() {
     let Some((mut a, mut b)) = start_two("find") else {
         eprintln!("skipped: no nvcc");
@@ -292,7 +291,6 @@ fn the_daemon_finds_both_jobs_reloads_and_lets_go() {
 }
 
 #[test]
-#[ignore = "needs cudaw-sched's policy"]
 fn a_job_that_exits_leaves_and_the_other_runs_on() {
     let Some((a, mut b)) = start_two("exit") else {
         eprintln!("skipped: no nvcc");

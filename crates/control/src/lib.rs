@@ -953,13 +953,6 @@ pub struct Status {
     /// request holds calls), and `image` is not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy: Option<String>,
-    /// The job the process belongs to (`cudaw run --job ID`); `cudaw node` counts a
-    /// process without one as the job `pid-PID`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
-    /// Threads waiting at the closed gate now: the process wants the GPU.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub waiting: u64,
 }
 
 /// The forms [`parse_timeout`] takes, for messages.
@@ -1207,8 +1200,6 @@ mod tests {
                 job: Some("train-a".into()),
                 waiting: 2,
                 busy: None,
-                job: None,
-                waiting: 0,
             }),
             ..Reply::default()
         };

@@ -385,6 +385,8 @@ impl Daemon {
                 },
                 now,
             );
+            // An allocation waiting for room (CUDAW_ALLOC_WAIT): the policy makes it.
+            gpu.policy.alloc_wait(pid, d.wanted, now);
             now_on.insert(key);
         }
         let left: Vec<String> = p.gpus.difference(&now_on).cloned().collect();

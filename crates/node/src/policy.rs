@@ -15,6 +15,8 @@ pub trait Policy: Send {
     fn leave(&mut self, pid: Pid, now: Instant);
     /// What the daemon saw of process `pid` now.
     fn observe(&mut self, pid: Pid, seen: Observation, now: Instant);
+    /// An allocation of process `pid` waits for `bytes` it does not have (0: none).
+    fn alloc_wait(&mut self, _pid: Pid, _bytes: u64, _now: Instant) {}
     /// An action returned by [`Policy::tick`] ended.
     fn done(&mut self, action: &Action, outcome: Outcome, now: Instant);
     /// What to do now.
@@ -45,6 +47,9 @@ impl Policy for Scheduler {
     }
     fn observe(&mut self, pid: Pid, seen: Observation, now: Instant) {
         Scheduler::observe(self, pid, seen, now)
+    }
+    fn alloc_wait(&mut self, pid: Pid, bytes: u64, now: Instant) {
+        Scheduler::alloc_wait(self, pid, bytes, now)
     }
     fn done(&mut self, action: &Action, outcome: Outcome, now: Instant) {
         Scheduler::done(self, action, outcome, now)

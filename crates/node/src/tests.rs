@@ -375,6 +375,10 @@ impl Policy for Scripted {
                 swaps: 0,
                 waits: u64::from(seen.waiting),
                 running: false,
+                gpu_seconds: 0.0,
+                memory_waits: 0,
+                weight: 0.5,
+                quantum_seconds: 0.05,
             })
             .collect()
     }

@@ -874,7 +874,5 @@ fn status_now(busy: Option<String>) -> Status {
         job: config::get().job.clone(),
         waiting: host().gate_waiters() as u64,
         busy,
-        job: None,
-        waiting: 0,
     }
 }
