@@ -106,7 +106,8 @@ impl Entry<'_> {
             return Ok(Cow::Borrowed(self.raw_payload));
         }
         let mut out = Vec::new();
-        decompress_into(self, &mut out, None)?;
+        let n = decompress_into(self, &mut out, None)?;
+        out.truncate(n);
         Ok(Cow::Owned(out))
     }
 
@@ -135,21 +136,23 @@ impl Entry<'_> {
     }
 }
 
-/// Decompresses `entry`'s payload (LZ4 or zstd) into `out` (its contents replaced; its
-/// capacity reused), with `zstd` as the zstd context when given (a new one otherwise).
-/// `Compression::None` leaves `out` empty: the payload is the raw bytes.
+/// Decompresses `entry`'s payload (LZ4 or zstd) into `out[..n]` and returns `n` (the
+/// header's uncompressed size), with `zstd` as the zstd context when given (a new one
+/// otherwise). `out` is grown (with zeros) when shorter, never shrunk, so that a buffer
+/// reused from entry to entry is written without being cleared; the decoder is given
+/// exactly `n` bytes, so what it reports does not depend on the buffer's past.
+/// `Compression::None` returns 0: the payload is the raw bytes.
 pub(crate) fn decompress_into(
     entry: &Entry<'_>,
     out: &mut Vec<u8>,
     zstd: Option<&mut zstd::bulk::Decompressor<'static>>,
-) -> Result<()> {
+) -> Result<usize> {
     let (raw, compressed_size, uncompressed_size, offset) = (
         entry.raw_payload,
         entry.compressed_size,
         entry.uncompressed_size,
         entry.offset,
     );
-    out.clear();
     let input = |scheme| {
         if compressed_size == 0 {
             return Ok(raw);
@@ -172,7 +175,7 @@ pub(crate) fn decompress_into(
         ),
     };
     match entry.compression {
-        Compression::None => Ok(()),
+        Compression::None => Ok(0),
         Compression::Lz4 => {
             let input = input("lz4")?;
             // LZ4 expands at most ~255:1; a larger claim is a corrupt header.
@@ -194,7 +197,7 @@ pub(crate) fn decompress_into(
                     reason: format!("decoded {n} bytes, header says {uncompressed_size}"),
                 });
             }
-            Ok(())
+            Ok(n)
         }
         Compression::Zstd => {
             let input = input("zstd")?;
@@ -206,24 +209,33 @@ pub(crate) fn decompress_into(
                 offset,
                 reason,
             };
-            // Capacity is only reserved (virtual memory), never touched beyond what the
-            // decoder writes; a larger output than declared is an error, not a reallocation.
-            out.reserve(uncompressed_size as usize);
+            // A larger output than declared is an error, not a reallocation.
+            let dst = grown(out, uncompressed_size as usize);
             let decoded = match zstd {
-                Some(d) => d.decompress_to_buffer(input, out),
+                Some(d) => d.decompress_to_buffer(input, dst),
                 None => zstd::bulk::Decompressor::new()
-                    .and_then(|mut d| d.decompress_to_buffer(input, out)),
+                    .and_then(|mut d| d.decompress_to_buffer(input, dst)),
             };
-            decoded.map_err(|e| err(e.to_string()))?;
-            if out.len() as u64 != uncompressed_size {
+            let n = decoded.map_err(|e| err(e.to_string()))?;
+            if n as u64 != uncompressed_size {
                 return Err(err(format!(
-                    "decoded {} bytes, header says {uncompressed_size}",
-                    out.len()
+                    "decoded {n} bytes, header says {uncompressed_size}"
                 )));
             }
-            Ok(())
+            Ok(n)
         }
     }
+}
+
+/// `out[..n]`, growing `out` with zeros first if it is shorter (a new buffer is allocated
+/// zeroed, which costs no writes).
+pub(crate) fn grown(out: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if out.is_empty() {
+        *out = vec![0; n];
+    } else if out.len() < n {
+        out.resize(n, 0);
+    }
+    &mut out[..n]
 }
 
 /// Parses one or several concatenated containers in `data` (zero padding between them is

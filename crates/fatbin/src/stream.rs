@@ -17,7 +17,8 @@ use std::io;
 use std::sync::{Condvar, Mutex};
 
 use crate::container::{
-    decompress_into, identifier_text, parse_entry_head, Compression, Container, Entry, EntryKind,
+    decompress_into, grown, identifier_text, parse_entry_head, Compression, Container, Entry,
+    EntryKind,
 };
 use crate::error::{span_at, u16_at, u32_at, Error, Result};
 use crate::index::{fatbin_sections, loadable_indices, select_indices, single, InputKind};
@@ -427,13 +428,12 @@ impl Decoder {
             len: want,
             reason: "larger than this machine's address space".into(),
         })?;
-        self.raw.clear();
-        self.raw.resize(want, 0);
-        let read = read_at(src, &mut self.raw, offset);
+        let read = read_at(src, grown(&mut self.raw, want), offset);
         let t_read = start.elapsed().as_secs_f64();
         let result = read.and_then(|()| {
+            let raw = self.raw.get(..want).unwrap_or_default();
             let with_payload = Entry {
-                raw_payload: &self.raw,
+                raw_payload: raw,
                 identifier: None,
                 ..entry.clone()
             };
@@ -445,11 +445,11 @@ impl Decoder {
                 }
                 _ => None,
             };
-            decompress_into(&with_payload, &mut self.image, zstd)?;
+            let n = decompress_into(&with_payload, &mut self.image, zstd)?;
             let t_decompress = start.elapsed().as_secs_f64();
             let payload: &[u8] = match entry.compression {
-                Compression::None => &self.raw,
-                _ => &self.image,
+                Compression::None => raw,
+                _ => self.image.get(..n).unwrap_or_default(),
             };
             let kernels = with_payload.kernels_of(payload);
             if let Some(t) = &mut self.timings {
@@ -462,7 +462,6 @@ impl Decoder {
         });
         // Keep the buffers for the next entry unless one is exceptionally large.
         for buf in [&mut self.raw, &mut self.image] {
-            buf.clear();
             if buf.capacity() > KEEP_BYTES {
                 *buf = Vec::new();
             }
