@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench (multigpu jobbench migrate: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -951,6 +951,32 @@ PY
   unset CUDAW_RUN_DIR
 fi
 lap trace
+
+if want fatbinrss; then
+  # What parsing kernel layouts costs a PyTorch process (issue 30): the peak RSS of 200
+  # training steps under cudaw untraced, and under CUDAW_TRACE=metrics and =timeline (where
+  # every launched kernel's layout is parsed from its fatbin, lazily, on its launching
+  # thread, no thread of its own); the best of two runs each. Goal: under 64 MB more.
+  rss_run() { # env...: peak RSS in kB of one run, or nothing
+    env "$@" CUDAW_TRACE_FILE="$WORK/rss.trace.json" /usr/bin/time -f '%M' -o "$WORK/rss.kb" \
+      timeout 300 "$CUDAW" run -- python3 $T --steps 200 </dev/null >/dev/null 2>>"$OUT/fatbinrss.log" &&
+      cat "$WORK/rss.kb"
+  }
+  best_rss() { { rss_run "$@"; rss_run "$@"; } | figures | minimum; }
+  [ -x /usr/bin/time ] || echo "fatbinrss: /usr/bin/time is missing (apt-get install time)" >>"$OUT/fatbinrss.log"
+  base=$(best_rss -u CUDAW_TRACE)
+  for mode in metrics timeline; do
+    kb=$(best_rss CUDAW_TRACE=$mode)
+    if num "$base" && num "$kb"; then
+      more=$(( (kb - base) / 1024 ))
+      le "$more" 64 && st=PASS || st=FAIL
+      row "fatbin: torch peak RSS, CUDAW_TRACE=$mode vs off" $st "$((kb / 1024)) MB vs $((base / 1024)) MB: +$more MB; goal <= +64 MB"
+    else
+      row "fatbin: torch peak RSS, CUDAW_TRACE=$mode vs off" FAIL "no figures (base '$base', traced '$kb'); see fatbinrss.log"
+    fi
+  done
+fi
+lap fatbinrss
 
 if want demo; then
   # `cudaw demo` on the GPU: the example (dist/share/cudaw/cudaw_demo, else compiled with

@@ -1,6 +1,7 @@
 //! Every entry point of the fatbin crate on arbitrary bytes: wrapper and container headers,
 //! image detection, host ELF / container / cubin / PTX indexing, decompression of every entry,
-//! cubin `.nv.info` and PTX `.entry` parsing, image choice and the per-SM cache.
+//! cubin `.nv.info` and PTX `.entry` parsing, image choice, the per-SM cache and the streaming
+//! index and decoder.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -19,5 +20,13 @@ fuzz_target!(|data: &[u8]| {
             let _ = fb.kernels_for_sm(sm);
             let _ = fb.kernel("k", sm);
         }
+    }
+    // The streaming path: headers through `ReadAt`, entries through one reused decoder.
+    if let Ok(index) = fatbin::StreamIndex::read(data) {
+        let mut decoder = fatbin::Decoder::new();
+        for i in 0..index.entries().len() {
+            let _ = decoder.kernels(data, &index, i);
+        }
+        let _ = index.select(90);
     }
 });

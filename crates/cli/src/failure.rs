@@ -156,7 +156,10 @@ pub fn finish(prog: &str, result: anyhow::Result<()>, json_out: bool) -> ExitCod
     };
     let kind = kind_of(&e);
     let message = format!("{e:#}");
-    let printed = e.chain().any(|c| c.downcast_ref::<JsonPrinted>().is_some());
+    // `downcast_ref` on the error itself also finds a marker added with `.context(...)`,
+    // which the chain's items do not show.
+    let printed = e.downcast_ref::<JsonPrinted>().is_some()
+        || e.chain().any(|c| c.downcast_ref::<JsonPrinted>().is_some());
     if json_out && !printed {
         // Standard output may be gone too; nothing more to say then.
         let _ = crate::out::line(format_args!("{}", json(kind, &message)));

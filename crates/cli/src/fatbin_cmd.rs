@@ -1,12 +1,17 @@
 //! `cudaw fatbin FILE [--json] [--sm N]`.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::failure::{fail, Kind};
-use fatbin::{Fatbin, KernelInfo};
+use crate::failure::{fail, JsonPrinted, Kind};
+use crate::out::StdoutClosed;
+use fatbin::{decode_in_order, Entry, EntryKind, KernelInfo, StreamIndex};
 
 /// Arguments of `cudaw fatbin`.
 #[derive(Debug, clap::Args)]
@@ -17,7 +22,12 @@ sections are read), an -rdc object, a raw fatbin (nvcc -fatbin; several concaten
 containers are fine), a cubin (nvcc -cubin) or PTX text (nvcc -ptx).\n\n\
 Each kernel is listed once per image that contains it: one row per kernel per cubin \
 (source elf, SM of the cubin) or PTX entry (source ptx, SM = the PTX's compute_XX target). \
-OFFSETS shows each parameter as ordinal:offset+size, in bytes.",
+OFFSETS shows each parameter as ordinal:offset+size, in bytes.\n\n\
+The listing is streamed: each image is decompressed, read and dropped in turn, on several \
+threads when there are cores for them, and printed in file order as it is produced; memory \
+stays at a few images, whatever the file's size. An image found corrupt part-way stops the \
+listing with an error (exit status 1); under --json the object printed so far is closed \
+with \"ok\":false, \"kind\" and \"error\" beside \"kernels\".",
     after_help = "Examples:\n  \
 cudaw fatbin ./vector_add                 all kernels of all images\n  \
 cudaw fatbin ./vector_add --sm 90         what the driver would load on an sm_90 GPU\n  \
@@ -37,43 +47,197 @@ pub struct Args {
     /// an exact cubin, else an older-minor cubin of the same major, else the newest PTX.
     #[arg(long, value_name = "N")]
     pub sm: Option<u32>,
+    /// Threads decoding images (default: the cores this process may run on, at most 8).
+    /// The output is the same for any number.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
+    /// After the listing, print on standard error where the time went (reading,
+    /// decompressing, parsing, formatting, writing) and the most memory the decoders held.
+    #[arg(long)]
+    pub stats: bool,
 }
 
-/// Runs the subcommand, printing to stdout.
+/// Runs the subcommand, printing to stdout as the listing is produced.
 pub fn run(args: &Args) -> Result<()> {
+    let started = Instant::now();
     let path = args.file.display();
-    let bytes = std::fs::read(&args.file)
-        .map_err(|e| fail(Kind::Io, format!("{path}: cannot read: {e}")))?;
-    let fatbin = Fatbin::parse(&bytes).map_err(|e| {
-        fail(
+    let cannot_read =
+        |e: &dyn std::fmt::Display| fail(Kind::Io, format!("{path}: cannot read: {e}"));
+    let file = std::fs::File::open(&args.file).map_err(|e| cannot_read(&e))?;
+    let regular = file.metadata().map_err(|e| cannot_read(&e))?.is_file();
+    // A pipe or device cannot be read at offsets: read it whole.
+    let whole = if regular {
+        None
+    } else {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(|e| cannot_read(&e))?;
+        Some(bytes)
+    };
+    let src: &dyn fatbin::ReadAt = match &whole {
+        Some(bytes) => bytes,
+        None => &file,
+    };
+    let index = StreamIndex::read(src).map_err(|e| match e {
+        fatbin::Error::Io { .. } => cannot_read(&e),
+        _ => fail(
             Kind::BadInput,
             format!("{path}: no usable device code: {e}"),
+        ),
+    })?;
+    let indexed = started.elapsed();
+    let indices = match args.sm {
+        Some(sm) => index.select(sm),
+        None => index.loadable(),
+    };
+    let threads = args.threads.map_or_else(default_threads, usize::from);
+
+    let stdout = std::io::stdout();
+    let mut out = Output {
+        w: std::io::BufWriter::with_capacity(1 << 20, stdout.lock()),
+        json: args.json,
+        started: false,
+        kernels: 0,
+        write_secs: 0.0,
+    };
+    if !args.json {
+        out.put(summary(&index, args.sm).as_bytes())?;
+    }
+    let names = Names::default();
+    let decoded = decode_in_order(
+        src,
+        &index,
+        &indices,
+        threads,
+        |(): &mut (), entry, kernels| format_entry(&names, entry, kernels, args.json),
+        |formatted: Formatted| {
+            let t = Instant::now();
+            let r = out.take(formatted, &path);
+            out.write_secs += t.elapsed().as_secs_f64();
+            r
+        },
+    );
+    let stats = match decoded {
+        Ok(stats) => stats,
+        Err(e) if crate::out::stdout_closed(&e) => return Err(e),
+        Err(e) => return Err(out.fail(e)),
+    };
+    out.finish()?;
+    if args.stats {
+        let t = stats.timings;
+        errln!(
+            "cudaw fatbin: {} entries, {} kernels, {:.0} MB decompressed, {} thread(s); \
+             wall {:.3} s: index {:.3} s; summed over threads: read {:.3} s, decompress {:.3} s, \
+             parse {:.3} s, format {:.3} s; writing {:.3} s; at most {} image(s) at once, \
+             decoder buffers at most {:.1} MB",
+            stats.entries,
+            out.kernels,
+            t.decompressed_bytes as f64 / 1e6,
+            stats.threads.max(1),
+            started.elapsed().as_secs_f64(),
+            indexed.as_secs_f64(),
+            t.read,
+            t.decompress,
+            t.parse,
+            format_secs(),
+            out.write_secs,
+            stats.peak_images,
+            stats.peak_buffer_bytes as f64 / 1e6,
+        );
+    }
+    Ok(())
+}
+
+/// Decoding threads by default: the cores this process may run on, at most 8.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// The first line of the table.
+fn summary(index: &StreamIndex, sm: Option<u32>) -> String {
+    let entries = index.entries();
+    let count = |kind| entries.iter().filter(|e| e.kind == kind).count();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} container(s), {} entr{} ({} cubin, {} PTX){}",
+        index.containers().len(),
+        entries.len(),
+        if entries.len() == 1 { "y" } else { "ies" },
+        count(EntryKind::Elf),
+        count(EntryKind::Ptx),
+        sm.map(|n| format!(", showing what sm_{n} runs"))
+            .unwrap_or_default(),
+    );
+    let _ = writeln!(
+        s,
+        "{:<5} {:<4} {:>6} {:>6}  KERNEL (mangled name)  OFFSETS",
+        "SM", "SRC", "PARAMS", "BYTES"
+    );
+    s
+}
+
+/// One entry's kernels, formatted on the worker that decoded them; or why it failed.
+type Formatted = std::result::Result<(Vec<u8>, usize), String>;
+
+/// Seconds spent formatting, over all threads (in microseconds).
+static FORMAT_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn format_secs() -> f64 {
+    FORMAT_MICROS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6
+}
+
+/// Demangled names of the containers being listed, shared by the decoding threads: a
+/// container's images (one per SM) hold the same kernels, so each name is demangled once
+/// per container. Containers well behind the one being formatted are forgotten.
+#[derive(Default)]
+struct Names(std::sync::Mutex<HashMap<usize, HashMap<String, Arc<str>>>>);
+
+impl Names {
+    fn get(&self, container: usize, name: &str) -> Arc<str> {
+        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = lock().get(&container).and_then(|c| c.get(name)) {
+            return Arc::clone(d);
+        }
+        let d: Arc<str> = demangle(name).into();
+        let mut all = lock();
+        all.retain(|&c, _| c + 2 >= container);
+        all.entry(container)
+            .or_default()
+            .insert(name.to_owned(), Arc::clone(&d));
+        d
+    }
+}
+
+fn format_entry(
+    names: &Names,
+    entry: &Entry<'_>,
+    kernels: fatbin::Result<Vec<KernelInfo>>,
+    json: bool,
+) -> Formatted {
+    let t = Instant::now();
+    let kernels = kernels.map_err(|e| {
+        format!(
+            "corrupt {:?} entry for sm_{} at offset {:#x}: {e}",
+            entry.kind, entry.sm, entry.offset
         )
     })?;
-    let entries: Vec<_> = match args.sm {
-        Some(sm) => fatbin.select(sm),
-        None => fatbin.loadable_entries(),
-    };
-    let mut kernels = Vec::new();
-    for entry in entries {
-        let list = entry.kernels().map_err(|e| {
-            fail(
-                Kind::BadInput,
-                format!(
-                    "{path}: corrupt {:?} entry for sm_{} at offset {:#x}: {e}",
-                    entry.kind, entry.sm, entry.offset
-                ),
-            )
-        })?;
-        kernels.extend(list);
+    let mut buf = Vec::with_capacity(kernels.len() * 512);
+    for (n, k) in kernels.iter().enumerate() {
+        let demangled = names.get(entry.container, &k.name);
+        if json {
+            if n > 0 {
+                buf.push(b',');
+            }
+            json_item(&mut buf, k, &demangled);
+        } else {
+            table_row(&mut buf, k, &demangled);
+        }
     }
-    let out = if args.json {
-        json(&kernels)
-    } else {
-        table(&fatbin, &kernels, args.sm)
-    };
-    out!("{out}")?;
-    Ok(())
+    FORMAT_MICROS.fetch_add(
+        t.elapsed().as_micros() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok((buf, kernels.len()))
 }
 
 /// The demangled form of a mangled name (the name itself for `extern "C"` kernels).
@@ -84,77 +248,143 @@ pub fn demangle(name: &str) -> String {
         .unwrap_or_else(|| name.to_owned())
 }
 
-fn json(kernels: &[KernelInfo]) -> String {
-    let items: Vec<_> = kernels
-        .iter()
-        .map(|k| {
-            serde_json::json!({
-                "name": k.name,
-                "demangled": demangle(&k.name),
-                "sm": k.sm,
-                "source": k.source.as_str(),
-                "param_bytes": k.param_bytes,
-                "registers": k.registers,
-                "params": k.params.iter().map(|p| serde_json::json!({
-                    "ordinal": p.ordinal, "offset": p.offset, "size": p.size,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    let mut s = serde_json::json!({ "kernels": items }).to_string();
-    s.push('\n');
-    s
+/// One kernel of `--json`, its keys in the order the output has always had (sorted).
+#[derive(serde::Serialize)]
+struct JsonKernel<'a> {
+    demangled: &'a str,
+    name: &'a str,
+    param_bytes: u32,
+    params: Vec<JsonParam>,
+    registers: Option<u32>,
+    sm: Option<u32>,
+    source: &'a str,
 }
 
-fn table(fatbin: &Fatbin<'_>, kernels: &[KernelInfo], sm: Option<u32>) -> String {
-    let mut s = String::new();
-    let entries = fatbin.entries();
-    let _ = writeln!(
-        s,
-        "{} container(s), {} entr{} ({} cubin, {} PTX){}; {} kernel image(s)",
-        fatbin.containers().len(),
-        entries.len(),
-        if entries.len() == 1 { "y" } else { "ies" },
-        entries
-            .iter()
-            .filter(|e| e.kind == fatbin::EntryKind::Elf)
-            .count(),
-        entries
-            .iter()
-            .filter(|e| e.kind == fatbin::EntryKind::Ptx)
-            .count(),
-        sm.map(|n| format!(", showing what sm_{n} runs"))
-            .unwrap_or_default(),
-        kernels.len(),
-    );
-    let _ = writeln!(
-        s,
-        "{:<5} {:<4} {:>6} {:>6}  KERNEL (mangled name)  OFFSETS",
-        "SM", "SRC", "PARAMS", "BYTES"
-    );
-    for k in kernels {
-        let sm = k.sm.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        let demangled = demangle(&k.name);
-        let name = if demangled == k.name {
-            k.name.clone()
-        } else {
-            format!("{demangled}  ({})", k.name)
-        };
-        let offsets: Vec<String> = k
+#[derive(serde::Serialize)]
+struct JsonParam {
+    offset: u32,
+    ordinal: u32,
+    size: u32,
+}
+
+fn json_item(buf: &mut Vec<u8>, k: &KernelInfo, demangled: &str) {
+    let item = JsonKernel {
+        demangled,
+        name: &k.name,
+        param_bytes: k.param_bytes,
+        params: k
             .params
             .iter()
-            .map(|p| format!("{}:{}+{}", p.ordinal, p.offset, p.size))
-            .collect();
-        let _ = writeln!(
-            s,
-            "{:<5} {:<4} {:>6} {:>6}  {}  [{}]",
-            sm,
-            k.source.as_str(),
-            k.params.len(),
-            k.param_bytes,
-            name,
-            offsets.join(" ")
-        );
+            .map(|p| JsonParam {
+                offset: p.offset,
+                ordinal: p.ordinal,
+                size: p.size,
+            })
+            .collect(),
+        registers: k.registers,
+        sm: k.sm,
+        source: k.source.as_str(),
+    };
+    // Writing to a Vec cannot fail, nor can serialising these types.
+    let _ = serde_json::to_writer(&mut *buf, &item);
+}
+
+fn table_row(buf: &mut Vec<u8>, k: &KernelInfo, demangled: &str) {
+    let sm = k.sm.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let mut offsets = String::new();
+    for (i, p) in k.params.iter().enumerate() {
+        let sep = if i > 0 { " " } else { "" };
+        let _ = write!(offsets, "{sep}{}:{}+{}", p.ordinal, p.offset, p.size);
     }
-    s
+    let _ = write!(
+        buf,
+        "{:<5} {:<4} {:>6} {:>6}  ",
+        sm,
+        k.source.as_str(),
+        k.params.len(),
+        k.param_bytes,
+    );
+    if demangled == k.name {
+        let _ = write!(buf, "{}", k.name);
+    } else {
+        let _ = write!(buf, "{demangled}  ({})", k.name);
+    }
+    let _ = writeln!(buf, "  [{offsets}]");
+}
+
+/// Standard output as the listing is written.
+struct Output<W: std::io::Write> {
+    w: W,
+    json: bool,
+    /// Whether `{"kernels":[` is out.
+    started: bool,
+    kernels: usize,
+    write_secs: f64,
+}
+
+impl<W: std::io::Write> Output<W> {
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        self.w
+            .write_all(bytes)
+            .map_err(|e| anyhow::Error::new(StdoutClosed(e)))
+    }
+
+    /// One entry's kernels, or the first failure.
+    fn take(&mut self, formatted: Formatted, path: &std::path::Display<'_>) -> Result<()> {
+        let (bytes, n) = formatted.map_err(|e| fail(Kind::BadInput, format!("{path}: {e}")))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if self.json {
+            let sep: &[u8] = if self.started {
+                b","
+            } else {
+                b"{\"kernels\":["
+            };
+            self.put(sep)?;
+            self.started = true;
+        }
+        self.kernels += n;
+        self.put(&bytes)
+    }
+
+    /// The end of a complete listing.
+    fn finish(&mut self) -> Result<()> {
+        let tail = if !self.json {
+            format!("{} kernel image(s)\n", self.kernels)
+        } else if self.started {
+            "]}\n".to_owned()
+        } else {
+            "{\"kernels\":[]}\n".to_owned()
+        };
+        self.put(tail.as_bytes())?;
+        self.w
+            .flush()
+            .map_err(|e| anyhow::Error::new(StdoutClosed(e)))
+    }
+
+    /// A listing stopped by `e` part-way. Under `--json`, once the object has begun, it is
+    /// closed with the failure in it (one object on standard output, as always).
+    fn fail(&mut self, e: anyhow::Error) -> anyhow::Error {
+        if self.json && self.started {
+            let kind = crate::failure::kind_of(&e);
+            let message = format!("{e:#}");
+            let tail = format!(
+                "],\"ok\":false,\"kind\":{},\"error\":{}}}\n",
+                serde_json::Value::from(kind.as_str()),
+                serde_json::Value::from(message)
+            );
+            if let Err(closed) = self.put(tail.as_bytes()).and_then(|()| {
+                self.w
+                    .flush()
+                    .map_err(|e| anyhow::Error::new(StdoutClosed(e)))
+            }) {
+                return closed;
+            }
+            return e.context(JsonPrinted);
+        }
+        // What was listed so far stays; the failure goes to standard error.
+        let _ = self.w.flush();
+        e
+    }
 }

@@ -56,6 +56,7 @@ macro_rules! outln {
 }
 
 /// `print!` that returns `anyhow::Result<()>` instead of panicking on a closed pipe.
+#[allow(unused_macros)] // `cudaw-ckpt` uses it; `cudaw` no longer does
 macro_rules! out {
     ($($t:tt)*) => { $crate::out::write(format_args!($($t)*)) };
 }

@@ -154,6 +154,38 @@ fn json_matches_the_library() {
         err.contains("corrupt") && err.contains("truncated"),
         "{err}"
     );
+
+    // An image found corrupt part-way through the listing: the kernels before it are out,
+    // and under --json the one object on standard output is closed with the failure.
+    let loadable = fb.loadable_entries();
+    let with_kernels = loadable
+        .iter()
+        .position(|e| !e.kernels().unwrap().is_empty())
+        .unwrap();
+    let second = loadable[with_kernels + 1];
+    let at = (second.offset + u64::from(second.header_size)) as usize;
+    let mut b = bytes.clone();
+    b[at..at + 4].copy_from_slice(b"oops"); // the zstd frame's or the ELF's magic
+    std::fs::write(&corrupt, b).unwrap();
+    for threads in ["1", "3"] {
+        let out = cudaw(&[
+            corrupt.as_os_str(),
+            "--json".as_ref(),
+            "--threads".as_ref(),
+            threads.as_ref(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "--threads {threads}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["kind"], "bad_input");
+        let first: usize = loadable[..=with_kernels]
+            .iter()
+            .map(|e| e.kernels().unwrap().len())
+            .sum();
+        assert_eq!(v["kernels"].as_array().unwrap().len(), first, "{v}");
+        let error = v["error"].as_str().unwrap();
+        assert!(error.contains(&format!("{:#x}", second.offset)), "{error}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use crate::error::{slice_at, u16_at, u32_at, u64_at, Error, Result};
+use crate::error::{slice_at, span_at, u16_at, u32_at, u64_at, Error, Result};
 use crate::raw::{container_len_at, CONTAINER_MAGIC};
 use crate::{cubin, ptx, KernelInfo, Source};
 
@@ -102,22 +102,27 @@ impl Entry<'_> {
 
     /// The payload, decompressed if needed (borrowed when stored uncompressed).
     pub fn payload(&self) -> Result<Cow<'_, [u8]>> {
-        decompress(
-            self.compression,
-            self.raw_payload,
-            self.compressed_size,
-            self.uncompressed_size,
-            self.offset,
-        )
+        if self.compression == Compression::None {
+            return Ok(Cow::Borrowed(self.raw_payload));
+        }
+        let mut out = Vec::new();
+        let n = decompress_into(self, &mut out, None)?;
+        out.truncate(n);
+        Ok(Cow::Owned(out))
     }
 
     /// Decompresses the payload and parses every kernel in it (ELF or PTX entries; other kinds
     /// give an empty list). Kernels carry [`KernelInfo::sm`] = this entry's SM.
     pub fn kernels(&self) -> Result<Vec<KernelInfo>> {
         let payload = self.payload()?;
+        self.kernels_of(&payload)
+    }
+
+    /// The kernels of `payload`, this entry's decompressed payload.
+    pub(crate) fn kernels_of(&self, payload: &[u8]) -> Result<Vec<KernelInfo>> {
         let mut kernels = match self.kind {
-            EntryKind::Elf => cubin::parse_cubin(&payload)?.kernels,
-            EntryKind::Ptx => ptx::parse_ptx(&payload)?.kernels,
+            EntryKind::Elf => cubin::parse_cubin(payload)?.kernels,
+            EntryKind::Ptx => ptx::parse_ptx(payload)?.kernels,
             EntryKind::Other(_) => Vec::new(),
         };
         for k in &mut kernels {
@@ -131,13 +136,23 @@ impl Entry<'_> {
     }
 }
 
-fn decompress<'p>(
-    compression: Compression,
-    raw: &'p [u8],
-    compressed_size: u32,
-    uncompressed_size: u64,
-    offset: u64,
-) -> Result<Cow<'p, [u8]>> {
+/// Decompresses `entry`'s payload (LZ4 or zstd) into `out[..n]` and returns `n` (the
+/// header's uncompressed size), with `zstd` as the zstd context when given (a new one
+/// otherwise). `out` is grown (with zeros) when shorter, never shrunk, so that a buffer
+/// reused from entry to entry is written without being cleared; the decoder is given
+/// exactly `n` bytes, so what it reports does not depend on the buffer's past.
+/// `Compression::None` returns 0: the payload is the raw bytes.
+pub(crate) fn decompress_into(
+    entry: &Entry<'_>,
+    out: &mut Vec<u8>,
+    zstd: Option<&mut zstd::bulk::Decompressor<'static>>,
+) -> Result<usize> {
+    let (raw, compressed_size, uncompressed_size, offset) = (
+        entry.raw_payload,
+        entry.compressed_size,
+        entry.uncompressed_size,
+        entry.offset,
+    );
     let input = |scheme| {
         if compressed_size == 0 {
             return Ok(raw);
@@ -159,8 +174,8 @@ fn decompress<'p>(
             "uncompressed size {uncompressed_size} is over the limit of {MAX_UNCOMPRESSED_SIZE}"
         ),
     };
-    match compression {
-        Compression::None => Ok(Cow::Borrowed(raw)),
+    match entry.compression {
+        Compression::None => Ok(0),
         Compression::Lz4 => {
             let input = input("lz4")?;
             // LZ4 expands at most ~255:1; a larger claim is a corrupt header.
@@ -168,14 +183,13 @@ fn decompress<'p>(
             if uncompressed_size > MAX_UNCOMPRESSED_SIZE || uncompressed_size > max {
                 return Err(too_big("lz4"));
             }
-            let mut out = vec![0u8; uncompressed_size as usize];
-            let n = lz4_flex::block::decompress_into(input, &mut out).map_err(|e| {
-                Error::Decompress {
+            out.resize(uncompressed_size as usize, 0);
+            let n =
+                lz4_flex::block::decompress_into(input, out).map_err(|e| Error::Decompress {
                     scheme: "lz4",
                     offset,
                     reason: e.to_string(),
-                }
-            })?;
+                })?;
             if n as u64 != uncompressed_size {
                 return Err(Error::Decompress {
                     scheme: "lz4",
@@ -183,7 +197,7 @@ fn decompress<'p>(
                     reason: format!("decoded {n} bytes, header says {uncompressed_size}"),
                 });
             }
-            Ok(Cow::Owned(out))
+            Ok(n)
         }
         Compression::Zstd => {
             let input = input("zstd")?;
@@ -195,21 +209,33 @@ fn decompress<'p>(
                 offset,
                 reason,
             };
-            // Capacity is only reserved (virtual memory), never touched beyond what the
-            // decoder writes; a larger output than declared is an error, not a reallocation.
-            let mut out = Vec::with_capacity(uncompressed_size as usize);
-            zstd::bulk::Decompressor::new()
-                .and_then(|mut d| d.decompress_to_buffer(input, &mut out))
-                .map_err(|e| err(e.to_string()))?;
-            if out.len() as u64 != uncompressed_size {
+            // A larger output than declared is an error, not a reallocation.
+            let dst = grown(out, uncompressed_size as usize);
+            let decoded = match zstd {
+                Some(d) => d.decompress_to_buffer(input, dst),
+                None => zstd::bulk::Decompressor::new()
+                    .and_then(|mut d| d.decompress_to_buffer(input, dst)),
+            };
+            let n = decoded.map_err(|e| err(e.to_string()))?;
+            if n as u64 != uncompressed_size {
                 return Err(err(format!(
-                    "decoded {} bytes, header says {uncompressed_size}",
-                    out.len()
+                    "decoded {n} bytes, header says {uncompressed_size}"
                 )));
             }
-            Ok(Cow::Owned(out))
+            Ok(n)
         }
     }
+}
+
+/// `out[..n]`, growing `out` with zeros first if it is shorter (a new buffer is allocated
+/// zeroed, which costs no writes).
+pub(crate) fn grown(out: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if out.is_empty() {
+        *out = vec![0; n];
+    } else if out.len() < n {
+        out.resize(n, 0);
+    }
+    &mut out[..n]
 }
 
 /// Parses one or several concatenated containers in `data` (zero padding between them is
@@ -285,58 +311,93 @@ fn parse_entries<'a>(
     while pos < bytes.len() {
         let at = base.saturating_add(pos as u64);
         let e = &bytes[pos..];
-        const W: &str = "fatbin entry header";
-        let kind = u16_at(e, 0, W, at)?;
-        let header_size = u32_at(e, 4, W, at)?;
-        if header_size < MIN_ENTRY_HEADER_SIZE {
-            return Err(Error::InvalidField {
-                field: "entry header size",
-                offset: at + 4,
-                found: header_size.into(),
-                expected: "at least 0x40",
-            });
-        }
-        let payload_size = u64_at(e, 8, W, at)?;
-        let compressed_size = u32_at(e, 0x10, W, at)?;
-        let minor = u16_at(e, 0x18, W, at)?;
-        let major = u16_at(e, 0x1a, W, at)?;
-        let sm = u32_at(e, 0x1c, W, at)?;
-        let id_off = u32_at(e, 0x20, W, at)?;
-        let id_len = u32_at(e, 0x24, W, at)?;
-        let flags = u64_at(e, 0x28, W, at)?;
-        let uncompressed_size = u64_at(e, 0x38, W, at)?;
-        slice_at(e, 0, header_size.into(), W, at)?;
-        let raw_payload = slice_at(
-            e,
-            header_size.into(),
-            payload_size,
-            "fatbin entry payload",
-            at,
-        )?;
-        let compression = match (flags & FLAG_LZ4 != 0, flags & FLAG_ZSTD != 0) {
-            (false, false) => Compression::None,
-            (true, false) => Compression::Lz4,
-            (false, true) => Compression::Zstd,
-            (true, true) => {
-                return Err(Error::InvalidField {
-                    field: "entry flags",
-                    offset: at + 0x28,
-                    found: flags,
-                    expected: "at most one of LZ4 (0x2000) and zstd (0x8000)",
-                })
-            }
-        };
-        let identifier = if id_off != 0 && id_len != 0 {
-            slice_at(e, id_off.into(), id_len.into(), "entry identifier", at)
+        let head = parse_entry_head(e, e.len() as u64, at, container)?;
+        let (start, len) = (head.entry.header_size as usize, head.payload_size as usize);
+        // Both fit: `parse_entry_head` checked header and payload against the container.
+        let raw_payload = e.get(start..start + len).unwrap_or_default();
+        let identifier = head.identifier.and_then(|(off, len)| {
+            slice_at(e, off.into(), len.into(), "entry identifier", at)
                 .ok()
-                .map(|s| {
-                    let s = s.split(|&b| b == 0).next().unwrap_or_default();
-                    String::from_utf8_lossy(s).into_owned()
-                })
-        } else {
-            None
-        };
+                .map(identifier_text)
+        });
         entries.push(Entry {
+            identifier,
+            raw_payload,
+            ..head.entry
+        });
+        pos += start + len;
+    }
+    Ok(())
+}
+
+/// An entry's NUL-terminated identifier string.
+pub(crate) fn identifier_text(bytes: &[u8]) -> String {
+    let s = bytes.split(|&b| b == 0).next().unwrap_or_default();
+    String::from_utf8_lossy(s).into_owned()
+}
+
+/// One entry header, read without its payload.
+pub(crate) struct EntryHead {
+    /// The entry, with no payload and no identifier.
+    pub entry: Entry<'static>,
+    /// The stored payload's size; it starts `entry.header_size` bytes after the entry.
+    pub payload_size: u64,
+    /// Where the identifier is, relative to the entry (offset, length), if it has one.
+    pub identifier: Option<(u32, u32)>,
+}
+
+/// Reads the header of the entry at `at` (in the input) from `e`, its first bytes (the
+/// fields read end at 0x40); `available` is how many bytes the container holds from the
+/// entry's start on: the header and payload must fit in them.
+pub(crate) fn parse_entry_head(
+    e: &[u8],
+    available: u64,
+    at: u64,
+    container: usize,
+) -> Result<EntryHead> {
+    const W: &str = "fatbin entry header";
+    let kind = u16_at(e, 0, W, at)?;
+    let header_size = u32_at(e, 4, W, at)?;
+    if header_size < MIN_ENTRY_HEADER_SIZE {
+        return Err(Error::InvalidField {
+            field: "entry header size",
+            offset: at + 4,
+            found: header_size.into(),
+            expected: "at least 0x40",
+        });
+    }
+    let payload_size = u64_at(e, 8, W, at)?;
+    let compressed_size = u32_at(e, 0x10, W, at)?;
+    let minor = u16_at(e, 0x18, W, at)?;
+    let major = u16_at(e, 0x1a, W, at)?;
+    let sm = u32_at(e, 0x1c, W, at)?;
+    let id_off = u32_at(e, 0x20, W, at)?;
+    let id_len = u32_at(e, 0x24, W, at)?;
+    let flags = u64_at(e, 0x28, W, at)?;
+    let uncompressed_size = u64_at(e, 0x38, W, at)?;
+    span_at(available, 0, header_size.into(), W, at)?;
+    span_at(
+        available,
+        header_size.into(),
+        payload_size,
+        "fatbin entry payload",
+        at,
+    )?;
+    let compression = match (flags & FLAG_LZ4 != 0, flags & FLAG_ZSTD != 0) {
+        (false, false) => Compression::None,
+        (true, false) => Compression::Lz4,
+        (false, true) => Compression::Zstd,
+        (true, true) => {
+            return Err(Error::InvalidField {
+                field: "entry flags",
+                offset: at + 0x28,
+                found: flags,
+                expected: "at most one of LZ4 (0x2000) and zstd (0x8000)",
+            })
+        }
+    };
+    Ok(EntryHead {
+        entry: Entry {
             container,
             offset: at,
             kind: match kind {
@@ -348,14 +409,13 @@ fn parse_entries<'a>(
             sm,
             flags,
             version: (major, minor),
-            identifier,
+            identifier: None,
             compression,
             compressed_size,
             uncompressed_size,
-            raw_payload,
-        });
-        // Both fit: `slice_at` checked header and payload against the container.
-        pos += header_size as usize + raw_payload.len();
-    }
-    Ok(())
+            raw_payload: &[],
+        },
+        payload_size,
+        identifier: (id_off != 0 && id_len != 0).then_some((id_off, id_len)),
+    })
 }

@@ -74,6 +74,16 @@ pub enum Error {
         /// What was expected.
         expected: &'static str,
     },
+    /// The input could not be read (a file read through [`crate::stream::ReadAt`]).
+    #[error("cannot read {len} bytes at offset {offset:#x}: {reason}")]
+    Io {
+        /// Where the read started.
+        offset: u64,
+        /// How many bytes it asked for.
+        len: u64,
+        /// What the system reported.
+        reason: String,
+    },
     /// A host ELF file carries no `.nv_fatbin` or `__nv_relfatbin` section.
     #[error("no fatbin in this ELF file: it has no .nv_fatbin or __nv_relfatbin section")]
     NoFatbin,
@@ -116,6 +126,26 @@ pub(crate) fn u32_at(data: &[u8], offset: usize, what: &'static str, base: u64) 
 
 pub(crate) fn u64_at(data: &[u8], offset: usize, what: &'static str, base: u64) -> Result<u64> {
     bytes_at::<8>(data, offset, what, base).map(|b| u64::from_le_bytes(*b))
+}
+
+/// Checks that `len` bytes at `offset` lie within `available` bytes (the same
+/// [`Error::Truncated`] as [`slice_at`] on a slice of that length).
+pub(crate) fn span_at(
+    available: u64,
+    offset: u64,
+    len: u64,
+    what: &'static str,
+    base: u64,
+) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= available && usize::try_from(end).is_ok() => Ok(()),
+        _ => Err(Error::Truncated {
+            what,
+            offset: base.saturating_add(offset),
+            needed: len,
+            available: available.saturating_sub(offset),
+        }),
+    }
 }
 
 /// `data[offset..offset + len]`, or [`Error::Truncated`].

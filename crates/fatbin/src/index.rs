@@ -79,32 +79,24 @@ impl<'a> Fatbin<'a> {
     /// Indexes the `.nv_fatbin` and `__nv_relfatbin` sections of a host ELF64 little-endian
     /// file (executable, shared library or `-rdc` object). Offsets are file offsets.
     pub fn from_host_elf(data: &'a [u8]) -> Result<Self> {
-        let elf_err = |e: object::read::Error| Error::Elf {
-            offset: 0,
-            reason: e.to_string(),
-        };
-        let header = FileHeader64::<LittleEndian>::parse(data).map_err(elf_err)?;
-        let endian = header.endian().map_err(elf_err)?;
-        let sections = header.sections(endian, data).map_err(elf_err)?;
         let mut containers = Vec::new();
         let mut entries = Vec::new();
-        let mut any = false;
-        for section in sections.iter() {
-            let relocatable = match sections.section_name(endian, section) {
-                Ok(b".nv_fatbin") => false,
-                Ok(b"__nv_relfatbin") => true,
-                _ => continue,
-            };
-            let bytes = section.data(endian, data).map_err(elf_err)?;
-            if bytes.is_empty() {
-                continue;
-            }
-            any = true;
-            let base = section.sh_offset(endian);
-            parse_containers(bytes, base, relocatable, &mut containers, &mut entries)?;
-        }
-        if !any {
-            return Err(Error::NoFatbin);
+        for section in fatbin_sections(data)? {
+            let bytes = usize::try_from(section.offset)
+                .ok()
+                .zip(usize::try_from(section.size).ok())
+                .and_then(|(start, len)| data.get(start..start.checked_add(len)?))
+                .ok_or_else(|| Error::Elf {
+                    offset: 0,
+                    reason: "Invalid ELF section size or offset".into(),
+                })?;
+            parse_containers(
+                bytes,
+                section.offset,
+                section.relocatable,
+                &mut containers,
+                &mut entries,
+            )?;
         }
         Ok(Self::new(InputKind::HostElf, containers, entries))
     }
@@ -122,27 +114,7 @@ impl<'a> Fatbin<'a> {
     }
 
     fn single(kind: InputKind, entry_kind: EntryKind, sm: u32, data: &'a [u8]) -> Self {
-        let entry = Entry {
-            container: 0,
-            offset: 0,
-            kind: entry_kind,
-            header_size: 0,
-            sm,
-            flags: 0,
-            version: (0, 0),
-            identifier: None,
-            compression: Compression::None,
-            compressed_size: 0,
-            uncompressed_size: 0,
-            raw_payload: data,
-        };
-        let container = Container {
-            offset: 0,
-            len: data.len() as u64,
-            version: 0,
-            relocatable: false,
-            entries: 0..1,
-        };
+        let (container, entry) = single(entry_kind, sm, data);
         Self::new(kind, vec![container], vec![entry])
     }
 
@@ -175,12 +147,8 @@ impl<'a> Fatbin<'a> {
     /// ordinary ones — as in an `-rdc` executable, where the linked image is what runs (and
     /// what `cuobjdump -elf` lists).
     pub fn loadable_entries(&self) -> Vec<&Entry<'a>> {
-        let only_relocatable = self.containers.iter().all(|c| c.relocatable);
-        self.containers
-            .iter()
-            .filter(|c| only_relocatable || !c.relocatable)
-            .filter_map(|c| self.entries.get(c.entries.clone()))
-            .flatten()
+        loadable_indices(&self.containers)
+            .filter_map(|i| self.entries.get(i))
             .collect()
     }
 
@@ -205,15 +173,7 @@ impl<'a> Fatbin<'a> {
 
     /// [`Fatbin::select`] as indices into [`Fatbin::entries`].
     fn select_indices(&self, sm: u32) -> Vec<usize> {
-        let only_relocatable = self.containers.iter().all(|c| c.relocatable);
-        self.containers
-            .iter()
-            .filter(|c| only_relocatable || !c.relocatable)
-            .filter_map(|c| {
-                let entries = self.entries.get(c.entries.clone())?;
-                select_entry(entries, sm).map(|i| c.entries.start + i)
-            })
-            .collect()
+        select_indices(&self.containers, &self.entries, sm)
     }
 
     fn sm_slot(&self, sm: u32) -> SmSlot {
@@ -289,4 +249,105 @@ impl<'a> Fatbin<'a> {
             }
         })
     }
+}
+
+/// The one pseudo-container and entry of a bare cubin or PTX text.
+pub(crate) fn single(entry_kind: EntryKind, sm: u32, data: &[u8]) -> (Container, Entry<'_>) {
+    let entry = Entry {
+        container: 0,
+        offset: 0,
+        kind: entry_kind,
+        header_size: 0,
+        sm,
+        flags: 0,
+        version: (0, 0),
+        identifier: None,
+        compression: Compression::None,
+        compressed_size: 0,
+        uncompressed_size: 0,
+        raw_payload: data,
+    };
+    let container = Container {
+        offset: 0,
+        len: data.len() as u64,
+        version: 0,
+        relocatable: false,
+        entries: 0..1,
+    };
+    (container, entry)
+}
+
+/// Indices of the entries the driver can load (see [`Fatbin::loadable_entries`]).
+pub(crate) fn loadable_indices(containers: &[Container]) -> impl Iterator<Item = usize> + '_ {
+    let only_relocatable = containers.iter().all(|c| c.relocatable);
+    containers
+        .iter()
+        .filter(move |c| only_relocatable || !c.relocatable)
+        .flat_map(|c| c.entries.clone())
+}
+
+/// Indices of the entries the driver runs on SM `sm` (see [`Fatbin::select`]).
+pub(crate) fn select_indices(
+    containers: &[Container],
+    entries: &[Entry<'_>],
+    sm: u32,
+) -> Vec<usize> {
+    let only_relocatable = containers.iter().all(|c| c.relocatable);
+    containers
+        .iter()
+        .filter(|c| only_relocatable || !c.relocatable)
+        .filter_map(|c| {
+            let entries = entries.get(c.entries.clone())?;
+            select_entry(entries, sm).map(|i| c.entries.start + i)
+        })
+        .collect()
+}
+
+/// A `.nv_fatbin` or `__nv_relfatbin` section of a host ELF file.
+pub(crate) struct FatbinSection {
+    /// Its file offset.
+    pub offset: u64,
+    /// Its size in the file.
+    pub size: u64,
+    /// `__nv_relfatbin`.
+    pub relocatable: bool,
+}
+
+/// The non-empty fatbin sections of a host ELF64 little-endian file, in section order;
+/// [`Error::NoFatbin`] if it has none. Reads the ELF header, the section headers and the
+/// section names only (through `data`, a slice or a [`object::ReadCache`]).
+pub(crate) fn fatbin_sections<'d, R: object::ReadRef<'d>>(data: R) -> Result<Vec<FatbinSection>> {
+    let elf_err = |e: object::read::Error| Error::Elf {
+        offset: 0,
+        reason: e.to_string(),
+    };
+    let header = FileHeader64::<LittleEndian>::parse(data).map_err(elf_err)?;
+    let endian = header.endian().map_err(elf_err)?;
+    let sections = header.sections(endian, data).map_err(elf_err)?;
+    let mut found = Vec::new();
+    let mut any = false;
+    for section in sections.iter() {
+        let relocatable = match sections.section_name(endian, section) {
+            Ok(b".nv_fatbin") => false,
+            Ok(b"__nv_relfatbin") => true,
+            _ => continue,
+        };
+        // SHT_NOBITS holds no bytes: empty, as `SectionHeader::data` reads it.
+        let Some((offset, size)) = section.file_range(endian) else {
+            continue;
+        };
+        if size == 0 {
+            continue;
+        }
+        any = true;
+        found.push(FatbinSection {
+            offset,
+            size,
+            relocatable,
+        });
+    }
+    if !any {
+        return Err(Error::NoFatbin);
+    }
+    Ok(found)
 }

@@ -56,6 +56,7 @@ pub mod ptx;
 pub mod raw;
 mod select;
 pub mod sites;
+pub mod stream;
 
 pub use container::{
     Compression, Container, Entry, EntryKind, FLAG_64BIT, FLAG_ARCH_SPECIFIC, FLAG_DEBUG,
@@ -69,6 +70,7 @@ pub use raw::{
     container_len, detect_image_kind, elf_image_len, parse_wrapper, FatbinWrapper, ImageKind,
 };
 pub use select::select_entry;
+pub use stream::{decode_in_order, DecodeStats, Decoder, ReadAt, StreamIndex};
 
 /// Where a kernel's layout was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -36,6 +36,54 @@ fn exercise(data: &[u8]) {
             }
         }
     }
+    streaming_agrees(data);
+}
+
+/// The streaming path ([`fatbin::StreamIndex`], [`fatbin::Decoder`]) reads the same headers,
+/// kernels and errors from `data` as [`fatbin::Fatbin`] does.
+fn streaming_agrees(data: &[u8]) {
+    let stream = fatbin::StreamIndex::read(data);
+    let fb = match fatbin::Fatbin::parse(data) {
+        Ok(fb) => fb,
+        Err(e) => {
+            assert_eq!(stream.err(), Some(e), "the same error from both indexes");
+            return;
+        }
+    };
+    let stream = stream.unwrap_or_else(|e| panic!("Fatbin::parse succeeds, StreamIndex: {e}"));
+    assert_eq!(stream.input_kind(), fb.input_kind());
+    assert_eq!(stream.containers().len(), fb.containers().len());
+    assert_eq!(stream.entries().len(), fb.entries().len());
+    let head = |e: &fatbin::Entry<'_>| {
+        (
+            e.container,
+            e.offset,
+            e.kind,
+            e.header_size,
+            e.sm,
+            e.flags,
+            e.version,
+            e.identifier.clone(),
+            e.compression,
+            e.compressed_size,
+            e.uncompressed_size,
+        )
+    };
+    let mut decoder = fatbin::Decoder::new();
+    for (i, (s, f)) in stream.entries().iter().zip(fb.entries()).enumerate() {
+        assert_eq!(head(s), head(f), "entry {i}");
+        assert_eq!(decoder.kernels(data, &stream, i), f.kernels(), "entry {i}");
+    }
+    let indices = |v: Vec<&fatbin::Entry<'_>>| v.iter().map(|e| e.offset).collect::<Vec<_>>();
+    let offsets = |v: Vec<usize>| {
+        v.iter()
+            .map(|&i| stream.entries()[i].offset)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(offsets(stream.loadable()), indices(fb.loadable_entries()));
+    for sm in [75, 90, 120] {
+        assert_eq!(offsets(stream.select(sm)), indices(fb.select(sm)));
+    }
 }
 
 /// xorshift64*: a fixed-seed generator, no dependency.
