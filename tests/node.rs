@@ -26,6 +26,12 @@ impl Daemon {
     /// Starts `cudaw node` looking in the targets' run folders, with `config` as its
     /// configuration file.
     fn start(tag: &str, targets: &[&Target], config: &str) -> Daemon {
+        let dirs: Vec<PathBuf> = targets.iter().map(|t| t.run_dir.clone()).collect();
+        Daemon::start_in(tag, &dirs, config)
+    }
+
+    /// Starts `cudaw node` looking in the run folders `dirs` (which may not exist yet).
+    fn start_in(tag: &str, dirs: &[PathBuf], config: &str) -> Daemon {
         let dir = ckpt_common::temp_dir(&format!("node-{tag}"));
         let cfg = dir.0.join("node.toml");
         std::fs::write(&cfg, config).unwrap();
@@ -47,8 +53,8 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        for t in targets {
-            cmd.arg("--run-dir").arg(&t.run_dir);
+        for d in dirs {
+            cmd.arg("--run-dir").arg(d);
         }
         let mut child = KillOnDrop(cmd.spawn().expect("starting cudaw node"));
         let stderr = child.stderr.take().expect("stderr");
@@ -219,9 +225,11 @@ fn the_daemon_finds_both_jobs_reloads_and_lets_go() {
         b_row["pids"],
         serde_json::json!([b.pid.parse::<u32>().unwrap()])
     );
+    // In the bytes the node ledger counts: the process's own `used` (its allocations
+    // rounded to the VMM's granules).
     assert_eq!(
         a_row["resident_bytes"].as_u64(),
-        Some(ckpt_common::BYTES),
+        a.status()["devices"][0]["used"].as_u64(),
         "{st}"
     );
     assert_eq!(st["config"]["error"], serde_json::Value::Null, "{st}");
@@ -350,4 +358,80 @@ fn a_missing_configuration_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("configuration refused: "), "{err}");
     assert!(err.contains("none.toml: No such file"), "{err}");
+}
+
+/// The run folder `Target::start_with` gives the target of `tag` (known before it starts).
+fn run_dir_of(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("cudaw-dump-{}-{tag}-run", std::process::id()))
+}
+
+/// Swap instead of OOM, end to end: two jobs whose memory does not fit the card together
+/// (the node ledger's 24 MiB, each job about 14 MiB) under the daemon. The second's first
+/// allocation waits for room (CUDAW_ALLOC_WAIT) instead of failing; the daemon swaps the
+/// first out, and from then on the two take turns, each swapped in for its turn. Both
+/// run to their expected output.
+#[test]
+fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
+    if cudaw_tests::nvcc().is_none() {
+        eprintln!("skipped: no nvcc");
+        return;
+    }
+    let node = ckpt_common::temp_dir("node-swap-ledger");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&node.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let nd = node.0.to_str().unwrap().to_owned();
+    let env: Vec<(&str, &str)> = vec![
+        ("SIMGPU_MEM", "24M"),
+        ("CUDAW_NODE_DIR", &nd),
+        ("CUDAW_ALLOC_WAIT", "60s"),
+        ("CUDAW_LOG", "info"),
+    ];
+    let (ta, tb) = ("swap-a", "swap-b");
+    let mut d = Daemon::start_in(
+        "swap",
+        &[run_dir_of(ta), run_dir_of(tb)],
+        "quantum = \"20ms\"\n",
+    );
+    let mut a = Target::start_with(Addressing::Mapped, ta, &env).expect("nvcc was found");
+    let ja = job_id(&a);
+    d.status_until("the first job listed", |st| job(st, &ja).is_some());
+    a.run(3);
+    // The second cannot allocate beside the first: it waits, the daemon swaps the first
+    // out, and its first line comes once its memory is allocated.
+    let mut b = Target::start_with(Addressing::Mapped, tb, &env).expect("nvcc was found");
+    assert!(
+        b.log()
+            .contains("waiting up to 60.0 s for the node scheduler to make room"),
+        "{}",
+        b.log()
+    );
+    let jb = job_id(&b);
+    d.status_until("the first job swapped out once", |st| {
+        job(st, &ja).is_some_and(|(_, j)| j["swaps"].as_u64().unwrap_or(0) >= 1)
+    });
+    // Both work: each is swapped in for its turn, the other out.
+    for _ in 0..3 {
+        a.send_run(5);
+        b.send_run(5);
+        a.wait_ran();
+        b.wait_ran();
+    }
+    let st = d.status().expect("the daemon's status");
+    assert!(
+        job(&st, &jb).is_some_and(|(_, j)| j["swaps"].as_u64().unwrap_or(0) >= 1),
+        "both jobs were swapped out at some point: {st}\n{}",
+        d.log()
+    );
+    // The first ends under the daemon (swapped in for its last turn); the second then has
+    // the card to itself, and the daemon lets it go swapped in and ungated.
+    a.finish();
+    d.status_until("the first job gone", |st| job(st, &ja).is_none());
+    b.run(2);
+    let status = d.terminate();
+    assert!(status.success(), "{status}");
+    assert_ungated(&b);
+    b.run(2);
+    b.finish();
 }

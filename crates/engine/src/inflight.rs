@@ -65,6 +65,30 @@ impl Drop for InFlight {
     }
 }
 
+/// Runs `f` with the calling thread out of its wrapped call's count (it waits for
+/// something outside cudaw — room for an allocation — and holds nothing a pause needs),
+/// then counts it in again, waiting at the gate first if it closed meanwhile (so a hold
+/// or a pause does not wait for it, and it touches nothing while the process is held or
+/// paused). Outside a wrapped call (or nested in another thread's sense: the outer call
+/// is the one counted), `f` just runs.
+pub fn step_out<T>(f: impl FnOnce() -> T) -> T {
+    if DEPTH.with(|d| d.get()) == 0 || is_cudaw_thread() {
+        return f();
+    }
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    let out = f();
+    let h = host();
+    loop {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        if !h.gate_closed() || h.in_marked_call() {
+            break;
+        }
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        h.wait_while_closed();
+    }
+    out
+}
+
 /// Whether the calling thread is inside one of cudaw's wrapped calls.
 pub fn in_wrapped_call() -> bool {
     DEPTH.with(|d| d.get() > 0)

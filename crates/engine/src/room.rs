@@ -10,8 +10,11 @@
 //! `node.sock` in the run folder), and not at all without one: a process on a node without
 //! the daemon fails at once, as it always did. A time (`10s`, `500ms`) or `off`.
 //!
-//! The wait happens outside every lock of cudaw's: the thread waiting holds nothing a
-//! pause, a dump or another allocation needs.
+//! The wait happens outside every lock of cudaw's, and out of the calls in flight
+//! ([`crate::inflight::step_out`]): the thread waiting holds nothing a pause, a hold, a
+//! dump or another allocation needs, and a hold or pause of its process does not wait for
+//! it. Each retry waits at the gate while the process is held or paused (the node
+//! scheduler holds a process until its turn).
 
 use crate::log;
 use parking_lot::Mutex;
@@ -114,7 +117,10 @@ pub fn retry<T, E>(
     ));
     let mut last = first;
     while since.elapsed() < limit {
-        std::thread::sleep(Duration::from_millis(5));
+        // Out of the calls in flight while it sleeps: the daemon's hold of this process
+        // (before it swaps others out for it) must not wait for this very allocation.
+        // Back in, it waits at the gate while the process is held or paused.
+        crate::inflight::step_out(|| std::thread::sleep(Duration::from_millis(5)));
         QUIET.with(|q| q.set(true));
         let tried = attempt();
         QUIET.with(|q| q.set(false));

@@ -376,17 +376,31 @@ impl Daemon {
                     d.ordinal
                 );
             }
+            // In the bytes the node ledger counts: the budget's `used` (allocations
+            // rounded to the VMM's granules, driver handles). Evicted and wanted bytes are
+            // as requested: each allocation may take up to a granule more once back.
+            const GRANULE: u64 = 2 << 20;
             gpu.policy.observe(
                 pid,
                 Observation {
                     waiting: st.waiting > 0,
-                    resident: d.resident,
-                    swapped: d.evicted,
+                    resident: d.used.max(d.resident),
+                    swapped: if d.evicted > 0 {
+                        d.evicted
+                            .saturating_add(d.allocations.saturating_mul(GRANULE))
+                    } else {
+                        0
+                    },
                 },
                 now,
             );
             // An allocation waiting for room (CUDAW_ALLOC_WAIT): the policy makes it.
-            gpu.policy.alloc_wait(pid, d.wanted, now);
+            let wanted = if d.wanted > 0 {
+                d.wanted.saturating_add(GRANULE)
+            } else {
+                0
+            };
+            gpu.policy.alloc_wait(pid, wanted, now);
             now_on.insert(key);
         }
         let left: Vec<String> = p.gpus.difference(&now_on).cloned().collect();

@@ -796,6 +796,19 @@ impl Scheduler {
     /// The jobs to swap out, least recently run first, for job `id` to fit; `None` if it
     /// cannot (only jobs of a higher priority, or busy ones, are left to swap out).
     fn evictions(&self, id: &str) -> Option<Vec<String>> {
+        self.evictions_with(id, None)
+    }
+
+    /// Whether job `id` could fit once the turn now running ends (its job held, then
+    /// swapped out like any other): what a job waiting for memory needs to be picked for
+    /// the next turn while another job still runs.
+    fn could_fit(&self, id: &str) -> bool {
+        let turn = self.turn.as_ref().map(|t| t.job.as_str());
+        self.evictions_with(id, turn).is_some()
+    }
+
+    /// [`Scheduler::evictions`], counting job `ending` (the turn about to end) as held.
+    fn evictions_with(&self, id: &str, ending: Option<&str>) -> Option<Vec<String>> {
         if self.capacity == 0 {
             return Some(Vec::new());
         }
@@ -811,11 +824,12 @@ impl Scheduler {
             .filter(|(other, j)| {
                 *other != id
                     && self.config.job(other).priority <= prio
-                    && j.pids.iter().all(|pid| {
-                        self.procs
-                            .get(pid)
-                            .is_none_or(|p| !p.open && p.pending.is_none())
-                    })
+                    && (ending == Some(other.as_str())
+                        || j.pids.iter().all(|pid| {
+                            self.procs
+                                .get(pid)
+                                .is_none_or(|p| !p.open && p.pending.is_none())
+                        }))
                     && self.job_sum(other, |p| p.seen.resident) > 0
             })
             .collect();
@@ -845,7 +859,7 @@ impl Scheduler {
         self.jobs
             .iter()
             .filter(|(id, _)| Some(id.as_str()) != except)
-            .filter(|(id, _)| self.eligible(id, now) && self.evictions(id).is_some())
+            .filter(|(id, _)| self.eligible(id, now) && self.could_fit(id))
             .map(|(id, j)| (self.vtime(id, now), j.last_run, id))
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)))
             .map(|(_, _, id)| id.clone())
@@ -1080,7 +1094,14 @@ impl Scheduler {
         let Some(victims) = self.evictions(id) else {
             return false;
         };
+        let before = out.len();
         self.swap_out(&victims, now, out);
+        if out.len() > before {
+            // The swap-ins wait for the swap-outs to be done (a later tick): the daemon
+            // carries out actions of different processes at once, and a swap-in begun
+            // before the memory it needs was given back would be refused.
+            return true;
+        }
         let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
         for pid in pids {
             if self.procs.get(&pid).is_some_and(|p| p.seen.swapped > 0) {
@@ -1143,7 +1164,7 @@ impl Scheduler {
         let blocked: Vec<String> = self
             .jobs
             .keys()
-            .filter(|id| self.eligible(id, now) && self.evictions(id).is_none())
+            .filter(|id| self.eligible(id, now) && !self.could_fit(id))
             .cloned()
             .collect();
         for id in blocked {
