@@ -124,7 +124,11 @@ unsafe fn get<T: Copy>(ptr: *const T) -> CuResult<T> {
 }
 
 fn copy_task(dst: u64, src: u64, len: usize) -> Task {
+    let delay = crate::config::copy_delay();
     Box::new(move || {
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         // SAFETY: both ranges were checked (device side) or promised by the caller (host
         // side) when the copy was enqueued; `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
