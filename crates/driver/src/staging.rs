@@ -57,9 +57,18 @@
 //! allocations, the engine's driver-level handles) keeps its ids apart from the others'.
 //! Single evictions (the `Staging::save` of the trait) always take the ordinary path.
 //!
+//! **A program's copies with pageable host memory** ([`PinnedStaging::copy_pageable`]; the
+//! decisions are the engine's `pageable` module's): one copy through the same pool and
+//! pipeline, ordered after the program's stream by an event the pool's streams wait for;
+//! to the device asynchronously, it returns once every byte is in a buffer and makes the
+//! program's stream wait for the pool's last copies (the next user of a buffer waits for
+//! its event first, so buffers still on the wire are never overwritten). A copy of one
+//! buffer or less runs on the calling thread, without starting any.
+//!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
-//! copy threads, default the CPUs available, at most 16).
+//! copy threads, default the CPUs available, at most 16), `CUDAW_STAGED_COPY_MIN` (the
+//! smallest program copy staged, default 1M, or `off`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
