@@ -15,13 +15,14 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 13] = [
+const PROGRAMS: [&str; 14] = [
     "ckpt_target",
     "cudaw_demo",
     "exit_race",
     "hotcold",
     "malloc_async",
     "multithread",
+    "pageable_copy",
     "pause_stress",
     "pause_target",
     "peer_copy",
@@ -108,6 +109,7 @@ programs!(
     hotcold,
     malloc_async,
     multithread,
+    pageable_copy,
     pause_stress,
     pause_target,
     peer_copy,

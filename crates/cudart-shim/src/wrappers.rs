@@ -14,6 +14,7 @@ use crate::types::*;
 use crate::{call_real, log};
 use cudaw_engine::launch_args::{translate_args, ArgBuffer};
 use cudaw_engine::memory_calls as calls;
+use cudaw_engine::pageable;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -716,11 +717,104 @@ fn pitched(mut p: cudaPitchedPtr) -> cudaPitchedPtr {
     p
 }
 
+// ---------------------------------------------------------------- copies with pageable memory
+
+/// `cudaMemcpy[_ptds]`: a copy of at least `CUDAW_STAGED_COPY_MIN` bytes between cudaw's
+/// device memory and pageable host memory goes through the pinned staging
+/// ([`cudaw_engine::pageable`]); every other one, and any the staging declines, to the real
+/// runtime (translated where needed). A smaller copy costs one compare more than before.
+fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
+    let run = || {
+        if n >= pageable::min_bytes() {
+            let stream = default_stream(i == idx::cudaMemcpy_ptds);
+            if staged(d, s, n, k, stream, false) {
+                return SUCCESS;
+            }
+        }
+        forward!(i, cudaMemcpy: fn(*mut c_void, *const c_void, usize, i32), rm(d), r(s), n, k)
+    };
+    tracing::copy(k, n, d, s, run)
+}
+variants!(memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; (d: *mut c_void, s: *const c_void, n: usize, k: i32));
+
+/// `cudaMemcpyAsync[_ptsz]`: as [`memcpy_impl`], on the program's stream.
+fn memcpy_async_impl(
+    i: usize,
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    k: i32,
+    st: cudaStream_t,
+) -> cudaError_t {
+    let run = || {
+        if n >= pageable::min_bytes() {
+            let stream = if st.is_null() {
+                default_stream(i == idx::cudaMemcpyAsync_ptsz)
+            } else {
+                driver::Stream(st as usize)
+            };
+            if staged(d, s, n, k, stream, true) {
+                return SUCCESS;
+            }
+        }
+        forward!(
+            i, cudaMemcpyAsync:
+            fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
+            rm(d),
+            r(s),
+            n,
+            k,
+            st
+        )
+    };
+    tracing::copy(k, n, d, s, run)
+}
+variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
+    (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
+
+/// The driver's name for a default stream: the thread's own (`_ptds` / `_ptsz` exports,
+/// which programs built with `--default-stream per-thread` call) or the legacy one.
+fn default_stream(per_thread: bool) -> driver::Stream {
+    if per_thread {
+        driver::Stream::PER_THREAD
+    } else {
+        driver::Stream::LEGACY
+    }
+}
+
+/// Copies through the pinned staging when [`cudaw_engine::pageable`] takes the copy;
+/// whether it did (else the real runtime is to).
+fn staged(
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    k: i32,
+    stream: driver::Stream,
+    asynchronous: bool,
+) -> bool {
+    let req = pageable::Request {
+        dst: d as u64,
+        src: s as u64,
+        len: n,
+        kind: k,
+        stream,
+        asynchronous,
+    };
+    // A stream being captured gets no event of cudaw's (it would become a graph node): the
+    // runtime's answer, for the runtime's name of the stream (its default streams' handles
+    // are the driver's, `cudaStreamLegacy` and `cudaStreamPerThread`).
+    let may_order = || {
+        let mut status: i32 = 0;
+        let h = stream.0 as cudaStream_t;
+        let rc = call_real!(cudaStreamIsCapturing: fn(cudaStream_t, *mut i32) -> cudaError_t, h, &mut status);
+        rc == SUCCESS && status == 0
+    };
+    // SAFETY: the program's own arguments to a runtime copy, whose contract makes the host
+    // side valid for `n` bytes during the call.
+    unsafe { pageable::copy(req, may_order) == pageable::Outcome::Copied }
+}
+
 forwarders! {
-    memcpy_impl => cudaMemcpy, cudaMemcpy_ptds; copy(k, n, d, s);
-        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32);
-    memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz; copy(k, n, d, s);
-        (d: *mut c_void => rm, s: *const c_void => r, n: usize, k: i32, st: cudaStream_t);
     memset_impl => cudaMemset, cudaMemset_ptds;
         (d: *mut c_void => rm, v: i32, n: usize);
     memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz;

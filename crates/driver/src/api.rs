@@ -39,6 +39,25 @@ pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 /// `CU_MEMHOSTALLOC_PORTABLE`.
 pub const MEMHOSTALLOC_PORTABLE: u32 = 0x1;
 
+impl Stream {
+    /// `CU_STREAM_LEGACY`: the legacy default stream of the current context, whatever the
+    /// caller was compiled with.
+    pub const LEGACY: Stream = Stream(0x1);
+    /// `CU_STREAM_PER_THREAD`: the calling thread's default stream in the current context.
+    pub const PER_THREAD: Stream = Stream(0x2);
+}
+
+/// What the driver knows of a host or device address (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryType {
+    /// Unknown to CUDA: ordinary pageable host memory (`CUDA_ERROR_INVALID_VALUE`).
+    Pageable,
+    /// Page-locked host memory (`cuMemHostAlloc`, `cuMemHostRegister`).
+    Host,
+    /// Device memory, managed memory or an array: any other `CUmemorytype` value.
+    Other(u32),
+}
+
 /// The CUDA driver API subset cudaw uses. Object safe; implementations are shared between
 /// threads. Each method names the driver function it calls. Device addresses are `u64`.
 ///
@@ -165,6 +184,13 @@ pub trait Driver: Send + Sync {
     fn stream_synchronize(&self, stream: Stream) -> Result<()>;
     /// `cuStreamQuery`: `true` when all its work is done, `false` on `CUDA_ERROR_NOT_READY`.
     fn stream_query(&self, stream: Stream) -> Result<bool>;
+    /// `cuStreamWaitEvent(stream, event, 0)`: the stream's later work waits until the
+    /// event's last record is reached (the event may belong to another context).
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)` of `ptr`:
+    /// [`MemoryType::Pageable`] where the driver answers `CUDA_ERROR_INVALID_VALUE` (host
+    /// memory it does not know).
+    fn pointer_memory_type(&self, ptr: u64) -> Result<MemoryType>;
 
     /// `cuEventCreate`.
     fn event_create(&self, flags: u32) -> Result<Event>;

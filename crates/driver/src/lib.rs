@@ -24,8 +24,11 @@ pub mod staging;
 /// The CUDA driver ABI types (CUDA 13.0 layouts).
 pub use cudarc::driver::sys;
 
-pub use api::{Context, Device, Driver, Event, PhysicalHandle, Stream};
+pub use api::{Context, Device, Driver, Event, MemoryType, PhysicalHandle, Stream};
 pub use backend::{DriverBackend, KeptContext};
 pub use error::{DriverError, Result};
 pub use loader::LibCuda;
-pub use staging::{ArenaDone, ArenaStatus, PinnedStaging, Retaining, StagingConfig, ARENA_ALIGN};
+pub use staging::{
+    ArenaDone, ArenaStatus, Completion, PageableCopy, PageableCopyError, PinnedStaging, Retaining,
+    StagingConfig, ARENA_ALIGN,
+};

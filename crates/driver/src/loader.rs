@@ -5,8 +5,11 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
-use crate::api::{Context, Device, Driver, Event, PhysicalHandle, Stream};
-use crate::error::{known_name, DriverError, Result, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_READY};
+use crate::api::{Context, Device, Driver, Event, MemoryType, PhysicalHandle, Stream};
+use crate::error::{
+    known_name, DriverError, Result, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_READY,
+};
 use crate::sys;
 
 /// The environment variable naming the driver library to load instead of `libcuda.so.1`.
@@ -107,6 +110,8 @@ driver_functions! {
     cuStreamDestroy(Raw) = [cuStreamDestroy_v2];
     cuStreamSynchronize(Raw) = [cuStreamSynchronize];
     cuStreamQuery(Raw) = [cuStreamQuery];
+    cuStreamWaitEvent(Raw, Raw, c_uint) = [cuStreamWaitEvent];
+    cuPointerGetAttribute(*mut c_void, c_uint, u64) = [cuPointerGetAttribute];
     cuEventCreate(*mut Raw, c_uint) = [cuEventCreate];
     cuEventRecord(Raw, Raw) = [cuEventRecord];
     cuEventSynchronize(Raw) = [cuEventSynchronize];
@@ -580,6 +585,35 @@ impl Driver for LibCuda {
         match unsafe { f(raw(stream.0)) } {
             CUDA_ERROR_NOT_READY => Ok(false),
             code => self.check(code, "cuStreamQuery").map(|()| true),
+        }
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()> {
+        let f = self.cuStreamWaitEvent()?;
+        // SAFETY: handles the driver gave out (or a program's stream); the driver validates
+        // them.
+        let code = unsafe { f(raw(stream.0), raw(event.0), 0) };
+        self.check(code, "cuStreamWaitEvent")
+    }
+
+    fn pointer_memory_type(&self, ptr: u64) -> Result<MemoryType> {
+        /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
+        const MEMORY_TYPE: c_uint = 2;
+        /// `CU_MEMORYTYPE_HOST`.
+        const HOST: u32 = 1;
+        let f = self.cuPointerGetAttribute()?;
+        let mut kind: u32 = 0;
+        // SAFETY: the attribute is a `CUmemorytype` (an unsigned int) written through a
+        // valid out-pointer; the driver only looks the address up.
+        let code = unsafe { f((&mut kind as *mut u32).cast(), MEMORY_TYPE, ptr) };
+        match code {
+            CUDA_ERROR_INVALID_VALUE => Ok(MemoryType::Pageable),
+            code => self
+                .check(code, "cuPointerGetAttribute")
+                .map(|()| match kind {
+                    HOST => MemoryType::Host,
+                    other => MemoryType::Other(other),
+                }),
         }
     }
 

@@ -57,9 +57,18 @@
 //! allocations, the engine's driver-level handles) keeps its ids apart from the others'.
 //! Single evictions (the `Staging::save` of the trait) always take the ordinary path.
 //!
+//! **A program's copies with pageable host memory** ([`PinnedStaging::copy_pageable`]; the
+//! decisions are the engine's `pageable` module's): one copy through the same pool and
+//! pipeline, ordered after the program's stream by an event the pool's streams wait for;
+//! to the device asynchronously, it returns once every byte is in a buffer and makes the
+//! program's stream wait for the pool's last copies (the next user of a buffer waits for
+//! its event first, so buffers still on the wire are never overwritten). A copy of one
+//! buffer or less runs on the calling thread, without starting any.
+//!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
-//! copy threads, default the CPUs available, at most 16).
+//! copy threads, default the CPUs available, at most 16), `CUDAW_STAGED_COPY_MIN` (the
+//! smallest program copy staged, default 1M, or `off`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -86,6 +95,17 @@ pub const ARENA_ENV: &str = "CUDAW_HOST_ARENA";
 /// The variable that turns off the reuse of host copies between pauses: `off` (or `on`,
 /// the default).
 pub const REUSE_ENV: &str = "CUDAW_HOST_REUSE";
+/// The variable that sets the smallest copy between device memory and a program's
+/// pageable host memory that goes through the pinned staging (`1M`, `262144`), or turns
+/// that off (`off`): [`StagingConfig::copy_min`].
+pub const COPY_MIN_ENV: &str = "CUDAW_STAGED_COPY_MIN";
+/// [`COPY_MIN_ENV`]'s default: 1 MiB. Below it the driver's own pageable path is as fast
+/// or faster: a staged copy pays a fixed few tens of microseconds (the pointer query, the
+/// events that order it with the program's stream, a host thread's hand-off) where the
+/// driver moves 1 MiB in about 125 µs host to device (8.3 GB/s pageable, H100) and 320 µs
+/// device to host (3.3 GB/s); the crossover is to be measured on the GPU (gpu-check's
+/// `transfers`).
+pub const DEFAULT_COPY_MIN: usize = 1 << 20;
 /// Where each allocation's bytes start in the host arena: a multiple of this. Size an
 /// arena for a set of allocations as the sum of their sizes rounded up to it.
 pub const ARENA_ALIGN: u64 = 4096;
@@ -133,6 +153,11 @@ pub struct StagingConfig {
     /// `MADV_FREE`) and save the next pause's bytes into them (`CUDAW_HOST_REUSE`, default
     /// on): memory already faulted in takes the bytes about twice as fast as fresh pages.
     pub reuse_host: bool,
+    /// The smallest copy between device memory and a program's pageable host memory that
+    /// goes through the pool ([`PinnedStaging::copy_pageable`]; `CUDAW_STAGED_COPY_MIN`,
+    /// default [`DEFAULT_COPY_MIN`]); `None` (`off`): every such copy takes the driver's
+    /// own path.
+    pub copy_min: Option<usize>,
 }
 
 impl Default for StagingConfig {
@@ -162,6 +187,7 @@ impl StagingConfig {
             pin_in_place: true,
             host_arena: false,
             reuse_host: true,
+            copy_min: Some(DEFAULT_COPY_MIN),
         }
     }
 
@@ -217,9 +243,25 @@ impl StagingConfig {
         };
         let host_arena = switch(ARENA_ENV, "pinned", d.host_arena).unwrap_or(d.host_arena);
         let reuse_host = switch(REUSE_ENV, "on", d.reuse_host).unwrap_or(d.reuse_host);
+        let copy_min = match get(COPY_MIN_ENV).map(|v| v.trim().to_owned()) {
+            None => d.copy_min,
+            Some(v) if v.is_empty() => d.copy_min,
+            Some(v) if v.eq_ignore_ascii_case("off") => None,
+            Some(v) => match vmm::parse_size(&v).and_then(|n| usize::try_from(n).ok()) {
+                Some(n) => Some(n.max(1)),
+                None => {
+                    warnings.push(format!(
+                        "{COPY_MIN_ENV}={v:?} is neither a size (like 1M or 262144) nor `off`; using {}K",
+                        DEFAULT_COPY_MIN >> 10
+                    ));
+                    d.copy_min
+                }
+            },
+        };
         StagingConfig {
             host_arena,
             reuse_host,
+            copy_min,
             ..StagingConfig::new(streams, buffer, threads)
         }
     }
@@ -469,6 +511,130 @@ impl Staging<DriverBackend> for PinnedStaging {
         };
         self.discard_if_broken(backend, broken);
         result
+    }
+}
+
+// ---- a program's copies between device memory and pageable host memory ----
+
+/// A program's copy between device memory and its pageable host memory
+/// ([`PinnedStaging::copy_pageable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageableCopy {
+    /// `len` bytes from host memory at `src` to the device address `dst`.
+    ToDevice {
+        /// The device address (the backing address in translated addressing).
+        dst: u64,
+        /// The program's host memory.
+        src: *const u8,
+        /// Bytes.
+        len: usize,
+    },
+    /// `len` bytes from the device address `src` to host memory at `dst`.
+    ToHost {
+        /// The program's host memory.
+        dst: *mut u8,
+        /// The device address.
+        src: u64,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+impl PageableCopy {
+    /// Its bytes.
+    pub fn len(&self) -> usize {
+        match *self {
+            PageableCopy::ToDevice { len, .. } | PageableCopy::ToHost { len, .. } => len,
+        }
+    }
+
+    /// Whether it copies nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// When [`PinnedStaging::copy_pageable`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Once the copy is done (`cudaMemcpy`, and every copy to pageable host memory).
+    Done,
+    /// Once the source's bytes are all in pinned buffers (`cudaMemcpyAsync` from pageable
+    /// memory): the rest goes on asynchronously, and the program's stream waits for it.
+    Staged,
+}
+
+/// Why [`PinnedStaging::copy_pageable`] did not copy.
+#[derive(Debug)]
+pub enum PageableCopyError {
+    /// No pool could be made (page-locked memory refused): nothing was done.
+    NoPool(DriverError),
+    /// The copy could not be ordered after the program's stream (a stream of another
+    /// context, a broken context): nothing was done.
+    NotStarted(DriverError),
+    /// A copy failed once under way; everything it issued has been waited for, so no
+    /// copy of cudaw's reaches the destination after the call.
+    Failed(StagingError),
+}
+
+impl std::fmt::Display for PageableCopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PageableCopyError::NoPool(e) => write!(f, "no pinned staging pool: {e}"),
+            PageableCopyError::NotStarted(e) => {
+                write!(f, "cannot order the copy after the program's stream: {e}")
+            }
+            PageableCopyError::Failed(e) => write!(f, "the staged copy failed: {e}"),
+        }
+    }
+}
+
+impl PinnedStaging {
+    /// Copies between device memory of `backend`'s context and a program's pageable host
+    /// memory through the pool: after the work the program queued on `stream` before (an
+    /// event recorded there, which the pool's streams wait for), host copies on several
+    /// threads overlapped with the device copies on the pool's streams. With
+    /// [`Completion::Staged`] (a copy to the device only) it returns once every byte is in
+    /// a pinned buffer, the program's stream made to wait for the last device copies;
+    /// otherwise once the copy is done. The calling thread's current context is the same
+    /// afterwards.
+    ///
+    /// `stream` is a stream of `backend`'s context, or [`Stream::LEGACY`] /
+    /// [`Stream::PER_THREAD`] with that context current; a stream being captured into a
+    /// graph must not be given (the event would become a node of the graph).
+    ///
+    /// # Safety
+    /// The host range is valid for the call: readable (to the device), or writable and
+    /// neither read nor written by anyone else until the call returns (to the host). The
+    /// device range lies inside memory of `backend`'s context.
+    pub unsafe fn copy_pageable(
+        &mut self,
+        backend: &DriverBackend,
+        copy: PageableCopy,
+        stream: Stream,
+        completion: Completion,
+    ) -> Result<(), PageableCopyError> {
+        if copy.is_empty() {
+            return Ok(());
+        }
+        let driver = backend.driver().clone();
+        let previous = driver
+            .ctx_get_current()
+            .map_err(PageableCopyError::NotStarted)?;
+        let config = self.config;
+        let result = match self.pool(backend) {
+            Err(e) => Err((PageableCopyError::NoPool(e), false)),
+            // SAFETY: forwarded from the caller.
+            Ok(pool) => unsafe { pool.copy_pageable(&config, copy, stream, completion) },
+        };
+        let restored = driver.ctx_set_current(previous);
+        match result {
+            Ok(()) => restored.map_err(|e| PageableCopyError::Failed(staging_error(e))),
+            Err((e, broken)) => {
+                self.discard_if_broken(backend, broken);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -953,6 +1119,12 @@ struct Pool {
     buffer_bytes: usize,
     streams: Vec<Stream>,
     slots: Vec<Slot>,
+    /// Recorded on a program's stream before a pageable copy: the pool's streams wait for
+    /// it ([`Pool::copy_pageable`]).
+    entry: Option<Event>,
+    /// One per stream, recorded after an asynchronous pageable copy's last piece: the
+    /// program's stream waits for them.
+    exits: Vec<Event>,
 }
 
 // SAFETY: `host` is page-locked memory owned by the pool alone (freed in `free`); every
@@ -977,6 +1149,8 @@ impl Pool {
             buffer_bytes: config.buffer_bytes,
             streams: Vec::new(),
             slots: Vec::new(),
+            entry: None,
+            exits: Vec::new(),
         };
         // On failure, dropping the half-made pool frees what was made.
         let made = (|| -> Result<(), DriverError> {
@@ -992,7 +1166,10 @@ impl Pool {
             for _ in 0..config.streams {
                 let s = pool.driver.stream_create(STREAM_NON_BLOCKING)?;
                 pool.streams.push(s);
+                let e = pool.driver.event_create(EVENT_DISABLE_TIMING)?;
+                pool.exits.push(e);
             }
+            pool.entry = Some(pool.driver.event_create(EVENT_DISABLE_TIMING)?);
             for i in 0..config.buffers {
                 let event = pool.driver.event_create(EVENT_DISABLE_TIMING)?;
                 pool.slots.push(Slot {
@@ -1035,7 +1212,12 @@ impl Pool {
     }
 
     fn free_parts(&mut self) -> Result<(), DriverError> {
-        if self.host.is_null() && self.slots.is_empty() && self.streams.is_empty() {
+        if self.host.is_null()
+            && self.slots.is_empty()
+            && self.streams.is_empty()
+            && self.exits.is_empty()
+            && self.entry.is_none()
+        {
             return Ok(());
         }
         let mut first = self.synchronize().err();
@@ -1046,6 +1228,9 @@ impl Pool {
         };
         for slot in self.slots.drain(..) {
             note(self.driver.event_destroy(slot.event));
+        }
+        for e in self.exits.drain(..).chain(self.entry.take()) {
+            note(self.driver.event_destroy(e));
         }
         for s in self.streams.drain(..) {
             note(self.driver.stream_destroy(s));
@@ -1130,44 +1315,63 @@ impl Pool {
         let n = self.slots.len();
         let pipe = Pipeline::new(n);
         let threads = config.threads.min(plan.batches.len()).max(1);
+        if plan.batches.len() == 1 {
+            // One buffer's worth: issue, then copy out on this thread (no thread to start,
+            // the issuer never waits for a turn).
+            if let Err(e) = self.issue_save(ranges, plan, &pipe) {
+                pipe.fail(staging_error(e));
+            }
+            pipe.close();
+            self.save_worker(config, targets, plan, &pipe);
+            return pipe.result();
+        }
         std::thread::scope(|s| {
             for _ in 0..threads {
                 s.spawn(|| self.save_worker(config, targets, plan, &pipe));
             }
-            // The issuer: fills buffers in order, each once its previous bytes are out.
-            let issued = self.driver.ctx_set_current(self.context).and_then(|()| {
-                for (k, batch) in plan.batches.iter().enumerate() {
-                    let slot = k % n;
-                    if !pipe.wait_turn(slot, k / n) {
-                        break;
-                    }
-                    let at = self.buffer(slot);
-                    let Slot { stream, event, .. } = self.slots[slot];
-                    for p in &plan.pieces[batch.clone()] {
-                        // SAFETY: the piece lies inside buffer `slot` (the plan packs at
-                        // most `buffer_bytes` per batch), which nobody else touches until
-                        // the worker that takes batch `k` has waited for `event`; the
-                        // streams are synchronised before the pool is used or freed again.
-                        unsafe {
-                            self.driver.memcpy_dtoh_async(
-                                at.add(p.at),
-                                ranges[p.range].addr + p.offset as u64,
-                                p.len,
-                                stream,
-                            )?
-                        };
-                    }
-                    self.driver.event_record(event, stream)?;
-                    pipe.push(k);
-                }
-                Ok(())
-            });
-            if let Err(e) = issued {
+            if let Err(e) = self.issue_save(ranges, plan, &pipe) {
                 pipe.fail(staging_error(e));
             }
             pipe.close();
         });
         pipe.result()
+    }
+
+    /// The issuer of a save: fills the buffers in order, each once its previous bytes are
+    /// out, and queues each filled batch for the copy threads.
+    fn issue_save(
+        &self,
+        ranges: &[StagingRange],
+        plan: &Plan,
+        pipe: &Pipeline,
+    ) -> Result<(), DriverError> {
+        let n = self.slots.len();
+        self.driver.ctx_set_current(self.context)?;
+        for (k, batch) in plan.batches.iter().enumerate() {
+            let slot = k % n;
+            if !pipe.wait_turn(slot, k / n) {
+                break;
+            }
+            let at = self.buffer(slot);
+            let Slot { stream, event, .. } = self.slots[slot];
+            for p in &plan.pieces[batch.clone()] {
+                // SAFETY: the piece lies inside buffer `slot` (the plan packs at most
+                // `buffer_bytes` per batch), which nobody else touches until the worker
+                // that takes batch `k` has waited for `event`; the streams are
+                // synchronised before the pool is used or freed again.
+                unsafe {
+                    self.driver.memcpy_dtoh_async(
+                        at.add(p.at),
+                        ranges[p.range].addr + p.offset as u64,
+                        p.len,
+                        stream,
+                    )?
+                };
+            }
+            self.driver.event_record(event, stream)?;
+            pipe.push(k);
+        }
+        Ok(())
     }
 
     fn save_worker(
@@ -1214,6 +1418,79 @@ impl Pool {
         }
     }
 
+    /// [`PinnedStaging::copy_pageable`] in this pool. On failure: the error and whether
+    /// the pool is broken.
+    ///
+    /// # Safety
+    /// As [`PinnedStaging::copy_pageable`].
+    unsafe fn copy_pageable(
+        &self,
+        config: &StagingConfig,
+        copy: PageableCopy,
+        stream: Stream,
+        completion: Completion,
+    ) -> Result<(), (PageableCopyError, bool)> {
+        let d = &*self.driver;
+        let not_started = |e| (PageableCopyError::NotStarted(e), false);
+        let entry = self.entry.ok_or_else(|| {
+            not_started(DriverError {
+                code: crate::error::CUDA_ERROR_INVALID_VALUE,
+                name: "the pool has no entry event".into(),
+                call: "cuEventCreate",
+            })
+        })?;
+        d.ctx_set_current(self.context).map_err(not_started)?;
+        // The program's earlier work on its stream comes first. A stream left waiting for
+        // it when a later one refuses holds nothing of ours: harmless.
+        d.event_record(entry, stream).map_err(not_started)?;
+        for &s in &self.streams {
+            d.stream_wait_event(s, entry).map_err(not_started)?;
+        }
+        let id = vmm::AllocationId(0);
+        let copied = match copy {
+            PageableCopy::ToHost { dst, src, len } => {
+                let range = StagingRange {
+                    id,
+                    addr: src,
+                    len: len as u64,
+                };
+                let plan = Plan::new(&[len], self.buffer_bytes);
+                self.run_save(config, &[range], &[HostPtr(dst)], &plan)
+            }
+            PageableCopy::ToDevice { dst, src, len } => {
+                // SAFETY: readable for the call (the caller's contract); only read.
+                let bytes = unsafe { std::slice::from_raw_parts(src, len) };
+                let range = LoadRange {
+                    id,
+                    addr: dst,
+                    len: len as u64,
+                    source: Source::Memory(bytes),
+                };
+                self.run_load(config, &[range], &[bytes])
+            }
+        };
+        let finished = copied.and_then(|()| {
+            let handed_back = match (copy, completion) {
+                // The program's later work on its stream waits for the copies still on
+                // the wire.
+                (PageableCopy::ToDevice { .. }, Completion::Staged) => self
+                    .streams
+                    .iter()
+                    .zip(&self.exits)
+                    .try_for_each(|(&s, &e)| {
+                        d.event_record(e, s)?;
+                        d.stream_wait_event(stream, e)
+                    }),
+                _ => self.synchronize(),
+            };
+            handed_back.map_err(staging_error)
+        });
+        finished.map_err(|e| {
+            let synced = self.synchronize();
+            (PageableCopyError::Failed(e), synced.is_err())
+        })
+    }
+
     /// Copies `sources` onto the device. Returns the result and whether the pool is broken.
     fn load(
         &self,
@@ -1221,26 +1498,43 @@ impl Pool {
         ranges: &[LoadRange<'_>],
         sources: &[&[u8]],
     ) -> (Result<(), StagingError>, bool) {
+        let loaded = self.run_load(config, ranges, sources);
+        let synced = self.synchronize();
+        let broken = synced.is_err();
+        let result = loaded.and(synced.map_err(staging_error));
+        (result, broken)
+    }
+
+    /// Copies `sources` into the buffers and issues their device copies; returns once
+    /// every byte is in a buffer (the last copies may still be on the wire).
+    fn run_load(
+        &self,
+        config: &StagingConfig,
+        ranges: &[LoadRange<'_>],
+        sources: &[&[u8]],
+    ) -> Result<(), StagingError> {
         let lens: Vec<usize> = sources.iter().map(|s| s.len()).collect();
         let plan = Plan::new(&lens, self.buffer_bytes);
         let n = self.slots.len();
         let pipe = Pipeline::new(n);
         let next = AtomicUsize::new(0);
         let threads = config.threads.min(plan.batches.len()).max(1);
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    let r = self.load_worker(ranges, sources, &plan, &pipe, &next);
-                    if let Err(e) = r {
-                        pipe.fail(staging_error(e));
-                    }
-                });
+        let work = || {
+            let r = self.load_worker(ranges, sources, &plan, &pipe, &next);
+            if let Err(e) = r {
+                pipe.fail(staging_error(e));
             }
-        });
-        let synced = self.synchronize();
-        let broken = synced.is_err();
-        let result = pipe.result().and(synced.map_err(staging_error));
-        (result, broken)
+        };
+        if threads == 1 {
+            work();
+        } else {
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(work);
+                }
+            });
+        }
+        pipe.result()
     }
 
     fn load_worker(
@@ -1260,10 +1554,10 @@ impl Pool {
             }
             let slot = k % n;
             let Slot { stream, event, .. } = self.slots[slot];
-            if k >= n {
-                // The buffer's previous copy (batch k - n) must have left it.
-                self.driver.event_synchronize(event)?;
-            }
+            // The buffer's previous copy (batch k - n, or an asynchronous pageable copy's
+            // that returned before it was done) must have left it. An event never recorded
+            // is reached.
+            self.driver.event_synchronize(event)?;
             let at = self.buffer(slot);
             let pieces = &plan.pieces[plan.batches[k].clone()];
             for p in pieces {
@@ -1723,6 +2017,27 @@ mod tests {
             .iter()
             .any(|m| m.contains("CUDAW_STAGING_BUFFER=\"huge\"")));
         assert_eq!(StagingConfig::new(1, 5000, 1).buffer_bytes, 8192);
+    }
+
+    #[test]
+    fn the_staged_copy_threshold_from_the_environment() {
+        let read = |v: &'static str, w: &mut Vec<String>| {
+            StagingConfig::from_lookup(|k| (k == COPY_MIN_ENV).then(|| v.to_owned()), w).copy_min
+        };
+        let mut w = Vec::new();
+        assert_eq!(StagingConfig::default().copy_min, Some(DEFAULT_COPY_MIN));
+        assert_eq!(read("", &mut w), Some(DEFAULT_COPY_MIN));
+        assert_eq!(read("256K", &mut w), Some(256 << 10));
+        assert_eq!(read(" 4096 ", &mut w), Some(4096));
+        assert_eq!(read("0", &mut w), Some(1), "0 stages every copy: as 1");
+        assert_eq!(read("off", &mut w), None);
+        assert_eq!(read("OFF", &mut w), None);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(read("big", &mut w), Some(DEFAULT_COPY_MIN));
+        assert_eq!(
+            w,
+            ["CUDAW_STAGED_COPY_MIN=\"big\" is neither a size (like 1M or 262144) nor `off`; using 1024K"]
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //!   [`requests`] (pause, resume, dump, restore one at a time; a pause at exit).
 //! - [`evict`]: pause and resume themselves; [`image`]: dump and restore, built on them.
 //! - [`memory`], [`handles`], [`staging`], [`registry`]: the state they act on.
+//! - [`pageable`]: the program's copies with pageable host memory, through the staging.
 #![deny(unsafe_op_in_unsafe_fn)]
 // Module docs name the crate-private steps they describe (`--document-private-items`
 // shows them).
@@ -39,6 +40,7 @@ pub mod launch_args;
 pub mod lifecycle;
 pub mod memory;
 pub mod memory_calls;
+pub mod pageable;
 pub mod peer;
 pub mod registry;
 pub mod requests;

@@ -14,7 +14,9 @@
 //! size counts them.
 
 use crate::log;
-use driver::{DriverBackend, PinnedStaging, Retaining};
+use driver::{
+    Completion, DriverBackend, PageableCopy, PageableCopyError, PinnedStaging, Retaining, Stream,
+};
 use parking_lot::Mutex;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -150,6 +152,25 @@ pub fn forget(backend: &DriverBackend, id: vmm::AllocationId) {
     if let Some(s) = STAGING.get() {
         s.lock().forget(backend, id);
     }
+}
+
+/// Copies between device memory and a program's pageable host memory through the pinned
+/// pool ([`PinnedStaging::copy_pageable`]; the decisions are [`crate::pageable`]'s). The
+/// pool is the pauses' own: a copy holds it for its duration, and a pause takes it only
+/// once the calls in flight, this copy among them, have left.
+///
+/// # Safety
+/// As [`PinnedStaging::copy_pageable`].
+pub unsafe fn copy_pageable(
+    backend: &DriverBackend,
+    copy: PageableCopy,
+    stream: Stream,
+    completion: Completion,
+) -> Result<(), PageableCopyError> {
+    // SAFETY: forwarded from the caller.
+    with(backend, |s| unsafe {
+        s.copy_pageable(backend, copy, stream, completion)
+    })
 }
 
 fn with<R>(backend: &DriverBackend, f: impl FnOnce(&mut PinnedStaging) -> R) -> R {

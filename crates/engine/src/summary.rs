@@ -46,6 +46,13 @@ pub fn summary() -> String {
     parts.push(format!(
         "registered over the run: {fatbins} fatbins, {kernels} kernels"
     ));
+    let (copies, bytes) = crate::pageable::staged();
+    if copies > 0 {
+        parts.push(format!(
+            "copies with pageable host memory through the pinned staging: {copies} ({} MiB)",
+            bytes >> 20
+        ));
+    }
     parts.join("; ")
 }
 

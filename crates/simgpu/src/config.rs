@@ -191,6 +191,24 @@ pub fn launch_delay() -> std::time::Duration {
     })
 }
 
+/// `SIMGPU_COPY_DELAY_US`: how long every copy of the driver API waits on its stream,
+/// before moving its bytes (0: none; read once). Makes copies slow on the device side
+/// only, as DMA is next to host work: a test shows that work queued after a copy waits
+/// for it.
+pub fn copy_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let us = match std::env::var("SIMGPU_COPY_DELAY_US") {
+            Ok(text) => text.trim().parse().unwrap_or_else(|_| {
+                say!("simgpu: SIMGPU_COPY_DELAY_US={text:?} is not a number of microseconds; using 0");
+                0
+            }),
+            Err(_) => 0,
+        };
+        std::time::Duration::from_micros(us)
+    })
+}
+
 /// Parses `8G`, `512M`, `64K`, `1T`, `4096` (binary units; an optional trailing `B`/`iB`).
 pub fn parse_size(text: &str) -> Option<u64> {
     let t = text.trim();

@@ -124,7 +124,11 @@ unsafe fn get<T: Copy>(ptr: *const T) -> CuResult<T> {
 }
 
 fn copy_task(dst: u64, src: u64, len: usize) -> Task {
+    let delay = crate::config::copy_delay();
     Box::new(move || {
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         // SAFETY: both ranges were checked (device side) or promised by the caller (host
         // side) when the copy was enqueued; `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len) }
@@ -1327,6 +1331,55 @@ pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresul
             return Err(CuError::CUDA_ERROR_INVALID_HANDLE);
         }
         e.record(&device.streams, stream)
+    })
+}
+
+/// `cuStreamWaitEvent`: the stream's later work waits until the event's last record is
+/// reached (the event may be another device's).
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    stream: Handle,
+    event: Handle,
+    flags: c_uint,
+) -> CUresult {
+    entry!({
+        if flags != 0 && flags != 0x1 {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let (_, e) = event_of(event)?;
+        let (device, stream) = on_stream(stream)?;
+        device.streams.enqueue(stream, e.waiter()).map(drop)
+    })
+}
+
+/// `cuPointerGetAttribute`: `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (2) only: host (1) for
+/// page-locked host memory, device (2) for device memory, `CUDA_ERROR_INVALID_VALUE` for
+/// memory the driver does not know (pageable host memory); other attributes are not
+/// supported.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_uint,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    const MEMORY_TYPE: c_uint = 2;
+    entry!({
+        if attribute != MEMORY_TYPE {
+            return Err(CuError::CUDA_ERROR_NOT_SUPPORTED);
+        }
+        if data.is_null() {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        }
+        let memory = Device::with_context()?.memory();
+        let kind: c_uint = if memory.is_host(ptr) {
+            1
+        } else if memory.check_device(ptr, 1, false).is_ok() {
+            2
+        } else {
+            return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+        };
+        // SAFETY: checked non-null; the caller passes room for a CUmemorytype.
+        unsafe { put(data.cast::<c_uint>(), kind) }
     })
 }
 

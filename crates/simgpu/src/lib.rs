@@ -16,7 +16,9 @@
 //! right, as on a GPU. Memory created with the POSIX file-descriptor handle type can be
 //! exported, passed to another process and imported there, as NCCL does between ranks
 //! ([`memory`]). `SIMGPU_LAUNCH_DELAY_US` (every launch sleeps that long inside the
-//! call before queuing its kernel: tests widen the window of a launch in flight).
+//! call before queuing its kernel: tests widen the window of a launch in flight);
+//! `SIMGPU_COPY_DELAY_US` (every copy of the driver API waits that long on its stream
+//! before moving its bytes: tests show that later work waits for a copy).
 //!
 //! The driver's process checkpoint API (`cuCheckpointProcess*`) works across processes
 //! as the real one does ([`checkpoint`]): every process serves a small socket

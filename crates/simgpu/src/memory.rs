@@ -979,6 +979,15 @@ impl Memory {
         Ok(())
     }
 
+    /// Whether `addr` lies in page-locked host memory (`cuMemHostAlloc`, or a range
+    /// registered with `cuMemHostRegister`).
+    pub fn is_host(&self, addr: u64) -> bool {
+        self.host
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&a, &(s, _))| addr < a + s)
+    }
+
     /// `cuMemHostUnregister`.
     pub fn host_unregister(&mut self, addr: u64) -> CuResult<()> {
         match self.host.get(&addr) {

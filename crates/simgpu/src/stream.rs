@@ -301,6 +301,19 @@ impl Event {
         reached.map(drop)
     }
 
+    /// `cuStreamWaitEvent`: work that waits until the event's last record so far is
+    /// reached (at once for an event never recorded), to enqueue on the waiting stream.
+    pub fn waiter(self: &Arc<Self>) -> Task {
+        let target = lock(&self.state).recorded;
+        let event = self.clone();
+        Box::new(move || {
+            let mut s = lock(&event.state);
+            while s.completed < target {
+                s = event.reached.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        })
+    }
+
     /// `cuEventQuery`: `true` when the stream has reached the last record (or the event
     /// was never recorded).
     pub fn done(&self) -> bool {
@@ -417,6 +430,52 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(25));
         streams.synchronize_all();
         assert_eq!(streams.destroy(99), Err(CuError::CUDA_ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn a_stream_waits_for_an_event_of_another() {
+        let streams = Streams::new();
+        let a = StreamId::Created(streams.create(STREAM_NON_BLOCKING));
+        let b = StreamId::Created(streams.create(STREAM_NON_BLOCKING));
+        // An event never recorded holds nothing up.
+        streams.enqueue(b, Event::new(0).waiter()).unwrap().wait();
+        // Stream a is held until the test lets it go.
+        let gate = |rx: std::sync::mpsc::Receiver<()>| -> Task {
+            Box::new(move || {
+                let _ = rx.recv();
+            })
+        };
+        let (go, held) = std::sync::mpsc::channel();
+        let counter = Arc::new(AtomicU64::new(0));
+        streams.enqueue(a, gate(held)).unwrap();
+        let c = counter.clone();
+        streams
+            .enqueue(a, Box::new(move || c.store(1, Ordering::SeqCst)))
+            .unwrap();
+        let e = Event::new(0);
+        e.record(&streams, a).unwrap();
+        streams.enqueue(b, e.waiter()).unwrap();
+        let (c, seen) = (counter.clone(), Arc::new(AtomicU64::new(99)));
+        let s2 = seen.clone();
+        let after = streams
+            .enqueue(
+                b,
+                Box::new(move || s2.store(c.load(Ordering::SeqCst), Ordering::SeqCst)),
+            )
+            .unwrap();
+        go.send(()).unwrap();
+        after.wait();
+        assert_eq!(seen.load(Ordering::SeqCst), 1, "b ran before a's event");
+        // A later record does not change what an earlier wait waits for: b goes on while a
+        // is held again.
+        let (go, held) = std::sync::mpsc::channel();
+        streams.enqueue(a, gate(held)).unwrap();
+        e.record(&streams, a).unwrap();
+        streams.enqueue(b, Box::new(|| {})).unwrap().wait();
+        assert!(!e.done(), "a is still held");
+        go.send(()).unwrap();
+        streams.synchronize_all();
+        assert!(e.done());
     }
 
     #[test]
