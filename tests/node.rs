@@ -435,3 +435,37 @@ fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
     b.run(2);
     b.finish();
 }
+
+/// A process paused by someone else (an operator, a migration) is not the daemon's: it
+/// leaves the schedule (the other job runs on), is never resumed by the daemon, and
+/// comes back into the schedule once its owner resumes it.
+#[test]
+fn an_operators_pause_is_left_alone_and_the_other_job_runs_on() {
+    let Some((mut a, mut b)) = start_two("foreign") else {
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let mut d = Daemon::start("foreign", &[&a, &b], "quantum = \"20ms\"\n");
+    let (ja, jb) = (job_id(&a), job_id(&b));
+    d.status_until("both jobs listed", |st| {
+        job(st, &ja).is_some() && job(st, &jb).is_some()
+    });
+    a.ok(&["pause", &a.pid]);
+    d.wait_log(&format!("{ja} (PID {}): paused by someone else", a.pid));
+    d.status_until("the paused job out of the schedule", |st| {
+        job(st, &ja).is_none() && job(st, &jb).is_some()
+    });
+    b.run(5);
+    // Still paused: the daemon did not resume it.
+    assert_eq!(a.status()["state"], "paused");
+    a.ok(&["resume", &a.pid]);
+    d.status_until("the resumed job back in the schedule", |st| {
+        job(st, &ja).is_some()
+    });
+    a.run(3);
+    b.run(3);
+    let status = d.terminate();
+    assert!(status.success(), "{status}");
+    a.finish();
+    b.finish();
+}

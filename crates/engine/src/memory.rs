@@ -650,6 +650,14 @@ impl DeviceMemory {
         let ordinal = managed_devices()
             .find(|(_, m)| std::ptr::eq(*m, self))
             .map_or(-1, |(o, _)| o);
+        // Over the process's own limit no one can make room: fail at once.
+        let own_limit = budget(ordinal).ok().and_then(|b| {
+            let u = b.usage();
+            u.limit.map(|l| u.used.saturating_add(size) > l)
+        });
+        if own_limit == Some(true) {
+            return Err(e);
+        }
         crate::room::retry(
             ordinal,
             size,

@@ -62,7 +62,10 @@ fn daemon_present() -> bool {
         .clone()
         .unwrap_or_else(|| cudaw_control::run_dir_from_env(rustix::process::getuid().as_raw()));
     places.push(run_dir.join("node.sock"));
-    places.iter().any(|p| p.exists())
+    // A socket a killed daemon left behind answers nobody: connect, not just look.
+    places
+        .iter()
+        .any(|p| p.exists() && std::os::unix::net::UnixStream::connect(p).is_ok())
 }
 
 thread_local! {

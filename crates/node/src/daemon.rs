@@ -8,6 +8,7 @@ use crate::log::{log_debug as debug, log_info as info, log_warn as warn};
 use crate::policy::{MakePolicy, Policy};
 use crate::report::{ConfigReport, GpuReport, JobRow, NodeReport, ProcessRow};
 use crate::server::Shared;
+use cudaw_control::State;
 use cudaw_sched::{Action, Observation, Outcome};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -50,6 +51,11 @@ struct Proc {
     /// A status request is queued or under way.
     polling: bool,
     note: Option<String>,
+    /// This daemon swapped the process out (a SwapOut done, no SwapIn done since).
+    swapped_by_us: bool,
+    /// Paused or released by someone else (an operator, a migration): out of the
+    /// schedule until it runs again; never resumed by the daemon.
+    foreign: bool,
 }
 
 /// A socket that did not answer: left alone until `until`.
@@ -214,6 +220,8 @@ impl Daemon {
                     gpus: BTreeSet::new(),
                     polling: false,
                     note: Some("not answered yet".into()),
+                    swapped_by_us: false,
+                    foreign: false,
                 },
             );
         }
@@ -300,6 +308,15 @@ impl Daemon {
                     return;
                 };
                 let name = who(pid, p.job.as_deref());
+                if outcome == Outcome::Done {
+                    if let Some(p) = self.procs.get_mut(&pid) {
+                        match action {
+                            Action::SwapOut(_) => p.swapped_by_us = true,
+                            Action::SwapIn(_) => p.swapped_by_us = false,
+                            _ => {}
+                        }
+                    }
+                }
                 match (&action, &outcome) {
                     (_, Outcome::Failed(why)) => {
                         if self.logged.insert((pid, why.clone())) {
@@ -344,6 +361,34 @@ impl Daemon {
                 }
             }
             p.job = Some(job.clone());
+        }
+        // Paused or released by someone else (not a swap of ours): the daemon must not
+        // resume it, and must not wait for it (a hold of a released process is refused).
+        // It leaves the schedule until it runs again.
+        let foreign = matches!(st.state, State::Paused | State::Released) && !p.swapped_by_us;
+        if foreign != p.foreign {
+            p.foreign = foreign;
+            if foreign {
+                info!(
+                    "{}: paused by someone else ({}): out of the schedule until it runs again",
+                    who(pid, Some(&job)),
+                    if st.state == State::Released {
+                        "its context released"
+                    } else {
+                        "not a swap of this daemon's"
+                    }
+                );
+            } else {
+                info!("{}: runs again: back in the schedule", who(pid, Some(&job)));
+            }
+        }
+        if foreign {
+            for key in std::mem::take(&mut p.gpus) {
+                if let Some(g) = self.gpus.get_mut(&key) {
+                    g.policy.leave(pid, now);
+                }
+            }
+            return;
         }
         let mut now_on = BTreeSet::new();
         for d in &st.devices {

@@ -409,11 +409,13 @@ pub unsafe fn create(
         if let Ok(b) = memory::budget(dev) {
             if let Err(first) = b.try_acquire(size as u64) {
                 // With a node daemon, wait for it to make room.
+                // Only the card shared with other jobs can have room made; the
+                // process's own limit or a ledger that cannot be kept cannot.
                 let waited = crate::room::retry(
                     dev,
                     size as u64,
                     first,
-                    |_| true,
+                    |r| matches!(r, cudaw_ledger::Refusal::Node { .. }),
                     || b.try_acquire(size as u64),
                 );
                 if waited.is_err() {
