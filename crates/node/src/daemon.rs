@@ -56,6 +56,9 @@ struct Proc {
     /// Paused or released by someone else (an operator, a migration): out of the
     /// schedule until it runs again; never resumed by the daemon.
     foreign: bool,
+    /// Actions sent to its worker and not yet done (a status taken meanwhile may show a
+    /// swap-in half done: resumed, not yet held).
+    acting: u32,
 }
 
 /// A socket that did not answer: left alone until `until`.
@@ -222,6 +225,7 @@ impl Daemon {
                     note: Some("not answered yet".into()),
                     swapped_by_us: false,
                     foreign: false,
+                    acting: 0,
                 },
             );
         }
@@ -308,6 +312,9 @@ impl Daemon {
                     return;
                 };
                 let name = who(pid, p.job.as_deref());
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.acting = p.acting.saturating_sub(1);
+                }
                 if outcome == Outcome::Done {
                     if let Some(p) = self.procs.get_mut(&pid) {
                         match action {
@@ -362,10 +369,26 @@ impl Daemon {
             }
             p.job = Some(job.clone());
         }
+        // Swapped out by us and running now: someone resumed it (`cudaw-ckpt resume`).
+        // It joins again as a process found running (the policy holds it until its turn).
+        if p.swapped_by_us && p.acting == 0 && st.state == State::Running {
+            p.swapped_by_us = false;
+            info!(
+                "{}: resumed by someone else while swapped out: joining the schedule again",
+                who(pid, Some(&job))
+            );
+            for key in std::mem::take(&mut p.gpus) {
+                if let Some(g) = self.gpus.get_mut(&key) {
+                    g.policy.leave(pid, now);
+                }
+            }
+        }
         // Paused or released by someone else (not a swap of ours): the daemon must not
         // resume it, and must not wait for it (a hold of a released process is refused).
         // It leaves the schedule until it runs again.
-        let foreign = matches!(st.state, State::Paused | State::Released) && !p.swapped_by_us;
+        let foreign = matches!(st.state, State::Paused | State::Released)
+            && !p.swapped_by_us
+            && p.acting == 0;
         if foreign != p.foreign {
             p.foreign = foreign;
             if foreign {
@@ -469,11 +492,13 @@ impl Daemon {
         for (key, g) in &mut self.gpus {
             for action in g.policy.tick(now) {
                 let pid = pid_of(&action);
-                let sent = self.procs.get(&pid).is_some_and(|p| {
-                    p.worker.send(Task::Act {
+                let sent = self.procs.get_mut(&pid).is_some_and(|p| {
+                    let sent = p.worker.send(Task::Act {
                         gpu: key.clone(),
                         action: action.clone(),
-                    })
+                    });
+                    p.acting += u32::from(sent);
+                    sent
                 });
                 if !sent {
                     refused.push((key.clone(), action));
