@@ -1326,10 +1326,20 @@ impl Pool {
             return pipe.result();
         }
         std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| self.save_worker(config, targets, plan, &pipe));
-            }
-            if let Err(e) = self.issue_save(ranges, plan, &pipe) {
+            // A thread that cannot be started (a pids limit) is a failure to say, not a
+            // panic; with none started the issuer would wait for ever: fail the save.
+            let started = (0..threads)
+                .filter(|_| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(s, || self.save_worker(config, targets, plan, &pipe))
+                        .is_ok()
+                })
+                .count();
+            if started == 0 {
+                pipe.fail(StagingError::Io(
+                    "no staging thread could be started".to_owned(),
+                ));
+            } else if let Err(e) = self.issue_save(ranges, plan, &pipe) {
                 pipe.fail(staging_error(e));
             }
             pipe.close();
@@ -1529,8 +1539,12 @@ impl Pool {
             work();
         } else {
             std::thread::scope(|s| {
-                for _ in 0..threads {
-                    s.spawn(work);
+                // Threads that cannot be started (a pids limit): this one does the work.
+                let started = (0..threads)
+                    .filter(|_| std::thread::Builder::new().spawn_scoped(s, work).is_ok())
+                    .count();
+                if started == 0 {
+                    work();
                 }
             });
         }
