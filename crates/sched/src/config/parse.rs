@@ -360,35 +360,5 @@ pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(n * secs_per_unit).ok()
 }
 
-/// A size as operators write it, as `CUDAW_MEM_LIMIT` and `--mem-limit` read it: plain
-/// bytes, or a number with a binary suffix `K`, `M`, `G`, `T`, optionally followed by `B`
-/// or `iB` (`8G`, `512MiB`, `1.5G`). `None` for anything else or an overflow.
-pub(crate) fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let unit = unit.trim().to_ascii_uppercase();
-    let unit = unit
-        .strip_suffix("IB")
-        .or_else(|| unit.strip_suffix('B'))
-        .unwrap_or(&unit);
-    let mult: u64 = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        _ => return None,
-    };
-    if num.is_empty() {
-        return None;
-    }
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult);
-    }
-    let f: f64 = num.parse().ok()?;
-    let v = f * mult as f64;
-    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
-}
+/// A size as `--mem-limit` takes it (the VMM's parser: `8G`, `512MiB`, `1.5G`, bytes).
+pub(crate) use vmm::parse_size;
