@@ -39,7 +39,7 @@ const AFTER_HELP: &str = "Examples:\n  cudaw node --config /etc/cudaw/node.toml\
 pub struct Args {
     #[command(subcommand)]
     pub command: Option<Sub>,
-    /// The configuration (TOML: [[job]] tables with id, request, limit, memory, priority,
+    /// The configuration (TOML: `[[job]]` tables with id, request, limit, memory, priority,
     /// gpus), watched for changes.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
