@@ -71,22 +71,26 @@ impl Drop for InFlight {
 /// or a pause does not wait for it, and it touches nothing while the process is held or
 /// paused). Outside a wrapped call (or nested in another thread's sense: the outer call
 /// is the one counted), `f` just runs.
-pub fn step_out<T>(f: impl FnOnce() -> T) -> T {
+/// Returns `f`'s result and the time spent waiting at the gate after it.
+pub fn step_out<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     if DEPTH.with(|d| d.get()) == 0 || is_cudaw_thread() {
-        return f();
+        return (f(), Duration::ZERO);
     }
     IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     let out = f();
     let h = host();
+    let mut gated = Duration::ZERO;
     loop {
         IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         if !h.gate_closed() || h.in_marked_call() {
             break;
         }
         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        let t = Instant::now();
         h.wait_while_closed();
+        gated += t.elapsed();
     }
-    out
+    (out, gated)
 }
 
 /// Whether the calling thread is inside one of cudaw's wrapped calls.

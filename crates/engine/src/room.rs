@@ -5,7 +5,8 @@
 //! milliseconds, for up to `CUDAW_ALLOC_WAIT`, while the daemon swaps other jobs out to
 //! make room; then it fails with the ordinary out-of-memory error.
 //!
-//! `CUDAW_ALLOC_WAIT` (`cudaw run --alloc-wait`): `auto` (the default) waits up to 30 s
+//! `CUDAW_ALLOC_WAIT` (`cudaw run --alloc-wait`; its clock stops while the process is
+//! held or paused): `auto` (the default) waits up to 30 s
 //! when a node daemon's socket is found (`$CUDAW_NODE_SOCKET`, `/run/cudaw/node.sock`, or
 //! `node.sock` in the run folder), and not at all without one: a process on a node without
 //! the daemon fails at once, as it always did. A time (`10s`, `500ms`) or `off`.
@@ -119,11 +120,16 @@ pub fn retry<T, E>(
         limit.as_secs_f64()
     ));
     let mut last = first;
-    while since.elapsed() < limit {
+    // The wait's clock stops while the process is held or paused: a job waiting for its
+    // turn is not out of time for it.
+    let mut gated = Duration::ZERO;
+    while since.elapsed().saturating_sub(gated) < limit {
         // Out of the calls in flight while it sleeps: the daemon's hold of this process
         // (before it swaps others out for it) must not wait for this very allocation.
         // Back in, it waits at the gate while the process is held or paused.
-        crate::inflight::step_out(|| std::thread::sleep(Duration::from_millis(5)));
+        let ((), at_gate) =
+            crate::inflight::step_out(|| std::thread::sleep(Duration::from_millis(5)));
+        gated += at_gate;
         QUIET.with(|q| q.set(true));
         let tried = attempt();
         QUIET.with(|q| q.set(false));
