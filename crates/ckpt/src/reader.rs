@@ -372,18 +372,7 @@ impl<R: Read + Seek> ImageReader<R> {
                 progress(data_bytes);
             }
         }
-        let computed = digest.digest();
-        if computed != self.trailer.digest {
-            return Err(ImageError::DigestMismatch {
-                stored: self.trailer.digest,
-                computed,
-            });
-        }
-        Ok(VerifyReport {
-            chunks,
-            data_bytes,
-            digest: computed,
-        })
+        self.conclude(digest, chunks, data_bytes)
     }
 
     /// Starts a load that reads the image once: from now on the checksum of every chunk
@@ -429,6 +418,17 @@ impl<R: Read + Seek> ImageReader<R> {
                 data_bytes += self.chunk_len(i, k);
             }
         }
+        self.conclude(digest, chunks, data_bytes)
+    }
+
+    /// The whole-image digest over every chunk's checksum, against the trailer's: the
+    /// report of a verify or a load.
+    fn conclude(
+        &self,
+        digest: Xxh3Default,
+        chunks: u64,
+        data_bytes: u64,
+    ) -> Result<VerifyReport, ImageError> {
         let computed = digest.digest();
         if computed != self.trailer.digest {
             return Err(ImageError::DigestMismatch {
