@@ -96,7 +96,7 @@ fn find<'a>(gpus: &'a [Gpu], spec: &str) -> Result<&'a Gpu> {
     let spec = spec.trim();
     let found = if let Ok(i) = spec.parse::<i32>() {
         gpus.iter().find(|g| g.index == i)
-    } else if let Some(u) = ckpt_release::parse_uuid(spec) {
+    } else if let Some(u) = cudaw_control::parse_uuid(spec) {
         gpus.iter().find(|g| g.uuid == u)
     } else {
         return Err(fail(
@@ -990,7 +990,7 @@ mod tests {
                 Gpu {
                     index: i,
                     uuid,
-                    text: ckpt_release::uuid_text(&uuid),
+                    text: cudaw_control::uuid_text(&uuid),
                     name: "H100".into(),
                     total: 80 << 30,
                     capability: (9, 0),

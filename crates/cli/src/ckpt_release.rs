@@ -218,7 +218,7 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
             Ok(Gpu {
                 index,
                 uuid,
-                text: uuid_text(&uuid),
+                text: cudaw_control::uuid_text(&uuid),
                 name: cuda.device_name(d).unwrap_or_default(),
                 total: cuda.device_total_mem(d).unwrap_or(0),
                 capability: (
@@ -230,60 +230,4 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
             })
         })
         .collect()
-}
-
-/// A UUID as `nvidia-smi -L` writes it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn uuid_text(uuid: &[u8; 16]) -> String {
-    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
-/// The 16 bytes of a UUID written as [`uuid_text`] writes it (the `GPU-` prefix optional,
-/// any case).
-pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let t = text.strip_prefix("GPU-").unwrap_or(text);
-    let groups: Vec<&str> = t.split('-').collect();
-    let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
-    if lens != [8, 4, 4, 4, 12] {
-        return None;
-    }
-    let hex: String = groups.concat();
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uuids_round_trip_and_bad_ones_are_refused() {
-        let u = [
-            0x5a, 0x1b, 0x2c, 0x3d, 0x4e, 0x5f, 0x60, 0x71, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7,
-            0xe8, 0xf9,
-        ];
-        let t = uuid_text(&u);
-        assert_eq!(t, "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9");
-        assert_eq!(parse_uuid(&t), Some(u));
-        assert_eq!(parse_uuid(&t[4..].to_uppercase()), Some(u));
-        for bad in [
-            "",
-            "GPU-",
-            "GPU-5a1b2c3d",
-            "GPU-5a1b2c3d-4e5f-6071-8293-a4b5c6d7e8fz",
-            "GPU-5a1b2c3d4e5f-6071-8293-a4b5c6d7e8f9-",
-        ] {
-            assert_eq!(parse_uuid(bad), None, "{bad}");
-        }
-    }
 }

@@ -261,21 +261,10 @@ pub fn ledger_key(ordinal: i32, uuid: &[u8; 16]) -> String {
     uuid_text(uuid).unwrap_or_else(|| format!("device-{ordinal}"))
 }
 
-/// A GPU's UUID as `nvidia-smi -L` writes it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`);
-/// `None` for the all-zero UUID of a driver that gives none.
+/// A GPU's UUID as `nvidia-smi -L` writes it ([`cudaw_control::uuid_text`]); `None` for
+/// the all-zero UUID of a driver that gives none.
 pub fn uuid_text(uuid: &[u8; 16]) -> Option<String> {
-    if uuid.iter().all(|&b| b == 0) {
-        return None;
-    }
-    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
+    (uuid.iter().any(|&b| b != 0)).then(|| cudaw_control::uuid_text(uuid))
 }
 
 /// The GPU behind device `ordinal` (`GPU-…`), as cudaw last read it: when the device's
