@@ -96,7 +96,7 @@ class Job:
         self.dir = os.path.join(args.work, tag)
         os.makedirs(self.dir, exist_ok=True)
         self.run_dir = os.path.join(self.dir, "run")
-        os.makedirs(self.run_dir, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
         self.pid_dir = os.path.join(self.dir, "pids")
         self.env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=self.run_dir, **MULTICAST_OFF, **(env or {}))
         cudaw = [] if native else [os.path.join(args.dist, "bin", "cudaw"), "run", "--"]

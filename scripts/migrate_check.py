@@ -188,8 +188,25 @@ elif op == "restore":
     check(fn("cuCheckpointProcessUnlock")(pid, ctypes.byref(Args64())), "cuCheckpointProcessUnlock")
     print(f"restore_s={restore_s:.4f} unlock_s={time.monotonic() - t1:.4f} pairs={len(used)}"
           + (f" refused_first={errors[0]}" if errors else ""), flush=True)
+elif op == "restore-same":
+    # Whether the driver takes pairs that map every GPU onto itself (on a host of more
+    # than two GPUs, a move leaves the others in place): identity=ok, or refused (then the
+    # process is restored without pairs, so that it goes on).
+    devs = devices()
+    arr = (GpuPair * len(devs))()
+    for i, a in enumerate(devs):
+        arr[i].old, arr[i].new = uuid(a), uuid(a)
+    ra = RestoreArgs()
+    ra.gpuPairs = ctypes.cast(arr, ctypes.POINTER(GpuPair))
+    ra.gpuPairsCount = len(devs)
+    r = fn("cuCheckpointProcessRestore")(pid, ctypes.byref(ra))
+    verdict_text = "ok" if r == 0 else "refused:" + err(r).replace(" ", "")
+    if r != 0 and state(pid) == CHECKPOINTED:
+        check(fn("cuCheckpointProcessRestore")(pid, None), "cuCheckpointProcessRestore (no pairs)")
+    check(fn("cuCheckpointProcessUnlock")(pid, ctypes.byref(Args64())), "cuCheckpointProcessUnlock")
+    print(f"identity_pairs={verdict_text} gpus={len(devs)}", flush=True)
 else:
-    sys.exit("usage: checkpoint PID | restore PID OLD_UUID NEW_UUID")
+    sys.exit("usage: checkpoint PID | restore PID OLD_UUID NEW_UUID | restore-same PID")
 '''
 
 results = []
@@ -528,7 +545,7 @@ def driver_remap(args, gl, size):
             f.write(f"$ driver_remap {' '.join(words)} ({size:g} GiB) -> rc {p.returncode} ({wall:.3f} s)\n"
                     f"{p.stdout}{p.stderr}")
         r.update({k: float(x) for k, x in re.findall(r"(\w+_s)=([\d.]+)", p.stdout)})
-        r.update(dict(re.findall(r"(pairs|refused_first)=(\S+)", p.stdout)))
+        r.update(dict(re.findall(r"(pairs|refused_first|identity_pairs)=(\S+)", p.stdout)))
         return p, wall
 
     try:
@@ -547,6 +564,14 @@ def driver_remap(args, gl, size):
         r["ok"] = r["verified"]
         if not r["verified"]:
             r["error"] = "the driver restored it, but its data is NOT intact"
+        else:
+            # Once more, restored with every GPU onto itself: does the driver take that?
+            # (The move's times are kept.)
+            times = {k: v for k, v in r.items() if k.endswith("_s")}
+            if step("checkpoint", str(h.pid))[0].returncode == 0:
+                step("restore-same", str(h.pid))
+                r["ok"] = r["verified"] = verify(h)
+            r.update(times)
     finally:
         if r["ok"]:
             h.quit()
@@ -604,6 +629,7 @@ def sizes_part(args, env, gl):
                      f"{drv.get('lock_s', 0) + drv.get('checkpoint_s', 0) + drv.get('restore_s', 0) + drv.get('unlock_s', 0):.3f} s "
                      f"(wall {drv['checkpoint_wall_s'] + drv['restore_wall_s']:.3f} s; {drv.get('pairs', '?')} GPU pair(s)"
                      + (f", 1 pair refused: {drv['refused_first']}" if "refused_first" in drv else "")
+                     + (f"; every GPU onto itself: {drv['identity_pairs']}" if "identity_pairs" in drv else "")
                      + f"; {drv['checkpointed_mib']} MiB listed while checkpointed; {drv['placed'][1]})")
         else:
             dtext = f"FAILED: {drv.get('error', '?')}"
@@ -659,7 +685,7 @@ def main():
         print(f"info | migrate | needs 2 or more GPUs (nvidia-smi lists {len(gl)}): run it on nvidia-h100-x2", flush=True)
         return 0
     env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=os.path.join(args.work, "run"), **MULTICAST_OFF)
-    os.makedirs(env["CUDAW_RUN_DIR"], exist_ok=True)
+    os.makedirs(env["CUDAW_RUN_DIR"], mode=0o700, exist_ok=True)
     smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,persistence_mode,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
     verdict("info", "migrate: GPUs, driver, persistence mode, uid", f"{smi}; uid {os.getuid()}; seed {args.seed}")

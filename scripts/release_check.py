@@ -297,7 +297,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=os.path.join(args.work, "run"))
-    os.makedirs(env["CUDAW_RUN_DIR"], exist_ok=True)
+    os.makedirs(env["CUDAW_RUN_DIR"], mode=0o700, exist_ok=True)
     # Which driver and what it needs: the table says so beside the verdicts.
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,persistence_mode", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()

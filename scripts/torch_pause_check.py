@@ -114,7 +114,7 @@ def main():
     if os.path.exists(pid_file):
         os.remove(pid_file)
     env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=os.path.join(args.work, "run"))
-    os.makedirs(env["CUDAW_RUN_DIR"], exist_ok=True)
+    os.makedirs(env["CUDAW_RUN_DIR"], mode=0o700, exist_ok=True)
     os.environ["CUDAW_RUN_DIR"] = env["CUDAW_RUN_DIR"]
     out = open(os.path.join(args.work, "cudaw.out"), "w")
     err = open(os.path.join(args.work, "cudaw.err"), "w")

@@ -7,8 +7,8 @@
 //! 2. `pause --release`: cudaw evicts the memory, the driver checkpoints the rest
 //!    ([`ckpt_release::release`]); the GPU holds nothing of the process.
 //! 3. The driver restores the context onto the target through its GPU remapping
-//!    (`cuCheckpointProcessRestore`'s GPU pairs: every GPU the process was on, each onto
-//!    itself but the moved ones) and unlocks it. The ordinal stays; the GPU behind it
+//!    (`cuCheckpointProcessRestore`'s GPU pairs: a permutation of every GPU of the
+//!    machine, the driver's rule, see [`every_gpu`]) and unlocks it. The ordinal stays; the GPU behind it
 //!    changes.
 //! 4. cudaw's resume: its node-ledger entry follows the ordinal to the new GPU, and every
 //!    allocation comes back there at its old address.
@@ -178,8 +178,8 @@ fn parse_map<'a>(to: &str, gpus: &'a [Gpu]) -> Result<Vec<(&'a Gpu, &'a Gpu)>> {
 }
 
 /// The moves `--to` asks for: `GPU` for a process on one GPU, else `OLD=NEW,...` (each an
-/// index or UUID; OLD one of the process's GPUs). Pairs for the driver name every GPU the
-/// process is on (itself where it stays).
+/// index or UUID; OLD one of the process's GPUs). Pairs for the driver name every GPU of
+/// the machine ([`every_gpu`]).
 fn plan(to: &str, devices: &[DeviceStatus], gpus: &[Gpu]) -> Result<(Vec<Pair>, Vec<Move>)> {
     let wanted = if to.contains('=') {
         let wanted = parse_map(to, gpus)?;
@@ -273,7 +273,45 @@ fn pairs_for(
             "two of the process's devices would share one GPU".to_owned(),
         ));
     }
-    Ok((pairs, moves))
+    Ok((every_gpu(pairs, gpus), moves))
+}
+
+/// `pairs` completed to a permutation of every GPU of the machine. The driver checkpoints
+/// every GPU of the machine, not only those the process uses or sees (on an H100 pair,
+/// driver 580, a process with `CUDA_VISIBLE_DEVICES=0` restored with the one pair 0 → 1
+/// got `CUDA_ERROR_INVALID_VALUE`; with 0 → 1 and 1 → 0 it moved): "it must contain
+/// every checkpointed GPU". A GPU the process does not use stays itself, unless a moved
+/// device takes it; then it takes a GPU that a moved device left.
+fn every_gpu(mut pairs: Vec<Pair>, gpus: &[Gpu]) -> Vec<Pair> {
+    let named = |u: &[u8; 16], pairs: &[Pair], new: bool| {
+        pairs
+            .iter()
+            .any(|p| if new { p.1 == *u } else { p.0 == *u })
+    };
+    let rest: Vec<[u8; 16]> = gpus
+        .iter()
+        .map(|g| g.uuid)
+        .filter(|u| !named(u, &pairs, false))
+        .collect();
+    // The GPUs no pair lands on yet, those the process's moves left first.
+    let mut free: Vec<[u8; 16]> = gpus
+        .iter()
+        .map(|g| g.uuid)
+        .filter(|u| !named(u, &pairs, true) && !rest.contains(u))
+        .collect();
+    free.reverse();
+    let stays: Vec<Pair> = rest
+        .iter()
+        .map(|u| {
+            if named(u, &pairs, true) {
+                (*u, free.pop().unwrap_or(*u))
+            } else {
+                (*u, *u)
+            }
+        })
+        .collect();
+    pairs.extend(stays);
+    pairs
 }
 
 /// Refuses, before anything moves, a target whose node ledger lacks room for what the
@@ -1019,13 +1057,28 @@ mod tests {
     fn a_process_on_several_gpus_names_each_move_and_the_pairs_name_every_gpu() {
         let g = gpus(4);
         let d = on(&g, &[0, 1]);
+        let u = |i: usize| g[i].uuid;
         let (pairs, moves) = plan("0=2,1=3", &d, &g).unwrap();
-        assert_eq!(pairs, vec![(g[0].uuid, g[2].uuid), (g[1].uuid, g[3].uuid)]);
+        // Every GPU of the machine is named: 2 and 3 take the two that 0 and 1 left.
+        assert_eq!(
+            pairs,
+            vec![(u(0), u(2)), (u(1), u(3)), (u(2), u(0)), (u(3), u(1))]
+        );
         assert_eq!(moves.len(), 2);
         // One moves, the other stays: the pairs still name it, onto itself.
         let (pairs, moves) = plan("1=3", &d, &g).unwrap();
-        assert_eq!(pairs, vec![(g[0].uuid, g[0].uuid), (g[1].uuid, g[3].uuid)]);
+        assert_eq!(
+            pairs,
+            vec![(u(0), u(0)), (u(1), u(3)), (u(2), u(2)), (u(3), u(1))]
+        );
         assert_eq!(moves[0].ordinal, 1);
+        // A process on one GPU of two, moved: the two swap (what the driver took).
+        let two = gpus(2);
+        let (pairs, _) = plan("1", &on(&two, &[0]), &two).unwrap();
+        assert_eq!(
+            pairs,
+            vec![(two[0].uuid, two[1].uuid), (two[1].uuid, two[0].uuid)]
+        );
         // A swap is two distinct GPUs.
         assert!(plan("0=1,1=0", &d, &g).is_ok());
         // Refused: a bare GPU for two devices, two onto one, a GPU of another chip.

@@ -629,12 +629,15 @@ fn check_private(path: &Path, uid: u32) -> Result<Option<String>, DirError> {
 }
 
 /// An entry of `dir` that is not cudaw's (a socket `PID.sock`, a ledger, a hidden
-/// temporary or lock file), if any.
+/// temporary or lock file, `cudaw-ckpt`'s `PID.release-lock`), if any.
 fn foreign_entry(dir: &Path) -> Option<String> {
     let entries = std::fs::read_dir(dir).ok()?;
     entries.flatten().find_map(|e| {
         let name = e.file_name().to_string_lossy().into_owned();
-        let ours = name.starts_with('.') || name.ends_with(".sock") || name.contains(".ledger");
+        let ours = name.starts_with('.')
+            || name.ends_with(".sock")
+            || name.ends_with(".release-lock")
+            || name.contains(".ledger");
         (!ours).then_some(name)
     })
 }

@@ -283,6 +283,8 @@ fn private_folders() {
     // Readable by others: used, with a note; writable by others: refused.
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(p.join("123.sock"), "").unwrap();
+    // cudaw-ckpt's lock beside a released process's socket is cudaw's too.
+    std::fs::write(p.join("123.release-lock"), "").unwrap();
     assert!(private_dir(&p, uid, true)
         .unwrap()
         .unwrap()

@@ -301,9 +301,11 @@ impl Default for Process {
     }
 }
 
-/// The restore's moves, `(ordinal, new physical, its memory)`, from the GPU pairs: every
-/// checkpointed device named once, onto distinct GPUs of the machine that no other of
-/// the process's devices is.
+/// The restore's moves, `(ordinal, new physical, its memory)`, from the GPU pairs. As the
+/// real driver (580, two H100s): the pairs name every GPU of the machine once, those the
+/// process does not see (`CUDA_VISIBLE_DEVICES`) too, each onto a distinct GPU of the
+/// machine (a permutation). A process seeing one GPU of two, restored with the single
+/// pair 0 → 1, gets `CUDA_ERROR_INVALID_VALUE`; with 0 → 1 and 1 → 0 it moves.
 fn remap_of(
     machine: &Machine,
     checkpointed: &[usize],
@@ -316,50 +318,49 @@ fn remap_of(
         say!("simgpu: cuCheckpointProcessRestore: {why}; returning CUDA_ERROR_INVALID_VALUE");
         CuError::CUDA_ERROR_INVALID_VALUE
     };
-    let devices = machine.devices();
-    let mut remap = Vec::new();
+    let gpus = machine.config.devices;
+    let physical = |u: &[u8; 16]| (0..gpus).find(|&p| &config::uuid_of(p) == u);
+    // Physical GPU -> physical GPU.
+    let mut onto: Vec<Option<usize>> = vec![None; gpus];
     for (old, new) in pairs {
-        let Some(d) = devices.iter().find(|d| &d.uuid() == old) else {
+        let (Some(o), Some(n)) = (physical(old), physical(new)) else {
             return Err(refuse(format!(
-                "no device of the process is {}",
-                config::uuid_text(old)
-            )));
-        };
-        let Some(p) = (0..machine.config.devices).find(|&p| &config::uuid_of(p) == new) else {
-            return Err(refuse(format!(
-                "no GPU of the machine is {}",
+                "no GPU of the machine is {} or {}",
+                config::uuid_text(old),
                 config::uuid_text(new)
             )));
         };
-        if remap.iter().any(|&(o, q, _)| o == d.ordinal() || q == p) {
+        if onto[o].is_some() || onto.contains(&Some(n)) {
             return Err(refuse(format!(
                 "the pairs name {} or {} twice",
                 config::uuid_text(old),
                 config::uuid_text(new)
             )));
         }
-        remap.push((d.ordinal(), p, machine.config.mem_bytes[p]));
+        onto[o] = Some(n);
     }
-    for &c in checkpointed {
-        if !remap.iter().any(|&(o, _, _)| o == c) {
-            return Err(refuse(format!(
-                "the pairs leave out checkpointed device {} ({}); they must name every one",
-                c,
-                config::uuid_text(&devices[c].uuid())
-            )));
-        }
+    if let Some(left) = onto.iter().position(Option::is_none) {
+        let of_process = checkpointed
+            .iter()
+            .any(|&c| machine.devices()[c].physical() == left);
+        return Err(refuse(format!(
+            "the pairs leave out {} ({}); they must name every GPU of the machine",
+            config::uuid_text(&config::uuid_of(left)),
+            if of_process {
+                "a checkpointed device of the process"
+            } else {
+                "a GPU the process does not use"
+            }
+        )));
     }
-    for d in devices {
-        let moved = remap.iter().any(|&(o, _, _)| o == d.ordinal());
-        if !moved && remap.iter().any(|&(_, p, _)| p == d.physical()) {
-            return Err(refuse(format!(
-                "{} is already the process's device {}",
-                config::uuid_text(&d.uuid()),
-                d.ordinal()
-            )));
-        }
-    }
-    Ok(remap)
+    Ok(machine
+        .devices()
+        .iter()
+        .filter_map(|d| {
+            let to = onto[d.physical()].expect("every GPU named");
+            (to != d.physical()).then(|| (d.ordinal(), to, machine.config.mem_bytes[to]))
+        })
+        .collect())
 }
 
 /// This process's side.
@@ -797,13 +798,15 @@ mod tests {
         p.checkpoint(&m).unwrap();
         let invalid = Err(CuError::CUDA_ERROR_INVALID_VALUE);
         // Onto a GPU the machine lacks, twice the same old GPU, onto a device the process
-        // still has as another ordinal.
+        // still has as another ordinal, a GPU of the machine left out.
         assert_eq!(p.restore(&m, &[(u0, [7; 16])]), invalid);
-        assert_eq!(p.restore(&m, &[(u0, u2), (u0, u2)]), invalid);
-        assert_eq!(p.restore(&m, &[(u0, u1)]), invalid);
+        assert_eq!(p.restore(&m, &[(u0, u2), (u0, u2), (u1, u1)]), invalid);
+        assert_eq!(p.restore(&m, &[(u0, u1), (u1, u1), (u2, u2)]), invalid);
+        assert_eq!(p.restore(&m, &[(u0, u2), (u2, u0)]), invalid);
         assert_eq!(p.state(), CHECKPOINTED);
-        // Device 0 onto GPU 2, and GPU 2 (the process's device 2) onto GPU 0: a swap.
-        p.restore(&m, &[(u0, u2), (u2, u0)]).unwrap();
+        // Device 0 onto GPU 2, and GPU 2 (the process's device 2) onto GPU 0: a swap;
+        // GPU 1 stays.
+        p.restore(&m, &[(u0, u2), (u2, u0), (u1, u1)]).unwrap();
         p.unlock().unwrap();
         assert_eq!(m.devices()[0].uuid(), u2);
         assert_eq!(m.devices()[0].physical(), 2);
@@ -837,6 +840,27 @@ mod tests {
         assert_eq!(m.devices()[0].physical(), 0);
         p.restore(&m, &[]).unwrap();
         p.unlock().unwrap();
+    }
+
+    #[test]
+    fn restore_pairs_name_every_gpu_of_the_machine_even_unseen_ones() {
+        // The process sees GPU 0 of two (CUDA_VISIBLE_DEVICES=0), as on the H100 pair.
+        let (config, _) = Config::from_vars(Some("2"), Some("1G"), Some("0")).unwrap();
+        let m = Machine::new(config).unwrap();
+        let p = Process::new();
+        let a = m.memory().alloc(0, 1 << 20).unwrap();
+        write(a, b"seen");
+        let (u0, u1) = (config::uuid_of(0), config::uuid_of(1));
+        p.lock(&m, None).unwrap();
+        p.checkpoint(&m).unwrap();
+        assert_eq!(
+            p.restore(&m, &[(u0, u1)]),
+            Err(CuError::CUDA_ERROR_INVALID_VALUE)
+        );
+        p.restore(&m, &[(u0, u1), (u1, u0)]).unwrap();
+        p.unlock().unwrap();
+        assert_eq!(m.devices()[0].physical(), 1);
+        assert_eq!(read(a, 4), b"seen");
     }
 
     #[test]
