@@ -145,16 +145,34 @@ class Job:
             return None
 
     def kill(self):
+        # The ranks too, by PID: a rank the driver left checkpointed (a restore that
+        # failed) outlived the launcher's group once and held its GPU's memory for the
+        # sections after.
+        ranks = []
+        for r in range(self.args.gpus):
+            try:
+                with open(os.path.join(self.pid_dir, f"rank{r}.pid")) as f:
+                    ranks.append(int(f.read().split()[0]))
+            except (OSError, ValueError, IndexError):
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except OSError:
             pass
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.proc.wait()
         # The next job must find the GPUs empty: the driver frees a killed process's memory
         # a little after it is gone.
         t = time.monotonic()
         while time.monotonic() - t < 30 and any(u > 2048 for u, _ in smi()):
             time.sleep(0.25)
+        left = [u for u, _ in smi() if u > 2048]
+        if left:
+            print(f"warning: GPU memory still used 30 s after the job was killed: {left} MiB", flush=True)
 
 
 def torchrun(args):

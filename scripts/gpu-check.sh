@@ -23,9 +23,9 @@
 #   SECTIONS="env torchpause limits expandable pausebench" scripts/gpu-check.sh  # 360 s
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
 #   SECTIONS="env diskbench" DISK_GIB=16 scripts/gpu-check.sh                     # ~3 min: dump/restore vs dd
-#   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, ~3-4 min (not yet timed on a GPU)
-#   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, < 6 min (not yet timed on a GPU)
-#   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, ~5 min (not yet timed)
+#   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, 3 min 35 s
+#   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, 4 min 23 s
+#   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, 3 min 25 s (SWAP_SECONDS=20)
 #   (one H100, nvidia-h100-x1; sharing and swap each fit one 10-minute command, not both.
 #    SHARING_SECONDS: each group of jobs together, 40; SHARING_SOLO_SECONDS: each solo run,
 #    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
@@ -38,7 +38,7 @@
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
 #   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared;
 #   DDP_MIGRATES=N: N `migrate --job` events swapping the ranks' GPUs, default 2, 0: none)
-#   SECTIONS="env migrate" MIGRATE_SIZES="8 32" scripts/gpu-check.sh   # cudaw-ckpt migrate, < 7 min (not yet timed on GPUs)
+#   SECTIONS="env migrate" MIGRATE_SIZES="8 32" MIGRATE_STEPS=2000 scripts/gpu-check.sh   # cudaw-ckpt migrate, 4 min 35 s
 #   (MIGRATE_STEPS: the training job's steps, 3000, 0 skips it; MIGRATE_SEED: the moves' steps;
 #    MIGRATE_TIMEOUT: the script's limit in seconds, 400)
 # ("env torch torchbench" together ran past 590 s once.)
@@ -563,7 +563,7 @@ if want sharing; then
   # +-0.05 of its share), 0.1/0.9 (each within +-10% of it) and 4 x 0.25 (+-0.05) together
   # for SHARING_SECONDS, their shares from their step rates against the solo rate and from
   # the daemon's achieved_share (both pairs' aggregate >= 0.95); one job with limit 0.3
-  # (<= 0.33 of solo). Under 6 minutes (not yet timed on a GPU).
+  # (<= 0.33 of solo). 4 min 23 s on the H100 (2026-11-28).
   # shellcheck disable=SC2086
   timeout "${SHARING_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/sharing" \
     --parts overhead fairness limit --seconds "${SHARING_SECONDS:-40}" --solo-seconds "${SHARING_SOLO_SECONDS:-12}" \
@@ -579,8 +579,8 @@ if want swap; then
   # SWAP_HOLD_GIB GiB, on a GPU that holds two of them, each alone first (SWAP_SECONDS of
   # training), then started one after another under the daemon (--alloc-wait 120s): all
   # finish, each bit-identical to its solo run, aggregate throughput >= 0.80 of the solo
-  # runs in turn; then without the daemon the last one fails with out-of-memory. About 5
-  # minutes (not yet timed on a GPU).
+  # runs in turn; then without the daemon the last one fails with out-of-memory. 3 min 25 s
+  # with SWAP_SECONDS=20 on the H100 (2026-11-28).
   # shellcheck disable=SC2086
   timeout "${SWAP_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/swap" \
     --parts swap --hold-gib "${SWAP_HOLD_GIB:-35}" --swap-jobs "${SWAP_JOBS:-3}" --swap-seconds "${SWAP_SECONDS:-25}" \
