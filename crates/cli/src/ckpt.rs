@@ -822,11 +822,13 @@ fn pause_one(
     }
     // Held until the driver's step is done and cudaw told: a resume waits for it.
     let _sequence = ckpt_client::sequence_lock(pid);
+    let driver_ready = ckpt_release::warm_up();
     let req = Request::Pause {
         progress: false,
         release_context: true,
     };
     let m = carried(with_bars(pid, req, json)?.pause, "result")?;
+    let _ = driver_ready.join();
     let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
     let started = std::time::Instant::now();
     let driver = ckpt_release::release(pid, lock_ms);

@@ -59,6 +59,16 @@ impl Loaded {
     }
 }
 
+/// Loads and initialises the driver on a thread of its own, for a `--release` to find it
+/// ready: `cuInit` in `cudaw-ckpt` took about 300 ms on an H100 host, which the
+/// caller overlaps with cudaw's eviction (the driver's checkpoint can start only after
+/// it). What fails is said again, and acted on, by the [`release`] that follows.
+pub fn warm_up() -> std::thread::JoinHandle<()> {
+    std::thread::spawn(|| {
+        let _ = load();
+    })
+}
+
 /// Whether the driver has process `pid` running (not locked, not checkpointed): `true`
 /// too where the driver lacks the API or cannot say (it never touched the process then).
 pub fn driver_runs(pid: u32) -> bool {
