@@ -469,3 +469,74 @@ fn an_operators_pause_is_left_alone_and_the_other_job_runs_on() {
     a.finish();
     b.finish();
 }
+
+/// The process's own limit on device 0 (`cudaw-ckpt status --json`), waited for (up to
+/// 10 s) until it is `want`.
+fn limit_until(t: &Target, want: Option<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = t.status();
+        let got = st["devices"][0]["limit"].as_u64();
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the process's limit is {got:?}, not {want:?}: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A job's `memory` reaches its processes as their limit, live: set below what the
+/// process holds (nothing is taken back, it runs on), as a share of the card, lifted when
+/// the configuration drops it, and lifted when the daemon stops.
+#[test]
+fn a_jobs_memory_limit_reaches_its_process_live_and_is_lifted_at_the_end() {
+    let Some(mut a) = Target::start(Addressing::Mapped, "limit-a") else {
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let mut d = Daemon::start("limit", &[&a], "quantum = \"20ms\"\n");
+    let ja = job_id(&a);
+    let st = d.status_until("the job listed", |st| job(st, &ja).is_some());
+    let capacity = job(&st, &ja).unwrap().0["capacity"]
+        .as_u64()
+        .expect("the card's capacity");
+    let used = a.status()["devices"][0]["used"].as_u64().unwrap();
+    assert!(used > 4 << 20, "the target holds more than the limit below");
+    limit_until(&a, None);
+
+    d.configure(&format!(
+        "quantum = \"20ms\"\n\n[[job]]\nid = \"{ja}\"\nmemory = \"4M\"\n"
+    ));
+    limit_until(&a, Some(4 << 20));
+    d.wait_log(&format!("job {ja} (PID {}): memory limited to", a.pid));
+    // Above its limit, it runs on: nothing is taken back; paused and resumed, all of
+    // what it held comes back (the limit does not apply to a resume).
+    a.run(2);
+    assert_eq!(a.status()["devices"][0]["used"].as_u64(), Some(used));
+    a.ok(&["pause", &a.pid]);
+    a.ok(&["resume", &a.pid]);
+    assert_eq!(a.status()["devices"][0]["used"].as_u64(), Some(used));
+    assert_eq!(a.status()["devices"][0]["limit"].as_u64(), Some(4 << 20));
+    a.run(2);
+
+    d.configure(&format!(
+        "quantum = \"20ms\"\n\n[[job]]\nid = \"{ja}\"\nmemory = \"50%\"\n"
+    ));
+    limit_until(&a, Some(capacity / 2));
+    d.configure("quantum = \"20ms\"\n");
+    limit_until(&a, None);
+    d.wait_log("memory limit lifted");
+
+    d.configure(&format!(
+        "quantum = \"20ms\"\n\n[[job]]\nid = \"{ja}\"\nmemory = \"4M\"\n"
+    ));
+    limit_until(&a, Some(4 << 20));
+    let status = d.terminate();
+    assert!(status.success(), "{status}\n{}", d.log());
+    limit_until(&a, None);
+    a.run(2);
+    a.finish();
+}

@@ -754,6 +754,7 @@ fn with_bars_and_file(
             | Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
+            | Request::Limit { .. }
             | Request::Shares {}
             | Request::Pair { .. }
             | Request::Mark { .. }

@@ -230,6 +230,15 @@ pub enum Request {
     },
     /// Undo a `hold`: open the gate (a paused process is not resumed by it).
     Release {},
+    /// The node daemon's memory limit for this process on each of its devices (its job's
+    /// `memory`), `null` for none: the stricter of it and the process's own
+    /// (`CUDAW_MEM_LIMIT`) holds. Lowered below what the process holds, nothing is taken
+    /// back: its allocations are refused until it has freed enough.
+    Limit {
+        /// Bytes, or none.
+        #[serde(default)]
+        memory: Option<u64>,
+    },
     /// The memory this process shares with others ("Jobs: shared memory"): its exports'
     /// kept descriptors, and its imports evicted and not yet back.
     Shares {},
@@ -395,6 +404,7 @@ impl Request {
             Request::Status {} => "status",
             Request::Hold { .. } => "hold",
             Request::Release {} => "release",
+            Request::Limit { .. } => "limit",
             Request::Shares {} => "shares",
             Request::Pair { .. } => "pair",
             Request::Mark { .. } => "mark",
@@ -430,6 +440,7 @@ impl Request {
             | Request::Status {}
             | Request::Hold { .. }
             | Request::Release {}
+            | Request::Limit { .. }
             | Request::Shares {}
             | Request::Pair { .. }
             | Request::Mark { .. }
@@ -654,6 +665,9 @@ pub struct Reply {
     /// A release's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<Held>,
+    /// A limit request's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Limited>,
     /// A shares request's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<Shares>,
@@ -705,6 +719,17 @@ pub struct Held {
     pub changed: bool,
     /// Milliseconds the request took.
     pub ms: f64,
+}
+
+/// What a `limit` request set.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Limited {
+    /// The node daemon's limit now, in bytes (none: `null`).
+    pub memory: Option<u64>,
+    /// Per device the process has memory on: (ordinal, the limit in force, bytes held).
+    /// Held above the limit: its allocations are refused until it has freed enough.
+    #[serde(default)]
+    pub devices: Vec<(i32, Option<u64>, u64)>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -476,9 +476,86 @@ pub fn has_limit(ordinal: i32) -> bool {
 pub fn budget(ordinal: i32) -> Result<&'static DeviceBudget, cudaError_t> {
     budget_arc(ordinal)?;
     match BUDGETS[ordinal as usize].get() {
-        Some(Ok(b)) => Ok(b),
+        Some(Ok(b)) => {
+            // A budget made while the node's limit changed catches up here.
+            let node = node_limit();
+            if b.node_limit() != node {
+                b.set_node_limit(node);
+            }
+            Ok(b)
+        }
         _ => Err(ERROR_INITIALIZATION),
     }
+}
+
+/// The node daemon's memory limit for this process (`u64::MAX`: none).
+static NODE_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Set while a resume brings back what the process held: the node's limit is lifted.
+static LIFTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn node_limit() -> Option<u64> {
+    if LIFTED.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    match NODE_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        u64::MAX => None,
+        b => Some(b),
+    }
+}
+
+/// Runs `f` (a resume: the process's gate is closed, nothing else allocates) with the
+/// node daemon's limit lifted on every device, then puts it back.
+pub(crate) fn lifting_node_limit<T>(f: impl FnOnce() -> T) -> T {
+    LIFTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (_, b) in budgets() {
+        b.set_node_limit(None);
+    }
+    let r = f();
+    LIFTED.store(false, std::sync::atomic::Ordering::Relaxed);
+    let n = node_limit();
+    for (_, b) in budgets() {
+        b.set_node_limit(n);
+    }
+    r
+}
+
+/// Sets the node daemon's memory limit (its job's `memory`) on every device, those whose
+/// budget is made later too. Per device with a budget: (ordinal, the limit in force, bytes
+/// held).
+pub fn set_node_limit(bytes: Option<u64>) -> Vec<(i32, Option<u64>, u64)> {
+    let bytes = bytes.map(|b| b.min(u64::MAX - 1));
+    let before = NODE_LIMIT.swap(
+        bytes.unwrap_or(u64::MAX),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    if before != bytes.unwrap_or(u64::MAX) {
+        match bytes {
+            Some(b) => log::info(format_args!(
+                "the node daemon limits this process's memory to {b} bytes ({:.2} GiB) on each device (its job's `memory`)",
+                b as f64 / GIB
+            )),
+            None => log::info(format_args!("the node daemon lifts its memory limit")),
+        }
+    }
+    budgets()
+        .map(|(o, b)| {
+            // During a resume the limit comes back when it ends.
+            if !LIFTED.load(std::sync::atomic::Ordering::Relaxed) {
+                b.set_node_limit(bytes);
+            }
+            let u = b.usage();
+            if let (Some(l), true) = (u.limit, bytes.is_some()) {
+                if u.used > l {
+                    log::warn(format_args!(
+                        "device {o}: {} bytes held, above the limit of {l}: allocations are refused until enough is freed",
+                        u.used
+                    ));
+                }
+            }
+            (o, u.limit, u.used)
+        })
+        .collect()
 }
 
 /// Every device with a budget, with its ordinal.

@@ -163,7 +163,11 @@ fn rejoin_failed(why: &str) -> String {
 
 /// One device's budget in this process.
 pub struct DeviceBudget {
+    /// The process's own limit (`CUDAW_MEM_LIMIT`).
     limit: Option<u64>,
+    /// The node daemon's limit for the process's job (`memory` in its configuration),
+    /// `u64::MAX` for none; set at any time. The stricter of the two holds.
+    node_limit: std::sync::atomic::AtomicU64,
     /// Set when the limit cannot be kept: every allocation is refused, with this reason.
     refuse_all: Option<String>,
     inner: Mutex<Inner>,
@@ -174,6 +178,7 @@ impl fmt::Debug for DeviceBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBudget")
             .field("limit", &self.limit)
+            .field("node_limit", &self.node_limit())
             .field("refuse_all", &self.refuse_all)
             .field("usage", &self.usage())
             .finish_non_exhaustive()
@@ -196,6 +201,7 @@ impl DeviceBudget {
         };
         Self {
             limit,
+            node_limit: std::sync::atomic::AtomicU64::new(u64::MAX),
             refuse_all: None,
             inner: Mutex::new(Inner {
                 used: 0,
@@ -217,9 +223,32 @@ impl DeviceBudget {
         }
     }
 
-    /// The limit, if any.
+    /// The limit in force, if any: the stricter of the process's own and the node
+    /// daemon's.
     pub fn limit(&self) -> Option<u64> {
-        self.limit
+        let node = self.node_limit.load(std::sync::atomic::Ordering::Relaxed);
+        match (self.limit, node) {
+            (own, u64::MAX) => own,
+            (Some(own), node) => Some(own.min(node)),
+            (None, node) => Some(node),
+        }
+    }
+
+    /// Sets the node daemon's limit (`None`: none). Lowered below what the process holds,
+    /// nothing is taken back: allocations are refused until the process has freed enough.
+    pub fn set_node_limit(&self, bytes: Option<u64>) {
+        self.node_limit.store(
+            bytes.map_or(u64::MAX, |b| b.min(u64::MAX - 1)),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The node daemon's limit, if any.
+    pub fn node_limit(&self) -> Option<u64> {
+        match self.node_limit.load(std::sync::atomic::Ordering::Relaxed) {
+            u64::MAX => None,
+            b => Some(b),
+        }
     }
 
     /// Whether this budget records into a node ledger.
@@ -231,7 +260,7 @@ impl DeviceBudget {
     pub fn usage(&self) -> Usage {
         let g = self.inner.lock();
         Usage {
-            limit: self.limit,
+            limit: self.limit(),
             used: g.used,
             peak: g.peak,
             refused: g.refused,
@@ -275,7 +304,7 @@ impl DeviceBudget {
             });
         }
         let after = g.used.checked_add(bytes);
-        if let Some(limit) = self.limit {
+        if let Some(limit) = self.limit() {
             if after.is_none_or(|a| a > limit) {
                 return Err(Refusal::Limit {
                     bytes,
@@ -400,12 +429,13 @@ impl DeviceBudget {
     /// kept).
     pub fn memory_info(&self, card_free: u64, card_total: u64) -> (u64, u64) {
         let used = self.inner.lock().used;
-        let total = self.limit.map_or(card_total, |l| l.min(card_total));
+        let limit = self.limit();
+        let total = limit.map_or(card_total, |l| l.min(card_total));
         let mut free = card_free.min(total);
         if self.refuse_all.is_some() {
             return (0, total);
         }
-        if let Some(limit) = self.limit {
+        if let Some(limit) = limit {
             free = free.min(limit.saturating_sub(used));
         }
         match self.node_state() {
@@ -548,6 +578,30 @@ mod tests {
                 used: 64 * M2
             })
         );
+    }
+
+    #[test]
+    fn the_node_limit_and_the_process_limit_the_stricter_holds_and_lowering_takes_nothing() {
+        let b = DeviceBudget::new(Some(4 * G), Accounting::Off, |_| {});
+        b.try_acquire(3 * G).unwrap();
+        b.set_node_limit(Some(2 * G));
+        assert_eq!((b.limit(), b.node_limit()), (Some(2 * G), Some(2 * G)));
+        // Below what is held: nothing is taken back, but nothing more is given...
+        assert!(matches!(b.try_acquire(1), Err(Refusal::Limit { limit, .. }) if limit == 2 * G));
+        assert_eq!(b.memory_info(70 * G, 80 * G), (0, 2 * G));
+        // ... until enough is freed.
+        b.give_back(2 * G);
+        b.try_acquire(G / 2).unwrap();
+        // A node limit above the process's own: its own holds; none: its own again.
+        b.set_node_limit(Some(8 * G));
+        assert_eq!(b.limit(), Some(4 * G));
+        b.set_node_limit(None);
+        assert_eq!((b.limit(), b.node_limit()), (Some(4 * G), None));
+        // A process without a limit of its own gets the node's.
+        let free = DeviceBudget::new(None, Accounting::Off, |_| {});
+        free.set_node_limit(Some(G));
+        assert_eq!(free.usage().limit, Some(G));
+        assert!(free.try_acquire(2 * G).is_err());
     }
 
     #[test]

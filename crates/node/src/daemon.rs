@@ -59,6 +59,8 @@ struct Proc {
     /// Actions sent to its worker and not yet done (a status taken meanwhile may show a
     /// swap-in half done: resumed, not yet held).
     acting: u32,
+    /// The memory limit last sent to it (`None`: none sent yet; `Some(None)`: no limit).
+    limit_sent: Option<Option<u64>>,
 }
 
 /// A socket that did not answer: left alone until `until`.
@@ -182,6 +184,10 @@ impl Daemon {
                 for g in self.gpus.values_mut() {
                     g.policy.set_config(&c, now);
                 }
+                let pids: Vec<u32> = self.procs.keys().copied().collect();
+                for pid in pids {
+                    self.send_limit(pid);
+                }
             }
             Some(Change::Refused(msg)) => warn!("configuration refused: {msg}"),
         }
@@ -226,6 +232,7 @@ impl Daemon {
                     swapped_by_us: false,
                     foreign: false,
                     acting: 0,
+                    limit_sent: None,
                 },
             );
         }
@@ -338,6 +345,32 @@ impl Daemon {
                 }
                 if let Some(g) = self.gpus.get_mut(&gpu) {
                     g.policy.done(&action, outcome, now);
+                }
+            }
+            Event::Limited {
+                pid,
+                memory,
+                result,
+            } => {
+                let Some(p) = self.procs.get_mut(&pid) else {
+                    return;
+                };
+                let name = who(pid, p.job.as_deref());
+                match result {
+                    Ok(()) => match memory {
+                        Some(b) => info!(
+                            "{name}: memory limited to {} on each of its GPUs (its job's `memory`)",
+                            crate::report::bytes(b)
+                        ),
+                        None => info!("{name}: memory limit lifted"),
+                    },
+                    Err(f) => {
+                        // Sent again with the next status.
+                        p.limit_sent = None;
+                        if self.logged.insert((pid, f.to_string())) {
+                            warn!("{name}: setting its memory limit failed: {f}");
+                        }
+                    }
                 }
             }
             Event::Note { pid, warn, message } => {
@@ -484,6 +517,42 @@ impl Daemon {
             .is_empty()
             .then(|| "no device memory yet: it joins a GPU at its first allocation".into());
         self.drop_empty_gpus();
+        self.send_limit(pid);
+    }
+
+    /// The memory limit process `pid` should have: its job's `memory`, on the smallest of
+    /// the GPUs it is on when given as a share of the card (`Err`: not known yet).
+    fn limit_of(&self, pid: u32) -> Result<Option<u64>, ()> {
+        let p = self.procs.get(&pid).ok_or(())?;
+        let job = p.job.as_deref().ok_or(())?;
+        let Some(spec) = self.config.config().job(job).memory else {
+            return Ok(None);
+        };
+        if let cudaw_sched::MemSpec::Bytes(b) = spec {
+            return Ok(Some(b));
+        }
+        let smallest = p
+            .gpus
+            .iter()
+            .filter_map(|k| self.gpus.get(k).and_then(|g| g.capacity))
+            .min()
+            .ok_or(())?;
+        Ok(Some(spec.bytes(smallest)))
+    }
+
+    /// Sends process `pid` its memory limit when it is not the one it was sent last.
+    fn send_limit(&mut self, pid: u32) {
+        let Ok(want) = self.limit_of(pid) else { return };
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        // A process never limited needs no "none".
+        if p.limit_sent == Some(want) || (p.limit_sent.is_none() && want.is_none()) {
+            return;
+        }
+        if p.worker.send(Task::Limit(want)) {
+            p.limit_sent = Some(want);
+        }
     }
 
     /// Asks every GPU's policy what to do now, and has it done.

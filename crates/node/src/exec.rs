@@ -8,11 +8,14 @@
 //! - `Release` → `release`.
 //! - `SwapOut` → `pause` (of a held process: it only evicts).
 //! - `SwapIn` → `resume`, then a hold as above: the process stays held until its turn.
+//! - [`Task::Limit`] → `limit`: its job's `memory` (the daemon sends it when the process
+//!   joins and when the configuration changes it).
 //!
 //! While a process is held the worker renews its hold every `renew` (with an empty window):
 //! if the daemon dies, each process opens its own gate at the lease's end and runs on
-//! ungated. Stopping ([`Task::Stop`]) releases a held process and resumes one the daemon
-//! swapped out, so that nothing stays gated behind a daemon that is gone.
+//! ungated. Stopping ([`Task::Stop`]) releases a held process, resumes one the daemon
+//! swapped out and lifts the memory limit it set, so that nothing stays gated behind a
+//! daemon that is gone.
 
 use crate::client::{self, Failure};
 use cudaw_control::Request;
@@ -35,7 +38,10 @@ pub enum Task {
         /// The action.
         action: Action,
     },
-    /// Release the process if held, resume it if the daemon swapped it out; then end.
+    /// Set the process's memory limit (its job's `memory`; `None`: none).
+    Limit(Option<u64>),
+    /// Release the process if held, resume it if the daemon swapped it out, lift a
+    /// memory limit it set; then end.
     Stop,
 }
 
@@ -68,6 +74,15 @@ pub enum Event {
         warn: bool,
         /// The line.
         message: String,
+    },
+    /// A memory limit was set, or why not.
+    Limited {
+        /// The process.
+        pid: u32,
+        /// The limit asked for.
+        memory: Option<u64>,
+        /// How it ended.
+        result: Result<(), Failure>,
     },
     /// The worker ended after [`Task::Stop`].
     Stopped {
@@ -123,6 +138,7 @@ impl Worker {
             stopping,
             gated: false,
             swapped: false,
+            limited: false,
             renewed: Instant::now(),
         };
         let thread = std::thread::Builder::new()
@@ -156,6 +172,8 @@ struct Proc {
     gated: bool,
     /// The daemon swapped the process out and has not swapped it in.
     swapped: bool,
+    /// The daemon set a memory limit on the process.
+    limited: bool,
     renewed: Instant,
 }
 
@@ -195,6 +213,17 @@ impl Proc {
                         gpu,
                         action,
                         outcome,
+                    });
+                }
+                Some(Task::Limit(memory)) => {
+                    let result = self.request(&Request::Limit { memory }).map(|_| ());
+                    if result.is_ok() {
+                        self.limited = memory.is_some();
+                    }
+                    let _ = self.events.send(Event::Limited {
+                        pid: self.pid,
+                        memory,
+                        result,
                     });
                 }
                 Some(Task::Stop) => {
@@ -332,6 +361,15 @@ impl Proc {
     }
 
     fn stop(&mut self) {
+        if self.limited {
+            match self.request(&Request::Limit { memory: None }) {
+                Ok(_) => self.limited = false,
+                Err(f) => self.note(
+                    true,
+                    format!("cannot lift its memory limit ({f}); it keeps it until it exits"),
+                ),
+            }
+        }
         if self.swapped {
             match self.request(&Request::Resume {
                 progress: false,

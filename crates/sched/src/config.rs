@@ -34,6 +34,16 @@ pub enum MemSpec {
     Fraction(f64),
 }
 
+impl MemSpec {
+    /// In bytes, on a card of `capacity` bytes.
+    pub fn bytes(self, capacity: u64) -> u64 {
+        match self {
+            MemSpec::Bytes(b) => b,
+            MemSpec::Fraction(f) => (capacity as f64 * f) as u64,
+        }
+    }
+}
+
 /// One `[[job]]` (or the `[default]` table, with an empty `id`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobSpec {

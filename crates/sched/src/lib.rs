@@ -756,10 +756,7 @@ impl Scheduler {
     }
 
     fn mem_bytes(&self, m: MemSpec) -> u64 {
-        match m {
-            MemSpec::Bytes(b) => b,
-            MemSpec::Fraction(f) => (self.capacity as f64 * f) as u64,
-        }
+        m.bytes(self.capacity)
     }
 
     fn job_sum(&self, id: &str, f: impl Fn(&Proc) -> u64) -> u64 {

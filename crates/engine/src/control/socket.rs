@@ -686,6 +686,16 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             lease: std::time::Duration::from_millis(lease_ms.min(3_600_000)),
         },
         Request::Release {} => requests::Request::Release,
+        Request::Limit { memory } => {
+            return Reply {
+                ok: true,
+                limit: Some(cudaw_control::Limited {
+                    memory,
+                    devices: crate::memory::set_node_limit(memory),
+                }),
+                ..Reply::default()
+            }
+        }
         Request::Pause {
             release_context: true,
             ..

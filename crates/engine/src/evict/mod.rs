@@ -207,8 +207,14 @@ fn roll_back_pause(evicted: Evicted, msg: String) -> Failure {
 }
 
 /// Resumes (loading from host copies and from the image a dump left, if any); on failure
-/// the process stays paused, its memory where it was.
+/// the process stays paused, its memory where it was. The node daemon's memory limit does
+/// not apply to what comes back (the process held it; a limit lowered since takes effect
+/// as it frees memory), the process's own limit does.
 pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
+    memory::lifting_node_limit(|| resume_held(ctl, report))
+}
+
+fn resume_held(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
     let waiting = handles::shared::awaiting();
     if waiting > 0 {
         return Err(Failure::new(
