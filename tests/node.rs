@@ -279,6 +279,20 @@ fn the_daemon_finds_both_jobs_reloads_and_lets_go() {
         "{m}"
     );
     assert!(m.contains("cudaw_node_config_refused 1"), "{m}");
+    // Counters: launches (through cudaw's driver layer), GPU time, swaps' bytes, waits.
+    let launches = a.status()["launches"].as_u64().unwrap_or(0);
+    assert!(launches > 0, "{}", a.status());
+    for family in [
+        "cudaw_node_launches_total",
+        "cudaw_node_gpu_seconds_total",
+        "cudaw_node_swapped_out_bytes_total",
+        "cudaw_node_memory_waits_total",
+    ] {
+        assert!(
+            m.contains(&format!("{family}{{job=\"{ja}\",gpu=\"GPU-")),
+            "{family}: {m}"
+        );
+    }
     assert!(d.get("/").contains(" 404 "));
 
     // SIGTERM: the daemon lets both go, and exits 0; both run on, ungated.

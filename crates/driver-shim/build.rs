@@ -16,13 +16,15 @@ use std::path::PathBuf;
 /// cudaw's own exports beside the driver's: the real driver's path (asked by cudaw's
 /// `driver` crate so that its calls reach the real driver), the launch counts and the
 /// kernel layouts of driver-loaded modules, the tracing switch the runtime shim calls, and
-/// the thread's launch count the runtime shim reads (to see that its launches pass here).
-const OWN_EXPORTS: [&str; 5] = [
+/// the thread's launch count the runtime shim reads (to see that its launches pass here),
+/// and the process's total of launches (its status's `launches`).
+const OWN_EXPORTS: [&str; 6] = [
     "cudaw_driver_shim_real_path",
     "cudaw_driver_launch_counts_v1",
     "cudaw_driver_kernel_layout_v1",
     "cudaw_driver_trace_mode_v1",
     "cudaw_driver_thread_launches_v1",
+    "cudaw_driver_total_launches_v1",
 ];
 
 fn main() {

@@ -969,6 +969,10 @@ pub struct Status {
     /// Threads waiting at the closed gate now (held or paused): the process wants its GPU.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub waiting: u64,
+    /// Kernel launches so far, every kernel's (counted in cudaw's driver layer; 0 where
+    /// the process does not load it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub launches: u64,
     /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`
     /// releases the context too unless told `--no-release`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -1254,6 +1258,7 @@ mod tests {
                 node_dir: Some("/dev/shm".into()),
                 job: Some("train-a".into()),
                 waiting: 2,
+                launches: 5,
                 busy: None,
             }),
             ..Reply::default()

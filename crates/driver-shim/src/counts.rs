@@ -445,6 +445,25 @@ pub extern "C" fn cudaw_driver_traced_launches_v1(
     })
 }
 
+/// Kernel launches so far, of every kernel: the shared counters first, then what the
+/// threads hold (a thread handing its launches over in between is counted once, later,
+/// so that the total never goes down).
+pub fn total_launches() -> u64 {
+    let shared: u64 = REGISTRY
+        .lock()
+        .by_name
+        .values()
+        .map(|k| k.launches.load(Ordering::Relaxed))
+        .sum();
+    shared + launches_of_all(false).values().sum::<u64>()
+}
+
+/// [`total_launches`] for cudaw's runtime (its status's `launches`).
+#[no_mangle]
+pub extern "C" fn cudaw_driver_total_launches_v1() -> u64 {
+    guard("cudaw_driver_total_launches_v1", 0, total_launches)
+}
+
 /// Graph launches so far.
 pub fn graph_launches() -> u64 {
     GRAPH_LAUNCHES.load(Ordering::Relaxed)

@@ -280,6 +280,10 @@ pub const RECORDING_LAUNCH: usize = 1;
 /// runtime shim adds them to its per-kernel counts when they are read.
 pub const TRACED_LAUNCHES_SYMBOL: &std::ffi::CStr = c"cudaw_driver_traced_launches_v1";
 
+/// The name the driver shim exports the process's kernel launches so far under:
+/// `extern "C" fn() -> u64` (every kernel's, counted whether tracing is on or not).
+pub const TOTAL_LAUNCHES_SYMBOL: &std::ffi::CStr = c"cudaw_driver_total_launches_v1";
+
 /// The callback of [`TRACED_LAUNCHES_SYMBOL`].
 pub type TracedLaunches =
     extern "C" fn(ctx: *mut std::ffi::c_void, name: *const u8, len: usize, launches: u64);

@@ -570,6 +570,40 @@ pub fn driver_layer_launches(each: &mut dyn FnMut(&str, u64)) {
     );
 }
 
+/// The process's kernel launches so far, as cudaw's driver layer counts them
+/// (`driver::hooks::TOTAL_LAUNCHES_SYMBOL`); 0 without it.
+pub fn driver_launches() -> u64 {
+    type Total = extern "C" fn() -> u64;
+    // Found once the driver layer is loaded (the runtime loads it at its first call):
+    // looked up again until then.
+    static TOTAL: std::sync::OnceLock<Total> = std::sync::OnceLock::new();
+    if let Some(f) = TOTAL.get() {
+        return f();
+    }
+    // SAFETY: dlopen with RTLD_NOLOAD only looks the loaded library up (the runtime may
+    // have loaded it RTLD_LOCAL: RTLD_DEFAULT would not see it); dlsym reads its table.
+    // The handle is let go: the library stays loaded while the runtime holds it, for the
+    // process's life (the driver is never unloaded).
+    let p = unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        if h.is_null() {
+            return 0;
+        }
+        let p = libc::dlsym(h, driver::hooks::TOTAL_LAUNCHES_SYMBOL.as_ptr());
+        libc::dlclose(h);
+        p
+    };
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: cudaw's driver layer exports this name as `extern "C" fn() -> u64`.
+    let f = unsafe { std::mem::transmute::<*mut c_void, Total>(p) };
+    TOTAL.get_or_init(|| f)()
+}
+
 /// The mode cudaw's driver layer records in while tracing runs in `mode`: none with
 /// `CUDAW_TRACE_DRIVER=off`.
 pub fn driver_mode(mode: Mode) -> Mode {

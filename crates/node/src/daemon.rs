@@ -485,6 +485,7 @@ impl Daemon {
                 pid,
                 Observation {
                     waiting: st.waiting > 0,
+                    launches: st.launches,
                     resident: d.used.max(d.resident),
                     swapped: if d.evicted > 0 {
                         d.evicted

@@ -64,6 +64,18 @@ pub struct JobRow {
     pub waits: u64,
     /// Whether it holds the GPU now.
     pub running: bool,
+    /// All the GPU time it had, in seconds.
+    #[serde(default)]
+    pub gpu_seconds: f64,
+    /// Times it waited for memory (it did not fit, and nothing could be swapped out).
+    #[serde(default)]
+    pub memory_waits: u64,
+    /// Bytes swapped out over all its swaps.
+    #[serde(default)]
+    pub swapped_out_bytes: u64,
+    /// Its kernel launches (its processes', on all their GPUs).
+    #[serde(default)]
+    pub launches: u64,
 }
 
 impl From<&cudaw_sched::JobReport> for JobRow {
@@ -81,6 +93,10 @@ impl From<&cudaw_sched::JobReport> for JobRow {
             swaps: j.swaps,
             waits: j.waits,
             running: j.running,
+            gpu_seconds: j.gpu_seconds,
+            memory_waits: j.memory_waits,
+            swapped_out_bytes: j.swapped_out_bytes,
+            launches: j.launches,
         }
     }
 }
@@ -324,6 +340,30 @@ pub fn prometheus(r: &NodeReport) -> String {
         "counter",
         "Times the job waited for the GPU.",
         per_job(&|j| j.waits.to_string()),
+    );
+    family(
+        "cudaw_node_gpu_seconds_total",
+        "counter",
+        "The GPU time the job had, in seconds.",
+        per_job(&|j| j.gpu_seconds.to_string()),
+    );
+    family(
+        "cudaw_node_launches_total",
+        "counter",
+        "The job's kernel launches (its processes', on all their GPUs).",
+        per_job(&|j| j.launches.to_string()),
+    );
+    family(
+        "cudaw_node_swapped_out_bytes_total",
+        "counter",
+        "Bytes of the job's device memory swapped out, over all its swaps.",
+        per_job(&|j| j.swapped_out_bytes.to_string()),
+    );
+    family(
+        "cudaw_node_memory_waits_total",
+        "counter",
+        "Times the job waited for memory: it did not fit, and nothing could be swapped out for it.",
+        per_job(&|j| j.memory_waits.to_string()),
     );
     let _ = writeln!(
         s,

@@ -125,6 +125,7 @@ fn status() -> Status {
         busy: None,
         job: Some("train".into()),
         waiting: 1,
+        launches: 77,
     }
 }
 
@@ -373,6 +374,8 @@ impl Policy for Scripted {
                 resident_bytes: seen.resident,
                 swapped_bytes: seen.swapped,
                 swaps: 0,
+                swapped_out_bytes: 0,
+                launches: seen.launches,
                 waits: u64::from(seen.waiting),
                 running: false,
                 gpu_seconds: 0.0,
@@ -453,6 +456,7 @@ fn the_daemon_discovers_holds_reloads_and_lets_go() {
     assert_eq!(r.gpus[0].jobs[0].id, "train");
     assert_eq!(r.gpus[0].jobs[0].pids, [me]);
     assert_eq!(r.gpus[0].jobs[0].resident_bytes, 4096);
+    assert_eq!(r.gpus[0].jobs[0].launches, 77);
     assert_eq!(r.config.error, None);
     fake.wait_for("the hold", |a| {
         a.first().map(String::as_str) == Some("hold")

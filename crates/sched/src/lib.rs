@@ -73,6 +73,8 @@ pub struct Observation {
     pub resident: u64,
     /// Its device memory swapped out (paused: in host memory), in bytes.
     pub swapped: u64,
+    /// Its kernel launches so far (the process's, on all its GPUs).
+    pub launches: u64,
 }
 
 /// What the daemon must do, in the order given.
@@ -121,6 +123,10 @@ pub struct JobReport {
     pub swapped_bytes: u64,
     /// Times it was swapped out.
     pub swaps: u64,
+    /// Bytes swapped out over all its swaps (what was resident each time).
+    pub swapped_out_bytes: u64,
+    /// Its kernel launches (its processes', those that left included).
+    pub launches: u64,
     /// Times it waited for the GPU (a quantum asked for and not yet given).
     pub waits: u64,
     /// Whether it holds the GPU now.
@@ -182,6 +188,10 @@ struct Job {
     last_run: Instant,
     wanting: bool,
     swaps: u64,
+    /// Bytes it had resident when swapped out, over all its swaps.
+    swapped_out: u64,
+    /// The launches of its processes that left (the report adds those of the others).
+    launches_left: u64,
     waits: u64,
     memory_waits: u64,
     /// It wants the GPU and does not fit: counted once in `memory_waits` per episode.
@@ -291,6 +301,8 @@ impl Scheduler {
                     last_run: now,
                     wanting: false,
                     swaps: 0,
+                    swapped_out: 0,
+                    launches_left: 0,
                     waits: 0,
                     memory_waits: 0,
                     mem_blocked: false,
@@ -327,6 +339,7 @@ impl Scheduler {
         let empty = match self.jobs.get_mut(&p.job) {
             Some(j) => {
                 j.pids.retain(|&q| q != pid);
+                j.launches_left = j.launches_left.saturating_add(p.seen.launches);
                 j.pids.is_empty()
             }
             None => false,
@@ -562,10 +575,12 @@ impl Scheduler {
                     .max(Duration::from_millis(1));
                 let mut resident = 0u64;
                 let mut swapped = 0u64;
+                let mut launches = j.launches_left;
                 for pid in &j.pids {
                     if let Some(p) = self.procs.get(pid) {
                         resident = resident.saturating_add(p.seen.resident);
                         swapped = swapped.saturating_add(p.seen.swapped);
+                        launches = launches.saturating_add(p.seen.launches);
                     }
                 }
                 let running = self.turn.as_ref().is_some_and(|t| {
@@ -582,6 +597,8 @@ impl Scheduler {
                     resident_bytes: resident,
                     swapped_bytes: swapped,
                     swaps: j.swaps,
+                    swapped_out_bytes: j.swapped_out,
+                    launches,
                     waits: j.waits,
                     running,
                     gpu_seconds: (j.gpu + self.current_run(id, now)).as_secs_f64(),
@@ -1071,16 +1088,22 @@ impl Scheduler {
         for v in victims {
             let pids: Vec<Pid> = self.jobs.get(v).map_or(Vec::new(), |j| j.pids.clone());
             let mut any = false;
+            let mut bytes = 0u64;
             for pid in pids {
-                if self.procs.get(&pid).is_some_and(|p| p.seen.resident > 0) {
+                let resident = self.procs.get(&pid).map_or(0, |p| p.seen.resident);
+                if resident > 0 {
                     let before = out.len();
                     self.issue(out, Action::SwapOut(pid), now);
-                    any |= out.len() > before;
+                    if out.len() > before {
+                        any = true;
+                        bytes = bytes.saturating_add(resident);
+                    }
                 }
             }
             if any {
                 if let Some(j) = self.jobs.get_mut(v) {
                     j.swaps += 1;
+                    j.swapped_out = j.swapped_out.saturating_add(bytes);
                 }
             }
         }

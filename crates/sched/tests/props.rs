@@ -149,6 +149,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     waiting,
                     resident: u64::from(resident) * GIB,
                     swapped: u64::from(swapped) * GIB,
+                    launches: 0,
                 };
                 s.observe(pid, seen, now);
             }

@@ -242,18 +242,19 @@ fn three_jobs_of_35_gib_on_80_gib_take_turns_by_swapping() {
     sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
     sim.run(3 * MINUTE);
     let total: u64 = ["a", "b", "c"].iter().map(|j| sim.busy_ms(j)).sum();
-    for j in ["a", "b", "c"] {
+    for (pid, j) in [(1, "a"), (2, "b"), (3, "c")] {
         let got = share(&sim, j, 3 * MINUTE);
         assert!(
             got >= 0.25,
             "{j}: {got:.4} of the GPU's time (all: {:?})",
             sim.busy
         );
-        assert!(
-            sim.report(j).swaps >= 3,
-            "{j} was swapped out {}",
-            sim.report(j).swaps
-        );
+        let r = sim.report(j);
+        assert!(r.swaps >= 3, "{j} was swapped out {}", r.swaps);
+        // What was resident at each swap: its 35 GiB each time.
+        assert_eq!(r.swapped_out_bytes, r.swaps * 35 * GIB, "{j}: {r:?}");
+        // Its launches: the work its process did (1 ms a launch in the simulation).
+        assert_eq!(r.launches, sim.procs[&pid].progress, "{j}");
     }
     // The swaps cost at most a fifth of the GPU's time.
     assert!(

@@ -883,6 +883,7 @@ fn status_now(busy: Option<String>) -> Status {
             .then(|| config::get().node_dir.to_string_lossy().into_owned()),
         job: config::get().job.clone(),
         waiting: host().gate_waiters() as u64,
+        launches: crate::trace::driver_launches(),
         busy,
     }
 }

@@ -391,6 +391,7 @@ impl Sim {
                             waiting,
                             resident: p.resident,
                             swapped: p.swapped,
+                            launches: p.progress,
                         },
                         p.need(),
                     )
