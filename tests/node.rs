@@ -50,6 +50,8 @@ impl Daemon {
             .arg(&socket)
             .args(["--metrics", &metrics, "--interval", "20ms"])
             .env("CUDAW_LOG", "info")
+            .env("CUDAW_TRACE", "timeline")
+            .env("CUDAW_TRACE_FILE", dir.0.join("node.trace.json"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -76,6 +78,26 @@ impl Daemon {
             metrics,
             _dir: dir,
         }
+    }
+
+    /// The timeline the daemon wrote when it stopped: its slices, (name, job).
+    fn slices(&self) -> Vec<(String, String)> {
+        let path = self.config.with_file_name("node.trace.json");
+        let text = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.log()));
+        let v: serde_json::Value = serde_json::from_slice(&text).expect("the timeline's JSON");
+        v["traceEvents"]
+            .as_array()
+            .expect("traceEvents")
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or("").to_owned(),
+                    e["args"]["job"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
     }
 
     fn log(&self) -> String {
@@ -445,6 +467,20 @@ fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
     b.run(2);
     let status = d.terminate();
     assert!(status.success(), "{status}");
+    // The daemon's decisions, as slices per job: turns, holds, swaps out and in.
+    let slices = d.slices();
+    for (what, j) in [
+        ("turn", &ja),
+        ("turn", &jb),
+        ("swap out", &ja),
+        ("swap in", &ja),
+    ] {
+        assert!(
+            slices.iter().any(|(n, sj)| n == what && sj == j),
+            "no {what} slice of {j} in the daemon's timeline: {slices:?}"
+        );
+    }
+    assert!(d.log().contains("timeline: "), "{}", d.log());
     assert_ungated(&b);
     b.run(2);
     b.finish();

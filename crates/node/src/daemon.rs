@@ -83,6 +83,8 @@ pub struct Daemon {
     dirs: Vec<PathBuf>,
     /// Failures logged, by process and reason: each is logged once.
     logged: BTreeSet<(u32, String)>,
+    /// The decisions as slices per job (`CUDAW_TRACE=timeline`).
+    timeline: Option<crate::timeline::Timeline>,
 }
 
 impl Daemon {
@@ -102,6 +104,7 @@ impl Daemon {
             shared,
             dirs,
             logged: BTreeSet::new(),
+            timeline: crate::timeline::Timeline::from_env(),
         }
     }
 
@@ -113,6 +116,12 @@ impl Daemon {
             self.setup.interval.as_millis(),
             self.config.path().display()
         );
+        if let Some(t) = &self.timeline {
+            info!(
+                "timeline (CUDAW_TRACE=timeline): each job's turns, holds and swaps, written to {} when the daemon stops",
+                t.path().display()
+            );
+        }
         let mut next_scan = Instant::now();
         let mut next_slow = Instant::now() + SLOW_PERIOD;
         let mut next_publish = Instant::now();
@@ -248,6 +257,10 @@ impl Daemon {
         let Some(p) = self.procs.remove(&pid) else {
             return;
         };
+        if let Some(t) = &mut self.timeline {
+            let job = p.job.clone().unwrap_or_else(|| format!("pid-{pid}"));
+            t.left(pid, &job, now);
+        }
         for key in &p.gpus {
             if let Some(g) = self.gpus.get_mut(key) {
                 g.policy.leave(pid, now);
@@ -342,6 +355,12 @@ impl Daemon {
                     }
                     (Action::SwapIn(_), Outcome::Done) => info!("{name}: swapped in on GPU {gpu}"),
                     (_, Outcome::Done) => debug!("{name}: {} done on GPU {gpu}", verb(&action)),
+                }
+                if let (Some(t), Some(g)) = (&mut self.timeline, self.gpus.get(&gpu)) {
+                    let job = self.procs.get(&pid).and_then(|p| p.job.clone());
+                    let job = job.unwrap_or_else(|| format!("pid-{pid}"));
+                    let ok = outcome == Outcome::Done;
+                    t.done(pid, &job, (g.index, &gpu), &action, ok, now);
                 }
                 if let Some(g) = self.gpus.get_mut(&gpu) {
                     g.policy.done(&action, outcome, now);
@@ -570,6 +589,9 @@ impl Daemon {
                     p.acting += u32::from(sent);
                     sent
                 });
+                if let (true, Some(t)) = (sent, &mut self.timeline) {
+                    t.asked(pid, &action, now);
+                }
                 if !sent {
                     refused.push((key.clone(), action));
                 }
@@ -671,6 +693,12 @@ impl Daemon {
         for (pid, p) in std::mem::take(&mut self.procs) {
             if !waiting.contains(&pid) {
                 p.worker.join();
+            }
+        }
+        if let Some(t) = &self.timeline {
+            match t.write() {
+                Ok(n) => info!("timeline: {n} slices written to {}", t.path().display()),
+                Err(e) => warn!("timeline: writing {} failed: {e}", t.path().display()),
             }
         }
         info!("stopped");

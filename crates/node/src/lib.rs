@@ -27,6 +27,7 @@ pub mod exec;
 pub mod policy;
 pub mod report;
 pub mod server;
+pub mod timeline;
 
 #[cfg(test)]
 mod tests;
