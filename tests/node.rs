@@ -590,3 +590,80 @@ fn a_jobs_memory_limit_reaches_its_process_live_and_is_lifted_at_the_end() {
     a.run(2);
     a.finish();
 }
+
+/// The daemon restarting loses no job: a daemon killed (SIGKILL) while it has a job swapped
+/// out leaves that job paused, its pause marked as the node's (`paused_by`); the next
+/// daemon takes the swap over and swaps the job in at its turn, and swaps it in again if
+/// it stops first.
+#[test]
+fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
+    if cudaw_tests::nvcc().is_none() {
+        eprintln!("skipped: no nvcc");
+        return;
+    }
+    let node = ckpt_common::temp_dir("node-adopt-ledger");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&node.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let nd = node.0.to_str().unwrap().to_owned();
+    let env: Vec<(&str, &str)> = vec![
+        ("SIMGPU_MEM", "24M"),
+        ("CUDAW_NODE_DIR", &nd),
+        ("CUDAW_ALLOC_WAIT", "60s"),
+    ];
+    let (ta, tb) = ("adopt-a", "adopt-b");
+    let dirs = [run_dir_of(ta), run_dir_of(tb)];
+    let mut d1 = Daemon::start_in("adopt1", &dirs, "quantum = \"20ms\"\n");
+    let mut a = Target::start_with(Addressing::Mapped, ta, &env).expect("nvcc was found");
+    let ja = job_id(&a);
+    d1.status_until("the first job listed", |st| job(st, &ja).is_some());
+    a.run(2);
+    // The second does not fit beside the first: the daemon swaps the first (idle from
+    // then on: it stays swapped out) out for it.
+    let mut b = Target::start_with(Addressing::Mapped, tb, &env).expect("nvcc was found");
+    b.run(2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = a.status();
+        if st["state"] == "paused" && st["paused_by"] == "cudaw-node" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not swapped out by the node: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The daemon dies; the first job stays swapped out, the second runs on ungated (its
+    // hold's lease ends).
+    d1.child.kill().unwrap();
+    let _ = d1.child.wait();
+    b.run(2);
+    assert_eq!(a.status()["paused_by"], "cudaw-node", "{}", a.status());
+
+    let mut d2 = Daemon::start_in("adopt2", &dirs, "quantum = \"20ms\"\n");
+    d2.wait_log(&format!(
+        "job {ja} (PID {}): found swapped out by an earlier daemon",
+        a.pid
+    ));
+    // The first job wants the GPU: swapped in at its turn, the second out.
+    for _ in 0..2 {
+        a.send_run(3);
+        b.send_run(3);
+        a.wait_ran();
+        b.wait_ran();
+    }
+    // The second ends; the daemon stops: the first is swapped in (it fits now) and goes
+    // on ungated. (One that did not fit would stay paused, its pause the node's, for the
+    // next daemon.)
+    let jb = job_id(&b);
+    b.finish();
+    d2.status_until("the second job gone", |st| job(st, &jb).is_none());
+    let status = d2.terminate();
+    assert!(status.success(), "{status}\n{}", d2.log());
+    assert_ungated(&a);
+    assert_eq!(a.status()["paused_by"], serde_json::Value::Null);
+    a.run(2);
+    a.finish();
+}

@@ -827,6 +827,7 @@ fn pause_one(
     let req = Request::Pause {
         progress: false,
         release_context: true,
+        by: None,
     };
     let m = carried(with_bars(pid, req, json)?.pause, "result")?;
     let _ = driver_ready.join();

@@ -456,6 +456,7 @@ fn release(pid: u32, lock_ms: u32, was_running: bool, steps: &Steps) -> Result<(
     let req = Request::Pause {
         progress: false,
         release_context: true,
+        by: None,
     };
     let paused = carried(request(pid, &req, &mut |_| {})?.pause, "result")?;
     steps.say(format_args!("{pid}: the driver checkpoints its context"));
@@ -606,6 +607,7 @@ fn move_back(
         &Request::Pause {
             progress: false,
             release_context: true,
+            by: None,
         },
         &mut |_| {},
     )
@@ -682,6 +684,7 @@ fn job_home(
             &Request::Pause {
                 progress: false,
                 release_context: true,
+                by: None,
             },
             &mut |_| {},
         )?;
@@ -869,6 +872,7 @@ pub fn migrate_job(
             &Request::Pause {
                 progress: false,
                 release_context: true,
+                by: None,
             },
             &mut |_| {},
         )?;

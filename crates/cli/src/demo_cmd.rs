@@ -522,6 +522,7 @@ fn demo(args: &Args, out: &Out) -> Result<Value> {
         &Request::Pause {
             progress: true,
             release_context: false,
+            by: None,
         },
         out,
     )?;

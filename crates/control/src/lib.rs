@@ -194,6 +194,10 @@ pub enum Request {
         /// `resume` with `context_restored` (or `context_kept`) ends that.
         #[serde(default, skip_serializing_if = "is_false")]
         release_context: bool,
+        /// Who pauses: [`NODE_OWNER`] for the node daemon's swaps (a daemon started later
+        /// knows them for its own: `paused_by` in the status); none for an operator.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// Resume: restore every allocation at its address (from host memory, or from the
     /// image a dump left it in) and let calls through.
@@ -371,6 +375,7 @@ impl Request {
     pub const PAUSE: Request = Request::Pause {
         progress: false,
         release_context: false,
+        by: None,
     };
     /// `{"cmd":"resume"}`.
     pub const RESUME: Request = Request::Resume {
@@ -973,6 +978,10 @@ pub struct Status {
     /// the process does not load it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub launches: u64,
+    /// Who paused it, when it is paused and said so (`by` in the pause): [`NODE_OWNER`]
+    /// for a swap of the node daemon's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<String>,
     /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`
     /// releases the context too unless told `--no-release`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -1053,6 +1062,9 @@ pub fn uuid_text(uuid: &[u8; 16]) -> String {
     )
 }
 
+/// The owner the node daemon (`cudaw node`) gives its swaps' pauses.
+pub const NODE_OWNER: &str = "cudaw-node";
+
 /// The 16 bytes of a UUID written as [`uuid_text`] writes it (the `GPU-` prefix optional,
 /// any case).
 pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
@@ -1083,10 +1095,12 @@ mod tests {
             Request::Pause {
                 progress: true,
                 release_context: false,
+                by: None,
             },
             Request::Pause {
                 progress: false,
                 release_context: true,
+                by: None,
             },
             Request::Resume {
                 progress: false,
@@ -1169,7 +1183,8 @@ mod tests {
             Request::parse("{\"cmd\":\"pause\",\"release_context\":true}"),
             Ok(Request::Pause {
                 progress: false,
-                release_context: true
+                release_context: true,
+                by: None,
             })
         );
         assert_eq!(
@@ -1259,6 +1274,7 @@ mod tests {
                 job: Some("train-a".into()),
                 waiting: 2,
                 launches: 5,
+                paused_by: Some(NODE_OWNER.into()),
                 busy: None,
             }),
             ..Reply::default()

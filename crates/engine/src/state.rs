@@ -37,6 +37,23 @@ pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
     image: None,
 });
 
+/// Who paused the process (`by` in the pause request), while it is paused.
+static PAUSED_BY: Mutex<Option<String>> = Mutex::new(None);
+
+/// Records who paused the process (none: an operator, or no longer paused).
+pub fn set_paused_by(by: Option<String>) {
+    *PAUSED_BY.lock() = by;
+}
+
+/// Who paused the process, if it is paused and the pause said.
+pub fn paused_by() -> Option<String> {
+    if is_paused() {
+        PAUSED_BY.lock().clone()
+    } else {
+        None
+    }
+}
+
 /// Whether the process is paused now.
 pub fn is_paused() -> bool {
     CTL.lock().paused

@@ -421,6 +421,20 @@ impl Daemon {
             }
             p.job = Some(job.clone());
         }
+        // Swapped out by an earlier daemon (it stopped or died before it swapped the
+        // process in): this daemon's swap now, swapped in at the job's turn.
+        if st.state == State::Paused
+            && st.paused_by.as_deref() == Some(cudaw_control::NODE_OWNER)
+            && !p.swapped_by_us
+            && p.acting == 0
+        {
+            p.swapped_by_us = true;
+            p.worker.send(Task::Adopt);
+            info!(
+                "{}: found swapped out by an earlier daemon: swapped in at its turn",
+                who(pid, Some(&job))
+            );
+        }
         // Swapped out by us and running now: someone resumed it (`cudaw-ckpt resume`).
         // It joins again as a process found running (the policy holds it until its turn).
         if p.swapped_by_us && p.acting == 0 && st.state == State::Running {

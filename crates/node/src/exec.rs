@@ -40,6 +40,9 @@ pub enum Task {
     },
     /// Set the process's memory limit (its job's `memory`; `None`: none).
     Limit(Option<u64>),
+    /// The process was found swapped out by an earlier daemon: this one's now (it swaps
+    /// it in when it stops).
+    Adopt,
     /// Release the process if held, resume it if the daemon swapped it out, lift a
     /// memory limit it set; then end.
     Stop,
@@ -215,6 +218,7 @@ impl Proc {
                         outcome,
                     });
                 }
+                Some(Task::Adopt) => self.swapped = true,
                 Some(Task::Limit(memory)) => {
                     let result = self.request(&Request::Limit { memory }).map(|_| ());
                     if result.is_ok() {
@@ -268,6 +272,7 @@ impl Proc {
                 .request(&Request::Pause {
                     progress: false,
                     release_context: false,
+                    by: Some(cudaw_control::NODE_OWNER.into()),
                 })
                 .map(|_| {
                     // The pause took the gate over from the hold: nothing to renew.

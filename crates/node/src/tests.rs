@@ -126,6 +126,7 @@ fn status() -> Status {
         job: Some("train".into()),
         waiting: 1,
         launches: 77,
+        paused_by: None,
     }
 }
 

@@ -669,6 +669,11 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             ))
         }
     };
+    // Who pauses (the node daemon's swaps say so): recorded once the pause is done.
+    let pauser = match &req {
+        Request::Pause { by, .. } => Some(by.clone()),
+        _ => None,
+    };
     let req = match req {
         Request::Status {} => {
             return Reply {
@@ -762,8 +767,18 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
                 ..Reply::default()
             };
             match out {
-                Outcome::Pause(m) => r.pause = Some(m),
-                Outcome::Resume(m) => r.resume = Some(m),
+                Outcome::Pause(m) => {
+                    if let (true, Some(by)) = (m.changed, pauser) {
+                        state::set_paused_by(by);
+                    }
+                    r.pause = Some(m)
+                }
+                Outcome::Resume(m) => {
+                    if !state::is_paused() {
+                        state::set_paused_by(None);
+                    }
+                    r.resume = Some(m)
+                }
                 Outcome::Hold(h) => r.hold = Some(h),
                 Outcome::Release(h) => r.release = Some(h),
                 Outcome::Dump(d) => r.dump = Some(d),
@@ -883,6 +898,7 @@ fn status_now(busy: Option<String>) -> Status {
             .then(|| config::get().node_dir.to_string_lossy().into_owned()),
         job: config::get().job.clone(),
         waiting: host().gate_waiters() as u64,
+        paused_by: state::paused_by(),
         launches: crate::trace::driver_launches(),
         busy,
     }
