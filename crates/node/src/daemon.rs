@@ -85,6 +85,8 @@ pub struct Daemon {
     logged: BTreeSet<(u32, String)>,
     /// The decisions as slices per job (`CUDAW_TRACE=timeline`).
     timeline: Option<crate::timeline::Timeline>,
+    /// The host memory swaps may take, as last read.
+    host_room: Option<u64>,
 }
 
 impl Daemon {
@@ -105,6 +107,7 @@ impl Daemon {
             dirs,
             logged: BTreeSet::new(),
             timeline: crate::timeline::Timeline::from_env(),
+            host_room: None,
         }
     }
 
@@ -202,8 +205,16 @@ impl Daemon {
         }
     }
 
-    /// Finds new and vanished sockets; asks every process for its status.
+    /// Finds new and vanished sockets; asks every process for its status; tells the
+    /// policies how much host memory swaps may take.
     fn scan(&mut self, now: Instant) {
+        let room = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| host_room(&m));
+        self.host_room = room;
+        for g in self.gpus.values_mut() {
+            g.policy.host_room(room);
+        }
         let found = crate::discover::scan(&self.dirs);
         let gone: Vec<u32> = self
             .procs
@@ -643,6 +654,7 @@ impl Daemon {
             .map_or(0, |d| d.as_secs());
         NodeReport {
             gpus,
+            host_room: self.host_room,
             config: ConfigReport {
                 path: self.config.path().display().to_string(),
                 loaded,
@@ -717,6 +729,23 @@ impl Daemon {
         }
         info!("stopped");
     }
+}
+
+/// The host memory swaps out may take, from `/proc/meminfo`'s text: what is available,
+/// less a reserve of 5% of the host's memory for everything else (`None`: unreadable).
+pub fn host_room(meminfo: &str) -> Option<u64> {
+    let kib = |key: &str| -> Option<u64> {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+            .map(|k| k * 1024)
+    };
+    let (total, available) = (kib("MemTotal")?, kib("MemAvailable")?);
+    Some(available.saturating_sub(total / 20))
 }
 
 fn pid_of(a: &Action) -> u32 {

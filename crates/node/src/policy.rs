@@ -17,6 +17,8 @@ pub trait Policy: Send {
     fn observe(&mut self, pid: Pid, seen: Observation, now: Instant);
     /// An allocation of process `pid` waits for `bytes` it does not have (0: none).
     fn alloc_wait(&mut self, _pid: Pid, _bytes: u64, _now: Instant) {}
+    /// The host memory swaps out may take now (`None`: not known).
+    fn host_room(&mut self, _bytes: Option<u64>) {}
     /// An action returned by [`Policy::tick`] ended.
     fn done(&mut self, action: &Action, outcome: Outcome, now: Instant);
     /// What to do now.
@@ -50,6 +52,9 @@ impl Policy for Scheduler {
     }
     fn alloc_wait(&mut self, pid: Pid, bytes: u64, now: Instant) {
         Scheduler::alloc_wait(self, pid, bytes, now)
+    }
+    fn host_room(&mut self, bytes: Option<u64>) {
+        Scheduler::host_room(self, bytes)
     }
     fn done(&mut self, action: &Action, outcome: Outcome, now: Instant) {
         Scheduler::done(self, action, outcome, now)

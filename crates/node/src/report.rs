@@ -20,6 +20,10 @@ pub struct NodeReport {
     /// The run folders it looks in.
     #[serde(default)]
     pub run_dirs: Vec<String>,
+    /// The host memory swaps out may take now (available, less a reserve of 5%): a job
+    /// whose memory does not fit there is not swapped out.
+    #[serde(default)]
+    pub host_room: Option<u64>,
 }
 
 /// One GPU.
@@ -237,6 +241,9 @@ pub fn table(r: &NodeReport, now: u64) -> String {
     if !waiting.is_empty() && !r.gpus.is_empty() {
         let _ = writeln!(s, "not on a GPU yet: {}", waiting.join(", "));
     }
+    if let Some(room) = r.host_room {
+        let _ = writeln!(s, "host memory swaps may take: {}", bytes(room));
+    }
     let age = now.saturating_sub(r.config.loaded);
     let _ = writeln!(s, "config {} (loaded {age} s ago)", r.config.path);
     if let Some(e) = &r.config.error {
@@ -379,6 +386,7 @@ pub(crate) mod tests {
 
     pub(crate) fn sample() -> NodeReport {
         NodeReport {
+            host_room: Some(100 << 30),
             gpus: vec![GpuReport {
                 index: 0,
                 uuid: "GPU-5a1b".into(),

@@ -528,3 +528,17 @@ fn intervals() {
         .unwrap_err()
         .contains("0ms is not between 1ms and 10s"));
 }
+
+#[test]
+fn host_room_is_what_is_available_less_a_reserve() {
+    let m = "MemTotal:       24000000 kB\nMemFree:        1000 kB\nMemAvailable:   10000000 kB\n";
+    assert_eq!(
+        crate::daemon::host_room(m),
+        Some((10_000_000 - 1_200_000) * 1024)
+    );
+    // Less available than the reserve: no room.
+    let tight = "MemTotal: 24000000 kB\nMemAvailable: 1000000 kB\n";
+    assert_eq!(crate::daemon::host_room(tight), Some(0));
+    assert_eq!(crate::daemon::host_room("MemTotal: 1 kB\n"), None);
+    assert!(crate::daemon::host_room(&std::fs::read_to_string("/proc/meminfo").unwrap()).is_some());
+}

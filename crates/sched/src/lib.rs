@@ -233,6 +233,9 @@ pub struct Scheduler {
     turn: Option<Turn>,
     /// The last [`Scheduler::tick`]'s time: deadlines not after it are not deadlines.
     last_tick: Option<Instant>,
+    /// Host memory a swap out may still take, in bytes ([`Scheduler::host_room`]); `None`:
+    /// not known, not checked.
+    host_room: Option<u64>,
 }
 
 /// How much of `[from, to]` lies in `[start, end]` (`from` `None`: from the beginning).
@@ -256,7 +259,16 @@ impl Scheduler {
             jobs: BTreeMap::new(),
             turn: None,
             last_tick: None,
+            host_room: None,
         }
+    }
+
+    /// The host memory swaps out may take now, in bytes (the daemon reads the host's
+    /// available memory and leaves a reserve): a job whose memory would not fit there is
+    /// not swapped out, and a job that needs it swapped out to fit waits for memory
+    /// instead (host RAM is not overcommitted). `None`: not checked.
+    pub fn host_room(&mut self, bytes: Option<u64>) {
+        self.host_room = bytes;
     }
 
     /// Applies a new configuration (shares and limits at once; a lowered memory limit
@@ -849,9 +861,16 @@ impl Scheduler {
             .collect();
         candidates.sort_by(|a, b| a.1.last_run.cmp(&b.1.last_run).then(a.0.cmp(b.0)));
         let mut victims = Vec::new();
+        let mut room = self.host_room.unwrap_or(u64::MAX);
         for (other, _) in candidates {
+            let bytes = self.job_sum(other, |p| p.seen.resident);
+            // Its memory would not fit in the host's: it stays (the next may fit).
+            if bytes > room {
+                continue;
+            }
+            room -= bytes;
             victims.push(other.clone());
-            over = over.saturating_sub(self.job_sum(other, |p| p.seen.resident));
+            over = over.saturating_sub(bytes);
             if over == 0 {
                 return Some(victims);
             }

@@ -387,6 +387,34 @@ fn a_job_that_cannot_fit_waits_and_says_so() {
 }
 
 #[test]
+fn host_memory_is_not_overcommitted_by_swaps() {
+    // Three jobs of 35 GiB on 80 GiB, and room for 30 GiB in the host's memory: no job
+    // can be swapped out, so the third waits for memory while the two others share.
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.sched.host_room(Some(30 * GIB));
+    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    sim.run(10_000);
+    assert_eq!(sim.busy_ms("c"), 0, "{:?}", sim.busy);
+    assert!(sim.report("c").memory_waits >= 1);
+    assert!(!sim
+        .given
+        .iter()
+        .any(|(_, a)| matches!(a, Action::SwapOut(_))));
+    assert!(
+        sim.busy_ms("a") > 3_000 && sim.busy_ms("b") > 3_000,
+        "{:?}",
+        sim.busy
+    );
+    // Room for one job's memory: swaps come, and the third runs.
+    sim.sched.host_room(Some(36 * GIB));
+    sim.run(20_000);
+    assert!(sim.busy_ms("c") > 2_000, "{:?}", sim.busy);
+}
+
+#[test]
 fn a_job_leaving_mid_quantum_hands_the_gpu_on() {
     let cfg = config(&[("a", 0.5, 1.0), ("b", 0.5, 1.0)]);
     let mut sim = Sim::new(80 * GIB, &cfg);
