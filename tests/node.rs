@@ -667,3 +667,43 @@ fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
     a.run(2);
     a.finish();
 }
+
+/// A job's `gpus` keep its processes to those GPUs: `cudaw run --job` asks the daemon and
+/// sets CUDA_VISIBLE_DEVICES (with nvidia-smi's order where it names indexes), unless the
+/// caller set it.
+#[test]
+fn a_jobs_gpus_become_its_visible_devices() {
+    let uuid = "GPU-12345678-1234-1234-1234-123456789abc";
+    let d = Daemon::start_in(
+        "gpus",
+        &[],
+        &format!("[[job]]\nid = \"pinned\"\ngpus = [\"{uuid}\", \"1\"]\n"),
+    );
+    d.status_until("the daemon answers", |_| true);
+    let env_of = |job: &str, visible: Option<&str>| -> String {
+        let mut cmd = Command::new(cudaw());
+        cmd.args(["run", "--job", job, "--print-env", "--", "true"])
+            .env("CUDAW_NODE_SOCKET", &d.socket)
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("CUDA_DEVICE_ORDER");
+        if let Some(v) = visible {
+            cmd.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        let out = cmd.output().expect("cudaw run --print-env");
+        assert!(out.status.success(), "{out:?}");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let env = env_of("pinned", None);
+    assert!(
+        env.contains(&format!("CUDA_VISIBLE_DEVICES={uuid},1\n")),
+        "{env}"
+    );
+    assert!(env.contains("CUDA_DEVICE_ORDER=PCI_BUS_ID\n"), "{env}");
+    // The caller's choice stands; a job without gpus gets none.
+    assert!(!env_of("pinned", Some("0")).contains("CUDA_VISIBLE_DEVICES"));
+    assert!(!env_of("other", None).contains("CUDA_VISIBLE_DEVICES"));
+}

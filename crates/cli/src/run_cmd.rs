@@ -383,6 +383,33 @@ fn needs(exe: &Path, cuda: Option<u32>) -> Result<Needs> {
 }
 
 /// Runs the command (does not return on success).
+/// The GPUs job `job` may run on, as the node daemon's configuration says (`gpus` in its
+/// `[[job]]`), as `CUDA_VISIBLE_DEVICES` (with `CUDA_DEVICE_ORDER=PCI_BUS_ID` where it
+/// names indexes: they are nvidia-smi's). Nothing when no daemon answers, the job names
+/// no GPUs, or the caller set `CUDA_VISIBLE_DEVICES` already (its choice stands; the
+/// daemon's log says when a job runs elsewhere).
+fn job_gpus(job: &str) -> Vec<(String, OsString)> {
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        return Vec::new();
+    }
+    let Ok(report) = cudaw_node::server::query(&cudaw_node::default_socket()) else {
+        return Vec::new();
+    };
+    let Some(gpus) = report.config.gpus.get(job).filter(|g| !g.is_empty()) else {
+        return Vec::new();
+    };
+    let list = gpus.join(",");
+    errln!(
+        "cudaw: job {job} may run on GPU {list} (cudaw node's configuration): CUDA_VISIBLE_DEVICES={list}"
+    );
+    let mut env = vec![("CUDA_VISIBLE_DEVICES".to_owned(), OsString::from(&list))];
+    let indexes = gpus.iter().any(|g| g.trim().parse::<u32>().is_ok());
+    if indexes && std::env::var_os("CUDA_DEVICE_ORDER").is_none() {
+        env.push(("CUDA_DEVICE_ORDER".to_owned(), "PCI_BUS_ID".into()));
+    }
+    env
+}
+
 pub fn run(args: &Args) -> Result<()> {
     let program = PathBuf::from(&args.command[0]);
     let exe =
@@ -486,6 +513,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(j) = &args.job {
         env.push(("CUDAW_JOB".into(), j.into()));
+        env.extend(job_gpus(j));
     }
     if let Some(w) = &args.alloc_wait {
         env.push(("CUDAW_ALLOC_WAIT".into(), w.into()));

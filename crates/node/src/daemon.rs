@@ -520,6 +520,19 @@ impl Daemon {
                     who(pid, Some(&job)),
                     d.ordinal
                 );
+                // Its `gpus`, when they are UUIDs (an index is nvidia-smi's, which the
+                // process's ordinal is not): `cudaw run --job` keeps it to them, unless
+                // CUDA_VISIBLE_DEVICES said otherwise.
+                if let Some(allowed) = &self.config.config().job(&job).gpus {
+                    let uuids = allowed.iter().all(|g| g.starts_with("GPU-"));
+                    if uuids && !allowed.iter().any(|g| g.eq_ignore_ascii_case(&key)) {
+                        warn!(
+                            "{}: runs on GPU {key}, not one of its gpus ({}): start it with `cudaw run --job {job}` and without CUDA_VISIBLE_DEVICES to keep it to them",
+                            who(pid, Some(&job)),
+                            allowed.join(", ")
+                        );
+                    }
+                }
             }
             // In the bytes the node ledger counts: the budget's `used` (allocations
             // rounded to the VMM's granules, driver handles). Evicted and wanted bytes are
@@ -659,6 +672,13 @@ impl Daemon {
                 path: self.config.path().display().to_string(),
                 loaded,
                 error: self.config.error().map(str::to_owned),
+                gpus: self
+                    .config
+                    .config()
+                    .jobs
+                    .iter()
+                    .filter_map(|j| Some((j.id.clone(), j.gpus.clone()?)))
+                    .collect(),
             },
             processes: self
                 .procs
@@ -675,7 +695,8 @@ impl Daemon {
         }
     }
 
-    fn publish(&self, now: Instant) {
+    /// Publishes the report for the status socket and the metrics.
+    pub fn publish(&self, now: Instant) {
         let r = self.report(now);
         if let Ok(mut s) = self.shared.lock() {
             *s = r;

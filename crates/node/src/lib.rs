@@ -103,6 +103,19 @@ pub fn run_with(
     let path = opts.socket.clone().unwrap_or_else(default_socket);
     let socket = server::StatusSocket::bind(&path, uid).map_err(StartError::Other)?;
     let shared: server::Shared = Arc::new(Mutex::new(NodeReport::default()));
+    let mut d = daemon::Daemon::new(
+        daemon::Setup {
+            run_dirs: opts.run_dirs.clone(),
+            uid,
+            interval: opts.interval,
+            timing: opts.timing,
+            make,
+        },
+        config,
+        Arc::clone(&shared),
+    );
+    // The first report (its configuration, no process yet) before anyone can ask.
+    d.publish(std::time::Instant::now());
     if let Some(addr) = &opts.metrics {
         let bound = server::serve_metrics(addr, Arc::clone(&shared)).map_err(StartError::Other)?;
         log::log_info!("metrics at http://{bound}/metrics");
@@ -115,17 +128,6 @@ pub fn run_with(
         env!("CARGO_PKG_VERSION"),
         std::process::id(),
         path.display()
-    );
-    let mut d = daemon::Daemon::new(
-        daemon::Setup {
-            run_dirs: opts.run_dirs.clone(),
-            uid,
-            interval: opts.interval,
-            timing: opts.timing,
-            make,
-        },
-        config,
-        shared,
     );
     d.run(stop);
     let _ = std::fs::remove_file(&path);

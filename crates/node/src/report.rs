@@ -115,6 +115,9 @@ pub struct ConfigReport {
     /// Why the file as it is now is refused (the line and the reason), if it is: the
     /// configuration loaded before stays in force.
     pub error: Option<String>,
+    /// The GPUs each job may run on (`gpus` in its `[[job]]`), for the jobs that say.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub gpus: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// A process found in a run folder.
@@ -418,6 +421,7 @@ pub(crate) mod tests {
                 path: "/etc/cudaw/node.toml".into(),
                 loaded: 1000,
                 error: Some("line 3: request: 2 is not within 0-1".into()),
+                gpus: Default::default(),
             },
             processes: vec![ProcessRow {
                 pid: 99,
