@@ -707,3 +707,26 @@ fn a_jobs_gpus_become_its_visible_devices() {
     assert!(!env_of("pinned", Some("0")).contains("CUDA_VISIBLE_DEVICES"));
     assert!(!env_of("other", None).contains("CUDA_VISIBLE_DEVICES"));
 }
+
+/// Two daemons never manage the same processes: the second finds the run folder held by
+/// the first (a lock on the folder), says so, and leaves its processes alone.
+#[test]
+fn a_second_daemon_leaves_the_first_ones_processes_alone() {
+    let Some(mut a) = Target::start(Addressing::Mapped, "two-a") else {
+        eprintln!("skipped: no nvcc");
+        return;
+    };
+    let mut d1 = Daemon::start("two1", &[&a], "quantum = \"20ms\"\n");
+    let ja = job_id(&a);
+    d1.status_until("the job listed", |st| job(st, &ja).is_some());
+    let mut d2 = Daemon::start("two2", &[&a], "quantum = \"20ms\"\n");
+    d2.wait_log("another cudaw node daemon manages it");
+    let st = d2.status().expect("the second daemon's status");
+    assert!(job(&st, &ja).is_none(), "{st}");
+    assert_eq!(st["processes"], serde_json::json!([]), "{st}");
+    a.run(2);
+    assert!(d2.terminate().success());
+    assert!(d1.terminate().success());
+    a.run(2);
+    a.finish();
+}

@@ -81,6 +81,8 @@ pub struct Daemon {
     stopping: Arc<AtomicBool>,
     shared: Shared,
     dirs: Vec<PathBuf>,
+    /// The run folders' locks (two daemons never manage the same folder).
+    locks: crate::discover::DirLocks,
     /// Failures logged, by process and reason: each is logged once.
     logged: BTreeSet<(u32, String)>,
     /// The decisions as slices per job (`CUDAW_TRACE=timeline`).
@@ -93,7 +95,8 @@ impl Daemon {
     /// A daemon with the configuration `config`, publishing its report to `shared`.
     pub fn new(setup: Setup, config: ConfigFile, shared: Shared) -> Daemon {
         let (sender, events) = std::sync::mpsc::channel();
-        let dirs = crate::discover::run_dirs(&setup.run_dirs, setup.uid);
+        let mut locks = crate::discover::DirLocks::default();
+        let dirs = Daemon::managed(&mut locks, &setup);
         Daemon {
             setup,
             config,
@@ -105,6 +108,7 @@ impl Daemon {
             stopping: Arc::new(AtomicBool::new(false)),
             shared,
             dirs,
+            locks,
             logged: BTreeSet::new(),
             timeline: crate::timeline::Timeline::from_env(),
             host_room: None,
@@ -132,7 +136,7 @@ impl Daemon {
             let now = Instant::now();
             if now >= next_slow {
                 self.poll_config(now);
-                self.dirs = crate::discover::run_dirs(&self.setup.run_dirs, self.setup.uid);
+                self.dirs = Daemon::managed(&mut self.locks, &self.setup);
                 next_slow = now + SLOW_PERIOD;
             }
             if now >= next_scan {
@@ -166,6 +170,19 @@ impl Daemon {
             }
         }
         self.stop();
+    }
+
+    /// The run folders to look in that this daemon holds; those another daemon holds
+    /// are said once.
+    fn managed(locks: &mut crate::discover::DirLocks, setup: &Setup) -> Vec<PathBuf> {
+        let (ours, taken) = locks.keep(crate::discover::run_dirs(&setup.run_dirs, setup.uid));
+        for d in taken {
+            warn!(
+                "{}: another cudaw node daemon manages it: its processes are left to that one",
+                d.display()
+            );
+        }
+        ours
     }
 
     fn dirs_text(&self) -> String {

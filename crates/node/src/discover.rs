@@ -11,6 +11,48 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
+/// The run folders this daemon manages, each locked (`flock` on the folder itself, no
+/// file made): two daemons never manage the same processes. A folder another daemon holds
+/// is left to it.
+#[derive(Default)]
+pub struct DirLocks {
+    held: BTreeMap<PathBuf, std::fs::File>,
+    refused: std::collections::BTreeSet<PathBuf>,
+}
+
+impl DirLocks {
+    /// Of `dirs`, those this daemon holds (locking the new ones); and those another
+    /// daemon holds that were not refused before (to say once). Folders no longer listed
+    /// are let go.
+    pub fn keep(&mut self, dirs: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        self.held.retain(|d, _| dirs.contains(d));
+        self.refused.retain(|d| dirs.contains(d));
+        let (mut ours, mut newly_refused) = (Vec::new(), Vec::new());
+        for d in dirs {
+            if self.held.contains_key(&d) {
+                ours.push(d);
+                continue;
+            }
+            let Ok(f) = std::fs::File::open(&d) else {
+                continue;
+            };
+            match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    self.refused.remove(&d);
+                    self.held.insert(d.clone(), f);
+                    ours.push(d);
+                }
+                Err(_) => {
+                    if self.refused.insert(d.clone()) {
+                        newly_refused.push(d);
+                    }
+                }
+            }
+        }
+        (ours, newly_refused)
+    }
+}
+
 /// The folders to look in: `explicit` when given, else the defaults (see the module's
 /// doc) as they exist now.
 pub fn run_dirs(explicit: &[PathBuf], uid: u32) -> Vec<PathBuf> {
@@ -80,6 +122,28 @@ pub fn scan(dirs: &[PathBuf]) -> BTreeMap<u32, PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_run_folder_is_managed_by_one_daemon_at_a_time() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let mut first = DirLocks::default();
+        assert_eq!(first.keep(dirs.clone()), (dirs.clone(), vec![]));
+        // A second daemon: both folders are the first's, said once.
+        let mut second = DirLocks::default();
+        assert_eq!(second.keep(dirs.clone()), (vec![], dirs.clone()));
+        assert_eq!(second.keep(dirs.clone()), (vec![], vec![]));
+        // The first lets one go (no longer listed): the second takes it.
+        assert_eq!(
+            first.keep(vec![dirs[0].clone()]),
+            (vec![dirs[0].clone()], vec![])
+        );
+        assert_eq!(second.keep(dirs.clone()), (vec![dirs[1].clone()], vec![]));
+        // The first ends: the second takes the other too.
+        drop(first);
+        assert_eq!(second.keep(dirs.clone()), (dirs, vec![]));
+    }
+
     use super::*;
     use std::os::unix::net::UnixListener;
 
