@@ -585,6 +585,7 @@ pub(crate) fn dump(
         match evict::pause(report) {
             Ok(m) => {
                 ctl.paused = true;
+                ctl.paused_by = None;
                 m
             }
             Err(e) => return Err(e),
@@ -846,6 +847,7 @@ pub(crate) fn restore(
     let pause_moved = if we_paused {
         let m = evict::pause(report)?;
         ctl.paused = true;
+        ctl.paused_by = None;
         m
     } else {
         Moved::default()
@@ -915,6 +917,7 @@ pub(crate) fn restore(
     // Every allocation is on the device: no image holds the process's memory any more.
     ctl.image = None;
     ctl.paused = false;
+    ctl.paused_by = None;
     host().open_gate();
     let total_ms = ms(started);
     log::info(format_args!(

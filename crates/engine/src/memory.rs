@@ -333,7 +333,9 @@ fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
     } else {
         Accounting::Off
     };
-    Ok(Arc::new(DeviceBudget::new(limit, accounting, notes)))
+    Ok(Arc::new(
+        DeviceBudget::new(limit, accounting, notes).sharing_node_limit(Arc::clone(&NODE_LIMIT)),
+    ))
 }
 
 /// The GPU (UUID) behind each device with a budget, by ordinal: read when the budget is
@@ -476,74 +478,43 @@ pub fn has_limit(ordinal: i32) -> bool {
 pub fn budget(ordinal: i32) -> Result<&'static DeviceBudget, cudaError_t> {
     budget_arc(ordinal)?;
     match BUDGETS[ordinal as usize].get() {
-        Some(Ok(b)) => {
-            // A budget made while the node's limit changed catches up here.
-            let node = node_limit();
-            if b.node_limit() != node {
-                b.set_node_limit(node);
-            }
-            Ok(b)
-        }
+        Some(Ok(b)) => Ok(b),
         _ => Err(ERROR_INITIALIZATION),
     }
 }
 
-/// The node daemon's memory limit for this process (`u64::MAX`: none).
-static NODE_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+/// The node daemon's memory limit for this process (`u64::MAX`: none), as every device's
+/// budget reads it (they share it: one made later reads it too).
+static NODE_LIMIT: std::sync::LazyLock<Arc<std::sync::atomic::AtomicU64>> =
+    std::sync::LazyLock::new(|| Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)));
 
-/// Set while a resume brings back what the process held: the node's limit is lifted.
-static LIFTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-fn node_limit() -> Option<u64> {
-    if LIFTED.load(std::sync::atomic::Ordering::Relaxed) {
-        return None;
-    }
-    match NODE_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
-        u64::MAX => None,
-        b => Some(b),
-    }
-}
-
-/// Runs `f` (a resume: the process's gate is closed, nothing else allocates) with the
-/// node daemon's limit lifted on every device, then puts it back.
-pub(crate) fn lifting_node_limit<T>(f: impl FnOnce() -> T) -> T {
-    LIFTED.store(true, std::sync::atomic::Ordering::Relaxed);
-    for (_, b) in budgets() {
-        b.set_node_limit(None);
-    }
-    let r = f();
-    LIFTED.store(false, std::sync::atomic::Ordering::Relaxed);
-    let n = node_limit();
-    for (_, b) in budgets() {
-        b.set_node_limit(n);
-    }
-    r
-}
+/// The limit the daemon asked for (`u64::MAX`: none), and how many resumes lift it now:
+/// [`NODE_LIMIT`] is it, or none while lifted. Written under this lock only.
+static NODE_WANTED: Mutex<(u64, u32)> = Mutex::new((u64::MAX, 0));
 
 /// Sets the node daemon's memory limit (its job's `memory`) on every device, those whose
-/// budget is made later too. Per device with a budget: (ordinal, the limit in force, bytes
-/// held).
+/// budget is made later too (kept lifted while a resume runs, in force when it ends). Per
+/// device with a budget: (ordinal, the limit in force, bytes held).
 pub fn set_node_limit(bytes: Option<u64>) -> Vec<(i32, Option<u64>, u64)> {
-    let bytes = bytes.map(|b| b.min(u64::MAX - 1));
-    let before = NODE_LIMIT.swap(
-        bytes.unwrap_or(u64::MAX),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    if before != bytes.unwrap_or(u64::MAX) {
-        match bytes {
-            Some(b) => log::info(format_args!(
-                "the node daemon limits this process's memory to {b} bytes ({:.2} GiB) on each device (its job's `memory`)",
-                b as f64 / GIB
-            )),
-            None => log::info(format_args!("the node daemon lifts its memory limit")),
+    let want = bytes.map_or(u64::MAX, |b| b.min(u64::MAX - 1));
+    {
+        let mut w = NODE_WANTED.lock();
+        if w.0 != want {
+            match bytes {
+                Some(b) => log::info(format_args!(
+                    "the node daemon limits this process's memory to {b} bytes ({:.2} GiB) on each device (its job's `memory`)",
+                    b as f64 / GIB
+                )),
+                None => log::info(format_args!("the node daemon lifts its memory limit")),
+            }
+        }
+        w.0 = want;
+        if w.1 == 0 {
+            NODE_LIMIT.store(want, std::sync::atomic::Ordering::Relaxed);
         }
     }
     budgets()
         .map(|(o, b)| {
-            // During a resume the limit comes back when it ends.
-            if !LIFTED.load(std::sync::atomic::Ordering::Relaxed) {
-                b.set_node_limit(bytes);
-            }
             let u = b.usage();
             if let (Some(l), true) = (u.limit, bytes.is_some()) {
                 if u.used > l {
@@ -556,6 +527,29 @@ pub fn set_node_limit(bytes: Option<u64>) -> Vec<(i32, Option<u64>, u64)> {
             (o, u.limit, u.used)
         })
         .collect()
+}
+
+/// Runs `f` (a resume: the process's gate is closed, nothing else allocates) with the
+/// node daemon's limit lifted on every device; it is in force again when `f` ends, even
+/// by a panic.
+pub(crate) fn lifting_node_limit<T>(f: impl FnOnce() -> T) -> T {
+    struct Lifted;
+    impl Drop for Lifted {
+        fn drop(&mut self) {
+            let mut w = NODE_WANTED.lock();
+            w.1 = w.1.saturating_sub(1);
+            if w.1 == 0 {
+                NODE_LIMIT.store(w.0, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+    {
+        let mut w = NODE_WANTED.lock();
+        w.1 += 1;
+        NODE_LIMIT.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    }
+    let _lifted = Lifted;
+    f()
 }
 
 /// Every device with a budget, with its ordinal.

@@ -229,6 +229,7 @@ fn serve_plain(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcom
             let m = m?;
             host().trace_pause(false, t0, m.allocations, m.bytes);
             ctl.paused = true;
+            ctl.paused_by = None;
             Ok(Outcome::Pause(m))
         }
         Request::Resume => {
@@ -303,6 +304,7 @@ pub(crate) fn serve_exit() {
 /// back, and holding the threads would hold the process for ever.
 fn abandon(ctl: &mut Ctl, why: &str) {
     ctl.paused = false;
+    ctl.paused_by = None;
     ctl.image = None;
     host().open_gate();
     log::warn(format_args!(

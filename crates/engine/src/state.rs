@@ -11,6 +11,9 @@ use std::path::PathBuf;
 pub(crate) struct Ctl {
     /// cudaw has paused it (memory evicted, gate closed).
     pub paused: bool,
+    /// Who paused it (`by` in the pause request: `cudaw-node` for the node daemon's
+    /// swaps); none for an operator or a signal. Cleared with `paused`.
+    pub paused_by: Option<String>,
     /// Paused, and handed to the driver's checkpoint (`cudaw-ckpt pause --release`): the
     /// driver holds the context, so cudaw must not call the driver until `cudaw-ckpt
     /// resume` has had it restored.
@@ -32,25 +35,29 @@ pub(crate) struct Held {
 
 pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
     paused: false,
+    paused_by: None,
     released: false,
     hold: None,
     image: None,
 });
 
-/// Who paused the process (`by` in the pause request), while it is paused.
-static PAUSED_BY: Mutex<Option<String>> = Mutex::new(None);
-
-/// Records who paused the process (none: an operator, or no longer paused).
-pub fn set_paused_by(by: Option<String>) {
-    *PAUSED_BY.lock() = by;
-}
-
-/// Who paused the process, if it is paused and the pause said.
+/// Who paused the process (`by` in its pause request), while it is paused.
 pub fn paused_by() -> Option<String> {
-    if is_paused() {
-        PAUSED_BY.lock().clone()
+    let c = CTL.lock();
+    if c.paused {
+        c.paused_by.clone()
     } else {
         None
+    }
+}
+
+/// After a pause request by `by` that succeeded: the pause is `by`'s when it paused the
+/// process (`changed`), or when an operator (`None`) paused a process already paused
+/// (the operator's now: no daemon resumes it).
+pub fn pause_done(by: Option<String>, changed: bool) {
+    let mut c = CTL.lock();
+    if c.paused && (changed || by.is_none()) {
+        c.paused_by = by;
     }
 }
 

@@ -166,8 +166,9 @@ pub struct DeviceBudget {
     /// The process's own limit (`CUDAW_MEM_LIMIT`).
     limit: Option<u64>,
     /// The node daemon's limit for the process's job (`memory` in its configuration),
-    /// `u64::MAX` for none; set at any time. The stricter of the two holds.
-    node_limit: std::sync::atomic::AtomicU64,
+    /// `u64::MAX` for none; set at any time, shared by every device's budget of the
+    /// process ([`DeviceBudget::sharing_node_limit`]). The stricter of the two holds.
+    node_limit: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Set when the limit cannot be kept: every allocation is refused, with this reason.
     refuse_all: Option<String>,
     inner: Mutex<Inner>,
@@ -201,7 +202,7 @@ impl DeviceBudget {
         };
         Self {
             limit,
-            node_limit: std::sync::atomic::AtomicU64::new(u64::MAX),
+            node_limit: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             refuse_all: None,
             inner: Mutex::new(Inner {
                 used: 0,
@@ -234,8 +235,19 @@ impl DeviceBudget {
         }
     }
 
-    /// Sets the node daemon's limit (`None`: none). Lowered below what the process holds,
-    /// nothing is taken back: allocations are refused until the process has freed enough.
+    /// This budget with its node limit read from `shared` (`u64::MAX`: none), which the
+    /// process's other budgets share: one store sets every device's, those made later too.
+    pub fn sharing_node_limit(
+        mut self,
+        shared: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
+        self.node_limit = shared;
+        self
+    }
+
+    /// Sets the node daemon's limit (`None`: none) of every budget sharing it. Lowered
+    /// below what the process holds, nothing is taken back: allocations are refused
+    /// until the process has freed enough.
     pub fn set_node_limit(&self, bytes: Option<u64>) {
         self.node_limit.store(
             bytes.map_or(u64::MAX, |b| b.min(u64::MAX - 1)),
@@ -602,6 +614,16 @@ mod tests {
         free.set_node_limit(Some(G));
         assert_eq!(free.usage().limit, Some(G));
         assert!(free.try_acquire(2 * G).is_err());
+        // Shared by a process's budgets: one store sets them all, one made later too.
+        let shared = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+        let d0 = DeviceBudget::new(None, Accounting::Off, |_| {})
+            .sharing_node_limit(std::sync::Arc::clone(&shared));
+        d0.set_node_limit(Some(3 * G));
+        let d1 = DeviceBudget::new(Some(8 * G), Accounting::Off, |_| {})
+            .sharing_node_limit(std::sync::Arc::clone(&shared));
+        assert_eq!((d0.limit(), d1.limit()), (Some(3 * G), Some(3 * G)));
+        d1.set_node_limit(None);
+        assert_eq!((d0.limit(), d1.limit()), (None, Some(8 * G)));
     }
 
     #[test]

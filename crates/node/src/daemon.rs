@@ -59,8 +59,14 @@ struct Proc {
     /// Actions sent to its worker and not yet done (a status taken meanwhile may show a
     /// swap-in half done: resumed, not yet held).
     acting: u32,
-    /// The memory limit last sent to it (`None`: none sent yet; `Some(None)`: no limit).
+    /// The memory limit it has, as far as the daemon knows (`None`: unknown — none sent
+    /// yet, or the last send failed; `Some(None)`: no limit). An unknown one is sent,
+    /// "none" too (an earlier daemon may have set one).
     limit_sent: Option<Option<u64>>,
+    /// A send failed: not tried again before then.
+    limit_retry: Option<Instant>,
+    /// This daemon limited it (a limit it set took).
+    limited: bool,
 }
 
 /// A socket that did not answer: left alone until `until`.
@@ -270,6 +276,8 @@ impl Daemon {
                     foreign: false,
                     acting: 0,
                     limit_sent: None,
+                    limit_retry: None,
+                    limited: false,
                 },
             );
         }
@@ -404,16 +412,23 @@ impl Daemon {
                 };
                 let name = who(pid, p.job.as_deref());
                 match result {
-                    Ok(()) => match memory {
-                        Some(b) => info!(
-                            "{name}: memory limited to {} on each of its GPUs (its job's `memory`)",
-                            crate::report::bytes(b)
-                        ),
-                        None => info!("{name}: memory limit lifted"),
-                    },
+                    Ok(()) => {
+                        match memory {
+                            Some(b) => info!(
+                                "{name}: memory limited to {} on each of its GPUs (its job's `memory`)",
+                                crate::report::bytes(b)
+                            ),
+                            // Every process is told "none" when it joins: said when it
+                            // lifts a limit this daemon set.
+                            None if p.limited => info!("{name}: memory limit lifted"),
+                            None => debug!("{name}: no memory limit"),
+                        }
+                        p.limited = memory.is_some();
+                    }
                     Err(f) => {
-                        // Sent again with the next status.
+                        // Unknown now: sent again with a status 30 s on.
                         p.limit_sent = None;
+                        p.limit_retry = Some(Instant::now() + LIMIT_RETRY);
                         if self.logged.insert((pid, f.to_string())) {
                             warn!("{name}: setting its memory limit failed: {f}");
                         }
@@ -621,8 +636,7 @@ impl Daemon {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
-        // A process never limited needs no "none".
-        if p.limit_sent == Some(want) || (p.limit_sent.is_none() && want.is_none()) {
+        if p.limit_sent == Some(want) || p.limit_retry.is_some_and(|t| Instant::now() < t) {
             return;
         }
         if p.worker.send(Task::Limit(want)) {
@@ -785,6 +799,9 @@ pub fn host_room(meminfo: &str) -> Option<u64> {
     let (total, available) = (kib("MemTotal")?, kib("MemAvailable")?);
     Some(available.saturating_sub(total / 20))
 }
+
+/// How long after a failed memory-limit request the daemon tries again.
+const LIMIT_RETRY: Duration = Duration::from_secs(30);
 
 fn pid_of(a: &Action) -> u32 {
     match a {

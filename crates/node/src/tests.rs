@@ -58,6 +58,12 @@ impl Fake {
                     Request::Release {} => reply.release = Some(Held::default()),
                     Request::Pause { .. } => reply.pause = Some(Default::default()),
                     Request::Resume { .. } => reply.resume = Some(Default::default()),
+                    Request::Limit { memory } => {
+                        reply.limit = Some(cudaw_control::Limited {
+                            memory: *memory,
+                            devices: vec![],
+                        })
+                    }
                     _ => reply = Reply::error(cudaw_control::ErrorKind::Request, "unexpected"),
                 }
                 rq.lock().unwrap().push(req);
@@ -75,14 +81,14 @@ impl Fake {
         cudaw_control::socket_path(self.dir.path(), std::process::id())
     }
 
-    /// The requests other than status, as names (`hold0` is a hold with an empty window:
+    /// The requests other than status and limit, as names (`hold0` is a hold with an empty window:
     /// a renewal).
     fn actions(&self) -> Vec<String> {
         self.requests
             .lock()
             .unwrap()
             .iter()
-            .filter(|r| !matches!(r, Request::Status {}))
+            .filter(|r| !matches!(r, Request::Status {} | Request::Limit { .. }))
             .map(|r| match r {
                 Request::Hold { window_ms: 0, .. } => "hold0".to_owned(),
                 r => r.name().to_owned(),

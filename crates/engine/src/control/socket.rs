@@ -768,17 +768,12 @@ fn execute_one(req: Request, file: Option<File>, report: Report<'_>) -> Reply {
             };
             match out {
                 Outcome::Pause(m) => {
-                    if let (true, Some(by)) = (m.changed, pauser) {
-                        state::set_paused_by(by);
+                    if let Some(by) = pauser {
+                        state::pause_done(by, m.changed);
                     }
                     r.pause = Some(m)
                 }
-                Outcome::Resume(m) => {
-                    if !state::is_paused() {
-                        state::set_paused_by(None);
-                    }
-                    r.resume = Some(m)
-                }
+                Outcome::Resume(m) => r.resume = Some(m),
                 Outcome::Hold(h) => r.hold = Some(h),
                 Outcome::Release(h) => r.release = Some(h),
                 Outcome::Dump(d) => r.dump = Some(d),
@@ -898,7 +893,12 @@ fn status_now(busy: Option<String>) -> Status {
             .then(|| config::get().node_dir.to_string_lossy().into_owned()),
         job: config::get().job.clone(),
         waiting: host().gate_waiters() as u64,
-        paused_by: state::paused_by(),
+        // Read under the request lock: not while a request holds it.
+        paused_by: if busy.is_none() {
+            state::paused_by()
+        } else {
+            None
+        },
         launches: crate::trace::driver_launches(),
         busy,
     }

@@ -287,6 +287,7 @@ fn resume_held(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
         before_sync.elapsed().as_secs_f64() * 1e3
     ));
     ctl.paused = false;
+    ctl.paused_by = None;
     host().open_gate();
     for m in restored {
         arena_after_restore(m, arena_demand(m));
