@@ -279,38 +279,28 @@ fn pairs_for(
 /// `pairs` completed to a permutation of every GPU of the machine. The driver checkpoints
 /// every GPU of the machine, not only those the process uses or sees (on an H100 pair,
 /// driver 580, a process with `CUDA_VISIBLE_DEVICES=0` restored with the one pair 0 → 1
-/// got `CUDA_ERROR_INVALID_VALUE`; with 0 → 1 and 1 → 0 it moved): "it must contain
-/// every checkpointed GPU". A GPU the process does not use stays itself, unless a moved
-/// device takes it; then it takes a GPU that a moved device left.
+/// got `CUDA_ERROR_INVALID_VALUE`; with 0 → 1 and 1 → 0 it moved; every GPU onto itself
+/// was taken too): "it must contain every checkpointed GPU". A GPU the process does not
+/// use stays itself, unless a moved device lands on it; then it takes the GPU at the start
+/// of that chain of moves (the one a device left and none landed on), so that each pair
+/// stays within one chip when the moves do.
 fn every_gpu(mut pairs: Vec<Pair>, gpus: &[Gpu]) -> Vec<Pair> {
-    let named = |u: &[u8; 16], pairs: &[Pair], new: bool| {
-        pairs
-            .iter()
-            .any(|p| if new { p.1 == *u } else { p.0 == *u })
-    };
-    let rest: Vec<[u8; 16]> = gpus
-        .iter()
-        .map(|g| g.uuid)
-        .filter(|u| !named(u, &pairs, false))
-        .collect();
-    // The GPUs no pair lands on yet, those the process's moves left first.
-    let mut free: Vec<[u8; 16]> = gpus
-        .iter()
-        .map(|g| g.uuid)
-        .filter(|u| !named(u, &pairs, true) && !rest.contains(u))
-        .collect();
-    free.reverse();
-    let stays: Vec<Pair> = rest
-        .iter()
-        .map(|u| {
-            if named(u, &pairs, true) {
-                (*u, free.pop().unwrap_or(*u))
-            } else {
-                (*u, *u)
+    let moved: Vec<Pair> = pairs.clone();
+    let lands = |u: &[u8; 16]| moved.iter().find(|p| p.1 == *u).map(|p| p.0);
+    for g in gpus.iter().map(|g| g.uuid) {
+        if moved.iter().any(|p| p.0 == g) {
+            continue;
+        }
+        // Back along the moves that land on it, to a GPU none lands on.
+        let mut cur = g;
+        for _ in 0..=moved.len() {
+            match lands(&cur) {
+                Some(from) => cur = from,
+                None => break,
             }
-        })
-        .collect();
-    pairs.extend(stays);
+        }
+        pairs.push((g, cur));
+    }
     pairs
 }
 
@@ -1076,6 +1066,22 @@ mod tests {
             vec![(u(0), u(0)), (u(1), u(3)), (u(2), u(2)), (u(3), u(1))]
         );
         assert_eq!(moves[0].ordinal, 1);
+        // Moves between chips' pairs: each GPU landed on takes the one its chain left.
+        let mut mixed = gpus(4);
+        mixed[1].capability = (8, 0);
+        mixed[2].capability = (8, 0);
+        let m = |i: usize| mixed[i].uuid;
+        let (pairs, _) = plan("0=3,1=2", &on(&mixed, &[0, 1]), &mixed).unwrap();
+        assert_eq!(
+            pairs,
+            vec![(m(0), m(3)), (m(1), m(2)), (m(2), m(1)), (m(3), m(0))]
+        );
+        // A chain: 0 -> 1 -> 2; GPU 2 takes 0, GPU 3 stays.
+        let (pairs, _) = plan("0=1,1=2", &d, &g).unwrap();
+        assert_eq!(
+            pairs,
+            vec![(u(0), u(1)), (u(1), u(2)), (u(2), u(0)), (u(3), u(3))]
+        );
         // A process on one GPU of two, moved: the two swap (what the driver took).
         let two = gpus(2);
         let (pairs, _) = plan("1", &on(&two, &[0]), &two).unwrap();

@@ -65,7 +65,11 @@ impl Loaded {
 /// it). What fails is said again, and acted on, by the [`release`] that follows.
 pub fn warm_up() -> std::thread::JoinHandle<()> {
     std::thread::spawn(|| {
-        let _ = load();
+        // Kept loaded (cudaw-ckpt ends soon): dropped, the library could be unloaded and
+        // the next load would initialise it again.
+        if let Ok(loaded) = load() {
+            std::mem::forget(loaded);
+        }
     })
 }
 

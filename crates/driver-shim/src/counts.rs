@@ -445,17 +445,20 @@ pub extern "C" fn cudaw_driver_traced_launches_v1(
     })
 }
 
-/// Kernel launches so far, of every kernel: the shared counters first, then what the
-/// threads hold (a thread handing its launches over in between is counted once, later,
-/// so that the total never goes down).
+/// Kernel launches so far (each kernel launch once; a graph launch is not counted here):
+/// the shared counters and what the threads hold. A thread handing its launches over
+/// between the two reads can make one reading short; the total returned never goes
+/// down (a counter for Prometheus), it is the largest read so far.
 pub fn total_launches() -> u64 {
+    static MOST: AtomicU64 = AtomicU64::new(0);
     let shared: u64 = REGISTRY
         .lock()
         .by_name
         .values()
         .map(|k| k.launches.load(Ordering::Relaxed))
         .sum();
-    shared + launches_of_all(false).values().sum::<u64>()
+    let now = shared + launches_of_all(false).values().sum::<u64>();
+    MOST.fetch_max(now, Ordering::Relaxed).max(now)
 }
 
 /// [`total_launches`] for cudaw's runtime (its status's `launches`).

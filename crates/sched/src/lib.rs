@@ -190,8 +190,9 @@ struct Job {
     swaps: u64,
     /// Bytes it had resident when swapped out, over all its swaps.
     swapped_out: u64,
-    /// The launches of its processes that left (the report adds those of the others).
-    launches_left: u64,
+    /// The launches of its processes that left, by process (the report adds those of the
+    /// others; a process that joins again is counted as live again, not twice).
+    launches_left: BTreeMap<Pid, u64>,
     waits: u64,
     memory_waits: u64,
     /// It wants the GPU and does not fit: counted once in `memory_waits` per episode.
@@ -314,7 +315,7 @@ impl Scheduler {
                     wanting: false,
                     swaps: 0,
                     swapped_out: 0,
-                    launches_left: 0,
+                    launches_left: BTreeMap::new(),
                     waits: 0,
                     memory_waits: 0,
                     mem_blocked: false,
@@ -351,7 +352,7 @@ impl Scheduler {
         let empty = match self.jobs.get_mut(&p.job) {
             Some(j) => {
                 j.pids.retain(|&q| q != pid);
-                j.launches_left = j.launches_left.saturating_add(p.seen.launches);
+                j.launches_left.insert(pid, p.seen.launches);
                 j.pids.is_empty()
             }
             None => false,
@@ -587,12 +588,19 @@ impl Scheduler {
                     .max(Duration::from_millis(1));
                 let mut resident = 0u64;
                 let mut swapped = 0u64;
-                let mut launches = j.launches_left;
+                let mut launches: u64 = j
+                    .launches_left
+                    .iter()
+                    .filter(|(pid, _)| !j.pids.contains(pid))
+                    .map(|(_, n)| n)
+                    .sum();
                 for pid in &j.pids {
                     if let Some(p) = self.procs.get(pid) {
                         resident = resident.saturating_add(p.seen.resident);
                         swapped = swapped.saturating_add(p.seen.swapped);
-                        launches = launches.saturating_add(p.seen.launches);
+                        // Back after it left: not below what it had then.
+                        let before = j.launches_left.get(pid).copied().unwrap_or(0);
+                        launches = launches.saturating_add(p.seen.launches.max(before));
                     }
                 }
                 let running = self.turn.as_ref().is_some_and(|t| {

@@ -524,3 +524,38 @@ fn quanta_lengthen_for_jobs_whose_holds_drain_slowly() {
     sim.run(5_000);
     assert_eq!(sim.sched.job_quantum("a"), Some(Duration::from_millis(200)));
 }
+
+#[test]
+fn a_jobs_launches_count_its_processes_once_and_never_go_down() {
+    use cudaw_sched::Observation;
+    use std::time::Instant;
+    let cfg = config(&[("a", 0.0, 1.0)]);
+    let mut s = cudaw_sched::Scheduler::new(80 * GIB, &cfg);
+    let now = Instant::now();
+    let seen = |launches| Observation {
+        launches,
+        ..Observation::default()
+    };
+    let launches = |s: &cudaw_sched::Scheduler| {
+        s.report(now)
+            .iter()
+            .find(|j| j.id == "a")
+            .map_or(0, |j| j.launches)
+    };
+    s.join(1, "a", now);
+    s.join(2, "a", now);
+    s.observe(1, seen(10), now);
+    s.observe(2, seen(5), now);
+    assert_eq!(launches(&s), 15);
+    // Process 1 leaves (an operator paused it) and comes back: counted once, and not
+    // below what it had while its first status is awaited.
+    s.leave(1, now);
+    assert_eq!(launches(&s), 15);
+    s.join(1, "a", now);
+    assert_eq!(launches(&s), 15);
+    s.observe(1, seen(12), now);
+    assert_eq!(launches(&s), 17);
+    // Process 2 exits: its launches stay the job's.
+    s.leave(2, now);
+    assert_eq!(launches(&s), 17);
+}
