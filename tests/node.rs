@@ -670,14 +670,16 @@ fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
 
 /// A job's `gpus` keep its processes to those GPUs: `cudaw run --job` asks the daemon and
 /// sets CUDA_VISIBLE_DEVICES (with nvidia-smi's order where it names indexes), unless the
-/// caller set it.
+/// caller set it; a job the configuration does not name gets `[default]`'s.
 #[test]
 fn a_jobs_gpus_become_its_visible_devices() {
     let uuid = "GPU-12345678-1234-1234-1234-123456789abc";
     let d = Daemon::start_in(
         "gpus",
         &[],
-        &format!("[[job]]\nid = \"pinned\"\ngpus = [\"{uuid}\", \"1\"]\n"),
+        &format!(
+            "[default]\ngpus = [\"0\"]\n\n[[job]]\nid = \"pinned\"\ngpus = [\"{uuid}\", \"1\"]\n"
+        ),
     );
     d.status_until("the daemon answers", |_| true);
     let env_of = |job: &str, visible: Option<&str>| -> String {
@@ -703,9 +705,10 @@ fn a_jobs_gpus_become_its_visible_devices() {
         "{env}"
     );
     assert!(env.contains("CUDA_DEVICE_ORDER=PCI_BUS_ID\n"), "{env}");
-    // The caller's choice stands; a job without gpus gets none.
+    // The caller's choice stands; a job the configuration does not name gets the
+    // default's.
     assert!(!env_of("pinned", Some("0")).contains("CUDA_VISIBLE_DEVICES"));
-    assert!(!env_of("other", None).contains("CUDA_VISIBLE_DEVICES"));
+    assert!(env_of("other", None).contains("CUDA_VISIBLE_DEVICES=0\n"));
 }
 
 /// Two daemons never manage the same processes: the second finds the run folder held by

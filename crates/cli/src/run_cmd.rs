@@ -382,9 +382,9 @@ fn needs(exe: &Path, cuda: Option<u32>) -> Result<Needs> {
     Ok(n)
 }
 
-/// Runs the command (does not return on success).
 /// The GPUs job `job` may run on, as the node daemon's configuration says (`gpus` in its
-/// `[[job]]`), as `CUDA_VISIBLE_DEVICES` (with `CUDA_DEVICE_ORDER=PCI_BUS_ID` where it
+/// `[[job]]`, else in `[default]` for a job it does not name), asked of the user's
+/// daemon, else the machine's (`/run/cudaw/node.sock`), as `CUDA_VISIBLE_DEVICES` (with `CUDA_DEVICE_ORDER=PCI_BUS_ID` where it
 /// names indexes: they are nvidia-smi's). Nothing when no daemon answers, the job names
 /// no GPUs, or the caller set `CUDA_VISIBLE_DEVICES` already (its choice stands; the
 /// daemon's log says when a job runs elsewhere).
@@ -392,10 +392,28 @@ fn job_gpus(job: &str) -> Vec<(String, OsString)> {
     if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
         return Vec::new();
     }
-    let Ok(report) = cudaw_node::server::query(&cudaw_node::default_socket()) else {
+    // The user's own daemon, else the machine's (root's).
+    let mut sockets = vec![cudaw_node::default_socket()];
+    let root = std::path::PathBuf::from("/run/cudaw/node.sock");
+    if !sockets.contains(&root) {
+        sockets.push(root);
+    }
+    let Some(report) = sockets
+        .iter()
+        .find_map(|s| cudaw_node::server::query(s).ok())
+    else {
         return Vec::new();
     };
-    let Some(gpus) = report.config.gpus.get(job).filter(|g| !g.is_empty()) else {
+    let c = &report.config;
+    let Some(gpus) = c
+        .gpus
+        .get(job)
+        .or(c
+            .default_gpus
+            .as_ref()
+            .filter(|_| !c.jobs.iter().any(|j| j == job)))
+        .filter(|g| !g.is_empty())
+    else {
         return Vec::new();
     };
     let list = gpus.join(",");
@@ -410,6 +428,7 @@ fn job_gpus(job: &str) -> Vec<(String, OsString)> {
     env
 }
 
+/// Runs the command (does not return on success).
 pub fn run(args: &Args) -> Result<()> {
     let program = PathBuf::from(&args.command[0]);
     let exe =

@@ -710,6 +710,14 @@ impl Daemon {
                     .iter()
                     .filter_map(|j| Some((j.id.clone(), j.gpus.clone()?)))
                     .collect(),
+                jobs: self
+                    .config
+                    .config()
+                    .jobs
+                    .iter()
+                    .map(|j| j.id.clone())
+                    .collect(),
+                default_gpus: self.config.config().default.gpus.clone(),
             },
             processes: self
                 .procs

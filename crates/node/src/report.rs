@@ -118,6 +118,12 @@ pub struct ConfigReport {
     /// The GPUs each job may run on (`gpus` in its `[[job]]`), for the jobs that say.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub gpus: std::collections::BTreeMap<String, Vec<String>>,
+    /// The jobs the configuration names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<String>,
+    /// The `[default]` table's `gpus`: those of a job it does not name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_gpus: Option<Vec<String>>,
 }
 
 /// A process found in a run folder.
@@ -422,6 +428,8 @@ pub(crate) mod tests {
                 loaded: 1000,
                 error: Some("line 3: request: 2 is not within 0-1".into()),
                 gpus: Default::default(),
+                jobs: Vec::new(),
+                default_gpus: None,
             },
             processes: vec![ProcessRow {
                 pid: 99,

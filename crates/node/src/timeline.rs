@@ -1,7 +1,7 @@
 //! The daemon's decisions as a timeline (`CUDAW_TRACE=timeline` in the daemon's
 //! environment): Chrome trace-event JSON, which Perfetto and `chrome://tracing` open, the
 //! format of the processes' own timelines. Each GPU is a "process" of the viewer
-//! (`GPU 0 (GPU-…)`), each job a "thread" of it; a job's slices are its turns (from its
+//! (`GPU GPU-… (ordinal 0 in its processes)`), each job a "thread" of it; a job's slices are its turns (from its
 //! release done to the hold that ended it), the holds draining its work, and its swaps out
 //! and in, each from the moment the daemon asked to the moment the process answered.
 //! Written when the daemon stops, to `CUDAW_TRACE_FILE` (`%p`: the daemon's PID), else
@@ -13,23 +13,34 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The most slices kept (the oldest go first): about 100 MB of JSON at most.
+/// The most slices kept (the oldest go first): about 50 bytes each in memory, 25 MB.
 pub const MAX_EVENTS: usize = 500_000;
+
+/// One slice.
+struct Slice {
+    name: &'static str,
+    failed: bool,
+    gpu: u32,
+    tid: u32,
+    pid: u32,
+    start_us: f64,
+    dur_us: f64,
+}
 
 /// The daemon's timeline.
 pub struct Timeline {
     path: PathBuf,
     t0: Instant,
-    events: VecDeque<Value>,
+    events: VecDeque<Slice>,
     dropped: u64,
     /// Actions asked for and not yet answered: (process, action) → when asked.
     asked: HashMap<(u32, &'static str), Instant>,
-    /// Turns under way: (process, GPU) → since when.
-    turns: HashMap<(u32, i32), Instant>,
+    /// Turns under way: (process, GPU's UUID) → since when.
+    turns: HashMap<(u32, String), Instant>,
     /// Jobs by name → their thread number in the viewer.
     jobs: BTreeMap<String, u32>,
-    /// GPUs by index → their UUID.
-    gpus: BTreeMap<i32, String>,
+    /// GPUs by UUID → (their number in the viewer, the index a process gave them).
+    gpus: BTreeMap<String, (u32, i32)>,
 }
 
 fn kind(a: &Action) -> &'static str {
@@ -80,8 +91,8 @@ impl Timeline {
         self.asked.insert((pid, kind(action)), now);
     }
 
-    /// Process `pid` of `job` answered `action` (given by GPU `index`, `uuid`); `ok`:
-    /// it was done.
+    /// Process `pid` of `job` answered `action` (given by the GPU `uuid`, which the
+    /// process calls `index`); `ok`: it was done.
     pub fn done(
         &mut self,
         pid: u32,
@@ -91,41 +102,40 @@ impl Timeline {
         ok: bool,
         now: Instant,
     ) {
-        self.gpus.entry(index).or_insert_with(|| uuid.to_owned());
+        let n = self.gpus.len() as u32;
+        let gpu = self.gpus.entry(uuid.to_owned()).or_insert((n, index)).0;
         let what = kind(action);
         let asked = self.asked.remove(&(pid, what)).unwrap_or(now);
+        let key = (pid, uuid.to_owned());
         match action {
             Action::Release(_) if ok => {
-                self.turns.insert((pid, index), now);
+                self.turns.insert(key, now);
             }
-            Action::Hold(_) => {
-                if let Some(start) = self.turns.remove(&(pid, index)) {
-                    self.slice("turn", pid, job, index, start, asked);
+            // A failed hold leaves the job on the GPU: its turn goes on.
+            Action::Hold(_) if ok => {
+                if let Some(start) = self.turns.remove(&key) {
+                    self.slice("turn", false, pid, job, gpu, start, asked);
                 }
             }
             _ => {}
         }
         if !matches!(action, Action::Release(_)) {
-            let name = if ok {
-                what.to_owned()
-            } else {
-                format!("{what} (failed)")
-            };
-            self.slice(&name, pid, job, index, asked, now);
+            self.slice(what, !ok, pid, job, gpu, asked, now);
         }
     }
 
     /// Process `pid` left: a turn under way ends now.
     pub fn left(&mut self, pid: u32, job: &str, now: Instant) {
-        let ended: Vec<(u32, i32)> = self
+        let ended: Vec<(u32, String)> = self
             .turns
             .keys()
             .filter(|(p, _)| *p == pid)
-            .copied()
+            .cloned()
             .collect();
         for key in ended {
             if let Some(start) = self.turns.remove(&key) {
-                self.slice("turn", pid, job, key.1, start, now);
+                let gpu = self.gpus.get(&key.1).map_or(0, |g| g.0);
+                self.slice("turn", false, pid, job, gpu, start, now);
             }
         }
         self.asked.retain(|(p, _), _| *p != pid);
@@ -135,35 +145,62 @@ impl Timeline {
         t.saturating_duration_since(self.t0).as_secs_f64() * 1e6
     }
 
-    fn slice(&mut self, name: &str, pid: u32, job: &str, gpu: i32, start: Instant, end: Instant) {
+    #[allow(clippy::too_many_arguments)]
+    fn slice(
+        &mut self,
+        name: &'static str,
+        failed: bool,
+        pid: u32,
+        job: &str,
+        gpu: u32,
+        start: Instant,
+        end: Instant,
+    ) {
         let n = self.jobs.len() as u32 + 1;
         let tid = *self.jobs.entry(job.to_owned()).or_insert(n);
-        let ts = self.micros(start);
-        let dur = (self.micros(end) - ts).max(0.0);
+        let start_us = self.micros(start);
+        let dur_us = (self.micros(end) - start_us).max(0.0);
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
             self.dropped += 1;
         }
-        self.events.push_back(json!({
-            "name": name, "cat": "node", "ph": "X", "pid": gpu, "tid": tid,
-            "ts": ts, "dur": dur, "args": {"job": job, "pid": pid},
-        }));
+        self.events.push_back(Slice {
+            name,
+            failed,
+            gpu,
+            tid,
+            pid,
+            start_us,
+            dur_us,
+        });
     }
 
     /// The whole timeline as Chrome trace-event JSON.
     pub fn to_json(&self) -> Value {
         let mut events: Vec<Value> = Vec::with_capacity(self.events.len() + 8);
-        for (index, uuid) in &self.gpus {
+        let jobs: BTreeMap<u32, &String> = self.jobs.iter().map(|(j, t)| (*t, j)).collect();
+        for (uuid, (n, index)) in &self.gpus {
             events.push(
-                json!({"name": "process_name", "ph": "M", "pid": index, "tid": 0,
-                "args": {"name": format!("GPU {index} ({uuid})")}}),
+                json!({"name": "process_name", "ph": "M", "pid": n, "tid": 0,
+                "args": {"name": format!("GPU {uuid} (ordinal {index} in its processes)")}}),
             );
-            for (job, tid) in &self.jobs {
-                events.push(json!({"name": "thread_name", "ph": "M", "pid": index,
+            for (tid, job) in &jobs {
+                events.push(json!({"name": "thread_name", "ph": "M", "pid": n,
                     "tid": tid, "args": {"name": job}}));
             }
         }
-        events.extend(self.events.iter().cloned());
+        for e in &self.events {
+            let name = if e.failed {
+                format!("{} (failed)", e.name)
+            } else {
+                e.name.to_owned()
+            };
+            events.push(json!({
+                "name": name, "cat": "node", "ph": "X", "pid": e.gpu, "tid": e.tid,
+                "ts": e.start_us, "dur": e.dur_us,
+                "args": {"job": jobs.get(&e.tid), "pid": e.pid},
+            }));
+        }
         json!({
             "traceEvents": events,
             "displayTimeUnit": "ms",
@@ -234,9 +271,8 @@ mod tests {
                 ("turn".into(), 2, 91, 9),
             ]
         );
-        assert!(evs
-            .iter()
-            .any(|e| e["name"] == "process_name" && e["args"]["name"] == "GPU 0 (GPU-abc)"));
+        assert!(evs.iter().any(|e| e["name"] == "process_name"
+            && e["args"]["name"] == "GPU GPU-abc (ordinal 0 in its processes)"));
         assert!(evs
             .iter()
             .any(|e| e["name"] == "thread_name" && e["tid"] == 2 && e["args"]["name"] == "b"));
