@@ -235,8 +235,10 @@ impl Daemon {
             .ok()
             .and_then(|m| host_room(&m));
         self.host_room = room;
+        // Split between the GPUs: their policies decide apart, the host's memory is one.
+        let share = room.map(|r| r / self.gpus.len().max(1) as u64);
         for g in self.gpus.values_mut() {
-            g.policy.host_room(room);
+            g.policy.host_room(share);
         }
         let found = crate::discover::scan(&self.dirs);
         let gone: Vec<u32> = self
@@ -575,6 +577,7 @@ impl Daemon {
                 Observation {
                     waiting: st.waiting > 0,
                     launches: st.launches,
+                    host_kept: st.arena.saturating_add(st.kept_host),
                     resident: d.used.max(d.resident),
                     swapped: if d.evicted > 0 {
                         d.evicted

@@ -75,6 +75,9 @@ pub struct Observation {
     pub swapped: u64,
     /// Its kernel launches so far (the process's, on all its GPUs).
     pub launches: u64,
+    /// Host memory it keeps between pauses (the host arena, host copies kept from the last
+    /// resume): what a swap out fills first, at no new cost to the host.
+    pub host_kept: u64,
 }
 
 /// What the daemon must do, in the order given.
@@ -264,8 +267,9 @@ impl Scheduler {
         }
     }
 
-    /// The host memory swaps out may take now, in bytes (the daemon reads the host's
-    /// available memory and leaves a reserve): a job whose memory would not fit there is
+    /// The host memory swaps out on this GPU may take now, in bytes (the daemon reads the
+    /// host's available memory, leaves a reserve and splits the rest between its GPUs): a
+    /// job whose memory (less what it keeps in host memory already) would not fit there is
     /// not swapped out, and a job that needs it swapped out to fit waits for memory
     /// instead (host RAM is not overcommitted). `None`: not checked.
     pub fn host_room(&mut self, bytes: Option<u64>) {
@@ -872,11 +876,13 @@ impl Scheduler {
         let mut room = self.host_room.unwrap_or(u64::MAX);
         for (other, _) in candidates {
             let bytes = self.job_sum(other, |p| p.seen.resident);
-            // Its memory would not fit in the host's: it stays (the next may fit).
-            if bytes > room {
+            // What the host must find for it (beyond what the job keeps there already):
+            // more than it has, the job stays (the next may fit).
+            let cost = bytes.saturating_sub(self.job_sum(other, |p| p.seen.host_kept));
+            if cost > room {
                 continue;
             }
-            room -= bytes;
+            room -= cost;
             victims.push(other.clone());
             over = over.saturating_sub(bytes);
             if over == 0 {

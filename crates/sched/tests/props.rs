@@ -150,6 +150,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     resident: u64::from(resident) * GIB,
                     swapped: u64::from(swapped) * GIB,
                     launches: 0,
+                    host_kept: 0,
                 };
                 s.observe(pid, seen, now);
             }

@@ -415,6 +415,23 @@ fn host_memory_is_not_overcommitted_by_swaps() {
 }
 
 #[test]
+fn a_swap_into_host_memory_the_job_keeps_costs_the_host_nothing_new() {
+    // 30 GiB of room, but each job keeps 10 GiB in host memory (its arena): a swap
+    // costs 25 GiB, which fits.
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.sched.host_room(Some(30 * GIB));
+    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    for pid in [1, 2, 3] {
+        sim.procs.get_mut(&pid).unwrap().host_kept = 10 * GIB;
+    }
+    sim.run(20_000);
+    assert!(sim.busy_ms("c") > 2_000, "{:?}", sim.busy);
+}
+
+#[test]
 fn a_job_leaving_mid_quantum_hands_the_gpu_on() {
     let cfg = config(&[("a", 0.5, 1.0), ("b", 0.5, 1.0)]);
     let mut sim = Sim::new(80 * GIB, &cfg);

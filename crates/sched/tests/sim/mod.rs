@@ -47,6 +47,8 @@ pub struct Proc {
     pub swapped: u64,
     /// GPU ms it got (work done).
     pub progress: u64,
+    /// Host memory it keeps between pauses (the host arena).
+    pub host_kept: u64,
 }
 
 impl Proc {
@@ -152,6 +154,7 @@ impl Sim {
                 resident: if resident { footprint } else { 0 },
                 swapped: 0,
                 progress: 0,
+                host_kept: 0,
             },
         );
         let now = self.now();
@@ -392,6 +395,7 @@ impl Sim {
                             resident: p.resident,
                             swapped: p.swapped,
                             launches: p.progress,
+                            host_kept: p.host_kept,
                         },
                         p.need(),
                     )
