@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 /// is left to it.
 #[derive(Default)]
 pub struct DirLocks {
-    held: BTreeMap<PathBuf, std::fs::File>,
+    /// Folder → its lock, and the folder's (device, inode) when locked.
+    held: BTreeMap<PathBuf, (std::fs::File, (u64, u64))>,
     refused: std::collections::BTreeSet<PathBuf>,
 }
 
@@ -25,7 +26,17 @@ impl DirLocks {
     /// daemon holds that were not refused before (to say once). Folders no longer listed
     /// are let go.
     pub fn keep(&mut self, dirs: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
-        self.held.retain(|d, _| dirs.contains(d));
+        // Gone, or made again since (another inode: the lock is on the old one).
+        let id = |d: &Path| {
+            std::fs::metadata(d).ok().map(|m| {
+                (
+                    std::os::unix::fs::MetadataExt::dev(&m),
+                    std::os::unix::fs::MetadataExt::ino(&m),
+                )
+            })
+        };
+        self.held
+            .retain(|d, (_, was)| dirs.contains(d) && id(d) == Some(*was));
         self.refused.retain(|d| dirs.contains(d));
         let (mut ours, mut newly_refused) = (Vec::new(), Vec::new());
         for d in dirs {
@@ -36,10 +47,15 @@ impl DirLocks {
             let Ok(f) = std::fs::File::open(&d) else {
                 continue;
             };
+            let Ok(m) = f.metadata() else { continue };
+            let ino = (
+                std::os::unix::fs::MetadataExt::dev(&m),
+                std::os::unix::fs::MetadataExt::ino(&m),
+            );
             match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {
                     self.refused.remove(&d);
-                    self.held.insert(d.clone(), f);
+                    self.held.insert(d.clone(), (f, ino));
                     ours.push(d);
                 }
                 Err(_) => {
@@ -141,7 +157,13 @@ mod tests {
         assert_eq!(second.keep(dirs.clone()), (vec![dirs[1].clone()], vec![]));
         // The first ends: the second takes the other too.
         drop(first);
-        assert_eq!(second.keep(dirs.clone()), (dirs, vec![]));
+        assert_eq!(second.keep(dirs.clone()), (dirs.clone(), vec![]));
+        // A folder made again (another inode) is locked again, not left on the old one.
+        std::fs::remove_dir(&dirs[0]).unwrap();
+        std::fs::create_dir(&dirs[0]).unwrap();
+        assert_eq!(second.keep(dirs.clone()), (dirs.clone(), vec![]));
+        let mut third = DirLocks::default();
+        assert_eq!(third.keep(dirs.clone()), (vec![], dirs));
     }
 
     use super::*;

@@ -274,6 +274,14 @@ impl Proc {
                     release_context: false,
                     by: Some(cudaw_control::NODE_OWNER.into()),
                 })
+                .or_else(|f| {
+                    // A process of an older cudaw knows no owner: paused without one.
+                    if f.to_string().contains("unknown field `by`") {
+                        self.request(&Request::PAUSE)
+                    } else {
+                        Err(f)
+                    }
+                })
                 .map(|_| {
                     // The pause took the gate over from the hold: nothing to renew.
                     self.swapped = true;
