@@ -301,7 +301,15 @@ pub unsafe fn record_named_launch(
 /// tracing is switched off: what was recorded).
 pub fn stats(top: usize) -> Result<Stats, String> {
     match cudaw_trace::get() {
-        Some(t) => Ok(t.stats(std::process::id(), top)),
+        Some(t) => {
+            let mut s = t.stats(std::process::id(), top);
+            let (copies, bytes) = crate::pageable::staged();
+            s.transfers = cudaw_trace::report::TransferStat {
+                staged_copies: copies,
+                staged_bytes: bytes,
+            };
+            Ok(s)
+        }
         None => Err(format!(
             "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
             std::process::id()

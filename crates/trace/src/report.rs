@@ -59,6 +59,16 @@ pub struct PauseStat {
     pub resume_ms: f64,
 }
 
+/// Copies with the program's pageable host memory that cudaw ran through its pinned
+/// staging (`CUDAW_STAGED_COPY_MIN`), instead of the driver's pageable path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TransferStat {
+    /// Copies staged.
+    pub staged_copies: u64,
+    /// Their bytes.
+    pub staged_bytes: u64,
+}
+
 /// One allocation's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AllocStat {
@@ -140,6 +150,9 @@ pub struct Stats {
     /// The timeline ring (mode `timeline`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<TimelineStat>,
+    /// Host transfers through cudaw's staging (filled by the runtime, which does them).
+    #[serde(default)]
+    pub transfers: TransferStat,
 }
 
 pub(crate) struct Inputs<'a> {
@@ -236,6 +249,7 @@ pub(crate) fn build(i: Inputs<'_>) -> Stats {
         .live()
         .fold((0, 0), |(n, b), r| (n + 1, b + r.size));
     Stats {
+        transfers: TransferStat::default(),
         pid: i.pid,
         mode: i.mode.as_str().to_owned(),
         seconds: i.seconds,
@@ -287,6 +301,28 @@ impl Stats {
         let family = |o: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
+        family(
+            &mut o,
+            "cudaw_staged_copies_total",
+            "counter",
+            "Copies with pageable host memory run through cudaw's pinned staging.",
+        );
+        let _ = writeln!(
+            o,
+            "cudaw_staged_copies_total{{pid=\"{pid}\"}} {}",
+            self.transfers.staged_copies
+        );
+        family(
+            &mut o,
+            "cudaw_staged_bytes_total",
+            "counter",
+            "Bytes of copies with pageable host memory run through cudaw's pinned staging.",
+        );
+        let _ = writeln!(
+            o,
+            "cudaw_staged_bytes_total{{pid=\"{pid}\"}} {}",
+            self.transfers.staged_bytes
+        );
         family(
             &mut o,
             "cudaw_calls_total",
@@ -452,6 +488,14 @@ impl Stats {
                 self.pauses.resume_ms
             );
         }
+        if self.transfers.staged_copies > 0 {
+            let _ = writeln!(
+                o,
+                "pageable copies through cudaw's pinned staging: {} ({:.1} MiB)",
+                self.transfers.staged_copies,
+                self.transfers.staged_bytes as f64 / (1u64 << 20) as f64
+            );
+        }
         let m = &self.memory;
         let _ = writeln!(
             o,
@@ -554,7 +598,23 @@ mod tests {
         assert_eq!(hot.site.as_deref(), Some("prog"));
         let back: super::Stats = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+        let mut s = s;
+        s.transfers = super::TransferStat {
+            staged_copies: 3,
+            staged_bytes: 3 << 20,
+        };
+        assert!(s
+            .summary(10)
+            .contains("pageable copies through cudaw's pinned staging: 3 (3.0 MiB)\n"));
         let p = s.to_prometheus();
+        assert!(
+            p.contains("cudaw_staged_copies_total{pid=\"42\"} 3\n"),
+            "{p}"
+        );
+        assert!(
+            p.contains("cudaw_staged_bytes_total{pid=\"42\"} 3145728\n"),
+            "{p}"
+        );
         assert!(
             p.contains("cudaw_calls_total{pid=\"42\",function=\"cudaLaunchKernel\"} 2\n"),
             "{p}"
