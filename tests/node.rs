@@ -397,6 +397,19 @@ fn a_missing_configuration_is_a_usage_error() {
 }
 
 /// The run folder `Target::start_with` gives the target of `tag` (known before it starts).
+/// A private folder for a node ledger of the tests' own (`CUDAW_NODE_DIR`); `None`, said,
+/// without nvcc (the targets cannot be built).
+fn private_ledger_dir(tag: &str) -> Option<TempDir> {
+    if cudaw_tests::nvcc().is_none() {
+        eprintln!("skipped: no nvcc");
+        return None;
+    }
+    let node = ckpt_common::temp_dir(tag);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&node.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+    Some(node)
+}
+
 fn run_dir_of(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("cudaw-dump-{}-{tag}-run", std::process::id()))
 }
@@ -408,15 +421,9 @@ fn run_dir_of(tag: &str) -> PathBuf {
 /// run to their expected output.
 #[test]
 fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
-    if cudaw_tests::nvcc().is_none() {
-        eprintln!("skipped: no nvcc");
+    let Some(node) = private_ledger_dir("node-swap-ledger") else {
         return;
-    }
-    let node = ckpt_common::temp_dir("node-swap-ledger");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&node.0, std::fs::Permissions::from_mode(0o700)).unwrap();
-    }
+    };
     let nd = node.0.to_str().unwrap().to_owned();
     let env: Vec<(&str, &str)> = vec![
         ("SIMGPU_MEM", "24M"),
@@ -597,15 +604,9 @@ fn a_jobs_memory_limit_reaches_its_process_live_and_is_lifted_at_the_end() {
 /// it stops first.
 #[test]
 fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
-    if cudaw_tests::nvcc().is_none() {
-        eprintln!("skipped: no nvcc");
+    let Some(node) = private_ledger_dir("node-adopt-ledger") else {
         return;
-    }
-    let node = ckpt_common::temp_dir("node-adopt-ledger");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&node.0, std::fs::Permissions::from_mode(0o700)).unwrap();
-    }
+    };
     let nd = node.0.to_str().unwrap().to_owned();
     let env: Vec<(&str, &str)> = vec![
         ("SIMGPU_MEM", "24M"),

@@ -386,16 +386,23 @@ fn a_job_that_cannot_fit_waits_and_says_so() {
         .any(|(_, a)| matches!(a, Action::SwapOut(_))));
 }
 
+/// Three busy jobs of 35 GiB on an 80 GiB card (the third not yet resident: it waits),
+/// with `room` bytes of host memory for swaps.
+fn three_of_35_gib_with_host_room(room: u64) -> Sim {
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.sched.host_room(Some(room));
+    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    sim
+}
+
 #[test]
 fn host_memory_is_not_overcommitted_by_swaps() {
     // Three jobs of 35 GiB on 80 GiB, and room for 30 GiB in the host's memory: no job
     // can be swapped out, so the third waits for memory while the two others share.
-    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
-    let mut sim = Sim::new(80 * GIB, &cfg);
-    sim.sched.host_room(Some(30 * GIB));
-    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
-    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
-    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    let mut sim = three_of_35_gib_with_host_room(30 * GIB);
     sim.run(10_000);
     assert_eq!(sim.busy_ms("c"), 0, "{:?}", sim.busy);
     assert!(sim.report("c").memory_waits >= 1);
@@ -418,12 +425,7 @@ fn host_memory_is_not_overcommitted_by_swaps() {
 fn a_swap_into_host_memory_the_job_keeps_costs_the_host_nothing_new() {
     // 30 GiB of room, but each job keeps 10 GiB in host memory (its arena): a swap
     // costs 25 GiB, which fits.
-    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
-    let mut sim = Sim::new(80 * GIB, &cfg);
-    sim.sched.host_room(Some(30 * GIB));
-    sim.spawn(1, "a", Load::Busy, 35 * GIB, true);
-    sim.spawn(2, "b", Load::Busy, 35 * GIB, true);
-    sim.spawn(3, "c", Load::Busy, 35 * GIB, false);
+    let mut sim = three_of_35_gib_with_host_room(30 * GIB);
     for pid in [1, 2, 3] {
         sim.procs.get_mut(&pid).unwrap().host_kept = 10 * GIB;
     }
