@@ -40,7 +40,7 @@
 #   DDP_MIGRATES=N: N `migrate --job` events swapping the ranks' GPUs, default 2, 0: none)
 #   SECTIONS="env migrate" MIGRATE_SIZES="8 32" MIGRATE_STEPS=2000 scripts/gpu-check.sh   # cudaw-ckpt migrate, 4 min 35 s
 #   (MIGRATE_STEPS: the training job's steps, 3000, 0 skips it; MIGRATE_SEED: the moves' steps;
-#    MIGRATE_TIMEOUT: the script's limit in seconds, 400)
+#    MIGRATE_TIMEOUT: the script's limit in seconds, 400; MIGRATE_ARENA=1: with the host arena)
 # ("env torch torchbench" together ran past 590 s once.)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -692,7 +692,7 @@ elif want migrate; then
   # shellcheck disable=SC2086
   timeout "${MIGRATE_TIMEOUT:-400}" python3 scripts/migrate_check.py --dist "$ROOT/dist" --bin "$WORK" --work "$WORK/migrate" \
     --sizes ${MIGRATE_SIZES:-8 32} --steps "${MIGRATE_STEPS:-3000}" ${MIGRATE_SEED:+--seed "$MIGRATE_SEED"} \
-    --budget-s "${MIGRATE_TIMEOUT:-400}" >"$OUT/migrate.out" 2>&1; rc=$?
+    --budget-s "${MIGRATE_TIMEOUT:-400}" ${MIGRATE_ARENA:+--arena} >"$OUT/migrate.out" 2>&1; rc=$?
   cp "$WORK/migrate/ckpt.log" "$OUT/migrate-ckpt.log" 2>/dev/null
   for f in "$WORK"/migrate/train-*.err "$WORK"/migrate/holder-*.err; do [ -f "$f" ] && cp "$f" "$OUT/migrate-$(basename "$f")"; done
   while IFS='|' read -r verdict name detail; do

@@ -677,6 +677,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=400,
                     help="the run's time limit: a control run is only made while it fits")
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--arena", action="store_true",
+                    help="the processes under cudaw with the host arena (CUDAW_HOST_ARENA=pinned)")
     args = ap.parse_args()
     started = time.monotonic()
     os.makedirs(args.work, exist_ok=True)
@@ -685,10 +687,13 @@ def main():
         print(f"info | migrate | needs 2 or more GPUs (nvidia-smi lists {len(gl)}): run it on nvidia-h100-x2", flush=True)
         return 0
     env = dict(os.environ, CUDAW_LOG="info", CUDAW_RUN_DIR=os.path.join(args.work, "run"), **MULTICAST_OFF)
+    if args.arena:
+        env["CUDAW_HOST_ARENA"] = "pinned"
     os.makedirs(env["CUDAW_RUN_DIR"], mode=0o700, exist_ok=True)
     smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,persistence_mode,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip().replace("\n", "; ")
-    verdict("info", "migrate: GPUs, driver, persistence mode, uid", f"{smi}; uid {os.getuid()}; seed {args.seed}")
+    verdict("info", "migrate: GPUs, driver, persistence mode, uid",
+            f"{smi}; uid {os.getuid()}; seed {args.seed}{'; host arena pinned' if args.arena else ''}")
     try:
         if args.steps > 0:
             training_part(args, env, gl, started)
