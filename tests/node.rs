@@ -396,7 +396,6 @@ fn a_missing_configuration_is_a_usage_error() {
     assert!(err.contains("none.toml: No such file"), "{err}");
 }
 
-/// The run folder `Target::start_with` gives the target of `tag` (known before it starts).
 /// A private folder for a node ledger of the tests' own (`CUDAW_NODE_DIR`); `None`, said,
 /// without nvcc (the targets cannot be built).
 fn private_ledger_dir(tag: &str) -> Option<TempDir> {
@@ -410,6 +409,7 @@ fn private_ledger_dir(tag: &str) -> Option<TempDir> {
     Some(node)
 }
 
+/// The run folder `Target::start_with` gives the target of `tag` (known before it starts).
 fn run_dir_of(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("cudaw-dump-{}-{tag}-run", std::process::id()))
 }

@@ -56,9 +56,7 @@ fn release_pause_resume_cycles_match_an_uninterrupted_run() {
         let r = json(&t, &dir.0, &[], &["resume", &t.pid]);
         assert_eq!(r["released"], true, "{r}");
         assert_eq!(r["driver"]["found"], "checkpointed", "{r}");
-        // simgpu's checkpoint calls want cuInit in the caller, as a driver may: the first
-        // call said so, and cudaw-ckpt called it then (a driver that does without it
-        // saves the time: `init_ms` 0).
+        // What cuInit took in cudaw-ckpt is reported.
         assert!(r["driver"]["init_ms"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
         assert_eq!(r["bytes"].as_u64(), Some(ckpt_common::BYTES), "{r}");
         t.wait_ran();

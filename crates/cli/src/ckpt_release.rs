@@ -22,7 +22,8 @@ pub struct DriverPause {
     pub checkpoint_ms: f64,
     /// The driver had it checkpointed already (a second `pause --release`).
     pub already: bool,
-    /// `cuInit` in `cudaw-ckpt`, in milliseconds (0: the driver did without it).
+    /// `cuInit` in `cudaw-ckpt` when the release called it, in milliseconds (after the
+    /// warm-up thread's, which ran while cudaw evicted: a second one is quick).
     pub init_ms: f64,
 }
 
@@ -36,73 +37,35 @@ pub struct DriverResume {
     pub unlock_ms: f64,
     /// The driver's state of the process before: `checkpointed`, `locked` or `running`.
     pub found: &'static str,
-    /// `cuInit` in `cudaw-ckpt`, in milliseconds (0: the driver did without it).
+    /// `cuInit` in `cudaw-ckpt`, in milliseconds (part of the resume's wait).
     pub init_ms: f64,
 }
 
-/// The driver, loaded, with its checkpoint API; the reason (for people) when it has none.
+/// The driver, loaded and initialised, with its checkpoint API; the reason (for people)
+/// when it has none.
 struct Loaded {
     cuda: LibCuda,
-    /// `cuInit` was called (by [`load`], or by [`Loaded::needs_init`] when a call asked).
-    inited: std::cell::Cell<bool>,
-    /// Milliseconds `cuInit` took here (0: not called).
-    init_ms: std::cell::Cell<f64>,
+    /// Milliseconds `cuInit` took here. A released process's resume spent 342 ms of its
+    /// 646 ms driver step outside the restore and unlock on the H100 pair (the pause's
+    /// checkpoint step 45 ms): reported (`init_ms`) to see whether `cuInit` is that time.
+    /// It is always called: NVIDIA documents that a restore needs persistence mode or
+    /// `cuInit` without saying what fails otherwise, and a failed restore may leave the
+    /// process unrestorable (cuda-checkpoint issue 44).
+    init_ms: f64,
 }
 
 fn load() -> Result<Loaded, String> {
-    let l = open()?;
-    l.init()?;
-    Ok(l)
-}
-
-/// The driver loaded without `cuInit`: "CUDA process restore requires persistence mode
-/// to be enabled or cuInit to have been called", and `cuInit` took about 300 ms in
-/// `cudaw-ckpt` once the GPU held nothing of the process (on the H100 pair: a released
-/// process's resume spent 342 ms of its 646 ms in the driver outside the restore). The
-/// checkpoint calls are tried without it first ([`Loaded::call`]).
-fn open() -> Result<Loaded, String> {
     let cuda = LibCuda::open().map_err(|e| format!("the CUDA driver cannot be loaded ({e})"))?;
+    let t = Instant::now();
+    cuda.init()
+        .map_err(|e| format!("the CUDA driver did not initialise ({e})"))?;
     Ok(Loaded {
         cuda,
-        inited: std::cell::Cell::new(false),
-        init_ms: std::cell::Cell::new(0.0),
+        init_ms: t.elapsed().as_secs_f64() * 1e3,
     })
 }
 
 impl Loaded {
-    fn init(&self) -> Result<(), String> {
-        if !self.inited.get() {
-            let t = Instant::now();
-            self.cuda
-                .init()
-                .map_err(|e| format!("the CUDA driver did not initialise ({e})"))?;
-            self.init_ms.set(t.elapsed().as_secs_f64() * 1e3);
-            self.inited.set(true);
-        }
-        Ok(())
-    }
-
-    /// `f` against the driver; when it says `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`
-    /// was called here, again after `cuInit`.
-    fn call<T>(
-        &self,
-        api: &CheckpointApi<'_>,
-        f: impl Fn(&CheckpointApi<'_>) -> Result<T, DriverError>,
-    ) -> Result<T, DriverError> {
-        const CUDA_ERROR_NOT_INITIALIZED: u32 = 3;
-        match f(api) {
-            Err(e) if e.code == CUDA_ERROR_NOT_INITIALIZED && !self.inited.get() => {
-                self.init().map_err(|why| DriverError {
-                    code: 3,
-                    name: why,
-                    call: "cuInit",
-                })?;
-                f(api)
-            }
-            r => r,
-        }
-    }
-
     fn api(&self) -> Result<CheckpointApi<'_>, String> {
         CheckpointApi::load(&self.cuda).map_err(|e| {
             format!(
@@ -114,8 +77,8 @@ impl Loaded {
 }
 
 /// Loads and initialises the driver on a thread of its own, for a `--release` to find it
-/// ready: `cuInit` in `cudaw-ckpt` took about 300 ms on an H100 host, which the
-/// caller overlaps with cudaw's eviction (the driver's checkpoint can start only after
+/// ready: `cuInit` in `cudaw-ckpt` may take hundreds of milliseconds (to be measured:
+/// `init_ms`), which the caller overlaps with cudaw's eviction (the driver's checkpoint can start only after
 /// it). What fails is said again, and acted on, by the [`release`] that follows.
 pub fn warm_up() -> std::thread::JoinHandle<()> {
     std::thread::spawn(|| {
@@ -164,10 +127,10 @@ fn reason(e: &DriverError, pid: u32, lock_timeout_ms: u32) -> String {
 /// it is. On failure nothing of the driver's is left behind (a lock taken is undone); the
 /// error is the reason, for people.
 pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
-    let loaded = open()?;
+    let loaded = load()?;
     let api = loaded.api()?;
-    let state = loaded
-        .call(&api, |a| a.state(pid))
+    let state = api
+        .state(pid)
         .map_err(|e| reason(&e, pid, lock_timeout_ms))?;
     let mut done = DriverPause::default();
     match state {
@@ -177,8 +140,7 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
         }
         ProcessState::Running => {
             let t = Instant::now();
-            loaded
-                .call(&api, |a| a.lock(pid, lock_timeout_ms))
+            api.lock(pid, lock_timeout_ms)
                 .map_err(|e| reason(&e, pid, lock_timeout_ms))?;
             done.lock_ms = t.elapsed().as_secs_f64() * 1e3;
         }
@@ -191,7 +153,7 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
         }
     }
     let t = Instant::now();
-    if let Err(e) = loaded.call(&api, |a| a.checkpoint(pid)) {
+    if let Err(e) = api.checkpoint(pid) {
         let why = reason(&e, pid, lock_timeout_ms);
         return Err(match api.unlock(pid) {
             Ok(()) => why,
@@ -202,7 +164,7 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
         });
     }
     done.checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
-    done.init_ms = loaded.init_ms.get();
+    done.init_ms = loaded.init_ms;
     Ok(done)
 }
 
@@ -211,11 +173,9 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
 /// every GPU the process was checkpointed on) and unlock (when locked). The error says
 /// what failed; the process is then left released (paused, its context with the driver).
 pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume, String> {
-    let loaded = open()?;
+    let loaded = load()?;
     let api = loaded.api()?;
-    let state = loaded
-        .call(&api, |a| a.state(pid))
-        .map_err(|e| reason(&e, pid, 0))?;
+    let state = api.state(pid).map_err(|e| reason(&e, pid, 0))?;
     let mut done = DriverResume {
         found: match state {
             ProcessState::Checkpointed => "checkpointed",
@@ -235,9 +195,7 @@ pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume,
         ProcessState::Running => return Ok(done),
         ProcessState::Checkpointed => {
             let t = Instant::now();
-            loaded
-                .call(&api, |a| a.restore(pid, pairs))
-                .map_err(|e| reason(&e, pid, 0))?;
+            api.restore(pid, pairs).map_err(|e| reason(&e, pid, 0))?;
             done.restore_ms = t.elapsed().as_secs_f64() * 1e3;
         }
         ProcessState::Locked => {}
@@ -248,11 +206,9 @@ pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume,
         }
     }
     let t = Instant::now();
-    loaded
-        .call(&api, |a| a.unlock(pid))
-        .map_err(|e| reason(&e, pid, 0))?;
+    api.unlock(pid).map_err(|e| reason(&e, pid, 0))?;
     done.unlock_ms = t.elapsed().as_secs_f64() * 1e3;
-    done.init_ms = loaded.init_ms.get();
+    done.init_ms = loaded.init_ms;
     Ok(done)
 }
 

@@ -880,7 +880,11 @@ pub(crate) fn restore(
     let total = reader.trailer().data_bytes;
     reader.begin_load();
     let mut load = Load::new(Some(&mut reader), true, total, report);
-    let loaded = match load_image(&devices, &mut load) {
+    // The image's memory was the process's: the node's limit is lifted while it loads.
+    let lifted = memory::NodeLimitLifted::new();
+    let loaded = load_image(&devices, &mut load);
+    drop(lifted);
+    let loaded = match loaded {
         Ok(l) => l,
         Err(f) => {
             drop(load);

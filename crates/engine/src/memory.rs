@@ -529,27 +529,28 @@ pub fn set_node_limit(bytes: Option<u64>) -> Vec<(i32, Option<u64>, u64)> {
         .collect()
 }
 
-/// Runs `f` (a resume: the process's gate is closed, nothing else allocates) with the
-/// node daemon's limit lifted on every device; it is in force again when `f` ends, even
-/// by a panic.
-pub(crate) fn lifting_node_limit<T>(f: impl FnOnce() -> T) -> T {
-    struct Lifted;
-    impl Drop for Lifted {
-        fn drop(&mut self) {
-            let mut w = NODE_WANTED.lock();
-            w.1 = w.1.saturating_sub(1);
-            if w.1 == 0 {
-                NODE_LIMIT.store(w.0, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    }
-    {
+/// While alive, the node daemon's limit is lifted on every device (a resume or restore
+/// bringing back what the process held, its gate closed); in force again when dropped,
+/// even by a panic. Nested ones count.
+pub(crate) struct NodeLimitLifted(());
+
+impl NodeLimitLifted {
+    pub(crate) fn new() -> NodeLimitLifted {
         let mut w = NODE_WANTED.lock();
         w.1 += 1;
         NODE_LIMIT.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+        NodeLimitLifted(())
     }
-    let _lifted = Lifted;
-    f()
+}
+
+impl Drop for NodeLimitLifted {
+    fn drop(&mut self) {
+        let mut w = NODE_WANTED.lock();
+        w.1 = w.1.saturating_sub(1);
+        if w.1 == 0 {
+            NODE_LIMIT.store(w.0, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Every device with a budget, with its ordinal.

@@ -427,6 +427,10 @@ impl Daemon {
                         }
                         p.limited = memory.is_some();
                     }
+                    // An older cudaw knows no `limit`: it has none to lift.
+                    Err(f) if memory.is_none() && f.to_string().contains("unknown variant") => {
+                        debug!("{name}: no memory limit to lift (it knows no limit request)");
+                    }
                     Err(f) => {
                         // Unknown now: sent again with a status 30 s on.
                         p.limit_sent = None;
@@ -469,6 +473,7 @@ impl Daemon {
         // Swapped out by an earlier daemon (it stopped or died before it swapped the
         // process in): this daemon's swap now, swapped in at the job's turn.
         if st.state == State::Paused
+            && st.busy.is_none()
             && st.paused_by.as_deref() == Some(cudaw_control::NODE_OWNER)
             && !p.swapped_by_us
             && p.acting == 0
@@ -531,6 +536,7 @@ impl Daemon {
             } else {
                 d.gpu.clone()
             };
+            let gpus_before = self.gpus.len() as u64;
             let gpu = self.gpus.entry(key.clone()).or_insert_with(|| {
                 let capacity = d.node_capacity;
                 info!(
@@ -540,10 +546,14 @@ impl Daemon {
                         .map(|c| format!(", {}", crate::report::bytes(c)))
                         .unwrap_or_else(|| ", memory unknown: nothing is swapped for room".into())
                 );
+                let mut policy =
+                    (self.setup.make)(capacity.unwrap_or(u64::MAX), self.config.config());
+                // Its share of the host's room until the next scan splits it again.
+                policy.host_room(self.host_room.map(|r| r / (gpus_before + 1)));
                 Gpu {
                     index: d.ordinal,
                     capacity,
-                    policy: (self.setup.make)(capacity.unwrap_or(u64::MAX), self.config.config()),
+                    policy,
                 }
             });
             if !p.gpus.contains(&key) {
@@ -577,7 +587,9 @@ impl Daemon {
                 Observation {
                     waiting: st.waiting > 0,
                     launches: st.launches,
-                    host_kept: st.arena.saturating_add(st.kept_host),
+                    // The arena's pinned pages, which MemAvailable does not count (host
+                    // copies kept from a resume are MADV_FREE pages it counts already).
+                    host_kept: st.arena,
                     resident: d.used.max(d.resident),
                     swapped: if d.evicted > 0 {
                         d.evicted

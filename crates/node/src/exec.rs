@@ -282,10 +282,17 @@ impl Proc {
                         Err(f)
                     }
                 })
-                .map(|_| {
+                .and_then(|r| {
+                    // Paused already (an operator's pause came first): not a swap of ours.
+                    if r.pause.is_some_and(|m| !m.changed) {
+                        return Err(Failure::Failed(
+                            "it was paused already (by someone else): not swapped out".into(),
+                        ));
+                    }
                     // The pause took the gate over from the hold: nothing to renew.
                     self.swapped = true;
                     self.gated = false;
+                    Ok(())
                 }),
             Action::SwapIn(_) => self
                 .request(&Request::Resume {

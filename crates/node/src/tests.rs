@@ -56,7 +56,12 @@ impl Fake {
                         })
                     }
                     Request::Release {} => reply.release = Some(Held::default()),
-                    Request::Pause { .. } => reply.pause = Some(Default::default()),
+                    Request::Pause { .. } => {
+                        reply.pause = Some(cudaw_control::Moved {
+                            changed: true,
+                            ..Default::default()
+                        })
+                    }
                     Request::Resume { .. } => reply.resume = Some(Default::default()),
                     Request::Limit { memory } => {
                         reply.limit = Some(cudaw_control::Limited {

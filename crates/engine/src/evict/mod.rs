@@ -211,10 +211,6 @@ fn roll_back_pause(evicted: Evicted, msg: String) -> Failure {
 /// not apply to what comes back (the process held it; a limit lowered since takes effect
 /// as it frees memory), the process's own limit does.
 pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
-    memory::lifting_node_limit(|| resume_held(ctl, report))
-}
-
-fn resume_held(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
     let waiting = handles::shared::awaiting();
     if waiting > 0 {
         return Err(Failure::new(
@@ -242,12 +238,17 @@ fn resume_held(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure> {
         total,
     });
     let before_memory = Instant::now();
+    // What comes back was the process's: the node's limit is lifted for it, and in force
+    // again before the gate opens.
+    let lifted = memory::NodeLimitLifted::new();
     let (restored, mut allocations, mut bytes) = restore_devices(&mut load, image.as_deref())?;
     let memory_ms = before_memory.elapsed().as_secs_f64() * 1e3;
     let staging_ms = load.in_staging.as_secs_f64() * 1e3;
     let before_handles = Instant::now();
     // Driver-level handles: from host memory, or from the image a dump left them in.
-    match handles::restore(&mut load) {
+    let handles_restored = handles::restore(&mut load);
+    drop(lifted);
+    match handles_restored {
         Ok(h) => {
             allocations += h.handles;
             bytes += h.bytes;
