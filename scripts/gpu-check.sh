@@ -563,10 +563,11 @@ if want sharing; then
   # +-0.05 of its share), 0.1/0.9 (each within +-10% of it) and 4 x 0.25 (+-0.05) together
   # for SHARING_SECONDS, their shares from their step rates against the solo rate and from
   # the daemon's achieved_share (both pairs' aggregate >= 0.95); one job with limit 0.3
-  # (<= 0.33 of solo). 4 min 23 s on the H100 (2026-11-28).
+  # (<= 0.33 of solo); a job's memory 2G refusing a 4 GiB buffer, 8G holding it (not yet on
+  # a GPU). 4 min 23 s on the H100 (2026-11-28) before memlimit (about 40 s more).
   # shellcheck disable=SC2086
   timeout "${SHARING_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/sharing" \
-    --parts overhead fairness limit --seconds "${SHARING_SECONDS:-40}" --solo-seconds "${SHARING_SOLO_SECONDS:-12}" \
+    --parts overhead fairness limit memlimit --seconds "${SHARING_SECONDS:-40}" --solo-seconds "${SHARING_SOLO_SECONDS:-12}" \
     --pairs "${SHARING_PAIRS:-2}" ${SHARING_NO_FOUR:+--no-four} --quanta ${SHARING_QUANTA:-50ms 10ms 200ms} \
     --budget-s "$((${SHARING_TIMEOUT:-520} - 20))" >"$OUT/sharing.out" 2>&1; rc=$?
   sharing_rows sharing $rc

@@ -205,8 +205,9 @@ def config_text(args, jobs):
     q, mn, mx = args.quanta
     text = [f'quantum = "{q}"', f'min_quantum = "{mn}"', f'max_quantum = "{mx}"', "",
             "[default]", "request = 0.0", "limit = 1.0"]
-    for jid, req, lim in jobs:
+    for jid, req, lim, *memory in jobs:
         text += ["", "[[job]]", f'id = "{jid}"', f"request = {req}", f"limit = {lim}"]
+        text += [f'memory = "{m}"' for m in memory]
     return "\n".join(text) + "\n"
 
 
@@ -731,6 +732,43 @@ def oom_part(args, base):
            "swap: without the daemon, the third", "out of memory", (line or f"rc {rc}")[:120])
 
 
+def memlimit_part(args, base):
+    """A job's `memory` in the daemon's configuration is its process's limit: a training
+    job whose job has 2G cannot hold a 4 GiB buffer (PyTorch's out-of-memory), one whose
+    job has 8G can; the daemon's log says it limited both."""
+    name = "limit: a job's memory is its process's limit"
+    run_dir = os.path.join(args.work, "run-memlimit")
+    env = env_for(base, run_dir)
+    d, jobs = None, []
+    try:
+        d = Daemon(args, "memlimit", [("small", 0.0, 1.0, "2G"), ("big", 0.0, 1.0, "8G")], run_dir, env)
+        results_of = {}
+        for jid in ("small", "big"):
+            cmd = train_cmd(args, 1, ["--seconds", "3"], job=jid)
+            cmd[cmd.index("--hold-gib") + 1] = "4"
+            j = Job(args, f"memlimit-{jid}", cmd, env)
+            jobs.append(j)
+            rc = j.finish(240)
+            errs = open(j.err_path).read()
+            results_of[jid] = (rc, "OutOfMemoryError" in errs, j.wait_for(r"^holding ", 0) is not None)
+        log = open(d.log_path).read()
+        limited = log.count("memory limited to")
+        (rs, oom_s, held_s), (rb, oom_b, held_b) = results_of["small"], results_of["big"]
+        ok = rs not in (0, None) and oom_s and not held_s and rb == 0 and held_b and not oom_b and limited >= 2
+        judged(name, ok,
+               f"memory 2G, 4 GiB buffer: rc {rs}, out of memory {oom_s}; memory 8G: rc {rb}, held {held_b}; "
+               f"'memory limited to' {limited} times in the daemon's log",
+               "limit: job memory 2G / 8G, a 4 GiB buffer", "refused / held",
+               f"{'refused' if oom_s else 'not refused'} / {'held' if held_b else 'not held'}")
+    except (RuntimeError, OSError) as e:
+        verdict("FAIL", name, f"{type(e).__name__}: {e}")
+    finally:
+        for j in jobs:
+            j.kill()
+        if d is not None:
+            d.stop()
+
+
 def print_table():
     print("\n| check | target | measured | verdict |")
     print("|---|---|---|---|")
@@ -746,7 +784,7 @@ def main():
     ap.add_argument("--dist", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--parts", nargs="+", default=["overhead", "fairness", "limit"],
-                    choices=["overhead", "fairness", "limit", "swap"])
+                    choices=["overhead", "fairness", "limit", "memlimit", "swap"])
     ap.add_argument("--seconds", type=float, default=40, help="jobs together, each fairness phase (default 40)")
     ap.add_argument("--solo-seconds", type=float, default=12, help="each solo run (default 12)")
     ap.add_argument("--pairs", type=int, default=2, help="daemon solo runs, each between two plain ones (default 2)")
@@ -785,6 +823,8 @@ def main():
     try:
         if set(args.parts) & {"overhead", "fairness", "limit"}:
             sharing(args, base)
+        if "memlimit" in args.parts:
+            memlimit_part(args, base)
         if "swap" in args.parts:
             swap_part(args, base)
             oom_part(args, base)
