@@ -734,3 +734,60 @@ fn a_second_daemon_leaves_the_first_ones_processes_alone() {
     a.run(2);
     a.finish();
 }
+
+/// An operator who pauses a job the daemon has swapped out takes the pause over: the
+/// daemon leaves it paused (it wants the GPU, and is not swapped in) until the operator
+/// resumes it.
+#[test]
+fn an_operator_pausing_a_swapped_out_job_takes_the_pause_over() {
+    let Some(node) = private_ledger_dir("node-take-ledger") else {
+        return;
+    };
+    let nd = node.0.to_str().unwrap().to_owned();
+    let env: Vec<(&str, &str)> = vec![
+        ("SIMGPU_MEM", "24M"),
+        ("CUDAW_NODE_DIR", &nd),
+        ("CUDAW_ALLOC_WAIT", "60s"),
+    ];
+    let (ta, tb) = ("take-a", "take-b");
+    let mut d = Daemon::start_in(
+        "take",
+        &[run_dir_of(ta), run_dir_of(tb)],
+        "quantum = \"20ms\"\n",
+    );
+    let mut a = Target::start_with(Addressing::Mapped, ta, &env).expect("nvcc was found");
+    let ja = job_id(&a);
+    d.status_until("the first job listed", |st| job(st, &ja).is_some());
+    a.run(2);
+    let mut b = Target::start_with(Addressing::Mapped, tb, &env).expect("nvcc was found");
+    b.run(2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while a.status()["paused_by"] != "cudaw-node" {
+        assert!(Instant::now() < deadline, "not swapped out: {}", a.status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The operator's pause of the swapped-out job: it was paused already; the pause is
+    // the operator's now.
+    a.ok(&["pause", &a.pid]);
+    assert_eq!(a.status()["paused_by"], "", "{}", a.status());
+    d.wait_log(&format!(
+        "job {ja} (PID {}): paused by someone else while swapped out",
+        a.pid
+    ));
+    // It wants the GPU; the daemon leaves it paused, and the other job runs on.
+    a.send_run(2);
+    b.run(2);
+    assert_eq!(a.status()["state"], "paused", "{}", a.status());
+    // The other ends; the operator resumes it (there is room now): it runs, and joins
+    // the schedule again.
+    let jb = job_id(&b);
+    b.finish();
+    d.status_until("the second job gone", |st| job(st, &jb).is_none());
+    a.ok(&["resume", &a.pid]);
+    a.wait_ran();
+    a.run(2);
+    let status = d.terminate();
+    assert!(status.success(), "{status}\n{}", d.log());
+    assert_ungated(&a);
+    a.finish();
+}

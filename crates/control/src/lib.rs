@@ -978,8 +978,9 @@ pub struct Status {
     /// the process does not load it).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub launches: u64,
-    /// Who paused it, when it is paused and said so (`by` in the pause): [`NODE_OWNER`]
-    /// for a swap of the node daemon's.
+    /// Who paused it, while it is paused (`by` in the pause): [`NODE_OWNER`] for a swap of
+    /// the node daemon's, empty for an operator or a signal (no owner). Absent while it
+    /// runs, and from processes of a cudaw before owners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_by: Option<String>,
     /// `cudaw run --release-on-pause` (`CUDAW_RELEASE_ON_PAUSE=1`): `cudaw-ckpt pause`

@@ -41,14 +41,11 @@ pub(crate) static CTL: Mutex<Ctl> = Mutex::new(Ctl {
     image: None,
 });
 
-/// Who paused the process (`by` in its pause request), while it is paused.
+/// Who paused the process (`by` in its pause request), while it is paused: empty for an
+/// operator or a signal (no owner). `None` while it runs.
 pub fn paused_by() -> Option<String> {
     let c = CTL.lock();
-    if c.paused {
-        c.paused_by.clone()
-    } else {
-        None
-    }
+    c.paused.then(|| c.paused_by.clone().unwrap_or_default())
 }
 
 /// After a pause request by `by` that succeeded: the pause is `by`'s when it paused the

@@ -485,6 +485,21 @@ impl Daemon {
                 who(pid, Some(&job))
             );
         }
+        // Swapped out by us, and paused since by an operator (the pause is theirs now: no
+        // owner): not ours to swap in; it leaves the schedule as any operator's pause.
+        if st.state == State::Paused
+            && st.busy.is_none()
+            && st.paused_by.as_deref() == Some("")
+            && p.swapped_by_us
+            && p.acting == 0
+        {
+            p.swapped_by_us = false;
+            p.worker.send(Task::Disown);
+            info!(
+                "{}: paused by someone else while swapped out: the pause is theirs now",
+                who(pid, Some(&job))
+            );
+        }
         // Swapped out by us and running now: someone resumed it (`cudaw-ckpt resume`).
         // It joins again as a process found running (the policy holds it until its turn).
         if p.swapped_by_us && p.acting == 0 && st.state == State::Running {

@@ -43,6 +43,9 @@ pub enum Task {
     /// The process was found swapped out by an earlier daemon: this one's now (it swaps
     /// it in when it stops).
     Adopt,
+    /// An operator paused the process this daemon had swapped out: not swapped in when
+    /// the daemon stops.
+    Disown,
     /// Release the process if held, resume it if the daemon swapped it out, lift a
     /// memory limit it set; then end.
     Stop,
@@ -219,6 +222,7 @@ impl Proc {
                     });
                 }
                 Some(Task::Adopt) => self.swapped = true,
+                Some(Task::Disown) => self.swapped = false,
                 Some(Task::Limit(memory)) => {
                     let result = self.request(&Request::Limit { memory }).map(|_| ());
                     if result.is_ok() {
