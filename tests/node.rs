@@ -409,6 +409,36 @@ fn private_ledger_dir(tag: &str) -> Option<TempDir> {
     Some(node)
 }
 
+/// The environment of targets that do not fit the simulated card together (the node
+/// ledger in `nd`: 24 MiB, each target about 14 MiB), waiting up to 60 s for room.
+fn tight_env(nd: &str, log: bool) -> Vec<(&str, &str)> {
+    let mut env = vec![
+        ("SIMGPU_MEM", "24M"),
+        ("CUDAW_NODE_DIR", nd),
+        ("CUDAW_ALLOC_WAIT", "60s"),
+    ];
+    if log {
+        env.push(("CUDAW_LOG", "info"));
+    }
+    env
+}
+
+/// Waits (up to 20 s) until `t` is paused by the node daemon (swapped out).
+fn until_swapped_out(t: &Target) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = t.status();
+        if st["state"] == "paused" && st["paused_by"] == "cudaw-node" {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not swapped out by the node: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The run folder `Target::start_with` gives the target of `tag` (known before it starts).
 fn run_dir_of(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("cudaw-dump-{}-{tag}-run", std::process::id()))
@@ -425,12 +455,7 @@ fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
         return;
     };
     let nd = node.0.to_str().unwrap().to_owned();
-    let env: Vec<(&str, &str)> = vec![
-        ("SIMGPU_MEM", "24M"),
-        ("CUDAW_NODE_DIR", &nd),
-        ("CUDAW_ALLOC_WAIT", "60s"),
-        ("CUDAW_LOG", "info"),
-    ];
+    let env = tight_env(&nd, true);
     let (ta, tb) = ("swap-a", "swap-b");
     let mut d = Daemon::start_in(
         "swap",
@@ -608,11 +633,7 @@ fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
         return;
     };
     let nd = node.0.to_str().unwrap().to_owned();
-    let env: Vec<(&str, &str)> = vec![
-        ("SIMGPU_MEM", "24M"),
-        ("CUDAW_NODE_DIR", &nd),
-        ("CUDAW_ALLOC_WAIT", "60s"),
-    ];
+    let env = tight_env(&nd, false);
     let (ta, tb) = ("adopt-a", "adopt-b");
     let dirs = [run_dir_of(ta), run_dir_of(tb)];
     let mut d1 = Daemon::start_in("adopt1", &dirs, "quantum = \"20ms\"\n");
@@ -624,18 +645,7 @@ fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
     // then on: it stays swapped out) out for it.
     let mut b = Target::start_with(Addressing::Mapped, tb, &env).expect("nvcc was found");
     b.run(2);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let st = a.status();
-        if st["state"] == "paused" && st["paused_by"] == "cudaw-node" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not swapped out by the node: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_swapped_out(&a);
     // The daemon dies; the first job stays swapped out, the second runs on ungated (its
     // hold's lease ends).
     d1.child.kill().unwrap();
@@ -744,11 +754,7 @@ fn an_operator_pausing_a_swapped_out_job_takes_the_pause_over() {
         return;
     };
     let nd = node.0.to_str().unwrap().to_owned();
-    let env: Vec<(&str, &str)> = vec![
-        ("SIMGPU_MEM", "24M"),
-        ("CUDAW_NODE_DIR", &nd),
-        ("CUDAW_ALLOC_WAIT", "60s"),
-    ];
+    let env = tight_env(&nd, false);
     let (ta, tb) = ("take-a", "take-b");
     let mut d = Daemon::start_in(
         "take",
@@ -761,11 +767,7 @@ fn an_operator_pausing_a_swapped_out_job_takes_the_pause_over() {
     a.run(2);
     let mut b = Target::start_with(Addressing::Mapped, tb, &env).expect("nvcc was found");
     b.run(2);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a.status()["paused_by"] != "cudaw-node" {
-        assert!(Instant::now() < deadline, "not swapped out: {}", a.status());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_swapped_out(&a);
     // The operator's pause of the swapped-out job: it was paused already; the pause is
     // the operator's now.
     a.ok(&["pause", &a.pid]);
