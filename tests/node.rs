@@ -475,6 +475,9 @@ fn jobs_that_do_not_fit_together_take_turns_by_swapping() {
         "{}",
         b.log()
     );
+    // Its one waiting allocation counts once among the refused, not once per retry.
+    let refused = b.status()["devices"][0]["refused"].as_u64();
+    assert_eq!(refused, Some(1), "{}", b.status());
     let jb = job_id(&b);
     d.status_until("the first job swapped out once", |st| {
         job(st, &ja).is_some_and(|(_, j)| j["swaps"].as_u64().unwrap_or(0) >= 1)

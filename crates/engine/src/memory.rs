@@ -334,7 +334,9 @@ fn new_budget(ordinal: i32) -> Result<Arc<DeviceBudget>, String> {
         Accounting::Off
     };
     Ok(Arc::new(
-        DeviceBudget::new(limit, accounting, notes).sharing_node_limit(Arc::clone(&NODE_LIMIT)),
+        DeviceBudget::new(limit, accounting, notes)
+            .sharing_node_limit(Arc::clone(&NODE_LIMIT))
+            .counting_retries_once(crate::room::quiet),
     ))
 }
 

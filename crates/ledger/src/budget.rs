@@ -171,6 +171,9 @@ pub struct DeviceBudget {
     node_limit: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Set when the limit cannot be kept: every allocation is refused, with this reason.
     refuse_all: Option<String>,
+    /// Whether a refusal now is a retry of one already counted (an allocation waiting for
+    /// room tries every few milliseconds): not counted again in `refused`.
+    retrying: fn() -> bool,
     inner: Mutex<Inner>,
     notify: Box<dyn Fn(Note<'_>) + Send + Sync>,
 }
@@ -204,6 +207,7 @@ impl DeviceBudget {
             limit,
             node_limit: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
             refuse_all: None,
+            retrying: || false,
             inner: Mutex::new(Inner {
                 used: 0,
                 peak: 0,
@@ -233,6 +237,13 @@ impl DeviceBudget {
             (Some(own), node) => Some(own.min(node)),
             (None, node) => Some(node),
         }
+    }
+
+    /// This budget with `retrying` saying when a refusal is a retry of one counted already
+    /// (the caller's waiting allocations): `refused` counts allocations refused, not tries.
+    pub fn counting_retries_once(mut self, retrying: fn() -> bool) -> Self {
+        self.retrying = retrying;
+        self
     }
 
     /// This budget with its node limit read from `shared` (`u64::MAX`: none), which the
@@ -295,7 +306,7 @@ impl DeviceBudget {
         let result = {
             let mut g = self.inner.lock();
             let result = self.acquire_locked(&mut g, bytes, &mut tell);
-            if result.is_err() {
+            if result.is_err() && !(self.retrying)() {
                 g.refused += 1;
             }
             g.collect_notes(&mut tell);
@@ -624,6 +635,22 @@ mod tests {
         assert_eq!((d0.limit(), d1.limit()), (Some(3 * G), Some(3 * G)));
         d1.set_node_limit(None);
         assert_eq!((d0.limit(), d1.limit()), (None, Some(8 * G)));
+    }
+
+    #[test]
+    fn retries_of_a_refused_allocation_are_not_counted_again() {
+        static RETRYING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let b = DeviceBudget::new(Some(G), Accounting::Off, |_| {})
+            .counting_retries_once(|| RETRYING.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(b.try_acquire(2 * G).is_err());
+        RETRYING.store(true, std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..5 {
+            assert!(b.try_acquire(2 * G).is_err());
+        }
+        RETRYING.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(b.usage().refused, 1);
+        assert!(b.try_acquire(2 * G).is_err());
+        assert_eq!(b.usage().refused, 2);
     }
 
     #[test]
