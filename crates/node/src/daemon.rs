@@ -296,7 +296,7 @@ impl Daemon {
             return;
         };
         if let Some(t) = &mut self.timeline {
-            let job = p.job.clone().unwrap_or_else(|| format!("pid-{pid}"));
+            let job = job_id(pid, p.job.as_deref());
             t.left(pid, &job, now);
         }
         for key in &p.gpus {
@@ -385,18 +385,17 @@ impl Daemon {
                 match (&action, &outcome) {
                     (_, Outcome::Failed(why)) => {
                         if self.logged.insert((pid, why.clone())) {
-                            warn!("{name}: {} failed: {why}", verb(&action));
+                            warn!("{name}: {} failed: {why}", action.name());
                         }
                     }
                     (Action::SwapOut(_), Outcome::Done) => {
                         info!("{name}: swapped out on GPU {gpu}")
                     }
                     (Action::SwapIn(_), Outcome::Done) => info!("{name}: swapped in on GPU {gpu}"),
-                    (_, Outcome::Done) => debug!("{name}: {} done on GPU {gpu}", verb(&action)),
+                    (_, Outcome::Done) => debug!("{name}: {} done on GPU {gpu}", action.name()),
                 }
                 if let (Some(t), Some(g)) = (&mut self.timeline, self.gpus.get(&gpu)) {
-                    let job = self.procs.get(&pid).and_then(|p| p.job.clone());
-                    let job = job.unwrap_or_else(|| format!("pid-{pid}"));
+                    let job = job_id(pid, self.procs.get(&pid).and_then(|p| p.job.as_deref()));
                     let ok = outcome == Outcome::Done;
                     t.done(pid, &job, (g.index, &gpu), &action, ok, now);
                 }
@@ -455,7 +454,7 @@ impl Daemon {
 
     /// A status came: join the process to its GPUs, and tell their policies what it does.
     fn observed(&mut self, pid: u32, st: cudaw_control::Status, now: Instant) {
-        let job = st.job.clone().unwrap_or_else(|| format!("pid-{pid}"));
+        let job = job_id(pid, st.job.as_deref());
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
@@ -679,7 +678,7 @@ impl Daemon {
         let mut refused = Vec::new();
         for (key, g) in &mut self.gpus {
             for action in g.policy.tick(now) {
-                let pid = pid_of(&action);
+                let pid = action.pid();
                 let sent = self.procs.get_mut(&pid).is_some_and(|p| {
                     let sent = p.worker.send(Task::Act {
                         gpu: key.clone(),
@@ -698,7 +697,7 @@ impl Daemon {
         }
         for (key, action) in refused {
             if let Some(g) = self.gpus.get_mut(&key) {
-                let pid = pid_of(&action);
+                let pid = action.pid();
                 g.policy.done(
                     &action,
                     Outcome::Failed(format!("process {pid} is not known to the daemon")),
@@ -841,19 +840,10 @@ pub fn host_room(meminfo: &str) -> Option<u64> {
 /// How long after a failed memory-limit request the daemon tries again.
 const LIMIT_RETRY: Duration = Duration::from_secs(30);
 
-fn pid_of(a: &Action) -> u32 {
-    match a {
-        Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
-    }
-}
-
-fn verb(a: &Action) -> &'static str {
-    match a {
-        Action::Hold(_) => "hold",
-        Action::Release(_) => "release",
-        Action::SwapOut(_) => "swap out",
-        Action::SwapIn(_) => "swap in",
-    }
+/// A process's job: the one it claims (`cudaw run --job`), else a job of its own,
+/// `pid-PID`.
+fn job_id(pid: u32, job: Option<&str>) -> String {
+    job.map_or_else(|| format!("pid-{pid}"), str::to_owned)
 }
 
 fn who(pid: u32, job: Option<&str>) -> String {

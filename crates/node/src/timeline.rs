@@ -43,15 +43,6 @@ pub struct Timeline {
     gpus: BTreeMap<String, (u32, i32)>,
 }
 
-fn kind(a: &Action) -> &'static str {
-    match a {
-        Action::Hold(_) => "hold",
-        Action::Release(_) => "release",
-        Action::SwapOut(_) => "swap out",
-        Action::SwapIn(_) => "swap in",
-    }
-}
-
 impl Timeline {
     /// The timeline the environment asks for (`CUDAW_TRACE=timeline`), if any.
     pub fn from_env() -> Option<Timeline> {
@@ -88,7 +79,7 @@ impl Timeline {
 
     /// The daemon asked process `pid` for `action`.
     pub fn asked(&mut self, pid: u32, action: &Action, now: Instant) {
-        self.asked.insert((pid, kind(action)), now);
+        self.asked.insert((pid, action.name()), now);
     }
 
     /// Process `pid` of `job` answered `action` (given by the GPU `uuid`, which the
@@ -104,7 +95,7 @@ impl Timeline {
     ) {
         let n = self.gpus.len() as u32;
         let gpu = self.gpus.entry(uuid.to_owned()).or_insert((n, index)).0;
-        let what = kind(action);
+        let what = action.name();
         let asked = self.asked.remove(&(pid, what)).unwrap_or(now);
         let key = (pid, uuid.to_owned());
         match action {

@@ -94,6 +94,25 @@ pub enum Action {
     SwapIn(Pid),
 }
 
+impl Action {
+    /// The process it is for.
+    pub fn pid(&self) -> Pid {
+        match self {
+            Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
+        }
+    }
+
+    /// Its name, for logs and timelines: `hold`, `release`, `swap out`, `swap in`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Hold(_) => "hold",
+            Action::Release(_) => "release",
+            Action::SwapOut(_) => "swap out",
+            Action::SwapIn(_) => "swap in",
+        }
+    }
+}
+
 /// How an action the daemon carried out ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -401,9 +420,7 @@ impl Scheduler {
 
     /// An action returned by [`Scheduler::tick`] ended.
     pub fn done(&mut self, action: &Action, outcome: Outcome, now: Instant) {
-        let pid = match action {
-            Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
-        };
+        let pid = action.pid();
         let min_q = self.config.min_quantum;
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
@@ -915,9 +932,7 @@ impl Scheduler {
     // ---- turns --------------------------------------------------------------------
 
     fn issue(&mut self, out: &mut Vec<Action>, action: Action, now: Instant) {
-        let pid = match &action {
-            Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
-        };
+        let pid = action.pid();
         if let Some(p) = self.procs.get_mut(&pid) {
             if p.pending.is_none() {
                 p.pending = Some((action.clone(), now));

@@ -101,12 +101,6 @@ struct Known {
     open: bool,
 }
 
-fn pid_of(a: &Action) -> Pid {
-    match a {
-        Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
-    }
-}
-
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let configs = configs();
     let t0 = Instant::now();
@@ -122,7 +116,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match known.get(&pid) {
                     Some(k) if k.job == job => {}
                     _ => {
-                        outstanding.retain(|a| pid_of(a) != pid);
+                        outstanding.retain(|a| a.pid() != pid);
                         known.insert(
                             pid,
                             Known {
@@ -136,7 +130,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Leave { pid } => {
                 known.remove(&pid);
-                outstanding.retain(|a| pid_of(a) != pid);
+                outstanding.retain(|a| a.pid() != pid);
                 s.leave(pid, now);
             }
             Op::Observe {
@@ -158,7 +152,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Advance { ms } => now += Duration::from_millis(u64::from(ms)),
             Op::Complete { ok } => {
                 if let Some(a) = outstanding.pop_front() {
-                    let pid = pid_of(&a);
+                    let pid = a.pid();
                     if let Some(k) = known.get_mut(&pid) {
                         match a {
                             Action::Hold(_) if ok => k.open = false,
@@ -194,17 +188,17 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
 
         for a in s.tick(now) {
-            let pid = pid_of(&a);
+            let pid = a.pid();
             let Some(k) = known.get(&pid) else {
                 return Err(TestCaseError::fail(format!(
                     "{a:?} for a process not joined"
                 )));
             };
             prop_assert!(
-                !outstanding.iter().any(|o| pid_of(o) == pid),
+                !outstanding.iter().any(|o| o.pid() == pid),
                 "{:?} while {:?} is outstanding",
                 a,
-                outstanding.iter().find(|o| pid_of(o) == pid)
+                outstanding.iter().find(|o| o.pid() == pid)
             );
             if let Action::Release(_) = a {
                 for (q, other) in &known {

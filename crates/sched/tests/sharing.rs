@@ -6,7 +6,7 @@ mod sim;
 use std::time::Duration;
 
 use cudaw_sched::{Action, Config};
-use sim::{config, pid_of, Load, Sim, GIB};
+use sim::{config, Load, Sim, GIB};
 
 const MINUTE: u64 = 60_000;
 
@@ -184,7 +184,7 @@ fn check_swap_order(sim: &Sim) -> usize {
             .given
             .iter()
             .find(|(t, a)| *t >= *ms && matches!(a, Action::Release(_)))
-            .map(|(_, a)| pid_of(a));
+            .map(|(_, a)| a.pid());
         let Some(next) = next else { continue };
         let Some(turn) = sim
             .done
@@ -225,7 +225,7 @@ fn sim_last_run_before(sim: &Sim, job: &str, ms: u64) -> u64 {
         .filter(|d| {
             d.ok && d.done_ms <= ms
                 && matches!(d.action, Action::Hold(_))
-                && sim.job_of(pid_of(&d.action)).as_deref() == Some(job)
+                && sim.job_of(d.action.pid()).as_deref() == Some(job)
         })
         .map(|d| d.done_ms)
         .max()
@@ -455,9 +455,7 @@ fn a_job_leaving_mid_quantum_hands_the_gpu_on() {
         sim.busy_ms("b")
     );
     assert!(
-        !sim.given
-            .iter()
-            .any(|(t, a)| *t >= left_at && pid_of(a) == 1),
+        !sim.given.iter().any(|(t, a)| *t >= left_at && a.pid() == 1),
         "an action for the process that left"
     );
     assert_eq!(sim.sched.report(sim.now()).len(), 1);

@@ -165,7 +165,7 @@ impl Sim {
     /// Process `pid` exits.
     pub fn kill(&mut self, pid: Pid) {
         self.procs.remove(&pid);
-        self.queue.retain(|(a, _)| pid_of(a) != pid);
+        self.queue.retain(|(a, _)| a.pid() != pid);
         let now = self.now();
         self.sched.leave(pid, now);
         self.tick();
@@ -190,7 +190,7 @@ impl Sim {
         let Some((action, issued)) = self.queue.pop_front() else {
             return;
         };
-        let pid = pid_of(&action);
+        let pid = action.pid();
         let hold_ms = match self.hold_ms {
             Some(ms) => ms,
             None => 1 + self.rand() % 3,
@@ -215,7 +215,7 @@ impl Sim {
 
     /// The action being carried out ends now.
     fn finish(&mut self, action: Action, issued: u64, exists: bool) {
-        let pid = pid_of(&action);
+        let pid = action.pid();
         let mut ok = exists;
         if exists {
             let total = self.resident_total();
@@ -284,12 +284,12 @@ impl Sim {
         let now = self.now();
         let actions = self.sched.tick(now);
         for a in actions {
-            let pid = pid_of(&a);
-            let outstanding = self.queue.iter().any(|(q, _)| pid_of(q) == pid)
+            let pid = a.pid();
+            let outstanding = self.queue.iter().any(|(q, _)| q.pid() == pid)
                 || self
                     .current
                     .as_ref()
-                    .is_some_and(|(c, _, _)| pid_of(c) == pid);
+                    .is_some_and(|(c, _, _)| c.pid() == pid);
             assert!(
                 !outstanding,
                 "at {} ms: {a:?} given while an action of {pid} is outstanding",
@@ -336,7 +336,7 @@ impl Sim {
                 break;
             }
             self.current = None;
-            let exists = self.procs.contains_key(&pid_of(&action));
+            let exists = self.procs.contains_key(&action.pid());
             self.finish(action, issued, exists);
             acted = true;
             self.tick();
@@ -440,12 +440,6 @@ impl Sim {
 
     pub fn job_of(&self, pid: Pid) -> Option<String> {
         self.procs.get(&pid).map(|p| p.job.clone())
-    }
-}
-
-pub fn pid_of(a: &Action) -> Pid {
-    match a {
-        Action::Hold(p) | Action::Release(p) | Action::SwapOut(p) | Action::SwapIn(p) => *p,
     }
 }
 
