@@ -6,6 +6,9 @@
 # shims for aarch64, runs every test, and builds the book and the API docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One clean build, nothing to keep for the next: no incremental caches (2.4 GB of a 9 GB
+# target folder), so that the tests have room on a small disk.
+export CARGO_INCREMENTAL=0
 scripts/setup-cuda.sh
 # Tests that need nvcc fail rather than skip when this is set.
 export CUDAW_REQUIRE_CUDA_TOOLS=1

@@ -1,10 +1,13 @@
 //! A 1 GiB image written from a generator to a file and read back chunk by chunk, with the
 //! process's heap measured: the writer holds no payload, the reader only the caller's buffer.
 //! (Its own test binary: the counting allocator sees this test alone.)
+//!
+//! The file is a memfd: a real file, outside the heap, that needs no free disk (CI machines
+//! have had less than 1 GiB free in their temporary folder).
 
 use std::alloc::System;
 use std::fs::File;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Seek, SeekFrom};
 
 use cap::Cap;
 use ckpt::*;
@@ -89,13 +92,15 @@ fn one_gib_streams_in_bounded_memory() {
         },
         other_gpus: Vec::new(),
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("job.img");
+    let file = File::from(
+        rustix::fs::memfd_create("streaming-test-image", rustix::fs::MemfdFlags::CLOEXEC).unwrap(),
+    );
+    let mut read_side = file.try_clone().unwrap();
 
     let pattern = pattern();
     let mut piece = vec![0u8; PIECE];
     let baseline = HEAP.allocated();
-    let file = BufWriter::with_capacity(64 << 10, File::create(&path).unwrap());
+    let file = BufWriter::with_capacity(64 << 10, file);
     let mut w =
         ImageWriter::begin(file, &meta, &table, WriterOptions { chunk_size: CHUNK }).unwrap();
     let mut peak_during_write = 0;
@@ -119,17 +124,15 @@ fn one_gib_streams_in_bounded_memory() {
         "writing 1 GiB grew the heap by {grown} bytes"
     );
     assert!(peak_during_write - baseline < (1 << 20));
-    assert_eq!(std::fs::metadata(&path).unwrap().len(), total);
+    assert_eq!(read_side.metadata().unwrap().len(), total);
+    // The two handles share one offset: the reader starts where the writer stopped.
+    read_side.seek(SeekFrom::Start(0)).unwrap();
 
     // Read back through a "pinned" buffer of two chunks, each chunk checked as it is read.
     let mut staging = vec![0u8; 2 * CHUNK as usize];
     let mut expect = vec![0u8; 2 * CHUNK as usize];
     let baseline = HEAP.allocated();
-    let mut r = ImageReader::open(BufReader::with_capacity(
-        64 << 10,
-        File::open(&path).unwrap(),
-    ))
-    .unwrap();
+    let mut r = ImageReader::open(BufReader::with_capacity(64 << 10, read_side)).unwrap();
     assert!(r.check_against(&table).is_empty());
     for a in &table {
         let mut off = 0;
