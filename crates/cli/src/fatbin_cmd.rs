@@ -265,10 +265,7 @@ fn format_entry(
 
 /// The demangled form of a mangled name (the name itself for `extern "C"` kernels).
 pub fn demangle(name: &str) -> String {
-    cpp_demangle::Symbol::new(name)
-        .ok()
-        .and_then(|s| s.demangle().ok())
-        .unwrap_or_else(|| name.to_owned())
+    cudaw_demangle::demangle(name)
 }
 
 /// One kernel of `--json`: `{"demangled":…,"name":…,"param_bytes":N,"params":[{"offset":N,

@@ -874,10 +874,7 @@ pub fn demangle(name: &str) -> String {
     if !name.starts_with("_Z") {
         return name.to_owned();
     }
-    cpp_demangle::Symbol::new(name)
-        .ok()
-        .and_then(|s| s.demangle().ok())
-        .unwrap_or_else(|| name.to_owned())
+    cudaw_demangle::demangle(name)
 }
 #[cfg(test)]
 mod tests {
