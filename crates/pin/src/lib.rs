@@ -1,0 +1,624 @@
+//! Smart pinning: which of a program's pageable host buffers to page-lock in place
+//! (`cuMemHostRegister`), decided from what the program copies (issue 29).
+//!
+//! A copy between device memory and pageable host memory runs through cudaw's pinned
+//! staging (tens of GB/s, but below a copy from page-locked memory, and it spends host
+//! threads). A buffer the program copies again and again is cheaper page-locked: its copies
+//! then go to the driver directly, at pinned speed, with no staging. Pinning costs time
+//! (the driver faults in and locks every page) and takes memory from the machine, so a
+//! buffer copied once must never be pinned.
+//!
+//! **The rule** (the ski-rental rule: never more than twice the cost of knowing the
+//! future). Each host range (the page-aligned span of a copy's host side) accumulates its
+//! *regret*: what its copies cost over pinned speed, `bytes × (1/staged − 1/pinned)`. Once
+//! the regret reaches what pinning the range would cost ([`Costs::pin_cost`]), it is
+//! pinned, if it fits the budget ([`Policy::budget`]). A range copied once never gets
+//! there (pinning costs more than one staged copy loses); a range copied on every step of
+//! a training loop gets there within a few steps. The constants are measured on the GPU
+//! (`scripts/gpu-check.sh`, section `transfers`), not guessed.
+//!
+//! **Profiles.** In `profile` mode the history is written out as JSON at exit
+//! ([`History::profile`]): per copy site and size, how often it was copied and whether it
+//! got pinned. In `use` mode a profile's hot signatures are pinned on their first copy
+//! ([`History::with_profile`]).
+//!
+//! **Memory given back.** Before the program frees or unmaps memory, every pinned range
+//! inside it must be unregistered ([`History::release`] names them): nothing stays pinned
+//! after the program gave the memory back.
+//!
+//! Everything here is pure: the caller passes the clock, does the registering and
+//! reports back ([`History::pinned`], [`History::pin_failed`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+/// Pages are locked whole: spans are widened to this.
+pub const PAGE: u64 = 4096;
+
+/// What pinning is set to do (`CUDAW_PIN`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Never pin; copies are staged as before.
+    Off,
+    /// Learn while running and pin what gets hot.
+    #[default]
+    Auto,
+    /// As `Auto`, and write the history to this file at exit.
+    Profile(String),
+    /// Pin the hot signatures of this profile from their first copy, and learn the rest
+    /// as `Auto`.
+    Use(String),
+}
+
+impl Mode {
+    /// Parses `off`, `auto`, `profile:FILE` or `use:FILE`.
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        match s {
+            "off" => Ok(Mode::Off),
+            "auto" | "" => Ok(Mode::Auto),
+            _ => match s.split_once(':') {
+                Some(("profile", f)) if !f.is_empty() => Ok(Mode::Profile(f.to_owned())),
+                Some(("use", f)) if !f.is_empty() => Ok(Mode::Use(f.to_owned())),
+                _ => Err(format!(
+                    "CUDAW_PIN={s:?}: expected off, auto, profile:FILE or use:FILE"
+                )),
+            },
+        }
+    }
+}
+
+/// What copies and pinning cost on this machine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Costs {
+    /// Bytes per second of a staged copy (cudaw's pool).
+    pub staged_bytes_per_s: f64,
+    /// Bytes per second of a copy from or to page-locked memory.
+    pub pinned_bytes_per_s: f64,
+    /// Seconds per byte to register memory (`cuMemHostRegister`: faulting in and locking
+    /// the pages), plus as much again to unregister it later.
+    pub pin_s_per_byte: f64,
+    /// Seconds of fixed cost per registration (a driver call, a mapping).
+    pub pin_s_fixed: f64,
+}
+
+impl Default for Costs {
+    /// An H100 host (PCIe Gen5): pinned copies at 51 GiB/s and staged ones at about half
+    /// of that; registration at about 5 GB/s with 50 µs per call. `gpu-check.sh`'s
+    /// `transfers` section measures all four.
+    fn default() -> Self {
+        Costs {
+            staged_bytes_per_s: 25e9,
+            pinned_bytes_per_s: 51.0 * (1u64 << 30) as f64,
+            pin_s_per_byte: 2.0 / 5e9,
+            pin_s_fixed: 50e-6,
+        }
+    }
+}
+
+impl Costs {
+    /// Seconds that pinning `len` bytes costs (registering and, later, unregistering).
+    pub fn pin_cost(&self, len: u64) -> f64 {
+        self.pin_s_fixed + len as f64 * self.pin_s_per_byte
+    }
+
+    /// Seconds a staged copy of `len` bytes loses against a pinned one.
+    pub fn regret(&self, len: u64) -> f64 {
+        let lost = 1.0 / self.staged_bytes_per_s - 1.0 / self.pinned_bytes_per_s;
+        len as f64 * lost.max(0.0)
+    }
+
+    /// How many copies of a range of `len` bytes make it hot.
+    pub fn copies_to_pin(&self, len: u64) -> f64 {
+        let r = self.regret(len);
+        if r <= 0.0 {
+            f64::INFINITY
+        } else {
+            self.pin_cost(len) / r
+        }
+    }
+}
+
+/// The limits pinning works within.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub mode: Mode,
+    /// The most bytes cudaw keeps pinned at once (`CUDAW_PIN_MAX`).
+    pub budget: u64,
+    /// Ranges smaller than this are never pinned (their copies stay where they are).
+    pub min_bytes: u64,
+    pub costs: Costs,
+}
+
+impl Policy {
+    /// The default budget: an eighth of the machine's memory, at most 64 GiB. Page-locked
+    /// memory is taken from everything else on the machine (other jobs, the page cache,
+    /// cudaw's own staging); the seed pinned 7% of a program's memory for nearly the
+    /// speed of pinning all of it.
+    pub fn default_budget(total_ram: u64) -> u64 {
+        (total_ram / 8).min(64 << 30)
+    }
+}
+
+/// What to do with a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// The host side is inside a range cudaw pinned: the driver copies it at pinned speed.
+    Direct,
+    /// Register `[start, start + len)` now (then report with [`History::pinned`] or
+    /// [`History::pin_failed`]); the copy goes to the driver if registering worked, through
+    /// the staging if not.
+    Pin { start: u64, len: u64 },
+    /// Through the staging.
+    Stage,
+}
+
+/// A copy's signature across runs: where the program issued it and how long it was
+/// (addresses change between runs; these do not).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Signature {
+    /// The copy's call site: `library+0xoffset` of the caller, or empty when unknown.
+    pub site: String,
+    /// Bytes.
+    pub len: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Range {
+    end: u64,
+    copies: u64,
+    bytes: u64,
+    regret: f64,
+    pinned: bool,
+    /// Registering it failed or did not fit: not tried again.
+    refused: bool,
+    last_use: u64,
+    signature: Signature,
+}
+
+/// Per signature, what a run saw (the profile).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SignatureStats {
+    pub site: String,
+    pub len: u64,
+    pub copies: u64,
+    pub bytes: u64,
+    /// Distinct ranges (buffers) that had this signature.
+    pub ranges: u64,
+    /// Whether a range of this signature was pinned.
+    pub hot: bool,
+}
+
+/// The profile file: human-readable JSON.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Profile {
+    /// `cudaw-pin-profile-1`.
+    pub format: String,
+    pub signatures: Vec<SignatureStats>,
+}
+
+/// The profile format this crate writes and reads.
+pub const PROFILE_FORMAT: &str = "cudaw-pin-profile-1";
+
+impl Profile {
+    /// Parses a profile, refusing other formats.
+    pub fn from_json(text: &str) -> Result<Profile, String> {
+        let p: Profile =
+            serde_json::from_str(text).map_err(|e| format!("not a pinning profile: {e}"))?;
+        if p.format != PROFILE_FORMAT {
+            return Err(format!(
+                "pinning profile format {:?}, expected {PROFILE_FORMAT:?}",
+                p.format
+            ));
+        }
+        Ok(p)
+    }
+}
+
+/// Counters for statistics (`cudaw-ckpt stats`, Prometheus).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Copies (and bytes) from or to ranges cudaw pinned.
+    pub hot_copies: u64,
+    pub hot_bytes: u64,
+    /// Copies (and bytes) from or to other pageable memory (staged).
+    pub cold_copies: u64,
+    pub cold_bytes: u64,
+    /// Bytes pinned by cudaw now, and ranges.
+    pub pinned_bytes: u64,
+    pub pinned_ranges: u64,
+    /// Ranges that got hot but did not fit the budget or failed to register.
+    pub refused: u64,
+    /// Ranges unregistered because the program gave their memory back.
+    pub released: u64,
+}
+
+/// The memory history of a process's pageable host memory.
+#[derive(Debug, Default)]
+pub struct History {
+    policy: Option<Policy>,
+    /// By start address.
+    ranges: BTreeMap<u64, Range>,
+    /// Signatures a profile says are hot.
+    hot: HashMap<Signature, ()>,
+    stats: Stats,
+    /// Signatures of ranges no longer tracked (released), for the profile.
+    gone: HashMap<Signature, SignatureStats>,
+}
+
+/// `[ptr, ptr + len)` widened to whole pages.
+pub fn page_span(ptr: u64, len: u64) -> (u64, u64) {
+    let start = ptr & !(PAGE - 1);
+    let end = ptr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
+    (start, end - start)
+}
+
+impl History {
+    pub fn new(policy: Policy) -> History {
+        History {
+            policy: Some(policy),
+            ..History::default()
+        }
+    }
+
+    /// A history that pins `profile`'s hot signatures on their first copy.
+    pub fn with_profile(policy: Policy, profile: &Profile) -> History {
+        let mut h = History::new(policy);
+        for s in profile.signatures.iter().filter(|s| s.hot) {
+            h.hot.insert(
+                Signature {
+                    site: s.site.clone(),
+                    len: s.len,
+                },
+                (),
+            );
+        }
+        h
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The pinned range holding `[ptr, ptr + len)`, if one does.
+    fn pinned_around(&self, ptr: u64, len: u64) -> Option<(u64, &Range)> {
+        let (start, r) = self.ranges.range(..=ptr).next_back()?;
+        (r.pinned && ptr.saturating_add(len) <= r.end).then_some((*start, r))
+    }
+
+    /// A copy of `len` bytes at host address `ptr`, issued at `site`, at time `now`
+    /// (ticks): what to do with it.
+    pub fn copy(&mut self, ptr: u64, len: u64, site: &str, now: u64) -> Action {
+        let Some(policy) = &self.policy else {
+            return Action::Stage;
+        };
+        if policy.mode == Mode::Off || len == 0 {
+            return Action::Stage;
+        }
+        if let Some((start, _)) = self.pinned_around(ptr, len) {
+            let r = self.ranges.get_mut(&start).expect("just found");
+            r.copies += 1;
+            r.bytes += len;
+            r.last_use = now;
+            self.stats.hot_copies += 1;
+            self.stats.hot_bytes += len;
+            return Action::Direct;
+        }
+        self.stats.cold_copies += 1;
+        self.stats.cold_bytes += len;
+        let (start, span) = page_span(ptr, len);
+        let end = start + span;
+        let (min_bytes, budget, costs) = (policy.min_bytes, policy.budget, policy.costs);
+        let signature = Signature {
+            site: site.to_owned(),
+            len,
+        };
+        let profiled_hot = self.hot.contains_key(&signature);
+        // A range that overlaps a tracked one of another extent replaces it: the program
+        // reused the memory for something else.
+        let overlapping: Vec<u64> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > start)
+            .filter(|(s, r)| !r.pinned && (**s, r.end) != (start, end))
+            .map(|(s, _)| *s)
+            .collect();
+        for s in overlapping {
+            self.forget(s);
+        }
+        if self
+            .ranges
+            .range(..end)
+            .next_back()
+            .is_some_and(|(s, r)| r.pinned && r.end > start && !(*s == start && r.end == end))
+        {
+            // Part of it is pinned already (a copy straddling a pinned range): staged.
+            return Action::Stage;
+        }
+        let r = self.ranges.entry(start).or_insert_with(|| Range {
+            end,
+            copies: 0,
+            bytes: 0,
+            regret: 0.0,
+            pinned: false,
+            refused: false,
+            last_use: now,
+            signature: signature.clone(),
+        });
+        r.copies += 1;
+        r.bytes += len;
+        r.regret += costs.regret(len);
+        r.last_use = now;
+        if r.refused || span < min_bytes {
+            return Action::Stage;
+        }
+        let hot = profiled_hot || r.regret >= costs.pin_cost(span);
+        if !hot {
+            return Action::Stage;
+        }
+        if self.stats.pinned_bytes + span > budget {
+            r.refused = true;
+            self.stats.refused += 1;
+            return Action::Stage;
+        }
+        // Counted as pinned until the caller says otherwise (no second Pin meanwhile).
+        r.pinned = true;
+        self.stats.pinned_bytes += span;
+        self.stats.pinned_ranges += 1;
+        Action::Pin { start, len: span }
+    }
+
+    /// Registering the range at `start` worked.
+    pub fn pinned(&mut self, start: u64) {
+        debug_assert!(self.ranges.get(&start).is_some_and(|r| r.pinned));
+    }
+
+    /// Registering the range at `start` failed: it is never tried again.
+    pub fn pin_failed(&mut self, start: u64) {
+        if let Some(r) = self.ranges.get_mut(&start) {
+            if r.pinned {
+                r.pinned = false;
+                self.stats.pinned_bytes -= r.end - start;
+                self.stats.pinned_ranges -= 1;
+            }
+            r.refused = true;
+            self.stats.refused += 1;
+        }
+    }
+
+    /// The program is about to give `[ptr, ptr + len)` back (`free`, `munmap`,
+    /// `realloc`): the pinned ranges to unregister first, as `(start, len)`. Every range
+    /// touching it is forgotten.
+    pub fn release(&mut self, ptr: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = ptr.saturating_add(len);
+        let touching: Vec<u64> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, r)| r.end > ptr)
+            .map(|(s, _)| *s)
+            .collect();
+        let mut out = Vec::new();
+        for s in touching.into_iter().rev() {
+            if let Some(r) = self.ranges.get(&s) {
+                if r.pinned {
+                    out.push((s, r.end - s));
+                    self.stats.released += 1;
+                }
+            }
+            self.forget(s);
+        }
+        out
+    }
+
+    /// Every range still pinned, as `(start, len)` (to unregister at exit).
+    pub fn pinned_ranges(&self) -> Vec<(u64, u64)> {
+        self.ranges
+            .iter()
+            .filter(|(_, r)| r.pinned)
+            .map(|(s, r)| (*s, r.end - s))
+            .collect()
+    }
+
+    fn forget(&mut self, start: u64) {
+        let Some(r) = self.ranges.remove(&start) else {
+            return;
+        };
+        if r.pinned {
+            self.stats.pinned_bytes -= r.end - start;
+            self.stats.pinned_ranges -= 1;
+        }
+        let g = self.gone.entry(r.signature.clone()).or_default();
+        add(g, &r);
+    }
+
+    /// What this run saw, per signature, most bytes first.
+    pub fn profile(&self) -> Profile {
+        let mut by: HashMap<Signature, SignatureStats> = self.gone.clone();
+        for r in self.ranges.values() {
+            add(by.entry(r.signature.clone()).or_default(), r);
+        }
+        let mut signatures: Vec<SignatureStats> = by
+            .into_iter()
+            .map(|(sig, mut s)| {
+                s.site = sig.site;
+                s.len = sig.len;
+                s
+            })
+            .collect();
+        signatures.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then_with(|| (&a.site, a.len).cmp(&(&b.site, b.len)))
+        });
+        Profile {
+            format: PROFILE_FORMAT.to_owned(),
+            signatures,
+        }
+    }
+}
+
+fn add(s: &mut SignatureStats, r: &Range) {
+    s.copies += r.copies;
+    s.bytes += r.bytes;
+    s.ranges += 1;
+    s.hot |= r.pinned;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn policy(budget: u64) -> Policy {
+        Policy {
+            mode: Mode::Auto,
+            budget,
+            min_bytes: MIB,
+            costs: Costs::default(),
+        }
+    }
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!(Mode::parse("off"), Ok(Mode::Off));
+        assert_eq!(Mode::parse("auto"), Ok(Mode::Auto));
+        assert_eq!(
+            Mode::parse("profile:/tmp/p.json"),
+            Ok(Mode::Profile("/tmp/p.json".into()))
+        );
+        assert_eq!(Mode::parse("use:p.json"), Ok(Mode::Use("p.json".into())));
+        for bad in ["on", "profile:", "use", "pin:x"] {
+            assert!(Mode::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_buffer_copied_once_is_never_pinned() {
+        let mut h = History::new(policy(1 << 40));
+        for i in 0..100u64 {
+            let a = h.copy(0x1000_0000 + i * 256 * MIB, 128 * MIB, "s", i);
+            assert_eq!(a, Action::Stage);
+        }
+        assert_eq!(h.stats().pinned_bytes, 0);
+    }
+
+    #[test]
+    fn a_buffer_copied_every_step_is_pinned_within_a_few_copies() {
+        let mut h = History::new(policy(1 << 40));
+        let costs = Costs::default();
+        let want = costs.copies_to_pin(128 * MIB).ceil() as u64;
+        assert!((2..=20).contains(&want), "{want} copies to pin 128 MiB");
+        let mut pinned_at = None;
+        for step in 1..=20u64 {
+            match h.copy(0x7000_0000, 128 * MIB, "loop", step) {
+                Action::Pin { start, len } => {
+                    assert_eq!((start, len), (0x7000_0000, 128 * MIB));
+                    pinned_at = Some(step);
+                    h.pinned(start);
+                }
+                Action::Direct => assert!(pinned_at.is_some()),
+                Action::Stage => assert!(pinned_at.is_none()),
+            }
+        }
+        assert_eq!(pinned_at, Some(want));
+        assert_eq!(h.stats().pinned_bytes, 128 * MIB);
+        // A copy of part of it, or at an offset inside it, is direct too.
+        assert_eq!(
+            h.copy(0x7000_0000 + MIB, 4 * MIB, "other", 21),
+            Action::Direct
+        );
+    }
+
+    #[test]
+    fn the_budget_is_never_exceeded() {
+        let mut h = History::new(policy(300 * MIB));
+        let mut pinned = 0;
+        for step in 0..50u64 {
+            for b in 0..4u64 {
+                if let Action::Pin { len, .. } = h.copy(b << 32, 128 * MIB, "x", step) {
+                    pinned += len;
+                }
+            }
+            assert!(h.stats().pinned_bytes <= 300 * MIB);
+        }
+        assert_eq!(pinned, 256 * MIB);
+        assert!(h.stats().refused >= 2);
+    }
+
+    #[test]
+    fn memory_given_back_is_unregistered_first() {
+        let mut h = History::new(policy(1 << 40));
+        let base = 0x5000_0000u64;
+        while h.copy(base, 64 * MIB, "s", 0) != Action::Direct {}
+        // Freeing memory around it names the range once, and it is forgotten.
+        assert_eq!(h.release(base - PAGE, 128 * MIB), vec![(base, 64 * MIB)]);
+        assert_eq!(h.stats().pinned_bytes, 0);
+        assert!(h.release(base, 64 * MIB).is_empty());
+        assert!(h.pinned_ranges().is_empty());
+        // Copies there start over.
+        assert_eq!(h.copy(base, 64 * MIB, "s", 1), Action::Stage);
+    }
+
+    #[test]
+    fn a_failed_registration_is_not_tried_again() {
+        let mut h = History::new(policy(1 << 40));
+        let start = loop {
+            if let Action::Pin { start, .. } = h.copy(0x9000_0000, 64 * MIB, "s", 0) {
+                break start;
+            }
+        };
+        h.pin_failed(start);
+        for _ in 0..100 {
+            assert_eq!(h.copy(0x9000_0000, 64 * MIB, "s", 0), Action::Stage);
+        }
+        assert_eq!(h.stats().pinned_bytes, 0);
+    }
+
+    #[test]
+    fn small_ranges_and_off_are_left_alone() {
+        let mut h = History::new(policy(1 << 40));
+        for _ in 0..1000 {
+            assert_eq!(h.copy(0x1000, 64 << 10, "s", 0), Action::Stage);
+        }
+        let mut off = History::new(Policy {
+            mode: Mode::Off,
+            ..policy(1 << 40)
+        });
+        for _ in 0..1000 {
+            assert_eq!(off.copy(0x1000_0000, 64 * MIB, "s", 0), Action::Stage);
+        }
+    }
+
+    #[test]
+    fn a_profile_round_trips_and_pins_from_the_first_copy() {
+        let mut h = History::new(policy(1 << 40));
+        while h.copy(0x4000_0000, 32 * MIB, "hot.so+0x10", 0) != Action::Direct {}
+        h.copy(0x8000_0000, 32 * MIB, "cold.so+0x20", 0);
+        let text = serde_json::to_string_pretty(&h.profile()).unwrap();
+        let p = Profile::from_json(&text).unwrap();
+        assert_eq!(p.signatures.len(), 2);
+        assert!(p
+            .signatures
+            .iter()
+            .any(|s| s.hot && s.site == "hot.so+0x10"));
+        // Another run, other addresses: the hot signature is pinned on its first copy.
+        let mut next = History::with_profile(policy(1 << 40), &p);
+        assert!(matches!(
+            next.copy(0x6000_0000, 32 * MIB, "hot.so+0x10", 0),
+            Action::Pin { .. }
+        ));
+        assert_eq!(
+            next.copy(0xa000_0000, 32 * MIB, "cold.so+0x20", 0),
+            Action::Stage
+        );
+        assert!(Profile::from_json("{\"format\":\"other\",\"signatures\":[]}").is_err());
+        assert!(Profile::from_json("not json").is_err());
+    }
+
+    #[test]
+    fn the_default_budget_is_an_eighth_of_memory() {
+        assert_eq!(Policy::default_budget(256 << 30), 32 << 30);
+        assert_eq!(Policy::default_budget(2 << 40), 64 << 30);
+    }
+}
