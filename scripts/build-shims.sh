@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the three drop-in runtimes, one per CUDA major, and the driver shim into
-# target/shims/PROFILE/:
-#   libcudart.so.11.0  libcudart.so.12  libcudart.so.13  libcuda.so.1
+# Builds the three drop-in runtimes, one per CUDA major, the driver shim and the
+# host-memory interposer (smart pinning) into target/shims/PROFILE/:
+#   libcudart.so.11.0  libcudart.so.12  libcudart.so.13  libcuda.so.1  libcudaw_hostmem.so
 # Usage: scripts/build-shims.sh [debug|release]   (default debug)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +19,7 @@ done
 cargo build -q "${flag[@]}" -p driver-shim
 cp -f "$target/$profile/libdriver_shim.so" "$out/libcuda.so.1.tmp"
 mv -f "$out/libcuda.so.1.tmp" "$out/libcuda.so.1"
+cargo build -q "${flag[@]}" -p cudaw-hostmem
+cp -f "$target/$profile/libcudaw_hostmem.so" "$out/libcudaw_hostmem.so.tmp"
+mv -f "$out/libcudaw_hostmem.so.tmp" "$out/libcudaw_hostmem.so"
 echo "built $(ls "$out" | tr '\n' ' ')in $out" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts a GPU machine needs into dist/ (stripped, ignored by git):
 #   dist/lib/libcudart.so.11.0  dist/lib/libcudart.so.12  dist/lib/libcudart.so.13
-#   dist/lib/libcuda.so.1 (the driver shim)
+#   dist/lib/libcuda.so.1 (the driver shim)  dist/lib/libcudaw_hostmem.so (smart pinning)
 #   dist/bin/cudaw  dist/bin/cudaw-ckpt  dist/bin/vmm_check  dist/bin/staging_bench
 #   dist/lib/libsimgpu.so                     the simulated GPU (`cudaw demo` without a GPU)
 #   dist/share/cudaw/cudaw_demo{,.cu}         `cudaw demo`'s example, prebuilt with nvcc
@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
 scripts/build-shims.sh release
 rm -rf dist && mkdir -p dist/lib dist/bin
-cp target/shims/release/libcudart.so.* target/shims/release/libcuda.so.1 dist/lib/
+cp target/shims/release/libcudart.so.* target/shims/release/libcuda.so.1 \
+  target/shims/release/libcudaw_hostmem.so dist/lib/
 cargo build -q --release -p cudaw-cli
 for b in cudaw cudaw-ckpt; do
   if [ -f "$target/release/$b" ]; then cp "$target/release/$b" dist/bin/; fi

@@ -50,6 +50,13 @@ pub struct Args {
     /// and keeps the context. Sets CUDAW_RELEASE_ON_PAUSE=1.
     #[arg(long)]
     pub release_on_pause: bool,
+    /// Smart pinning: page-lock the pageable host buffers the program copies often, so that
+    /// their copies run at pinned speed (off, auto, profile:FILE to also write what was
+    /// seen, use:FILE to pin a profile's hot copies from the start). Preloads cudaw's
+    /// host-memory interposer, which unpins a buffer before the program frees or unmaps it.
+    /// Sets CUDAW_PIN (default: $CUDAW_PIN, else off).
+    #[arg(long, value_name = "MODE", value_parser = parse_pin)]
+    pub pin: Option<String>,
     /// The job the program belongs to for the node scheduler (`cudaw node`): its
     /// processes share the job's turns and shares as the daemon's configuration names
     /// them. Without it the program is a job of its own. Sets CUDAW_JOB.
@@ -496,6 +503,31 @@ pub fn run(args: &Args) -> Result<()> {
     // whatever their RPATH says.
     let driver_shim = dir.join("libcuda.so.1");
     let mut preload = OsString::new();
+    // The host-memory interposer first of all: its `free` and `munmap` must be the ones the
+    // whole process calls (it calls the next ones, an allocator preloaded after it too).
+    let pin = args
+        .pin
+        .clone()
+        .or_else(|| std::env::var("CUDAW_PIN").ok())
+        .filter(|p| {
+            !matches!(
+                cudaw_pin::Mode::parse(p.trim()),
+                Ok(cudaw_pin::Mode::Off) | Err(_)
+            )
+        });
+    if pin.is_some() {
+        let hostmem = dir.join("libcudaw_hostmem.so");
+        if !hostmem.is_file() {
+            bail!(
+                "not starting {}: smart pinning needs {}, which is not there (rebuild with \
+                 scripts/build-shims.sh, or run without --pin / CUDAW_PIN)",
+                program.display(),
+                hostmem.display()
+            );
+        }
+        preload.push(&hostmem);
+        preload.push(":");
+    }
     if !args.no_driver_layer && driver_shim.is_file() {
         preload.push(&driver_shim);
         preload.push(":");
@@ -530,6 +562,9 @@ pub fn run(args: &Args) -> Result<()> {
     if args.release_on_pause {
         env.push(("CUDAW_RELEASE_ON_PAUSE".into(), "1".into()));
     }
+    if let Some(p) = &args.pin {
+        env.push(("CUDAW_PIN".into(), p.into()));
+    }
     if let Some(j) = &args.job {
         env.push(("CUDAW_JOB".into(), j.into()));
         env.extend(job_gpus(j));
@@ -553,6 +588,11 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let err = cmd.exec();
     bail!("cannot run {}: {err}", program.display())
+}
+
+/// `--pin MODE`: off, auto, profile:FILE or use:FILE.
+fn parse_pin(v: &str) -> Result<String, String> {
+    cudaw_pin::Mode::parse(v).map(|_| v.to_owned())
 }
 
 /// `--alloc-wait TIME`: a time, `off` or `auto`.

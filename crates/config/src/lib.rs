@@ -119,6 +119,12 @@ pub struct Config {
     /// `CUDAW_STAGING_STREAMS`, `CUDAW_STAGING_BUFFER`, `CUDAW_STAGING_THREADS`: how
     /// pause and resume copy.
     pub staging: driver::StagingConfig,
+    /// `CUDAW_PIN`: smart pinning of hot pageable host ranges (`off`, the default until
+    /// the GPU runs measure it; `auto`, `profile:FILE`, `use:FILE`).
+    pub pin: cudaw_pin::Mode,
+    /// `CUDAW_PIN_MAX`: the most bytes pinning keeps page-locked (a size; default an
+    /// eighth of the machine's memory, at most 64 GiB).
+    pub pin_max: Option<u64>,
     /// `CUDAW_TRACE`: `metrics`, `timeline` or off (default).
     pub trace: cudaw_trace::Mode,
     /// `CUDAW_TRACE_FILE`: where the timeline is written at exit (default
@@ -230,6 +236,25 @@ impl Config {
             _ => (None, None),
         };
         let staging = driver::StagingConfig::from_lookup(&get, &mut warnings);
+        let pin = match get("CUDAW_PIN").map(|v| v.trim().to_owned()) {
+            None => cudaw_pin::Mode::Off,
+            Some(v) if v.is_empty() => cudaw_pin::Mode::Off,
+            Some(v) => cudaw_pin::Mode::parse(&v).unwrap_or_else(|e| {
+                warnings.push(format!("{e}; pinning is off"));
+                cudaw_pin::Mode::Off
+            }),
+        };
+        let pin_max = get("CUDAW_PIN_MAX")
+            .filter(|v| !v.trim().is_empty())
+            .and_then(|v| {
+                let n = vmm::config::parse_size(&v);
+                if n.is_none() {
+                    warnings.push(format!(
+                        "CUDAW_PIN_MAX={v:?} is no size (8G, 512M, bytes); the default applies"
+                    ));
+                }
+                n
+            });
         let trace = match get("CUDAW_TRACE") {
             None => cudaw_trace::Mode::Off,
             Some(v) => cudaw_trace::Mode::parse(&v).unwrap_or_else(|e| {
@@ -306,6 +331,8 @@ impl Config {
             control_socket: switch("CUDAW_CONTROL_SOCKET"),
             pause_timeout,
             staging,
+            pin,
+            pin_max,
             trace,
             trace_file: path("CUDAW_TRACE_FILE"),
             trace_events,

@@ -942,6 +942,16 @@ pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
     })
 }
 
+/// `cudaw_pin_release_v1(ptr, len)`: cudaw's host-memory interposer (`free`, `munmap`, …)
+/// says `[ptr, ptr + len)` is about to be given back; what smart pinning registered there
+/// is unregistered first ([`cudaw_engine::pinning::release`]).
+#[no_mangle]
+pub extern "C" fn cudaw_pin_release_v1(ptr: u64, len: u64) {
+    crate::boundary::guard("unpinning memory given back", (), || {
+        cudaw_engine::pinning::release(ptr, len)
+    })
+}
+
 /// The names cudaw replaces, and with what, for this configuration.
 pub fn table() -> Vec<(usize, usize)> {
     let mut v = list::always_wrappers().to_vec();

@@ -16,6 +16,7 @@
 //! - [`evict`]: pause and resume themselves; [`image`]: dump and restore, built on them.
 //! - [`memory`], [`handles`], [`staging`], [`registry`]: the state they act on.
 //! - [`pageable`]: the program's copies with pageable host memory, through the staging.
+//! - [`pinning`]: smart pinning (`CUDAW_PIN`): hot pageable ranges page-locked in place.
 #![deny(unsafe_op_in_unsafe_fn)]
 // Module docs name the crate-private steps they describe (`--document-private-items`
 // shows them).
@@ -42,6 +43,7 @@ pub mod memory;
 pub mod memory_calls;
 pub mod pageable;
 pub mod peer;
+pub mod pinning;
 pub mod registry;
 pub mod requests;
 pub mod room;

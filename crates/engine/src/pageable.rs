@@ -256,15 +256,22 @@ fn qualify(req: &Request) -> Option<(&'static DriverBackend, PageableCopy)> {
 /// The decision point for the host side of every copy of at least [`min_bytes`] whose
 /// device side is cudaw's: whether it goes through the pinned staging.
 ///
-/// Smart pinning (issue 29's second part) belongs here: count the transfer against the
-/// host range `[host, host + len)` belongs to (and its allocation site), and once that
-/// range is hot and fits the pinning budget, page-lock it in place (`cuMemHostRegister`)
-/// and answer [`HostMemory::DriverPath`]: the driver then copies it at pinned speed with
-/// no staging at all (and every later copy finds it page-locked here).
-pub fn host_memory(backend: &DriverBackend, host: u64, _len: usize) -> HostMemory {
+/// Smart pinning ([`crate::pinning`]) counts the transfer against the host range
+/// `[host, host + len)` belongs to, and once that range is hot and fits the pinning
+/// budget, page-locks it in place (`cuMemHostRegister`): the answer is then
+/// [`HostMemory::DriverPath`], and the driver copies it at pinned speed with no staging
+/// (every later copy finds it page-locked here).
+pub fn host_memory(backend: &'static DriverBackend, host: u64, len: usize) -> HostMemory {
     match backend.driver().pointer_memory_type(host) {
+        Ok(MemoryType::Pageable) if crate::pinning::decide(backend, host, len) => {
+            HostMemory::DriverPath
+        }
         Ok(MemoryType::Pageable) => HostMemory::Pageable,
-        Ok(MemoryType::Host | MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
+        Ok(MemoryType::Host) => {
+            crate::pinning::note_direct(host, len);
+            HostMemory::DriverPath
+        }
+        Ok(MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
     }
 }
 

@@ -53,6 +53,20 @@ pub fn summary() -> String {
             bytes >> 20
         ));
     }
+    if let Some(p) = crate::pinning::stats() {
+        parts.push(format!(
+            "smart pinning: {} copies ({} MiB) from pinned ranges, {} ({} MiB) from others; \
+             {} ranges ({} MiB) pinned at exit, {} released when given back, {} refused",
+            p.hot_copies,
+            p.hot_bytes >> 20,
+            p.cold_copies,
+            p.cold_bytes >> 20,
+            p.pinned_ranges,
+            p.pinned_bytes >> 20,
+            p.released,
+            p.refused
+        ));
+    }
     parts.join("; ")
 }
 
@@ -61,6 +75,8 @@ extern "C" fn log_summary_at_exit() {
         if log::enabled(log::Level::Info) {
             log::info(format_args!("at exit: {}", summary()));
         }
+        // After the summary (which counts what is pinned at exit): unpin, write the profile.
+        crate::pinning::finish();
     })
 }
 

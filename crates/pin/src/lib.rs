@@ -199,6 +199,12 @@ pub struct Profile {
 pub const PROFILE_FORMAT: &str = "cudaw-pin-profile-1";
 
 impl Profile {
+    /// The profile as the file holds it: indented JSON, one line per field.
+    pub fn to_json(&self) -> String {
+        // Serialising plain strings and numbers cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
     /// Parses a profile, refusing other formats.
     pub fn from_json(text: &str) -> Result<Profile, String> {
         let p: Profile =
@@ -282,6 +288,22 @@ impl History {
     fn pinned_around(&self, ptr: u64, len: u64) -> Option<(u64, &Range)> {
         let (start, r) = self.ranges.range(..=ptr).next_back()?;
         (r.pinned && ptr.saturating_add(len) <= r.end).then_some((*start, r))
+    }
+
+    /// A copy the driver already sees as page-locked: counted as a hot copy if it lies in
+    /// a range cudaw pinned (the program's own page-locked memory is not cudaw's business).
+    pub fn copy_direct(&mut self, ptr: u64, len: u64, now: u64) -> bool {
+        let Some((start, _)) = self.pinned_around(ptr, len) else {
+            return false;
+        };
+        if let Some(r) = self.ranges.get_mut(&start) {
+            r.copies += 1;
+            r.bytes += len;
+            r.last_use = now;
+        }
+        self.stats.hot_copies += 1;
+        self.stats.hot_bytes += len;
+        true
     }
 
     /// A copy of `len` bytes at host address `ptr`, issued at `site`, at time `now`
@@ -528,6 +550,11 @@ mod tests {
             h.copy(0x7000_0000 + MIB, 4 * MIB, "other", 21),
             Action::Direct
         );
+        // Copies the driver takes directly count as hot ones here, and only here.
+        let hot = h.stats().hot_copies;
+        assert!(h.copy_direct(0x7000_0000, 128 * MIB, 22));
+        assert!(!h.copy_direct(0x1_0000_0000, 128 * MIB, 23));
+        assert_eq!(h.stats().hot_copies, hot + 1);
     }
 
     #[test]

@@ -1171,7 +1171,9 @@ pub unsafe extern "C" fn cudaPointerGetAttributes(
         let device = runtime::context()?;
         let memory = device.memory();
         let p = ptr as *mut c_void;
-        let value = if runtime::is_pinned(ptr as u64) {
+        // Page-locked by the runtime (cudaHostAlloc, cudaHostRegister) or by the driver
+        // (cuMemHostAlloc, cuMemHostRegister): the runtime asks the driver.
+        let value = if runtime::is_pinned(ptr as u64) || memory.is_host(ptr as u64) {
             PointerAttributes {
                 type_: memory_type::HOST,
                 device: device.ordinal() as c_int,

@@ -1,0 +1,95 @@
+// Smart pinning's checks (CUDAW_PIN, crates/engine/src/pinning.rs): pageable buffers
+// copied round after round, both ways, with a kernel in between, each byte checked; then
+// given back in every way a program gives memory back (free, realloc, munmap) and the
+// address used again.
+//
+// Standard output is the same natively and under cudaw, pinned or not. Standard error
+// carries one "pin_copy: TYPE ..." line per buffer with cudaPointerGetAttributes' type of
+// its first byte (0 unregistered, 1 page-locked): after the rounds (page-locked only where
+// cudaw pinned it) and for the memory that came back at the same address (never
+// page-locked: it was unpinned before it was given back).
+#include "common.h"
+#include <cstdlib>
+#include <cstring>
+#include <sys/mman.h>
+
+static const size_t N = 4u << 20;  // 16 MiB of int
+static const size_t BYTES = N * sizeof(int);
+static const int FILLED = 4096;  // the kernel's elements (simgpu runs kernels on the CPU)
+
+__global__ void fill(int* v, int n, int base) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) v[i] = base + i;
+}
+
+static int value(size_t i, int round) { return (int)(unsigned)(i * 2654435761u) ^ round; }
+static int expected(size_t i, int round) {
+  return i < (size_t)FILLED ? 1000 * round + (int)i : value(i, round);
+}
+
+static int type_of(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return (int)a.type;
+}
+
+// `rounds` rounds of: fill on the host, copy to the device, overwrite the first FILLED
+// elements there, copy back, check every element.
+static void rounds(int* h, int* d, int count, const char* what) {
+  for (int r = 0; r < count; r++) {
+    for (size_t i = 0; i < N; i++) h[i] = value(i, r);
+    CHECK(cudaMemcpy(d, h, BYTES, cudaMemcpyHostToDevice));
+    fill<<<FILLED / 256, 256>>>(d, FILLED, 1000 * r);
+    CHECK_LAUNCH();
+    CHECK(cudaMemcpy(h, d, BYTES, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < N; i++) {
+      if (h[i] != expected(i, r)) {
+        std::printf("%s, round %d: element %zu is %d, expected %d\n", what, r, i, h[i],
+                    expected(i, r));
+        std::exit(2);
+      }
+    }
+  }
+  std::printf("%s: %d rounds checked\n", what, count);
+}
+
+int main() {
+  int* d = nullptr;
+  CHECK(cudaMalloc(&d, BYTES));
+
+  int* a = (int*)std::malloc(BYTES);
+  rounds(a, d, 20, "malloc");
+  std::fprintf(stderr, "pin_copy: TYPE malloc-after-rounds %d\n", type_of(a));
+  std::free(a);
+  int* b = (int*)std::malloc(BYTES);
+  std::fprintf(stderr, "pin_copy: TYPE malloc-again %d\n", type_of(b));
+  rounds(b, d, 2, "malloc again");
+  std::free(b);
+
+  void* m = mmap(nullptr, BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXPECT(m != MAP_FAILED);
+  rounds((int*)m, d, 20, "mmap");
+  std::fprintf(stderr, "pin_copy: TYPE mmap-after-rounds %d\n", type_of(m));
+  EXPECT(munmap(m, BYTES) == 0);
+  void* m2 = mmap(m, BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  EXPECT(m2 != MAP_FAILED);
+  std::fprintf(stderr, "pin_copy: TYPE mmap-again %d\n", type_of(m2));
+  rounds((int*)m2, d, 2, "mmap again");
+  EXPECT(munmap(m2, BYTES) == 0);
+
+  int* r = (int*)std::malloc(BYTES);
+  rounds(r, d, 20, "realloc before");
+  std::fprintf(stderr, "pin_copy: TYPE realloc-before %d\n", type_of(r));
+  int* r2 = (int*)std::realloc(r, 2 * BYTES);
+  EXPECT(r2 != nullptr);
+  std::fprintf(stderr, "pin_copy: TYPE realloc-after %d\n", type_of(r2));
+  rounds(r2, d, 2, "realloc after");
+  std::free(r2);
+
+  CHECK(cudaFree(d));
+  std::printf("pin_copy: done\n");
+  return 0;
+}

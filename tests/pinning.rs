@@ -1,0 +1,151 @@
+//! Smart pinning (`CUDAW_PIN`, `crates/engine/src/pinning.rs`, the host-memory interposer
+//! `crates/hostmem`) on simgpu: `tests/cuda/programs/pin_copy.cu` copies 16 MiB pageable
+//! buffers round after round both ways, checking every element, then gives them back in
+//! every way a program does (`free`, `munmap`, `realloc`) and uses the address again.
+//!
+//! Under `CUDAW_PIN=auto` each buffer is page-locked once hot (simgpu's
+//! `cudaPointerGetAttributes` then says "host"), and unregistered before the program gives
+//! it back (the memory that comes back is never page-locked). The output is the same as
+//! natively and without pinning. A profile written by one run pins the next run's hot
+//! copies from their first time.
+
+use cudaw_tests::{compile_program, expected, nvcc, run_under_cudaw, simgpu, Addressing};
+use std::collections::BTreeMap;
+use std::process::Command;
+
+const NAME: &str = "pin_copy";
+
+/// The program's `pin_copy: TYPE WHAT N` lines: cudaPointerGetAttributes' type per buffer.
+fn types(stderr: &str) -> BTreeMap<String, i32> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("pin_copy: TYPE ").nth(1)?;
+            let (what, t) = rest.split_once(' ')?;
+            Some((what.to_owned(), t.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn all_unregistered() -> BTreeMap<String, i32> {
+    [
+        "malloc-after-rounds",
+        "malloc-again",
+        "mmap-after-rounds",
+        "mmap-again",
+        "realloc-before",
+        "realloc-after",
+    ]
+    .into_iter()
+    .map(|w| (w.to_owned(), 0))
+    .collect()
+}
+
+#[test]
+fn native_run_pins_nothing() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    let lib = tempfile::tempdir().expect("a private folder");
+    std::os::unix::fs::symlink(simgpu(), lib.path().join("libcudart.so.13"))
+        .expect("linking simgpu as the runtime");
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib.path())
+        .env("SIMGPU_MEM", "4G")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("running pin_copy natively");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "native run failed:\n{stdout}{stderr}");
+    assert_eq!(stdout, expected(NAME));
+    assert_eq!(types(&stderr), all_unregistered());
+}
+
+#[test]
+fn without_cudaw_pin_nothing_is_pinned() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    let run = run_under_cudaw(&exe, Addressing::Mapped, &[]);
+    run.assert_success("pin_copy without CUDAW_PIN");
+    assert_eq!(run.stdout(), expected(NAME));
+    assert_eq!(types(&run.stderr()), all_unregistered());
+    assert!(!run.stderr().contains("smart pinning"), "{}", run.stderr());
+}
+
+#[test]
+fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    for addressing in [Addressing::Mapped, Addressing::Translated] {
+        let run = run_under_cudaw(&exe, addressing, &[("CUDAW_PIN", "auto")]);
+        let what = format!("pin_copy under CUDAW_PIN=auto ({addressing:?})");
+        run.assert_success(&what);
+        assert_eq!(run.stdout(), expected(NAME), "{what}");
+        let got = types(&run.stderr());
+        let want: BTreeMap<String, i32> = [
+            ("malloc-after-rounds", 1),
+            ("malloc-again", 0),
+            ("mmap-after-rounds", 1),
+            ("mmap-again", 0),
+            ("realloc-before", 1),
+            ("realloc-after", 0),
+        ]
+        .into_iter()
+        .map(|(w, t)| (w.to_owned(), t))
+        .collect();
+        assert_eq!(got, want, "{what}; log:\n{}", run.stderr());
+        // Three buffers pinned, each unregistered when given back; none left at exit.
+        let summary = run
+            .stderr()
+            .lines()
+            .find_map(|l| l.split("smart pinning: ").nth(1).map(str::to_owned))
+            .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
+        assert!(
+            summary.contains("0 ranges (0 MiB) pinned at exit, 3 released when given back"),
+            "{what}: {summary}"
+        );
+    }
+}
+
+#[test]
+fn a_profile_pins_the_next_runs_hot_copies_from_the_start() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    let dir = tempfile::tempdir().expect("a private folder");
+    let file = dir.path().join("pin-profile.json");
+    let profile = format!("profile:{}", file.display());
+    let first = run_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_PIN", &profile)]);
+    first.assert_success("pin_copy writing a profile");
+    let text = std::fs::read_to_string(&file).expect("the profile was written");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the profile is JSON");
+    assert_eq!(json["format"], "cudaw-pin-profile-1");
+    let hot = json["signatures"]
+        .as_array()
+        .expect("signatures")
+        .iter()
+        .filter(|s| s["hot"] == true)
+        .count();
+    assert!(hot >= 1, "{text}");
+
+    // The next run pins on the first copy: more of its copies come from pinned ranges.
+    let hot_copies = |stderr: &str| -> u64 {
+        stderr
+            .lines()
+            .find_map(|l| l.split("smart pinning: ").nth(1))
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no pinning summary:\n{stderr}"))
+    };
+    let use_it = format!("use:{}", file.display());
+    let second = run_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_PIN", &use_it)]);
+    second.assert_success("pin_copy using a profile");
+    assert_eq!(second.stdout(), expected(NAME));
+    assert!(
+        hot_copies(&second.stderr()) > hot_copies(&first.stderr()),
+        "first:\n{}\nsecond:\n{}",
+        first.stderr(),
+        second.stderr()
+    );
+}
