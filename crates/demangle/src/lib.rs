@@ -285,7 +285,10 @@ impl Parser<'_> {
         if self.peek() == Some(b'_') {
             self.pos += 1;
             if self.eat(b'_') {
-                self.number()?;
+                // `__<n>_` only for n ≥ 10 (`_<digit>` below that), as cpp_demangle.
+                if self.number()? < 10 {
+                    return None;
+                }
                 if !self.eat(b'_') {
                     return None;
                 }
@@ -532,7 +535,10 @@ impl Parser<'_> {
                     self.depth -= 3;
                     return Some(s);
                 }
+                // cpp_demangle reaches these arguments through ClassEnumType and Name.
+                self.enter(2)?;
                 let args = self.template_args()?;
+                self.depth -= 2;
                 self.push(Node::UnscopedTemplate(s, args))
             }
             // Two more of cpp_demangle's levels: ClassEnumType, Name. (A type that starts
@@ -929,7 +935,8 @@ impl<'a> Printer<'a> {
             Node::Param(n) => {
                 if self.lambda_arg {
                     self.out.push_str("auto:");
-                    self.out.push_str(itoa::Buffer::new().format(n + 1));
+                    self.out
+                        .push_str(itoa::Buffer::new().format(u64::from(*n) + 1));
                 } else {
                     let arg = self.resolve(*n)?;
                     self.node(arg)?;
@@ -1055,10 +1062,12 @@ mod tests {
     #[test]
     fn what_cpp_demangle_refuses_the_fast_path_refuses() {
         for name in [
+            "_ZZ1fvE1a__5_", // `__<n>_` discriminators start at 10
+            "_Z1aSaISaISaISaISaISaISaISaISaISaISaISaISaISaISaISaISaIiEEEEEEEEEEEEEEEEE", // too deep
             "_Z1fIUliE_EvT_", // a closure type where a type is wanted
-            "_ZN1aIiE",       // cut short
-            "_Z1fIiEvNSaE",   // a nested name of a lone substitution
-            "_Z1fv.cold",     // a clone suffix (cpp_demangle takes it; the fast path not)
+            "_ZN1aIiE",      // cut short
+            "_Z1fIiEvNSaE",  // a nested name of a lone substitution
+            "_Z1fv.cold",    // a clone suffix (cpp_demangle takes it; the fast path not)
             "_Z1fILi1EEvT0_", // a template parameter out of range
         ] {
             assert!(fast(name).is_none(), "{name}");
@@ -1068,5 +1077,8 @@ mod tests {
             );
         }
         assert_eq!(demangle("triton_poi_fused_add_0"), "triton_poi_fused_add_0");
+        // A lambda's `auto` parameter numbered at the top of the range prints as it is.
+        assert_eq!(both("_ZUlT4294967294_E_v"), "{lambda(auto:4294967296)#1}()");
+        assert_eq!(both("_ZZ1fvE1a__12_"), "f()::a");
     }
 }

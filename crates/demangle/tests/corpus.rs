@@ -43,7 +43,13 @@ fn every_torch_kernel_name_prints_as_cpp_demangle_prints_it() {
 #[test]
 fn the_fast_path_gives_up_no_later_than_cpp_demangle() {
     type Shape = fn(usize) -> String;
-    let shapes: [(&str, Shape); 9] = [
+    let shapes: [(&str, Shape); 11] = [
+        ("substitution templates", |k| {
+            format!("_Z1a{}i{}", "SaI".repeat(k), "E".repeat(k))
+        }),
+        ("substitution templates of a parameter", |k| {
+            format!("_Z1fIiEvS_I{}i{}E", "S_I".repeat(k), "E".repeat(k))
+        }),
         ("templates", |k| {
             format!("_Z1fI{}i{}EvT_", "1AI".repeat(k), "E".repeat(k))
         }),
