@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss (multigpu jobbench migrate: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss transfers (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -26,6 +26,7 @@
 #   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, 3 min 35 s
 #   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, 4 min 23 s
 #   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, 3 min 25 s (SWAP_SECONDS=20)
+#   SECTIONS="env transfers" scripts/gpu-check.sh  # host transfers, smart pinning (issue 29); not run yet
 #   (one H100, nvidia-h100-x1; sharing and swap each fit one 10-minute command, not both.
 #    SHARING_SECONDS: each group of jobs together, 40; SHARING_SOLO_SECONDS: each solo run,
 #    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
@@ -952,6 +953,93 @@ PY
   unset CUDAW_RUN_DIR
 fi
 lap trace
+
+if want transfers; then
+  # Host transfers (issue 29), every figure from one run:
+  # - the seed's benchmark (tests/cuda/gpu/transfers/pin_bench.cu: per size 1/8/32/128 MiB,
+  #   2 hot buffers copied TRANSFER_ROUNDS (175) times each way, 25 cold ones once), malloc
+  #   natively, cudaMallocHost natively (the ceiling), and malloc under cudaw without
+  #   pinning, with --pin auto (writing a profile) and with --pin use:PROFILE. Goal: auto
+  #   and use within 5% of the cudaMallocHost run, pinning at most the hot buffers' bytes;
+  # - one-shot copies of 256 MiB and 2 GiB each way, natively and under cudaw (staged, not
+  #   pinned). Goal: at least 3x native pageable;
+  # - what crates/pin's Costs stand for (register, unregister, pinned copies of 1 GiB);
+  # - a PyTorch DataLoader without pin_memory: H2D ms per batch natively, with
+  #   pin_memory=True, and under cudaw --pin auto;
+  # - pin_copy (free, realloc, munmap of pinned buffers) under --pin auto: same output, every
+  #   buffer unpinned before it was given back.
+  : >"$OUT/transfers.log"
+  if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_bench" tests/cuda/gpu/transfers/pin_bench.cu >>"$OUT/programs.log" 2>&1 ||
+    ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_copy" tests/cuda/programs/pin_copy.cu >>"$OUT/programs.log" 2>&1; then
+    row "transfers: compile" FAIL "nvcc failed, see programs.log"
+  else
+    rounds=${TRANSFER_ROUNDS:-175}
+    # tb LABEL CMD...: stdout to $WORK/tr.LABEL, stderr to transfers.log.
+    tb() {
+      local label=$1; shift
+      echo "== $label: $*" >>"$OUT/transfers.log"
+      timeout "${TRANSFER_TIMEOUT:-240}" "$@" >"$WORK/tr.$label" 2>>"$OUT/transfers.log" ||
+        row "transfers: $label" FAIL "rc $?; see transfers.log"
+      cat "$WORK/tr.$label" >>"$OUT/transfers.log"
+    }
+    tb native_pinned "$WORK/pin_bench" seed pinned "$rounds"
+    tb native_malloc "$WORK/pin_bench" seed malloc "$rounds"
+    tb cudaw_staged env CUDAW_LOG=info "$CUDAW" run -- "$WORK/pin_bench" seed malloc "$rounds"
+    tb cudaw_auto env CUDAW_LOG=info "$CUDAW" run --pin "profile:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
+    tb cudaw_use env CUDAW_LOG=info "$CUDAW" run --pin "use:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
+    cp "$WORK/pin.profile" "$OUT/pin.profile" 2>/dev/null || true
+    total() { awk '$1 == "seed" && $2 == "total" { print $3 }' "$WORK/tr.$1"; }
+    ceiling=$(total native_pinned)
+    for l in native_malloc cudaw_staged cudaw_auto cudaw_use; do
+      t=$(total $l); r=$(ratio "$t" "$ceiling")
+      case $l in
+        cudaw_auto | cudaw_use)
+          peak=$(awk -v l="== $l:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
+            on && /smart pinning:/ { sub(/.*at most /, ""); print $1; exit }' "$OUT/transfers.log")
+          # The hot buffers: 2 per size, one size at a time (freed before the next).
+          detail="${t}s, ${r}x the cudaMallocHost run (${ceiling}s); at most ${peak:-?} MiB pinned at once (hot buffers of one size: 2 x 128 MiB; all buffers: 27 x 169 MiB)"
+          if le "$r" 1.05; then row "transfers: seed benchmark, $l" PASS "$detail"; else row "transfers: seed benchmark, $l" FAIL "$detail (goal <= 1.05x)"; fi ;;
+        *) row "transfers: seed benchmark, $l" info "${t}s, ${r}x the cudaMallocHost run (${ceiling}s)" ;;
+      esac
+    done
+    for mib in 256 2048; do
+      tb "oneshot_native_$mib" "$WORK/pin_bench" oneshot $mib
+      tb "oneshot_cudaw_$mib" env CUDAW_LOG=info "$CUDAW" run -- "$WORK/pin_bench" oneshot $mib
+      for dir in h2d d2h; do
+        tn=$(awk -v d=$dir '$2 == d { print $4 }' "$WORK/tr.oneshot_native_$mib")
+        tc=$(awk -v d=$dir '$2 == d { print $4 }' "$WORK/tr.oneshot_cudaw_$mib")
+        speedup=$(ratio "$tn" "$tc")
+        detail="native ${tn}s, cudaw ${tc}s: ${speedup}x ($(awk -v m=$mib -v t="$tc" 'BEGIN { if (t > 0) printf "%.1f", m / 1024 / t }') GiB/s)"
+        if le 3 "$speedup"; then row "transfers: one-shot $mib MiB $dir" PASS "$detail"; else row "transfers: one-shot $mib MiB $dir" FAIL "$detail (goal >= 3x)"; fi
+      done
+    done
+    tb costs "$WORK/pin_bench" costs 1024
+    row "transfers: costs of 1 GiB" info "$(awk '$1 == "costs" { printf "%s %.1f GB/s; ", $2, 1.073741824 / $4 }' "$WORK/tr.costs")"
+    for run in "nopin native" "pin native" "nopin cudaw"; do
+      read -r how where <<<"$run"
+      label="torch_${how}_$where"
+      if [ "$where" = cudaw ]; then
+        tb "$label" env CUDAW_LOG=info "$CUDAW" run --pin auto -- python3 scripts/transfers_torch.py "$how"
+      else
+        tb "$label" python3 scripts/transfers_torch.py "$how"
+      fi
+    done
+    ms() { awk '$1 == "h2d_ms_per_batch" { print $2 }' "$WORK/tr.$1"; }
+    sums=$(for l in torch_nopin_native torch_pin_native torch_nopin_cudaw; do awk '$1 == "checksum" { print $2 }' "$WORK/tr.$l"; done | sort -u | wc -l)
+    row "transfers: DataLoader H2D ms per batch (38.5 MB)" info "native unpinned $(ms torch_nopin_native), pin_memory=True $(ms torch_pin_native), cudaw --pin auto unpinned $(ms torch_nopin_cudaw); checksums $([ "$sums" = 1 ] && echo equal || echo DIFFER)"
+    tb pin_copy_native "$WORK/pin_copy"
+    tb pin_copy_cudaw env CUDAW_LOG=info "$CUDAW" run --pin auto -- "$WORK/pin_copy"
+    types=$(awk -v l="== pin_copy_cudaw:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
+      on && /pin_copy: TYPE/ { printf "%s=%s ", $3, $4 }' "$OUT/transfers.log")
+    want_types="malloc-after-rounds=1 malloc-again=0 mmap-after-rounds=1 mmap-again=0 realloc-before=1 realloc-after=0 program-registered=1 "
+    if cmp -s "$WORK/tr.pin_copy_native" "$WORK/tr.pin_copy_cudaw" && [ "$types" = "$want_types" ]; then
+      row "transfers: pinned buffers freed, unmapped, reallocated" PASS "same output; $types"
+    else
+      row "transfers: pinned buffers freed, unmapped, reallocated" FAIL "types: $types; see transfers.log"
+    fi
+  fi
+fi
+lap transfers
 
 if want fatbinrss; then
   # What parsing kernel layouts costs a PyTorch process (issue 30): the peak RSS of 200

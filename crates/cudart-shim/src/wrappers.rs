@@ -106,6 +106,15 @@ fn free_impl(i: usize, ptr: *mut c_void) -> cudaError_t {
 }
 variants!(free_impl => cudaFree; (ptr: *mut c_void));
 
+/// `cudaHostRegister`: memory the program page-locks itself is its own from now on. What
+/// smart pinning registered there is unregistered first (the runtime would otherwise answer
+/// "already registered", which the program never sees natively).
+fn host_register_impl(i: usize, ptr: *mut c_void, size: usize, flags: u32) -> cudaError_t {
+    cudaw_engine::pinning::release(ptr as u64, size as u64);
+    forward!(i, cudaHostRegister: fn(*mut c_void, usize, u32), ptr, size, flags)
+}
+variants!(host_register_impl => cudaHostRegister; (ptr: *mut c_void, size: usize, flags: u32));
+
 fn malloc_pitch_impl(
     _i: usize,
     out: *mut *mut c_void,

@@ -56,13 +56,15 @@ pub fn summary() -> String {
     if let Some(p) = crate::pinning::stats() {
         parts.push(format!(
             "smart pinning: {} copies ({} MiB) from pinned ranges, {} ({} MiB) from others; \
-             {} ranges ({} MiB) pinned at exit, {} released when given back, {} refused",
+             {} ranges ({} MiB) pinned at exit, at most {} MiB, {} released when given back, \
+             {} refused",
             p.hot_copies,
             p.hot_bytes >> 20,
             p.cold_copies,
             p.cold_bytes >> 20,
             p.pinned_ranges,
             p.pinned_bytes >> 20,
+            p.peak_pinned_bytes >> 20,
             p.released,
             p.refused
         ));

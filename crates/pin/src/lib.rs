@@ -231,6 +231,8 @@ pub struct Stats {
     /// Bytes pinned by cudaw now, and ranges.
     pub pinned_bytes: u64,
     pub pinned_ranges: u64,
+    /// The most bytes pinned at once.
+    pub peak_pinned_bytes: u64,
     /// Ranges that got hot but did not fit the budget or failed to register.
     pub refused: u64,
     /// Ranges unregistered because the program gave their memory back.
@@ -386,6 +388,7 @@ impl History {
         r.pinned = true;
         self.stats.pinned_bytes += span;
         self.stats.pinned_ranges += 1;
+        self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
         Action::Pin { start, len: span }
     }
 

@@ -89,6 +89,16 @@ int main() {
   rounds(r2, d, 2, "realloc after");
   std::free(r2);
 
+  // A buffer cudaw may have pinned, page-locked by the program itself: that must work as
+  // natively (cudaw unpins first), and so must the copies and the unregistering after.
+  int* g = (int*)std::malloc(BYTES);
+  rounds(g, d, 20, "before cudaHostRegister");
+  CHECK(cudaHostRegister(g, BYTES, cudaHostRegisterDefault));
+  std::fprintf(stderr, "pin_copy: TYPE program-registered %d\n", type_of(g));
+  rounds(g, d, 2, "registered by the program");
+  CHECK(cudaHostUnregister(g));
+  std::free(g);
+
   CHECK(cudaFree(d));
   std::printf("pin_copy: done\n");
   return 0;
