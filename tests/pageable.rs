@@ -14,11 +14,11 @@
 //! does the program, with the same output.
 
 use cudaw_tests::{
-    command_under_cudaw, compile_program, expected, nvcc, run_under_cudaw, simgpu, Addressing,
-    KillOnDrop, Rng,
+    command_under_cudaw, compile_program, expected, nvcc, run_natively, run_under_cudaw,
+    Addressing, KillOnDrop, Rng,
 };
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
@@ -58,23 +58,9 @@ fn native_run_matches_the_expected_output() {
     let Some(nvcc) = nvcc() else { return };
     let exe = compile_program(&nvcc, NAME);
     // The program links libcudart.so.13: natively, simgpu plays it.
-    let lib = tempfile::tempdir().expect("a private folder");
-    std::os::unix::fs::symlink(simgpu(), lib.path().join("libcudart.so.13"))
-        .expect("linking simgpu as the runtime");
-    let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib.path())
-        .env("SIMGPU_MEM", "4G")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("running pageable_copy natively");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "native run failed ({}):\n{stdout}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(stdout, expected(NAME));
+    let run = run_natively(&exe);
+    run.assert_success("pageable_copy natively");
+    assert_eq!(run.stdout(), expected(NAME));
 }
 
 #[test]

@@ -9,9 +9,8 @@
 //! natively and without pinning. A profile written by one run pins the next run's hot
 //! copies from their first time.
 
-use cudaw_tests::{compile_program, expected, nvcc, run_under_cudaw, simgpu, Addressing};
+use cudaw_tests::{compile_program, expected, nvcc, run_natively, run_under_cudaw, Addressing};
 use std::collections::BTreeMap;
-use std::process::Command;
 
 const NAME: &str = "pin_copy";
 
@@ -48,22 +47,10 @@ fn all_unregistered() -> BTreeMap<String, i32> {
 fn native_run_pins_nothing() {
     let Some(nvcc) = nvcc() else { return };
     let exe = compile_program(&nvcc, NAME);
-    let lib = tempfile::tempdir().expect("a private folder");
-    std::os::unix::fs::symlink(simgpu(), lib.path().join("libcudart.so.13"))
-        .expect("linking simgpu as the runtime");
-    let out = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib.path())
-        .env("SIMGPU_MEM", "4G")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("running pin_copy natively");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "native run failed:\n{stdout}{stderr}");
-    assert_eq!(stdout, expected(NAME));
-    assert_eq!(types(&stderr), all_unregistered());
+    let run = run_natively(&exe);
+    run.assert_success("pin_copy natively");
+    assert_eq!(run.stdout(), expected(NAME));
+    assert_eq!(types(&run.stderr()), all_unregistered());
 }
 
 #[test]

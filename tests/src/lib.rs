@@ -379,6 +379,30 @@ pub fn node_dir() -> &'static Path {
     })
 }
 
+/// Runs `program` natively on simgpu, to completion: simgpu plays `libcudart.so.13` (linked
+/// in a private folder on `LD_LIBRARY_PATH`), with the simulated device's memory as under
+/// cudaw ([`command_under_cudaw`]).
+pub fn run_natively(program: &Path) -> Run {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    let lib = LIB.get_or_init(|| {
+        let dir = workspace()
+            .join("target/tmp")
+            .join(format!("native-runtime-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating the native runtime's folder");
+        std::os::unix::fs::symlink(simgpu(), dir.join("libcudart.so.13"))
+            .expect("linking simgpu as the runtime");
+        dir
+    });
+    let output = Command::new(program)
+        .env("LD_LIBRARY_PATH", lib)
+        .env("SIMGPU_MEM", "4G")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+    Run { output }
+}
+
 /// Runs `program` under cudaw on simgpu ([`command_under_cudaw`]) to completion.
 pub fn run_under_cudaw(program: &Path, addressing: Addressing, env: &[(&str, &str)]) -> Run {
     let mut cmd = command_under_cudaw(program, addressing, env);

@@ -4,18 +4,11 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-fn names() -> Vec<String> {
-    let packed = include_bytes!("../tests/data/torch-2.11-kernel-names.zst");
-    let text = zstd::stream::decode_all(&packed[..]).expect("the fixture decompresses");
-    String::from_utf8(text)
-        .expect("names are UTF-8")
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
+#[path = "../tests/fixture/mod.rs"]
+mod fixture;
 
 fn bench(c: &mut Criterion) {
-    let names = names();
+    let names = fixture::torch_names();
     let mut g = c.benchmark_group("torch 2.11 kernel names (21,132)");
     g.throughput(Throughput::Elements(names.len() as u64));
     g.sample_size(10);

@@ -146,6 +146,17 @@ impl Parser<'_> {
         (self.depth <= PARSE_LIMIT).then_some(())
     }
 
+    /// `[r] [V] [K]`: bits 4, 2, 1 (the order the grammar writes them).
+    fn cv_qualifiers(&mut self) -> u8 {
+        let mut cv = 0;
+        for (c, bit) in [(b'r', 4), (b'V', 2), (b'K', 1)] {
+            if self.eat(c) {
+                cv |= bit;
+            }
+        }
+        cv
+    }
+
     /// `<encoding> ::= <name> <bare-function-type> | <name>`
     fn encoding(&mut self) -> Option<Id> {
         self.enter(2)?;
@@ -205,16 +216,7 @@ impl Parser<'_> {
     fn nested(&mut self) -> Option<Id> {
         self.enter(4)?;
         self.pos += 1;
-        let mut cv = 0;
-        if self.eat(b'r') {
-            cv |= 4;
-        }
-        if self.eat(b'V') {
-            cv |= 2;
-        }
-        if self.eat(b'K') {
-            cv |= 1;
-        }
+        let cv = self.cv_qualifiers();
         if matches!(self.peek(), Some(b'R' | b'O' | b'H')) {
             return None;
         }
@@ -485,16 +487,7 @@ impl Parser<'_> {
         }
         let id = match c {
             b'r' | b'V' | b'K' => {
-                let mut cv = 0;
-                if self.eat(b'r') {
-                    cv |= 4;
-                }
-                if self.eat(b'V') {
-                    cv |= 2;
-                }
-                if self.eat(b'K') {
-                    cv |= 1;
-                }
+                let cv = self.cv_qualifiers();
                 if matches!(self.peek(), Some(b'F')) || self.peek() == Some(b'D') {
                     // Qualified function types and `Dx`/`Do` are cpp_demangle's.
                     if self.peek2() != Some(b'p') {
@@ -716,34 +709,30 @@ impl<'a> Printer<'a> {
                 self.out.push('*');
                 Some(())
             }
-            // Reference collapsing, as cpp_demangle does it.
             Inner::LRef(_) => {
-                while let Some(top) = self.top() {
-                    match top {
-                        Inner::RRef(_) => {
-                            self.pop();
-                        }
-                        Inner::LRef(_) => return Some(()),
-                        _ => break,
-                    }
-                }
-                self.out.push('&');
+                self.reference("&");
                 Some(())
             }
             Inner::RRef(_) => {
-                while let Some(top) = self.top() {
-                    match top {
-                        Inner::RRef(_) => {
-                            self.pop();
-                        }
-                        Inner::LRef(_) => return Some(()),
-                        _ => break,
-                    }
-                }
-                self.out.push_str("&&");
+                self.reference("&&");
                 Some(())
             }
         }
+    }
+
+    /// A reference's `&` or `&&`, collapsed as cpp_demangle does: r-value references
+    /// pending right below it are dropped, and an l-value one there prints instead.
+    fn reference(&mut self, text: &str) {
+        while let Some(top) = self.top() {
+            match top {
+                Inner::RRef(_) => {
+                    self.pop();
+                }
+                Inner::LRef(_) => return,
+                _ => break,
+            }
+        }
+        self.out.push_str(text);
     }
 
     /// A function's parameter list, where its name is done.

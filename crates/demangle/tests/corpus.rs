@@ -3,17 +3,10 @@
 //! `data/`), on mutations of them, and on names grown until both give up.
 
 use cudaw_demangle::{demangle, fast, reference};
+use fixture::torch_names;
 use proptest::prelude::*;
 
-fn torch_names() -> Vec<String> {
-    let packed = include_bytes!("data/torch-2.11-kernel-names.zst");
-    let text = zstd::stream::decode_all(&packed[..]).expect("the fixture decompresses");
-    String::from_utf8(text)
-        .expect("names are UTF-8")
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
+mod fixture;
 
 #[test]
 fn every_torch_kernel_name_prints_as_cpp_demangle_prints_it() {

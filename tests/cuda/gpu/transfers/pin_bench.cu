@@ -9,23 +9,13 @@
 //   pin_bench costs MIB                     cuMemHostRegister / Unregister of a touched malloc
 //       buffer and pinned copies each way: "costs register|unregister|pinned_h2d|pinned_d2h
 //       MIB SECONDS" (what crates/pin's Costs stand for).
-#include <cuda.h>
-#include <cuda_runtime.h>
+#include "../../programs/common.h"
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 static double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
