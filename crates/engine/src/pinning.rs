@@ -92,7 +92,8 @@ fn start() -> bool {
         let policy = Policy {
             mode: mode.clone(),
             budget,
-            min_bytes: crate::pageable::min_bytes().max(1 << 20) as u64,
+            // Never below the staged copies' threshold (CUDAW_STAGED_COPY_MIN), nor 1 MiB.
+            min_bytes: config.staging.copy_min.unwrap_or(0).max(1 << 20) as u64,
             costs: cudaw_pin::Costs::default(),
         };
         let history = match &mode {
