@@ -100,12 +100,14 @@ fn drive(addressing: Addressing, tag: &str) {
     let mut cmd = command_under_cudaw(&exe, addressing, &[]);
     cmd.env("CUDAW_LOG", "info")
         .env("CUDAW_RUN_DIR", &dir)
-        .stdin(Stdio::null())
+        // Held open until the test is done with the program (it waits for the end).
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting pause_target"));
     let pid = child.id().to_string();
     let socket = dir.join(format!("{pid}.sock"));
+    let stdin = child.stdin.take().expect("stdin");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let stderr = child.stderr.take().expect("stderr");
     let (tx, log) = channel();
@@ -250,6 +252,8 @@ fn drive(addressing: Addressing, tag: &str) {
     let out = ckpt_ok(&dir, &["resume", &pid]);
     assert!(out.contains("not paused"), "{out}");
 
+    // Done with it: the program finishes.
+    drop(stdin);
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).expect("stdout");
     let status = child.wait().expect("waiting for pause_target");

@@ -93,10 +93,12 @@ fn pause_and_resume(addressing: Addressing, pairs: usize, seed: u64) {
     let exe = compile_program(&nvcc, "pause_target");
     let mut cmd = command_under_cudaw(&exe, addressing, &[]);
     cmd.env("CUDAW_LOG", "info")
-        .stdin(Stdio::null())
+        // Held open until the test is done with the program (it waits for the end).
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cudaw_tests::KillOnDrop(cmd.spawn().expect("starting pause_target"));
+    let stdin = child.stdin.take().expect("stdin");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = channel();
@@ -156,6 +158,8 @@ fn pause_and_resume(addressing: Addressing, pairs: usize, seed: u64) {
         );
     }
 
+    // Done with it: the program finishes.
+    drop(stdin);
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).expect("reading stdout");
     let status = t.child.wait().expect("waiting for pause_target");

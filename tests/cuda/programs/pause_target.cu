@@ -1,7 +1,13 @@
 // A long loop of kernel launches and copies over a few buffers, mirrored on the CPU:
 // the target the pause/resume test signals at random instants. Prints one line as soon as
 // its memory is allocated (the shim is initialised then), and a checksum at the end.
+//
+// After the loop it waits, memory still allocated, until its standard input is closed (at
+// once when it is /dev/null): a test that pauses it however many times, however slow the
+// machine, closes it when it is done, never finding the program gone.
 #include "common.h"
+#include <cerrno>
+#include <unistd.h>
 #include <vector>
 __global__ void mix(unsigned* x, const unsigned* y, int n, unsigned k) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -44,6 +50,12 @@ int main() {
     }
   }
   CHECK(cudaDeviceSynchronize());
+  for (;;) {
+    char buf[64];
+    ssize_t got = read(0, buf, sizeof buf);
+    if (got > 0 || (got < 0 && errno == EINTR)) continue;  // a pause's signal, or input
+    break;                                                 // closed
+  }
   for (int b = 0; b < buffers; b++) CHECK(cudaFree(dx[b]));
   CHECK(cudaFree(dy));
   std::printf("pause_target iters=%d checksum=%llu\n", iters, checksum);
