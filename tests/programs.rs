@@ -15,7 +15,7 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 14] = [
+const PROGRAMS: [&str; 15] = [
     "ckpt_target",
     "cudaw_demo",
     "exit_race",
@@ -26,6 +26,7 @@ const PROGRAMS: [&str; 14] = [
     "pause_stress",
     "pause_target",
     "peer_copy",
+    "pin_copy",
     "reduction",
     "streams_events",
     "struct_of_pointers",
@@ -113,6 +114,7 @@ programs!(
     pause_stress,
     pause_target,
     peer_copy,
+    pin_copy,
     reduction,
     streams_events,
     struct_of_pointers,
