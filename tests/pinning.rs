@@ -5,7 +5,9 @@
 //!
 //! Under `CUDAW_PIN=auto` each buffer is page-locked once hot (simgpu's
 //! `cudaPointerGetAttributes` then says "host"), and unregistered before the program gives
-//! it back (the memory that comes back is never page-locked). The output is the same as
+//! it back (the memory that comes back is never page-locked). Asynchronous copies keep
+//! pageable memory's promises (the program overwrites the source and reads the result as
+//! soon as each returns) with simgpu's DMA made slow. The output is the same as
 //! natively and without pinning. A profile written by one run pins the next run's hot
 //! copies from their first time.
 
@@ -69,7 +71,12 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
     let Some(nvcc) = nvcc() else { return };
     let exe = compile_program(&nvcc, NAME);
     for addressing in [Addressing::Mapped, Addressing::Translated] {
-        let run = run_under_cudaw(&exe, addressing, &[("CUDAW_PIN", "auto")]);
+        // Slow simulated DMA: an asynchronous copy not waited for would be caught.
+        let run = run_under_cudaw(
+            &exe,
+            addressing,
+            &[("CUDAW_PIN", "auto"), ("SIMGPU_COPY_DELAY_US", "3000")],
+        );
         let what = format!("pin_copy under CUDAW_PIN=auto ({addressing:?})");
         run.assert_success(&what);
         assert_eq!(run.stdout(), expected(NAME), "{what}");

@@ -25,11 +25,9 @@ const MAJORS: [(&str, &str, &str); 3] = [
 
 /// cudaw's own exports beside the runtime's: the hook table the driver shim
 /// (`libcuda.so.1`) looks up to share this library's gate and state, its handle table and
-/// its memory table and its tracing table; the switch a program may call to turn
-/// tracing on and off while it runs; and what cudaw's host-memory interposer calls before
-/// the program gives memory back.
-const OWN_EXPORTS: [&str; 6] = [
-    "cudaw_pin_release_v1",
+/// its memory table and its tracing table; and the switch a program may call to turn
+/// tracing on and off while it runs.
+const OWN_EXPORTS: [&str; 5] = [
     "cudaw_runtime_handles_v1",
     "cudaw_runtime_hooks_v1",
     "cudaw_runtime_memory_v1",

@@ -110,7 +110,7 @@ variants!(free_impl => cudaFree; (ptr: *mut c_void));
 /// smart pinning registered there is unregistered first (the runtime would otherwise answer
 /// "already registered", which the program never sees natively).
 fn host_register_impl(i: usize, ptr: *mut c_void, size: usize, flags: u32) -> cudaError_t {
-    cudaw_engine::pinning::release(ptr as u64, size as u64);
+    cudaw_engine::pinning::release(ptr as u64, size as u64, true);
     forward!(i, cudaHostRegister: fn(*mut c_void, usize, u32), ptr, size, flags)
 }
 variants!(host_register_impl => cudaHostRegister; (ptr: *mut c_void, size: usize, flags: u32));
@@ -736,7 +736,7 @@ fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> 
     let run = || {
         if n >= pageable::min_bytes() {
             let stream = default_stream(i == idx::cudaMemcpy_ptds);
-            if staged(d, s, n, k, stream, false) {
+            if staged(d, s, n, k, stream, false) == pageable::Outcome::Copied {
                 return SUCCESS;
             }
         }
@@ -756,17 +756,19 @@ fn memcpy_async_impl(
     st: cudaStream_t,
 ) -> cudaError_t {
     let run = || {
+        let mut outcome = pageable::Outcome::Forward;
+        let stream = if st.is_null() {
+            default_stream(i == idx::cudaMemcpyAsync_ptsz)
+        } else {
+            driver::Stream(st as usize)
+        };
         if n >= pageable::min_bytes() {
-            let stream = if st.is_null() {
-                default_stream(i == idx::cudaMemcpyAsync_ptsz)
-            } else {
-                driver::Stream(st as usize)
-            };
-            if staged(d, s, n, k, stream, true) {
+            outcome = staged(d, s, n, k, stream, true);
+            if outcome == pageable::Outcome::Copied {
                 return SUCCESS;
             }
         }
-        forward!(
+        let rc = forward!(
             i, cudaMemcpyAsync:
             fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
             rm(d),
@@ -774,7 +776,11 @@ fn memcpy_async_impl(
             n,
             k,
             st
-        )
+        );
+        if rc == SUCCESS && outcome == pageable::Outcome::ForwardAndWait {
+            pageable::wait_for(stream);
+        }
+        rc
     };
     tracing::copy(k, n, d, s, run)
 }
@@ -791,8 +797,8 @@ fn default_stream(per_thread: bool) -> driver::Stream {
     }
 }
 
-/// Copies through the pinned staging when [`cudaw_engine::pageable`] takes the copy;
-/// whether it did (else the real runtime is to).
+/// Copies through the pinned staging when [`cudaw_engine::pageable`] takes the copy: what
+/// became of it (else the real runtime is to copy it, and perhaps to be waited for).
 fn staged(
     d: *mut c_void,
     s: *const c_void,
@@ -800,7 +806,7 @@ fn staged(
     k: i32,
     stream: driver::Stream,
     asynchronous: bool,
-) -> bool {
+) -> pageable::Outcome {
     let req = pageable::Request {
         dst: d as u64,
         src: s as u64,
@@ -820,7 +826,7 @@ fn staged(
     };
     // SAFETY: the program's own arguments to a runtime copy, whose contract makes the host
     // side valid for `n` bytes during the call.
-    unsafe { pageable::copy(req, may_order) == pageable::Outcome::Copied }
+    unsafe { pageable::copy(req, may_order) }
 }
 
 forwarders! {
@@ -948,16 +954,6 @@ pub extern "C" fn cudaw_trace_active_v1(on: i32) -> i32 {
                 -1
             }
         }
-    })
-}
-
-/// `cudaw_pin_release_v1(ptr, len)`: cudaw's host-memory interposer (`free`, `munmap`, …)
-/// says `[ptr, ptr + len)` is about to be given back; what smart pinning registered there
-/// is unregistered first ([`cudaw_engine::pinning::release`]).
-#[no_mangle]
-pub extern "C" fn cudaw_pin_release_v1(ptr: u64, len: u64) {
-    crate::boundary::guard("unpinning memory given back", (), || {
-        cudaw_engine::pinning::release(ptr, len)
     })
 }
 

@@ -109,6 +109,8 @@ extern "C" fn in_forked_child() {
         FORKED_AFTER_INIT.store(true, Ordering::SeqCst);
         host().open_gate_after_fork();
     }
+    // No driver here either: nothing to pin or unpin (the parent's lock may be held).
+    crate::pinning::forked();
 }
 
 // ---- exit ----

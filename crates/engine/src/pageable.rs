@@ -129,13 +129,31 @@ pub enum Outcome {
     Copied,
     /// The real runtime is to do it (or to report why not).
     Forward,
+    /// The real runtime is to do it, and then [`wait_for`] its stream: an asynchronous copy
+    /// of a range smart pinning page-locked, which the program passed as pageable memory
+    /// and may reuse (host to device) or read (device to host) as soon as the call returns.
+    ForwardAndWait,
+}
+
+/// Waits for `stream`'s work, the copy just forwarded included (after
+/// [`Outcome::ForwardAndWait`]).
+pub fn wait_for(stream: Stream) {
+    if let Ok(backend) = memory::current() {
+        let backend = backend.vmm.backend();
+        if let Err(e) = backend.driver().stream_synchronize(stream) {
+            log::debug(format_args!("waiting for a copy from pinned memory: {e}"));
+        }
+    }
 }
 
 /// Where a copy's host memory stands (see [`host_memory`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostMemory {
-    /// Unknown to the driver: the copy goes through the pinned staging.
+    /// Unknown to the driver: the copy goes through the pinned staging (or, once hot,
+    /// smart pinning page-locks it).
     Pageable,
+    /// Page-locked by smart pinning: the driver's path, as pageable memory behaves.
+    PinnedByCudaw,
     /// Page-locked, managed or device memory, or the driver could not say: the driver's
     /// own path.
     DriverPath,
@@ -156,8 +174,28 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
         PageableCopy::ToDevice { src, .. } => src as u64,
         PageableCopy::ToHost { dst, .. } => dst as u64,
     };
-    if host_memory(backend, host, req.len) != HostMemory::Pageable {
-        return Outcome::Forward;
+    // Asked at most once, and only where the answer matters.
+    let (mut may_order, mut ordered) = (Some(may_order), None);
+    let mut may_order = || *ordered.get_or_insert_with(|| may_order.take().is_some_and(|f| f()));
+    // An asynchronous copy from or to a range cudaw page-locked keeps pageable memory's
+    // promises: it is waited for.
+    let pinned = |asynchronous| {
+        if asynchronous {
+            Outcome::ForwardAndWait
+        } else {
+            Outcome::Forward
+        }
+    };
+    match host_memory(backend, host, req.len) {
+        HostMemory::Pageable => {}
+        HostMemory::PinnedByCudaw if req.asynchronous && !may_order() => {
+            // Captured into a graph: as the pageable memory it was (the runtime refuses
+            // or copies it as it would have).
+            crate::pinning::release(host, req.len as u64, true);
+            return Outcome::Forward;
+        }
+        HostMemory::PinnedByCudaw => return pinned(req.asynchronous),
+        HostMemory::DriverPath => return Outcome::Forward,
     }
     // The default streams are the current context's: the allocation's context must be.
     if (req.stream == Stream::LEGACY || req.stream == Stream::PER_THREAD)
@@ -167,6 +205,10 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
     }
     if !may_order() {
         return Outcome::Forward;
+    }
+    // Hot enough to page-lock in place (smart pinning): the driver copies it from now on.
+    if crate::pinning::decide(backend, host, req.len) {
+        return pinned(req.asynchronous);
     }
     let completion = match (copy, req.asynchronous) {
         (PageableCopy::ToDevice { .. }, true) => Completion::Staged,
@@ -253,25 +295,16 @@ fn qualify(req: &Request) -> Option<(&'static DriverBackend, PageableCopy)> {
     Some((mem.vmm.backend(), copy))
 }
 
-/// The decision point for the host side of every copy of at least [`min_bytes`] whose
-/// device side is cudaw's: whether it goes through the pinned staging.
-///
-/// Smart pinning ([`crate::pinning`]) counts the transfer against the host range
-/// `[host, host + len)` belongs to, and once that range is hot and fits the pinning
-/// budget, page-locks it in place (`cuMemHostRegister`): the answer is then
-/// [`HostMemory::DriverPath`], and the driver copies it at pinned speed with no staging
-/// (every later copy finds it page-locked here).
+/// Where the host side of a copy of at least [`min_bytes`] whose device side is cudaw's
+/// stands: pageable (the staging's, or smart pinning's to page-lock once hot), page-locked
+/// by smart pinning ([`crate::pinning`]), or anything else the driver knows (its path).
 pub fn host_memory(backend: &'static DriverBackend, host: u64, len: usize) -> HostMemory {
     match backend.driver().pointer_memory_type(host) {
-        Ok(MemoryType::Pageable) if crate::pinning::decide(backend, host, len) => {
-            HostMemory::DriverPath
-        }
         Ok(MemoryType::Pageable) => HostMemory::Pageable,
-        Ok(MemoryType::Host) => {
-            crate::pinning::note_direct(host, len);
-            HostMemory::DriverPath
+        Ok(MemoryType::Host) if crate::pinning::pinned_by_cudaw(host, len) => {
+            HostMemory::PinnedByCudaw
         }
-        Ok(MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
+        Ok(MemoryType::Host | MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
     }
 }
 

@@ -4,20 +4,27 @@
 //! The policy ([`cudaw_pin::History`]) counts the copy against its host range; once the
 //! range is hot and fits `CUDAW_PIN_MAX`, it is registered (`cuMemHostRegister`) and the
 //! copy, and every later one inside the range, goes to the driver, which sees page-locked
-//! memory and copies at pinned speed with no staging.
+//! memory and copies at pinned speed with no staging. An asynchronous copy of a range cudaw
+//! pinned is waited for before the call returns ([`crate::pageable::Outcome::ForwardAndWait`]):
+//! from pageable memory the runtime returns only once the source is read (host to device)
+//! or the copy done (device to host), and the program may rely on it.
 //!
 //! **Memory given back.** A registered range must be unregistered before the program frees
 //! or unmaps it, or the driver would keep the old pages locked (and, were the address
 //! mapped again, copy from pages no longer the program's). cudaw learns of it from its
-//! host-memory interposer (`free`, `realloc`, `munmap`, `mremap`, `madvise`), which calls
-//! [`release`] first. Pinning is on only where that interposer is loaded
-//! ([`INTERPOSER_SYMBOL`] resolves): without it, `CUDAW_PIN` is refused with a warning and
-//! every copy is staged as before.
+//! host-memory interposer (`crates/hostmem`: `free`, `realloc`, `munmap`, `mremap`,
+//! `madvise`), which calls [`release`] first, through the function pointer this module
+//! hands it ([`INTERPOSER_SYMBOL`]). Pinning is on only where that interposer is loaded and
+//! its `free` is the process's: without it, `CUDAW_PIN` is refused with a warning.
 //!
-//! **Locking.** One mutex guards the history. [`release`] may be called from inside
-//! `free` on any thread, the engine's own threads included: a thread already inside this
-//! module (its own `free` while holding the lock) is let through without looking, as
-//! memory cudaw itself frees is never a program range cudaw pinned.
+//! **Locking.** One mutex guards the history, never held across a driver call: `free`
+//! takes it (when its block may hold a pinned range: two relaxed loads decide), and the
+//! driver frees memory inside its own calls. A thread already inside this module (the
+//! driver's or cudaw's own `free` while registering, say) is let through without looking,
+//! as memory cudaw or the driver frees is never a program range cudaw pinned.
+//!
+//! **Fork.** The child of a process that pinned has no driver: pinning is off there and
+//! the interposer looks at nothing ([`forked`]).
 
 use crate::log;
 use cudaw_pin::{Action, History, Mode, Policy};
@@ -26,9 +33,12 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-/// Exported by cudaw's host-memory interposer: `void f(uint64_t pinned_ranges)`, told
-/// how many ranges are pinned, so that its `free` looks no further while none is.
+/// Exported by cudaw's host-memory interposer: `void f(uint64_t pinned_ranges, void
+/// (*release)(uint64_t ptr, uint64_t len, uint32_t pages))`, told how many ranges are
+/// pinned (its `free` looks no further while none is) and what to call when memory goes.
 pub const INTERPOSER_SYMBOL: &std::ffi::CStr = c"cudaw_hostmem_pinned_v1";
+/// Exported by the interposer: `int f(void)`, whether the process's `free` is its own.
+pub const INTERPOSER_OWNS_FREE: &std::ffi::CStr = c"cudaw_hostmem_owns_free_v1";
 
 const UNREAD: u8 = 0;
 const ON: u8 = 1;
@@ -36,29 +46,30 @@ const OFF: u8 = 2;
 
 static STATE: AtomicU8 = AtomicU8::new(UNREAD);
 static HISTORY: Mutex<Option<Pinning>> = Mutex::new(None);
-
-/// The history, and the device whose driver registered the ranges (registered
-/// `CU_MEMHOSTREGISTER_PORTABLE`, so that every context sees them page-locked).
-struct Pinning {
-    history: History,
-    backend: Option<&'static DriverBackend>,
-}
-
-/// `CU_MEMHOSTREGISTER_PORTABLE`.
-const PORTABLE: u32 = 0x01;
-/// Ranges pinned now (mirrors the history, readable without the lock).
+/// Ranges pinned now, and the lowest and highest pinned address (mirrors of the history,
+/// readable without the lock: what `free` looks at first).
 static PINNED: AtomicU64 = AtomicU64::new(0);
+static LO: AtomicU64 = AtomicU64::new(u64::MAX);
+static HI: AtomicU64 = AtomicU64::new(0);
 /// Copies decided so far: the history's clock.
 static COPIES: AtomicU64 = AtomicU64::new(0);
 /// The interposer's notification function, when it is loaded.
 static NOTIFY: AtomicU64 = AtomicU64::new(0);
 
+/// `CU_MEMHOSTREGISTER_PORTABLE`: every context sees the range page-locked.
+const PORTABLE: u32 = 0x01;
+
+/// The history, and the device whose driver registered the ranges.
+struct Pinning {
+    history: History,
+    backend: Option<&'static DriverBackend>,
+}
+
 thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether pinning is on (read once from the configuration and the interposer's
-/// presence).
+/// Whether pinning is on (read once from the configuration and the interposer).
 pub fn active() -> bool {
     match STATE.load(Ordering::Relaxed) {
         ON => true,
@@ -67,24 +78,49 @@ pub fn active() -> bool {
     }
 }
 
+/// The interposer's functions, when it is loaded and its `free` is the process's.
+fn interposer() -> Result<u64, &'static str> {
+    // SAFETY: dlsym with RTLD_DEFAULT and NUL-terminated names has no preconditions.
+    let (notify, owns) = unsafe {
+        (
+            libc::dlsym(libc::RTLD_DEFAULT, INTERPOSER_SYMBOL.as_ptr()),
+            libc::dlsym(libc::RTLD_DEFAULT, INTERPOSER_OWNS_FREE.as_ptr()),
+        )
+    };
+    if notify.is_null() || owns.is_null() {
+        return Err(
+            "cudaw's host-memory interposer is not loaded (run the program with \
+                    `cudaw run --pin`)",
+        );
+    }
+    // SAFETY: the interposer's `int cudaw_hostmem_owns_free_v1(void)`, resolved above.
+    let owns: extern "C" fn() -> i32 = unsafe { std::mem::transmute(owns) };
+    if owns() == 0 {
+        return Err(
+            "the process's `free` is not cudaw's interposer's (another allocator \
+                    is preloaded before it): memory given back would go unseen",
+        );
+    }
+    Ok(notify as u64)
+}
+
 #[cold]
 fn start() -> bool {
     let config = crate::config::get();
     let mode = config.pin.clone();
-    let on = mode != Mode::Off && {
-        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
-        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, INTERPOSER_SYMBOL.as_ptr()) };
-        if f.is_null() {
-            log::warn(format_args!(
-                "CUDAW_PIN is set but cudaw's host-memory interposer is not loaded (run the \
-                 program with `cudaw run`): pinning is off, copies are staged"
-            ));
-            false
-        } else {
-            NOTIFY.store(f as u64, Ordering::Relaxed);
-            true
-        }
-    };
+    let on = mode != Mode::Off
+        && match interposer() {
+            Ok(notify) => {
+                NOTIFY.store(notify, Ordering::Relaxed);
+                true
+            }
+            Err(why) => {
+                log::warn(format_args!(
+                    "CUDAW_PIN is set but {why}: pinning is off, copies are staged"
+                ));
+                false
+            }
+        };
     if on {
         let budget = config
             .pin_max
@@ -111,9 +147,16 @@ fn start() -> bool {
             },
             _ => History::new(policy),
         };
-        *lock() = Some(Pinning {
-            history,
-            backend: None,
+        inside(|| {
+            let mut slot = lock();
+            // Two first copies at once: the first history stays (the other is dropped
+            // here, inside, so that its frees look at nothing).
+            if slot.is_none() {
+                *slot = Some(Pinning {
+                    history,
+                    backend: None,
+                });
+            }
         });
         log::info(format_args!(
             "smart pinning on ({mode:?}), at most {} MiB page-locked",
@@ -143,16 +186,28 @@ fn total_ram() -> u64 {
         .map_or(64 << 30, |kb| kb << 10)
 }
 
-/// Runs `f` marked as inside this module (see the module documentation).
-fn inside<T>(f: impl FnOnce() -> T) -> T {
-    let _ = INSIDE.try_with(|c| c.set(true));
-    let r = f();
-    let _ = INSIDE.try_with(|c| c.set(false));
-    r
+/// Marks the thread inside this module while it lives (see the module documentation).
+struct Inside(bool);
+
+impl Inside {
+    fn enter() -> Inside {
+        Inside(INSIDE.try_with(|c| c.replace(true)).unwrap_or(true))
+    }
 }
 
-/// Whether this thread is inside this module (or past its thread-locals' end, where
-/// nothing is looked at either).
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let was = self.0;
+        let _ = INSIDE.try_with(|c| c.set(was));
+    }
+}
+
+/// Runs `f` marked as inside this module.
+fn inside<T>(f: impl FnOnce() -> T) -> T {
+    let _inside = Inside::enter();
+    f()
+}
+
 fn is_inside() -> bool {
     INSIDE.try_with(Cell::get).unwrap_or(true)
 }
@@ -175,14 +230,53 @@ fn in_context<T>(backend: &DriverBackend, f: impl FnOnce() -> T) -> T {
     r
 }
 
-fn notify() {
+/// Unregisters `ranges` (no lock held).
+fn unregister(backend: &DriverBackend, ranges: &[(u64, u64)]) {
+    if ranges.is_empty() {
+        return;
+    }
+    inside(|| {
+        in_context(backend, || {
+            for (start, _) in ranges {
+                // SAFETY: `start` was registered by `decide` and not unregistered since
+                // (the history hands each range out once).
+                if let Err(e) = unsafe { backend.driver().mem_host_unregister(*start as *mut u8) } {
+                    log::debug(format_args!("unpinning {start:#x}: {e}"));
+                }
+            }
+        })
+    });
+}
+
+/// Mirrors the history's pinned ranges in the atomics `free` reads, and tells the
+/// interposer when their count changed (under the lock).
+fn publish(history: &History) {
+    let (lo, hi) = history.pinned_bounds();
+    LO.store(lo, Ordering::Relaxed);
+    HI.store(hi, Ordering::Relaxed);
+    let n = history.stats().pinned_ranges;
+    if PINNED.swap(n, Ordering::Relaxed) != n {
+        notify(n);
+    }
+}
+
+fn notify(n: u64) {
     let f = NOTIFY.load(Ordering::Relaxed);
     if f != 0 {
-        // SAFETY: NOTIFY holds the interposer's `void(uint64_t)` function, resolved by
-        // dlsym; the interposer is never unloaded (LD_PRELOAD).
-        let f: extern "C" fn(u64) = unsafe { std::mem::transmute(f as usize) };
-        f(PINNED.load(Ordering::Relaxed));
+        // SAFETY: NOTIFY holds the interposer's `cudaw_hostmem_pinned_v1`, resolved by
+        // dlsym; the interposer is never unloaded (LD_PRELOAD). It stores two atomics.
+        let f: extern "C" fn(u64, extern "C" fn(u64, u64, u32)) =
+            unsafe { std::mem::transmute(f as usize) };
+        f(n, release_from_interposer);
     }
+}
+
+/// What the interposer calls before memory goes: `pages` is 1 for `munmap`, `mremap` and
+/// `madvise`, 0 for a heap block (`free`, `realloc`).
+extern "C" fn release_from_interposer(ptr: u64, len: u64, pages: u32) {
+    crate::boundary::guard("unpinning memory given back", (), || {
+        release(ptr, len, pages != 0)
+    })
 }
 
 /// Whether the copy of `len` bytes at pageable `host` should now take the driver's path:
@@ -191,126 +285,147 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
     if !active() {
         return false;
     }
-    inside(|| {
+    let now = COPIES.fetch_add(1, Ordering::Relaxed);
+    let action = inside(|| {
+        lock()
+            .as_mut()
+            .map(|p| p.history.copy(host, len as u64, "", now))
+    });
+    let (start, span) = match action {
+        None | Some(Action::Stage) => return false,
+        Some(Action::Direct) => return true,
+        Some(Action::Pin { start, len }) => (start, len),
+    };
+    // Registering takes a while (the driver faults in and locks every page): no lock held.
+    let registered = inside(|| {
+        in_context(backend, || {
+            // SAFETY: `[start, start + span)` covers the host side of a copy the program
+            // passed (valid memory, by the runtime's contract), widened to whole pages of
+            // the same mappings; registering locks it, nothing more.
+            unsafe {
+                backend
+                    .driver()
+                    .mem_host_register(start as *mut u8, span as usize, PORTABLE)
+            }
+        })
+    });
+    let kept = inside(|| {
         let mut guard = lock();
-        let Some(Pinning {
-            history,
-            backend: registrar,
-        }) = guard.as_mut()
-        else {
+        let Some(p) = guard.as_mut() else {
             return false;
         };
-        let now = COPIES.fetch_add(1, Ordering::Relaxed);
-        match history.copy(host, len as u64, "", now) {
-            Action::Stage => false,
-            Action::Direct => true,
-            Action::Pin { start, len } => {
-                // SAFETY: `[start, start + len)` covers the host side of a copy the
-                // program passed (valid memory, by the runtime's contract), widened to
-                // whole pages of the same mappings; registering locks it, nothing more.
-                let r = in_context(backend, || unsafe {
-                    backend
-                        .driver()
-                        .mem_host_register(start as *mut u8, len as usize, PORTABLE)
-                });
-                match r {
-                    Ok(()) => {
-                        history.pinned(start);
-                        registrar.get_or_insert(backend);
-                        PINNED.store(history.stats().pinned_ranges, Ordering::Relaxed);
-                        notify();
-                        log::debug(format_args!(
-                            "pinned {len} bytes at {start:#x} (copied often)"
-                        ));
-                        true
-                    }
-                    Err(e) => {
-                        history.pin_failed(start);
-                        log::debug(format_args!(
-                            "pinning {len} bytes at {start:#x}: {e}; its copies stay staged"
-                        ));
-                        false
-                    }
-                }
+        let kept = match &registered {
+            Ok(()) => p.history.pinned(start),
+            Err(_) => {
+                p.history.pin_failed(start);
+                false
             }
+        };
+        if kept {
+            p.backend.get_or_insert(backend);
         }
+        publish(&p.history);
+        kept
+    });
+    match registered {
+        Ok(()) if kept => {
+            log::debug(format_args!(
+                "pinned {span} bytes at {start:#x} (copied often)"
+            ));
+            true
+        }
+        // Given back while it was being registered: unregistered again.
+        Ok(()) => {
+            unregister(backend, &[(start, span)]);
+            false
+        }
+        Err(e) => {
+            log::debug(format_args!(
+                "pinning {span} bytes at {start:#x}: {e}; its copies stay staged"
+            ));
+            false
+        }
+    }
+}
+
+/// Whether `[host, host + len)` lies in a range cudaw pinned (then counted as a copy from
+/// it): a copy the driver already sees as page-locked.
+pub fn pinned_by_cudaw(host: u64, len: usize) -> bool {
+    if STATE.load(Ordering::Relaxed) != ON
+        || PINNED.load(Ordering::Relaxed) == 0
+        || host >= HI.load(Ordering::Relaxed)
+        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
+    {
+        return false;
+    }
+    let now = COPIES.fetch_add(1, Ordering::Relaxed);
+    inside(|| {
+        lock()
+            .as_mut()
+            .is_some_and(|p| p.history.copy_direct(host, len as u64, now))
     })
 }
 
-/// A copy the driver sees as page-locked: counted if cudaw pinned its range (statistics).
-pub fn note_direct(host: u64, len: usize) {
-    if STATE.load(Ordering::Relaxed) != ON || PINNED.load(Ordering::Relaxed) == 0 {
+/// The program is about to give `[ptr, ptr + len)` back (the interposer, or the program's
+/// own `cudaHostRegister` of it): what cudaw pinned there is unregistered first. `pages`:
+/// the pages go (else a heap block: only ranges whose copied bytes it overlaps). Two
+/// relaxed loads when nothing pinned is near.
+pub fn release(ptr: u64, len: u64, pages: bool) {
+    if PINNED.load(Ordering::Relaxed) == 0
+        || ptr >= HI.load(Ordering::Relaxed)
+        || ptr.saturating_add(len) <= LO.load(Ordering::Relaxed)
+        || is_inside()
+    {
         return;
     }
-    inside(|| {
-        if let Some(p) = lock().as_mut() {
-            let now = COPIES.fetch_add(1, Ordering::Relaxed);
-            p.history.copy_direct(host, len as u64, now);
-        }
-    });
-}
-
-/// The program is about to give `[ptr, ptr + len)` back (the host-memory interposer's
-/// `free`, `munmap`, …): the ranges cudaw pinned there are unregistered first. Cheap when
-/// nothing is pinned (one relaxed load).
-pub fn release(ptr: u64, len: u64) {
-    if PINNED.load(Ordering::Relaxed) == 0 || is_inside() {
-        return;
-    }
-    inside(|| {
+    let (ranges, backend) = inside(|| {
         let mut guard = lock();
-        let Some(Pinning { history, backend }) = guard.as_mut() else {
-            return;
+        let Some(p) = guard.as_mut() else {
+            return (Vec::new(), None);
         };
-        let ranges = history.release(ptr, len);
-        if let Some(backend) = backend {
-            in_context(backend, || {
-                for (start, _) in &ranges {
-                    // SAFETY: `start` was registered by `decide` and not unregistered since.
-                    let r = unsafe { backend.driver().mem_host_unregister(*start as *mut u8) };
-                    if let Err(e) = r {
-                        log::debug(format_args!("unpinning {start:#x}: {e}"));
-                    }
-                }
-            });
-        }
-        PINNED.store(history.stats().pinned_ranges, Ordering::Relaxed);
-        notify();
+        let ranges = p.history.release(ptr, len, pages);
+        publish(&p.history);
+        (ranges, p.backend)
     });
+    if let Some(backend) = backend {
+        unregister(backend, &ranges);
+    }
 }
 
-/// Every range still pinned is unregistered, and the profile written (`profile:FILE`):
-/// at exit.
+/// At exit: every range still pinned is unregistered, and the profile written
+/// (`profile:FILE`).
 pub fn finish() {
     if STATE.load(Ordering::Relaxed) != ON {
         return;
     }
-    inside(|| {
+    let (ranges, backend) = inside(|| {
         let mut guard = lock();
-        let Some(Pinning { history, backend }) = guard.as_mut() else {
-            return;
+        let Some(p) = guard.as_mut() else {
+            return (Vec::new(), None);
         };
         if let Mode::Profile(path) = &crate::config::get().pin {
-            match std::fs::write(path, history.profile().to_json()) {
+            match std::fs::write(path, p.history.profile().to_json()) {
                 Ok(()) => log::info(format_args!("pinning profile written to {path}")),
                 Err(e) => log::warn(format_args!("writing the pinning profile {path}: {e}")),
             }
         }
-        let all = history.pinned_ranges();
-        for (start, len) in &all {
-            history.release(*start, *len);
-        }
-        if let Some(backend) = backend {
-            in_context(backend, || {
-                for (start, _) in &all {
-                    // SAFETY: registered by `decide`, not unregistered since.
-                    let _ = unsafe { backend.driver().mem_host_unregister(*start as *mut u8) };
-                }
-            });
-        }
-        PINNED.store(0, Ordering::Relaxed);
-        notify();
+        let ranges = p.history.unpin_all();
+        publish(&p.history);
+        (ranges, p.backend)
     });
+    if let Some(backend) = backend {
+        unregister(backend, &ranges);
+    }
+}
+
+/// In the child of a `fork`: no driver there, so pinning is off and the interposer looks
+/// at nothing. Atomics only (async-signal-safe).
+pub fn forked() {
+    STATE.store(OFF, Ordering::SeqCst);
+    PINNED.store(0, Ordering::SeqCst);
+    LO.store(u64::MAX, Ordering::SeqCst);
+    HI.store(0, Ordering::SeqCst);
+    notify(0);
 }
 
 /// What pinning did so far (statistics), when it is on.

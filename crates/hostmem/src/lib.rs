@@ -7,9 +7,9 @@
 //! pages locked (and, were the address mapped again, would copy from pages that are no
 //! longer the program's). This library defines `free`, `realloc`, `munmap`, `mremap` and
 //! `madvise` for the whole process: each tells the runtime shim what is about to go
-//! (`cudaw_pin_release_v1(ptr, len)`, which unregisters what cudaw pinned there) and then
-//! calls the next definition (`dlsym(RTLD_NEXT)`: glibc's, or an allocator preloaded
-//! after this library).
+//! (through the function the shim handed over with [`cudaw_hostmem_pinned_v1`], which
+//! unregisters what cudaw pinned there) and then calls the next definition
+//! (`dlsym(RTLD_NEXT)`: glibc's, or an allocator preloaded after this library).
 //!
 //! While nothing is pinned (the shim says how many ranges are, through
 //! [`cudaw_hostmem_pinned_v1`]) each call costs one relaxed load more. The size of a
@@ -27,33 +27,40 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 /// Ranges the shim has pinned (0: every call goes straight through).
 static PINNED: AtomicU64 = AtomicU64::new(0);
-/// The shim's `void cudaw_pin_release_v1(uint64_t ptr, uint64_t len)`.
+/// The shim's `void release(uint64_t ptr, uint64_t len, uint32_t pages)`, handed over with
+/// the count (never looked up here: `dlsym` inside `free` could free, and recurse).
 static RELEASE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The shim tells how many ranges it has pinned now.
+/// The shim tells how many ranges it has pinned now, and what to call when memory goes.
 #[no_mangle]
-pub extern "C" fn cudaw_hostmem_pinned_v1(ranges: u64) {
-    PINNED.store(ranges, Ordering::Relaxed);
+pub extern "C" fn cudaw_hostmem_pinned_v1(ranges: u64, release: extern "C" fn(u64, u64, u32)) {
+    RELEASE.store(release as *mut c_void, Ordering::Release);
+    PINNED.store(ranges, Ordering::Release);
 }
 
-/// Tells the shim that `[ptr, ptr + len)` is about to be given back.
-fn release(ptr: *mut c_void, len: u64) {
-    if ptr.is_null() || len == 0 || PINNED.load(Ordering::Relaxed) == 0 {
+/// Whether the process's `free` is this library's (another allocator preloaded before it
+/// would take every `free`, and pinned memory given back would go unseen): 1 or 0.
+#[no_mangle]
+pub extern "C" fn cudaw_hostmem_owns_free_v1() -> c_int {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"free".as_ptr()) };
+    c_int::from(std::ptr::eq(global as *const (), free as *const ()))
+}
+
+/// Tells the shim that `[ptr, ptr + len)` is about to be given back: `pages` 1 when the
+/// pages themselves go, 0 for a heap block.
+fn release(ptr: *mut c_void, len: u64, pages: u32) {
+    if ptr.is_null() || len == 0 || PINNED.load(Ordering::Acquire) == 0 {
         return;
     }
-    let mut f = RELEASE.load(Ordering::Relaxed);
+    let f = RELEASE.load(Ordering::Acquire);
     if f.is_null() {
-        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions.
-        f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cudaw_pin_release_v1".as_ptr()) };
-        if f.is_null() {
-            return;
-        }
-        RELEASE.store(f, Ordering::Relaxed);
+        return;
     }
-    // SAFETY: `f` is the runtime shim's `cudaw_pin_release_v1`, an `extern "C"
-    // fn(u64, u64)` that never unwinds; the shim is never unloaded (LD_PRELOAD).
-    let f: extern "C" fn(u64, u64) = unsafe { std::mem::transmute(f) };
-    f(ptr as u64, len);
+    // SAFETY: `f` is the shim's `extern "C" fn(u64, u64, u32)`, handed over with the count
+    // (it never unwinds); the shim is never unloaded (LD_PRELOAD).
+    let f: extern "C" fn(u64, u64, u32) = unsafe { std::mem::transmute(f) };
+    f(ptr as u64, len, pages);
 }
 
 /// One next definition, looked up once.
@@ -143,7 +150,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
         return;
     }
     if PINNED.load(Ordering::Relaxed) != 0 {
-        release(ptr, usable(ptr));
+        release(ptr, usable(ptr), 0);
     }
     let f = FREE.get();
     if f.is_null() {
@@ -164,7 +171,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     if !ptr.is_null() && PINNED.load(Ordering::Relaxed) != 0 {
-        release(ptr, usable(ptr));
+        release(ptr, usable(ptr), 0);
     }
     let f = REALLOC.get();
     if f.is_null() {
@@ -183,7 +190,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
 /// `munmap`'s contract.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
-    release(addr, len as u64);
+    release(addr, len as u64, 1);
     let f = MUNMAP.get();
     if f.is_null() {
         // SAFETY: the raw system call, with the caller's arguments.
@@ -209,7 +216,7 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new_address: *mut c_void,
 ) -> *mut c_void {
-    release(old, old_len as u64);
+    release(old, old_len as u64, 1);
     let f = MREMAP.get();
     if f.is_null() {
         // SAFETY: the raw system call, with the caller's arguments.
@@ -232,11 +239,12 @@ pub unsafe extern "C" fn mremap(
 /// `madvise`'s contract.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // MADV_DONTNEED_LOCKED (24, Linux 5.18) is not in every libc crate.
     if matches!(
         advice,
-        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE
+        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | 24
     ) {
-        release(addr, len as u64);
+        release(addr, len as u64, 1);
     }
     let f = MADVISE.get();
     if f.is_null() {

@@ -164,6 +164,10 @@ pub struct Signature {
 #[derive(Debug, Clone)]
 struct Range {
     end: u64,
+    /// The bytes copies actually touched, `[lo, hi)` (the span is widened to pages: its
+    /// edges may belong to other blocks of the heap).
+    copied_lo: u64,
+    copied_hi: u64,
     copies: u64,
     bytes: u64,
     regret: f64,
@@ -360,6 +364,8 @@ impl History {
         }
         let r = self.ranges.entry(start).or_insert_with(|| Range {
             end,
+            copied_lo: ptr,
+            copied_hi: ptr.saturating_add(len),
             copies: 0,
             bytes: 0,
             regret: 0.0,
@@ -372,6 +378,8 @@ impl History {
         r.bytes += len;
         r.regret += costs.regret(len);
         r.last_use = now;
+        r.copied_lo = r.copied_lo.min(ptr);
+        r.copied_hi = r.copied_hi.max(ptr.saturating_add(len));
         if r.refused || span < min_bytes {
             return Action::Stage;
         }
@@ -392,9 +400,10 @@ impl History {
         Action::Pin { start, len: span }
     }
 
-    /// Registering the range at `start` worked.
-    pub fn pinned(&mut self, start: u64) {
-        debug_assert!(self.ranges.get(&start).is_some_and(|r| r.pinned));
+    /// Registering the range at `start` worked. `false` when the range was released while
+    /// it was being registered: the caller unregisters it again.
+    pub fn pinned(&mut self, start: u64) -> bool {
+        self.ranges.get(&start).is_some_and(|r| r.pinned)
     }
 
     /// Registering the range at `start` failed: it is never tried again.
@@ -410,16 +419,19 @@ impl History {
         }
     }
 
-    /// The program is about to give `[ptr, ptr + len)` back (`free`, `munmap`,
-    /// `realloc`): the pinned ranges to unregister first, as `(start, len)`. Every range
-    /// touching it is forgotten.
-    pub fn release(&mut self, ptr: u64, len: u64) -> Vec<(u64, u64)> {
+    /// The program is about to give `[ptr, ptr + len)` back: the pinned ranges to
+    /// unregister first, as `(start, len)`; every range concerned is forgotten. `pages`:
+    /// the pages themselves go (`munmap`, `mremap`, `madvise`), and every range touching
+    /// them is concerned; else a heap block goes (`free`, `realloc`), and only ranges whose
+    /// copied bytes it overlaps are (a neighbour sharing a page leaves a hot range alone).
+    pub fn release(&mut self, ptr: u64, len: u64, pages: bool) -> Vec<(u64, u64)> {
         let end = ptr.saturating_add(len);
         let touching: Vec<u64> = self
             .ranges
             .range(..end)
             .rev()
             .take_while(|(_, r)| r.end > ptr)
+            .filter(|(_, r)| pages || (r.copied_lo < end && ptr < r.copied_hi))
             .map(|(s, _)| *s)
             .collect();
         let mut out = Vec::new();
@@ -433,6 +445,30 @@ impl History {
             self.forget(s);
         }
         out
+    }
+
+    /// Every range still pinned is forgotten (at exit), as `(start, len)`: the caller
+    /// unregisters them. Not counted as released.
+    pub fn unpin_all(&mut self) -> Vec<(u64, u64)> {
+        let all = self.pinned_ranges();
+        for (s, _) in &all {
+            self.forget(*s);
+        }
+        all
+    }
+
+    /// The lowest and highest address pinned now (`(u64::MAX, 0)` when none): a cheap
+    /// first look for memory given back.
+    pub fn pinned_bounds(&self) -> (u64, u64) {
+        let mut pinned = self.ranges.iter().filter(|(_, r)| r.pinned);
+        let lo = pinned.next().map_or(u64::MAX, |(s, _)| *s);
+        let hi = self
+            .ranges
+            .iter()
+            .rev()
+            .find(|(_, r)| r.pinned)
+            .map_or(0, |(_, r)| r.end);
+        (lo, hi)
     }
 
     /// Every range still pinned, as `(start, len)` (to unregister at exit).
@@ -540,7 +576,7 @@ mod tests {
                 Action::Pin { start, len } => {
                     assert_eq!((start, len), (0x7000_0000, 128 * MIB));
                     pinned_at = Some(step);
-                    h.pinned(start);
+                    assert!(h.pinned(start));
                 }
                 Action::Direct => assert!(pinned_at.is_some()),
                 Action::Stage => assert!(pinned_at.is_none()),
@@ -582,12 +618,31 @@ mod tests {
         let base = 0x5000_0000u64;
         while h.copy(base, 64 * MIB, "s", 0) != Action::Direct {}
         // Freeing memory around it names the range once, and it is forgotten.
-        assert_eq!(h.release(base - PAGE, 128 * MIB), vec![(base, 64 * MIB)]);
+        assert_eq!(
+            h.release(base - PAGE, 128 * MIB, true),
+            vec![(base, 64 * MIB)]
+        );
         assert_eq!(h.stats().pinned_bytes, 0);
-        assert!(h.release(base, 64 * MIB).is_empty());
+        assert!(h.release(base, 64 * MIB, true).is_empty());
         assert!(h.pinned_ranges().is_empty());
         // Copies there start over.
         assert_eq!(h.copy(base, 64 * MIB, "s", 1), Action::Stage);
+    }
+
+    #[test]
+    fn a_neighbour_freed_in_the_same_page_leaves_a_hot_range_pinned() {
+        let mut h = History::new(policy(1 << 40));
+        // A heap buffer that starts and ends in the middle of pages.
+        let buf = 0x5000_0800u64;
+        while h.copy(buf, 64 * MIB, "s", 0) != Action::Direct {}
+        // The block before it, in its first page, is freed: nothing to unpin.
+        assert!(h.release(0x5000_0000, 0x800, false).is_empty());
+        // The block after it, in its last page, likewise.
+        assert!(h.release(buf + 64 * MIB, 0x100, false).is_empty());
+        assert_eq!(h.copy(buf, 64 * MIB, "s", 1), Action::Direct);
+        // Its own block is.
+        assert_eq!(h.release(buf, 64 * MIB, false).len(), 1);
+        assert_eq!(h.pinned_bounds(), (u64::MAX, 0));
     }
 
     #[test]

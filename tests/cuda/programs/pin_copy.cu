@@ -36,15 +36,30 @@ static int type_of(const void* p) {
   return (int)a.type;
 }
 
+static cudaStream_t stream;
+
 // `rounds` rounds of: fill on the host, copy to the device, overwrite the first FILLED
-// elements there, copy back, check every element.
-static void rounds(int* h, int* d, int count, const char* what) {
+// elements there, copy back, check every element. Odd rounds copy asynchronously on a
+// non-blocking stream and hold pageable memory to its promises: the source is overwritten
+// as soon as the copy to the device returns, and the copy back is read as soon as it
+// returns (whether or not cudaw has page-locked the buffer meanwhile).
+static void rounds(int* h, int* d, int count, const char* what, bool pageable = true) {
   for (int r = 0; r < count; r++) {
     for (size_t i = 0; i < N; i++) h[i] = value(i, r);
-    CHECK(cudaMemcpy(d, h, BYTES, cudaMemcpyHostToDevice));
-    fill<<<FILLED / 256, 256>>>(d, FILLED, 1000 * r);
-    CHECK_LAUNCH();
-    CHECK(cudaMemcpy(h, d, BYTES, cudaMemcpyDeviceToHost));
+    if (r % 2 == 1) {
+      CHECK(cudaMemcpyAsync(d, h, BYTES, cudaMemcpyHostToDevice, stream));
+      // Page-locked memory the program registered itself promises nothing of the kind.
+      if (pageable) std::memset(h, 0xee, BYTES);
+      fill<<<FILLED / 256, 256, 0, stream>>>(d, FILLED, 1000 * r);
+      CHECK_LAUNCH();
+      CHECK(cudaMemcpyAsync(h, d, BYTES, cudaMemcpyDeviceToHost, stream));
+      if (!pageable) CHECK(cudaStreamSynchronize(stream));
+    } else {
+      CHECK(cudaMemcpy(d, h, BYTES, cudaMemcpyHostToDevice));
+      fill<<<FILLED / 256, 256>>>(d, FILLED, 1000 * r);
+      CHECK_LAUNCH();
+      CHECK(cudaMemcpy(h, d, BYTES, cudaMemcpyDeviceToHost));
+    }
     for (size_t i = 0; i < N; i++) {
       if (h[i] != expected(i, r)) {
         std::printf("%s, round %d: element %zu is %d, expected %d\n", what, r, i, h[i],
@@ -59,6 +74,7 @@ static void rounds(int* h, int* d, int count, const char* what) {
 int main() {
   int* d = nullptr;
   CHECK(cudaMalloc(&d, BYTES));
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   int* a = (int*)std::malloc(BYTES);
   rounds(a, d, 20, "malloc");
@@ -95,10 +111,11 @@ int main() {
   rounds(g, d, 20, "before cudaHostRegister");
   CHECK(cudaHostRegister(g, BYTES, cudaHostRegisterDefault));
   std::fprintf(stderr, "pin_copy: TYPE program-registered %d\n", type_of(g));
-  rounds(g, d, 2, "registered by the program");
+  rounds(g, d, 2, "registered by the program", false);
   CHECK(cudaHostUnregister(g));
   std::free(g);
 
+  CHECK(cudaStreamDestroy(stream));
   CHECK(cudaFree(d));
   std::printf("pin_copy: done\n");
   return 0;
