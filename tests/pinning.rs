@@ -75,7 +75,11 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         let run = run_under_cudaw(
             &exe,
             addressing,
-            &[("CUDAW_PIN", "auto"), ("SIMGPU_COPY_DELAY_US", "3000")],
+            &[
+                ("CUDAW_PIN", "auto"),
+                ("SIMGPU_COPY_DELAY_US", "3000"),
+                ("CUDAW_TRACE", "metrics"),
+            ],
         );
         let what = format!("pin_copy under CUDAW_PIN=auto ({addressing:?})");
         run.assert_success(&what);
@@ -104,6 +108,16 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         assert!(
             summary.contains("0 ranges (0 MiB) pinned at exit, at most 16 MiB, 4 released"),
             "{what}: {summary}"
+        );
+        // Tracing's statistics (cudaw-ckpt stats, Prometheus) count the same.
+        let traced = run
+            .stderr()
+            .lines()
+            .find_map(|l| l.split("trace: smart pinning: ").nth(1).map(str::to_owned))
+            .unwrap_or_else(|| panic!("{what}: no traced pinning line:\n{}", run.stderr()));
+        assert!(
+            traced.contains("at most 16.0 MiB; 4 released, 0 refused"),
+            "{what}: {traced}"
         );
     }
 }
@@ -147,4 +161,44 @@ fn a_profile_pins_the_next_runs_hot_copies_from_the_start() {
         first.stderr(),
         second.stderr()
     );
+}
+
+#[test]
+fn pinning_decisions_are_on_the_timeline() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    let dir = tempfile::tempdir().expect("a private folder");
+    let file = dir.path().join("pin.trace.json");
+    let file_env = file.display().to_string();
+    let run = run_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[
+            ("CUDAW_PIN", "auto"),
+            ("CUDAW_TRACE", "timeline"),
+            ("CUDAW_TRACE_FILE", &file_env),
+        ],
+    );
+    run.assert_success("pin_copy under a timeline");
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("the timeline was written"))
+            .expect("the timeline is JSON");
+    let names: Vec<String> = trace["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["cat"] == "pinning")
+        .map(|e| e["name"].as_str().unwrap_or("").to_owned())
+        .collect();
+    // Four buffers got hot; each was unpinned when given back (or page-locked by the
+    // program itself), in that order.
+    let pins = names.iter().filter(|n| n.starts_with("pin ")).count();
+    let unpins = names.iter().filter(|n| n.starts_with("unpin ")).count();
+    assert_eq!((pins, unpins), (4, 4), "{names:?}");
+    for pair in names.chunks(2) {
+        assert!(
+            pair[0].starts_with("pin ") && pair[1].starts_with("unpin "),
+            "{names:?}"
+        );
+    }
 }

@@ -230,12 +230,22 @@ fn in_context<T>(backend: &DriverBackend, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Marks a pinning decision on the timeline (`CUDAW_TRACE=timeline`; nothing otherwise).
+fn mark(pinned: bool, start: u64, len: u64) {
+    if let Some(t) = cudaw_trace::get() {
+        t.record_pin(pinned, start, len);
+    }
+}
+
 /// Unregisters `ranges` (no lock held).
 fn unregister(backend: &DriverBackend, ranges: &[(u64, u64)]) {
     if ranges.is_empty() {
         return;
     }
     inside(|| {
+        for (start, len) in ranges {
+            mark(false, *start, *len);
+        }
         in_context(backend, || {
             for (start, _) in ranges {
                 // SAFETY: `start` was registered by `decide` and not unregistered since
@@ -329,6 +339,7 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
     });
     match registered {
         Ok(()) if kept => {
+            inside(|| mark(true, start, span));
             log::debug(format_args!(
                 "pinned {span} bytes at {start:#x} (copied often)"
             ));

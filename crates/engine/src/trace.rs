@@ -303,17 +303,32 @@ pub fn stats(top: usize) -> Result<Stats, String> {
     match cudaw_trace::get() {
         Some(t) => {
             let mut s = t.stats(std::process::id(), top);
-            let (copies, bytes) = crate::pageable::staged();
-            s.transfers = cudaw_trace::report::TransferStat {
-                staged_copies: copies,
-                staged_bytes: bytes,
-            };
+            fill_transfers(&mut s);
             Ok(s)
         }
         None => Err(format!(
             "tracing is off in process {} (start it with CUDAW_TRACE=metrics or CUDAW_TRACE=timeline)",
             std::process::id()
         )),
+    }
+}
+
+/// The host transfers the engine counts itself: staged copies and smart pinning.
+fn fill_transfers(s: &mut Stats) {
+    let (copies, bytes) = crate::pageable::staged();
+    s.transfers = cudaw_trace::report::TransferStat {
+        staged_copies: copies,
+        staged_bytes: bytes,
+        ..Default::default()
+    };
+    if let Some(p) = crate::pinning::stats() {
+        let t = &mut s.transfers;
+        t.pinning = true;
+        (t.hot_copies, t.hot_bytes, t.cold_copies, t.cold_bytes) =
+            (p.hot_copies, p.hot_bytes, p.cold_copies, p.cold_bytes);
+        (t.pinned_bytes, t.pinned_ranges, t.peak_pinned_bytes) =
+            (p.pinned_bytes, p.pinned_ranges, p.peak_pinned_bytes);
+        (t.released, t.refused) = (p.released, p.refused);
     }
 }
 
@@ -406,7 +421,8 @@ pub fn log_exit_summary(path: &Path, pending: Pending, rust_enters: u64) {
             Err(e) => log::error(format_args!("trace: {e}")),
         }
     }
-    let s = t.stats(std::process::id(), 5);
+    let mut s = t.stats(std::process::id(), 5);
+    fill_transfers(&mut s);
     for line in s.summary(10).lines() {
         log::warn_plain(format_args!("trace: {line}"));
     }

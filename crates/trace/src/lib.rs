@@ -747,6 +747,19 @@ impl Tracer {
         })));
     }
 
+    /// Smart pinning page-locked (`pinned`) or unpinned `bytes` at `base`, now.
+    pub fn record_pin(&self, pinned: bool, base: u64, bytes: u64) {
+        let tid = self.thread_id();
+        let at = self.now();
+        self.push(Event::Pin(Box::new(timeline::PinEvent {
+            pinned,
+            tid,
+            at,
+            base,
+            bytes,
+        })));
+    }
+
     /// The function names, by id.
     fn function_names(&self) -> Vec<&'static str> {
         self.functions.read().names.clone()

@@ -60,13 +60,40 @@ pub struct PauseStat {
 }
 
 /// Copies with the program's pageable host memory that cudaw ran through its pinned
-/// staging (`CUDAW_STAGED_COPY_MIN`), instead of the driver's pageable path.
+/// staging (`CUDAW_STAGED_COPY_MIN`), instead of the driver's pageable path, and what smart
+/// pinning (`CUDAW_PIN`) did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TransferStat {
     /// Copies staged.
     pub staged_copies: u64,
     /// Their bytes.
     pub staged_bytes: u64,
+    /// Whether smart pinning is on (the fields below count only then).
+    #[serde(default)]
+    pub pinning: bool,
+    /// Copies (and bytes) from or to ranges cudaw page-locked: hot.
+    #[serde(default)]
+    pub hot_copies: u64,
+    #[serde(default)]
+    pub hot_bytes: u64,
+    /// Copies (and bytes) from or to other pageable memory: cold.
+    #[serde(default)]
+    pub cold_copies: u64,
+    #[serde(default)]
+    pub cold_bytes: u64,
+    /// Bytes (and ranges) cudaw keeps page-locked now, and the most at once.
+    #[serde(default)]
+    pub pinned_bytes: u64,
+    #[serde(default)]
+    pub pinned_ranges: u64,
+    #[serde(default)]
+    pub peak_pinned_bytes: u64,
+    /// Ranges unpinned because the program gave their memory back, and ranges that got hot
+    /// but did not fit the budget or failed to register.
+    #[serde(default)]
+    pub released: u64,
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// One allocation's history.
@@ -323,6 +350,56 @@ impl Stats {
             "cudaw_staged_bytes_total{{pid=\"{pid}\"}} {}",
             self.transfers.staged_bytes
         );
+        if self.transfers.pinning {
+            let t = &self.transfers;
+            for (name, kind, help, v) in [
+                (
+                    "cudaw_pinned_copies_total",
+                    "counter",
+                    "Copies from or to pageable ranges cudaw page-locked (smart pinning).",
+                    t.hot_copies,
+                ),
+                (
+                    "cudaw_pinned_copied_bytes_total",
+                    "counter",
+                    "Bytes of copies from or to ranges cudaw page-locked.",
+                    t.hot_bytes,
+                ),
+                (
+                    "cudaw_unpinned_copies_total",
+                    "counter",
+                    "Copies from or to pageable memory cudaw did not page-lock.",
+                    t.cold_copies,
+                ),
+                (
+                    "cudaw_pinned_bytes",
+                    "gauge",
+                    "Host bytes cudaw keeps page-locked now (smart pinning).",
+                    t.pinned_bytes,
+                ),
+                (
+                    "cudaw_pinned_bytes_peak",
+                    "gauge",
+                    "The most host bytes cudaw kept page-locked at once.",
+                    t.peak_pinned_bytes,
+                ),
+                (
+                    "cudaw_pin_released_total",
+                    "counter",
+                    "Ranges unpinned because the program gave their memory back.",
+                    t.released,
+                ),
+                (
+                    "cudaw_pin_refused_total",
+                    "counter",
+                    "Hot ranges not pinned: over CUDAW_PIN_MAX, or registering failed.",
+                    t.refused,
+                ),
+            ] {
+                family(&mut o, name, kind, help);
+                let _ = writeln!(o, "{name}{{pid=\"{pid}\"}} {v}");
+            }
+        }
         family(
             &mut o,
             "cudaw_calls_total",
@@ -496,6 +573,25 @@ impl Stats {
                 self.transfers.staged_bytes as f64 / (1u64 << 20) as f64
             );
         }
+        if self.transfers.pinning {
+            let t = &self.transfers;
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            let _ = writeln!(
+                o,
+                "smart pinning: {} copies ({:.1} MiB) from pinned ranges, {} ({:.1} MiB) from \
+                 others; {:.1} MiB pinned now in {} ranges, at most {:.1} MiB; {} released, {} \
+                 refused",
+                t.hot_copies,
+                mib(t.hot_bytes),
+                t.cold_copies,
+                mib(t.cold_bytes),
+                mib(t.pinned_bytes),
+                t.pinned_ranges,
+                mib(t.peak_pinned_bytes),
+                t.released,
+                t.refused
+            );
+        }
         let m = &self.memory;
         let _ = writeln!(
             o,
@@ -602,7 +698,31 @@ mod tests {
         s.transfers = super::TransferStat {
             staged_copies: 3,
             staged_bytes: 3 << 20,
+            ..Default::default()
         };
+        assert!(!s.to_prometheus().contains("cudaw_pinned_bytes"));
+        let mut pinned = s.clone();
+        pinned.transfers.pinning = true;
+        pinned.transfers.hot_copies = 40;
+        pinned.transfers.pinned_bytes = 16 << 20;
+        let p = pinned.to_prometheus();
+        assert!(
+            p.contains("cudaw_pinned_copies_total{pid=\"42\"} 40\n"),
+            "{p}"
+        );
+        assert!(
+            p.contains(
+                "# TYPE cudaw_pinned_bytes gauge\ncudaw_pinned_bytes{pid=\"42\"} 16777216\n"
+            ),
+            "{p}"
+        );
+        assert!(pinned
+            .summary(10)
+            .contains("smart pinning: 40 copies (0.0 MiB) from pinned ranges"));
+        // A report from before pinning existed still reads.
+        let old = r#"{"staged_copies":1,"staged_bytes":2}"#;
+        let before: super::TransferStat = serde_json::from_str(old).unwrap();
+        assert_eq!((before.staged_copies, before.pinning), (1, false));
         assert!(s
             .summary(10)
             .contains("pageable copies through cudaw's pinned staging: 3 (3.0 MiB)\n"));

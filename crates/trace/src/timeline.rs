@@ -83,6 +83,8 @@ pub enum Event {
     Free(Box<FreeEvent>),
     /// A pause or resume (boxed, as is all but a call: an event takes 32 bytes of the ring).
     Pause(Box<PauseEvent>),
+    /// Smart pinning page-locked a host range, or unpinned one (boxed, as the rest).
+    Pin(Box<PinEvent>),
 }
 
 impl Event {
@@ -95,6 +97,7 @@ impl Event {
             Event::Alloc(a) => a.at,
             Event::Free(f) => f.at,
             Event::Pause(p) => p.start,
+            Event::Pin(p) => p.at,
         }
     }
 }
@@ -250,6 +253,21 @@ pub struct PauseEvent {
     pub bytes: u64,
 }
 
+/// Smart pinning's decision about a host range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinEvent {
+    /// Page-locked (else unpinned: given back, or at exit).
+    pub pinned: bool,
+    /// Thread.
+    pub tid: u32,
+    /// When (tick).
+    pub at: u64,
+    /// The range's first byte.
+    pub base: u64,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
 /// A bounded ring of events, encoded into words of its own memory (written once when the
 /// ring is made, so that recording neither allocates nor takes page faults: a boxed event
 /// per launch grew the heap by a page every dozen launches, a page fault each). It holds
@@ -278,6 +296,7 @@ const COPY: u64 = 3;
 const ALLOC: u64 = 4;
 const FREE: u64 = 5;
 const PAUSE: u64 = 6;
+const PIN: u64 = 7;
 
 /// An event's first word: its kind, its thread (24 bits) and a 32-bit value (a call's
 /// function, a launch's kernel, ...).
@@ -351,6 +370,7 @@ impl Ring {
             COPY => 10,
             ALLOC => 8,
             FREE | PAUSE => 5,
+            PIN => 4,
             // Never written: a corrupt ring reads as one-word events.
             _ => 1,
         }
@@ -531,6 +551,12 @@ impl Ring {
                 p.allocations,
                 p.bytes,
             ]),
+            Event::Pin(p) => self.put(&[
+                header(PIN, p.tid, u32::from(p.pinned)),
+                p.at,
+                p.base,
+                p.bytes,
+            ]),
         }
     }
 
@@ -621,6 +647,13 @@ impl Ring {
                     end: at(2),
                     allocations: at(3),
                     bytes: at(4),
+                })),
+                PIN => Event::Pin(Box::new(PinEvent {
+                    pinned: value != 0,
+                    tid,
+                    at: at(1),
+                    base: at(2),
+                    bytes: at(3),
                 })),
                 _ => {
                     i = self.advance(i, 1);
@@ -773,6 +806,12 @@ pub fn write_chrome(w: &mut dyn Write, cx: &Context<'_>, events: &[Event]) -> st
                 "name": if e.resume { "resume" } else { "pause" }, "cat": "pause", "ph": "X",
                 "pid": pid, "tid": e.tid, "ts": us(e.start), "dur": dur(e.start, e.end),
                 "args": {"allocations": e.allocations, "bytes": e.bytes},
+            }),
+            Event::Pin(e) => json!({
+                "name": format!("{} {}", if e.pinned { "pin" } else { "unpin" }, e.bytes),
+                "cat": "pinning", "ph": "i", "s": "p",
+                "pid": pid, "tid": e.tid, "ts": us(e.at),
+                "args": {"base": hex(e.base), "bytes": e.bytes},
             }),
         };
         emit(w, v)?;
@@ -930,6 +969,13 @@ mod tests {
                 allocations: 5,
                 bytes: 6,
             })),
+            Event::Pin(Box::new(PinEvent {
+                pinned: i % 2 == 0,
+                tid: 5,
+                at: i,
+                base: 0x7000_0000 + i,
+                bytes: 1 << 20,
+            })),
         ]
     }
 
@@ -941,6 +987,7 @@ mod tests {
             Event::Copy(_) => 10,
             Event::Alloc(_) => 8,
             Event::Free(_) | Event::Pause(_) => 5,
+            Event::Pin(_) => 4,
         }
     }
 
