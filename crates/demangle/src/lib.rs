@@ -15,6 +15,8 @@
 //! a clone suffix), makes it answer `None`, and `cpp_demangle` decides. The tests compare
 //! the two on every kernel name of PyTorch 2.11 and on mutations of them.
 
+#![forbid(unsafe_code)]
+
 /// The demangled form of `name` as `cpp_demangle` prints it; `name` itself when it is not a
 /// mangled C++ name (an `extern "C"` kernel, say).
 pub fn demangle(name: &str) -> String {

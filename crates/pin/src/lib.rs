@@ -14,8 +14,9 @@
 //! the regret reaches what pinning the range would cost ([`Costs::pin_cost`]), it is
 //! pinned, if it fits the budget ([`Policy::budget`]). A range copied once never gets
 //! there (pinning costs more than one staged copy loses); a range copied on every step of
-//! a training loop gets there within a few steps. The constants are measured on the GPU
-//! (`scripts/gpu-check.sh`, section `transfers`), not guessed.
+//! a training loop gets there within a few steps. The constants ([`Costs::default`]) are
+//! estimates until the GPU measures them (`scripts/gpu-check.sh`, section `transfers`:
+//! `pin_bench costs`).
 //!
 //! **Profiles.** In `profile` mode the history is written out as JSON at exit
 //! ([`History::profile`]): per copy site and size, how often it was copied and whether it
@@ -28,6 +29,8 @@
 //!
 //! Everything here is pure: the caller passes the clock, does the registering and
 //! reports back ([`History::pinned`], [`History::pin_failed`]).
+
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
 
