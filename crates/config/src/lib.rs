@@ -125,6 +125,9 @@ pub struct Config {
     /// `CUDAW_PIN_MAX`: the most bytes pinning keeps page-locked (a size; default an
     /// eighth of the machine's memory, at most 64 GiB).
     pub pin_max: Option<u64>,
+    /// `CUDAW_PIN_COSTS`: what copies and registering cost here (`pin_bench costs`
+    /// measures them); default the estimates of [`cudaw_pin::Costs::default`].
+    pub pin_costs: cudaw_pin::Costs,
     /// `CUDAW_TRACE`: `metrics`, `timeline` or off (default).
     pub trace: cudaw_trace::Mode,
     /// `CUDAW_TRACE_FILE`: where the timeline is written at exit (default
@@ -244,6 +247,13 @@ impl Config {
                 cudaw_pin::Mode::Off
             }),
         };
+        let pin_costs = match get("CUDAW_PIN_COSTS") {
+            None => cudaw_pin::Costs::default(),
+            Some(v) => cudaw_pin::Costs::parse(&v).unwrap_or_else(|e| {
+                warnings.push(format!("{e}; the estimated costs apply"));
+                cudaw_pin::Costs::default()
+            }),
+        };
         let pin_max = get("CUDAW_PIN_MAX")
             .filter(|v| !v.trim().is_empty())
             .and_then(|v| {
@@ -333,6 +343,7 @@ impl Config {
             staging,
             pin,
             pin_max,
+            pin_costs,
             trace,
             trace_file: path("CUDAW_TRACE_FILE"),
             trace_events,

@@ -130,7 +130,7 @@ fn start() -> bool {
             budget,
             // Never below the staged copies' threshold (CUDAW_STAGED_COPY_MIN), nor 1 MiB.
             min_bytes: config.staging.copy_min.unwrap_or(0).max(1 << 20) as u64,
-            costs: cudaw_pin::Costs::default(),
+            costs: config.pin_costs,
         };
         let history = match &mode {
             Mode::Use(path) => match std::fs::read_to_string(path)

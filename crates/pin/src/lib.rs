@@ -98,6 +98,40 @@ impl Default for Costs {
 }
 
 impl Costs {
+    /// Parses `CUDAW_PIN_COSTS`: comma-separated `key=value` items over the defaults,
+    /// `staged` and `pinned` (copy bytes per second), `register` and `unregister` (bytes
+    /// per second), `fixed` (seconds per registration). Measured by `pin_bench costs`.
+    pub fn parse(text: &str) -> Result<Costs, String> {
+        let mut c = Costs::default();
+        let (mut register, mut unregister) = (2.0 / c.pin_s_per_byte, 2.0 / c.pin_s_per_byte);
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("CUDAW_PIN_COSTS: {item:?} is not key=value"))?;
+            let v: f64 = value
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("CUDAW_PIN_COSTS: {value:?} is no positive number"))?;
+            match key.trim() {
+                "staged" => c.staged_bytes_per_s = v,
+                "pinned" => c.pinned_bytes_per_s = v,
+                "register" => register = v,
+                "unregister" => unregister = v,
+                "fixed" => c.pin_s_fixed = v,
+                other => {
+                    return Err(format!(
+                        "CUDAW_PIN_COSTS: unknown key {other:?} (staged, pinned, register, \
+                         unregister, fixed)"
+                    ))
+                }
+            }
+        }
+        c.pin_s_per_byte = 1.0 / register + 1.0 / unregister;
+        Ok(c)
+    }
+
     /// Seconds that pinning `len` bytes costs (registering and, later, unregistering).
     pub fn pin_cost(&self, len: u64) -> f64 {
         self.pin_s_fixed + len as f64 * self.pin_s_per_byte
@@ -702,6 +736,21 @@ mod tests {
         );
         assert!(Profile::from_json("{\"format\":\"other\",\"signatures\":[]}").is_err());
         assert!(Profile::from_json("not json").is_err());
+    }
+
+    #[test]
+    fn costs_parse_over_the_defaults() {
+        assert_eq!(Costs::parse(""), Ok(Costs::default()));
+        let c = Costs::parse("staged=20e9, pinned=50e9,register=10e9,unregister=40e9,fixed=1e-4")
+            .unwrap();
+        assert_eq!((c.staged_bytes_per_s, c.pinned_bytes_per_s), (20e9, 50e9));
+        assert!((c.pin_s_per_byte - (1.0 / 10e9 + 1.0 / 40e9)).abs() < 1e-20);
+        assert_eq!(c.pin_s_fixed, 1e-4);
+        // Cheaper registering pins sooner.
+        assert!(c.copies_to_pin(64 * MIB) < Costs::default().copies_to_pin(64 * MIB));
+        for bad in ["staged", "staged=-1", "staged=x", "speed=1e9", "fixed=inf"] {
+            assert!(Costs::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
