@@ -16,6 +16,14 @@ use std::collections::BTreeMap;
 
 const NAME: &str = "pin_copy";
 
+/// One pin_copy at a time: each moves gigabytes through simgpu, and five at once on a
+/// two-core machine only test the machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The program's `pin_copy: TYPE WHAT N` lines: cudaPointerGetAttributes' type per buffer.
 fn types(stderr: &str) -> BTreeMap<String, i32> {
     stderr
@@ -48,6 +56,7 @@ fn all_unregistered() -> BTreeMap<String, i32> {
 #[test]
 fn native_run_pins_nothing() {
     let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
     let exe = compile_program(&nvcc, NAME);
     let run = run_natively(&exe);
     run.assert_success("pin_copy natively");
@@ -58,6 +67,7 @@ fn native_run_pins_nothing() {
 #[test]
 fn without_cudaw_pin_nothing_is_pinned() {
     let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
     let exe = compile_program(&nvcc, NAME);
     let run = run_under_cudaw(&exe, Addressing::Mapped, &[]);
     run.assert_success("pin_copy without CUDAW_PIN");
@@ -69,6 +79,7 @@ fn without_cudaw_pin_nothing_is_pinned() {
 #[test]
 fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
     let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
     let exe = compile_program(&nvcc, NAME);
     for addressing in [Addressing::Mapped, Addressing::Translated] {
         // Slow simulated DMA: an asynchronous copy not waited for would be caught.
@@ -125,6 +136,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
 #[test]
 fn a_profile_pins_the_next_runs_hot_copies_from_the_start() {
     let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
     let exe = compile_program(&nvcc, NAME);
     let dir = tempfile::tempdir().expect("a private folder");
     let file = dir.path().join("pin-profile.json");
@@ -166,6 +178,7 @@ fn a_profile_pins_the_next_runs_hot_copies_from_the_start() {
 #[test]
 fn pinning_decisions_are_on_the_timeline() {
     let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
     let exe = compile_program(&nvcc, NAME);
     let dir = tempfile::tempdir().expect("a private folder");
     let file = dir.path().join("pin.trace.json");

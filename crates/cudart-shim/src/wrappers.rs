@@ -756,19 +756,17 @@ fn memcpy_async_impl(
     st: cudaStream_t,
 ) -> cudaError_t {
     let run = || {
-        let mut outcome = pageable::Outcome::Forward;
-        let stream = if st.is_null() {
-            default_stream(i == idx::cudaMemcpyAsync_ptsz)
-        } else {
-            driver::Stream(st as usize)
-        };
         if n >= pageable::min_bytes() {
-            outcome = staged(d, s, n, k, stream, true);
-            if outcome == pageable::Outcome::Copied {
+            let stream = if st.is_null() {
+                default_stream(i == idx::cudaMemcpyAsync_ptsz)
+            } else {
+                driver::Stream(st as usize)
+            };
+            if staged(d, s, n, k, stream, true) == pageable::Outcome::Copied {
                 return SUCCESS;
             }
         }
-        let rc = forward!(
+        forward!(
             i, cudaMemcpyAsync:
             fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
             rm(d),
@@ -776,11 +774,7 @@ fn memcpy_async_impl(
             n,
             k,
             st
-        );
-        if rc == SUCCESS && outcome == pageable::Outcome::ForwardAndWait {
-            pageable::wait_for(stream);
-        }
-        rc
+        )
     };
     tracing::copy(k, n, d, s, run)
 }

@@ -129,21 +129,6 @@ pub enum Outcome {
     Copied,
     /// The real runtime is to do it (or to report why not).
     Forward,
-    /// The real runtime is to do it, and then [`wait_for`] its stream: an asynchronous copy
-    /// of a range smart pinning page-locked, which the program passed as pageable memory
-    /// and may reuse (host to device) or read (device to host) as soon as the call returns.
-    ForwardAndWait,
-}
-
-/// Waits for `stream`'s work, the copy just forwarded included (after
-/// [`Outcome::ForwardAndWait`]).
-pub fn wait_for(stream: Stream) {
-    if let Ok(backend) = memory::current() {
-        let backend = backend.vmm.backend();
-        if let Err(e) = backend.driver().stream_synchronize(stream) {
-            log::debug(format_args!("waiting for a copy from pinned memory: {e}"));
-        }
-    }
 }
 
 /// Where a copy's host memory stands (see [`host_memory`]).
@@ -152,7 +137,8 @@ pub enum HostMemory {
     /// Unknown to the driver: the copy goes through the pinned staging (or, once hot,
     /// smart pinning page-locks it).
     Pageable,
-    /// Page-locked by smart pinning: the driver's path, as pageable memory behaves.
+    /// Page-locked by smart pinning: the driver's path for a synchronous copy, the staging
+    /// for an asynchronous one (pageable memory's promises).
     PinnedByCudaw,
     /// Page-locked, managed or device memory, or the driver could not say: the driver's
     /// own path.
@@ -174,29 +160,15 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
         PageableCopy::ToDevice { src, .. } => src as u64,
         PageableCopy::ToHost { dst, .. } => dst as u64,
     };
-    // Asked at most once, and only where the answer matters.
-    let (mut may_order, mut ordered) = (Some(may_order), None);
-    let mut may_order = || *ordered.get_or_insert_with(|| may_order.take().is_some_and(|f| f()));
-    // An asynchronous copy from or to a range cudaw page-locked keeps pageable memory's
-    // promises: it is waited for.
-    let pinned = |asynchronous| {
-        if asynchronous {
-            Outcome::ForwardAndWait
-        } else {
-            Outcome::Forward
-        }
-    };
-    match host_memory(backend, host, req.len) {
-        HostMemory::Pageable => {}
-        HostMemory::PinnedByCudaw if req.asynchronous && !may_order() => {
-            // Captured into a graph: as the pageable memory it was (the runtime refuses
-            // or copies it as it would have).
-            crate::pinning::release(host, req.len as u64, true);
-            return Outcome::Forward;
-        }
-        HostMemory::PinnedByCudaw => return pinned(req.asynchronous),
+    // A synchronous copy from or to a range cudaw page-locked goes to the driver, at pinned
+    // speed. An asynchronous one keeps pageable memory's promises (the source reusable, the
+    // result there, when the call returns): it goes through the staging, as before pinning.
+    let pinned = match host_memory(backend, host, req.len) {
+        HostMemory::Pageable => false,
+        HostMemory::PinnedByCudaw if !req.asynchronous => return Outcome::Forward,
+        HostMemory::PinnedByCudaw => true,
         HostMemory::DriverPath => return Outcome::Forward,
-    }
+    };
     // The default streams are the current context's: the allocation's context must be.
     if (req.stream == Stream::LEGACY || req.stream == Stream::PER_THREAD)
         && backend.driver().ctx_get_current().ok() != Some(backend.context())
@@ -204,11 +176,17 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
         return Outcome::Forward;
     }
     if !may_order() {
+        if pinned {
+            // Captured into a graph: as the pageable memory it was (the runtime refuses or
+            // copies it as it would have).
+            crate::pinning::release(host, req.len as u64, true);
+        }
         return Outcome::Forward;
     }
-    // Hot enough to page-lock in place (smart pinning): the driver copies it from now on.
-    if crate::pinning::decide(backend, host, req.len) {
-        return pinned(req.asynchronous);
+    // Hot enough to page-lock in place (smart pinning): the driver copies it from now on
+    // (its synchronous copies; this one too, if it is one).
+    if !pinned && crate::pinning::decide(backend, host, req.len) && !req.asynchronous {
+        return Outcome::Forward;
     }
     let completion = match (copy, req.asynchronous) {
         (PageableCopy::ToDevice { .. }, true) => Completion::Staged,

@@ -4,10 +4,10 @@
 //! The policy ([`cudaw_pin::History`]) counts the copy against its host range; once the
 //! range is hot and fits `CUDAW_PIN_MAX`, it is registered (`cuMemHostRegister`) and the
 //! copy, and every later one inside the range, goes to the driver, which sees page-locked
-//! memory and copies at pinned speed with no staging. An asynchronous copy of a range cudaw
-//! pinned is waited for before the call returns ([`crate::pageable::Outcome::ForwardAndWait`]):
-//! from pageable memory the runtime returns only once the source is read (host to device)
-//! or the copy done (device to host), and the program may rely on it.
+//! memory and copies at pinned speed with no staging. Only synchronous copies take that
+//! path: an asynchronous copy of a range cudaw pinned still goes through the staging, which
+//! keeps pageable memory's promises (the runtime returns only once the source is read, host
+//! to device, or the copy done, device to host, and the program may rely on it).
 //!
 //! **Memory given back.** A registered range must be unregistered before the program frees
 //! or unmaps it, or the driver would keep the old pages locked (and, were the address
