@@ -112,9 +112,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         // Four buffers pinned, each unregistered when given back (or page-locked by the
         // program); none left at exit.
         let summary = run
-            .stderr()
-            .lines()
-            .find_map(|l| l.split("smart pinning: ").nth(1).map(str::to_owned))
+            .after("smart pinning: ")
             .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
         assert!(
             summary.contains("0 ranges (0 MiB) pinned at exit, at most 16 MiB, 4 released"),
@@ -122,9 +120,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         );
         // Tracing's statistics (cudaw-ckpt stats, Prometheus) count the same.
         let traced = run
-            .stderr()
-            .lines()
-            .find_map(|l| l.split("trace: smart pinning: ").nth(1).map(str::to_owned))
+            .after("trace: smart pinning: ")
             .unwrap_or_else(|| panic!("{what}: no traced pinning line:\n{}", run.stderr()));
         assert!(
             traced.contains("at most 16.0 MiB; 4 released, 0 refused"),
@@ -155,20 +151,17 @@ fn a_profile_pins_the_next_runs_hot_copies_from_the_start() {
     assert!(hot >= 1, "{text}");
 
     // The next run pins on the first copy: more of its copies come from pinned ranges.
-    let hot_copies = |stderr: &str| -> u64 {
-        stderr
-            .lines()
-            .find_map(|l| l.split("smart pinning: ").nth(1))
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no pinning summary:\n{stderr}"))
+    let hot_copies = |run: &cudaw_tests::Run| -> u64 {
+        run.after("smart pinning: ")
+            .and_then(|s| s.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no pinning summary:\n{}", run.stderr()))
     };
     let use_it = format!("use:{}", file.display());
     let second = run_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_PIN", &use_it)]);
     second.assert_success("pin_copy using a profile");
     assert_eq!(second.stdout(), expected(NAME));
     assert!(
-        hot_copies(&second.stderr()) > hot_copies(&first.stderr()),
+        hot_copies(&second) > hot_copies(&first),
         "first:\n{}\nsecond:\n{}",
         first.stderr(),
         second.stderr()

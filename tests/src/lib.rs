@@ -316,6 +316,13 @@ impl Run {
         );
     }
 
+    /// What follows `marker` on the first line of standard error that holds it.
+    pub fn after(&self, marker: &str) -> Option<String> {
+        self.stderr()
+            .lines()
+            .find_map(|l| l.split_once(marker).map(|(_, rest)| rest.to_owned()))
+    }
+
     /// The device pointers the shim handed out, from its `CUDAW_LOG=debug` lines
     /// (`allocated N bytes at 0x…`).
     pub fn allocations(&self) -> Vec<u64> {

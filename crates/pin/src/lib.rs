@@ -32,7 +32,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Pages are locked whole: spans are widened to this.
 pub const PAGE: u64 = 4096;
@@ -287,7 +287,7 @@ pub struct History {
     /// By start address.
     ranges: BTreeMap<u64, Range>,
     /// Signatures a profile says are hot.
-    hot: HashMap<Signature, ()>,
+    hot: HashSet<Signature>,
     stats: Stats,
     /// Signatures of ranges no longer tracked (released), for the profile.
     gone: HashMap<Signature, SignatureStats>,
@@ -312,13 +312,10 @@ impl History {
     pub fn with_profile(policy: Policy, profile: &Profile) -> History {
         let mut h = History::new(policy);
         for s in profile.signatures.iter().filter(|s| s.hot) {
-            h.hot.insert(
-                Signature {
-                    site: s.site.clone(),
-                    len: s.len,
-                },
-                (),
-            );
+            h.hot.insert(Signature {
+                site: s.site.clone(),
+                len: s.len,
+            });
         }
         h
     }
@@ -376,7 +373,7 @@ impl History {
             site: site.to_owned(),
             len,
         };
-        let profiled_hot = self.hot.contains_key(&signature);
+        let profiled_hot = self.hot.contains(&signature);
         // A range that overlaps a tracked one of another extent replaces it: the program
         // reused the memory for something else.
         let overlapping: Vec<u64> = self
