@@ -733,14 +733,27 @@ fn pitched(mut p: cudaPitchedPtr) -> cudaPitchedPtr {
 /// ([`cudaw_engine::pageable`]); every other one, and any the staging declines, to the real
 /// runtime (translated where needed). A smaller copy costs one compare more than before.
 fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
+    let copy = |d: *mut c_void, s: *const c_void, n: usize| forward!(i, cudaMemcpy: fn(*mut c_void, *const c_void, usize, i32), rm(d), r(s), n, k);
     let run = || {
         if n >= pageable::min_bytes() {
             let stream = default_stream(i == idx::cudaMemcpy_ptds);
-            if staged(d, s, n, k, stream, false) == pageable::Outcome::Copied {
-                return SUCCESS;
+            match staged(d, s, n, k, stream, false) {
+                pageable::Outcome::Copied => return SUCCESS,
+                // One copy per registration of cudaw's the host side spans, in order.
+                pageable::Outcome::Split(cuts) => {
+                    for (off, len) in cuts.pieces(n as u64) {
+                        let (off, len) = (off as usize, len as usize);
+                        let rc = copy(d.wrapping_byte_add(off), s.wrapping_byte_add(off), len);
+                        if rc != SUCCESS {
+                            return rc;
+                        }
+                    }
+                    return SUCCESS;
+                }
+                pageable::Outcome::Forward => {}
             }
         }
-        forward!(i, cudaMemcpy: fn(*mut c_void, *const c_void, usize, i32), rm(d), r(s), n, k)
+        copy(d, s, n)
     };
     tracing::copy(k, n, d, s, run)
 }

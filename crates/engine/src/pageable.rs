@@ -46,6 +46,8 @@
 
 use crate::log;
 use crate::memory;
+use crate::pinning::Held;
+pub use cudaw_pin::Cuts;
 use driver::{Completion, DriverBackend, MemoryType, PageableCopy, PageableCopyError, Stream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -129,6 +131,10 @@ pub enum Outcome {
     Copied,
     /// The real runtime is to do it (or to report why not).
     Forward,
+    /// The real runtime is to do it as one synchronous copy per piece (the host side
+    /// spans registrations of cudaw's, and the driver copies at pinned speed only inside
+    /// one), in order, the first failure returned.
+    Split(Cuts),
 }
 
 /// Where a copy's host memory stands (see [`host_memory`]).
@@ -137,9 +143,10 @@ pub enum HostMemory {
     /// Unknown to the driver: the copy goes through the pinned staging (or, once hot,
     /// smart pinning page-locks it).
     Pageable,
-    /// Page-locked by smart pinning: the driver's path for a synchronous copy, the staging
-    /// for an asynchronous one (pageable memory's promises).
-    PinnedByCudaw,
+    /// Page-locked by smart pinning: the driver's path for a synchronous copy (one copy per
+    /// registration it spans), the staging for an asynchronous one (pageable memory's
+    /// promises).
+    PinnedByCudaw(Cuts),
     /// Page-locked, managed or device memory, or the driver could not say: the driver's
     /// own path.
     DriverPath,
@@ -165,8 +172,8 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
     // result there, when the call returns): it goes through the staging, as before pinning.
     let pinned = match host_memory(backend, host, req.len) {
         HostMemory::Pageable => false,
-        HostMemory::PinnedByCudaw if !req.asynchronous => return Outcome::Forward,
-        HostMemory::PinnedByCudaw => true,
+        HostMemory::PinnedByCudaw(cuts) if !req.asynchronous => return direct(cuts),
+        HostMemory::PinnedByCudaw(_) => true,
         HostMemory::DriverPath => return Outcome::Forward,
     };
     // The default streams are the current context's: the allocation's context must be.
@@ -185,8 +192,12 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
     }
     // Hot enough to page-lock in place (smart pinning): the driver copies it from now on
     // (its synchronous copies; this one too, if it is one).
-    if !pinned && crate::pinning::decide(backend, host, req.len) && !req.asynchronous {
-        return Outcome::Forward;
+    if !pinned {
+        if let Some(cuts) = crate::pinning::decide(backend, host, req.len) {
+            if !req.asynchronous {
+                return direct(cuts);
+            }
+        }
     }
     let completion = match (copy, req.asynchronous) {
         (PageableCopy::ToDevice { .. }, true) => Completion::Staged,
@@ -222,6 +233,16 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
             ));
             Outcome::Forward
         }
+    }
+}
+
+/// A synchronous copy from or to memory cudaw page-locked: the driver's, in one piece per
+/// registration.
+fn direct(cuts: Cuts) -> Outcome {
+    if cuts.is_none() {
+        Outcome::Forward
+    } else {
+        Outcome::Split(cuts)
     }
 }
 
@@ -279,10 +300,14 @@ fn qualify(req: &Request) -> Option<(&'static DriverBackend, PageableCopy)> {
 pub fn host_memory(backend: &'static DriverBackend, host: u64, len: usize) -> HostMemory {
     match backend.driver().pointer_memory_type(host) {
         Ok(MemoryType::Pageable) => HostMemory::Pageable,
-        Ok(MemoryType::Host) if crate::pinning::pinned_by_cudaw(host, len) => {
-            HostMemory::PinnedByCudaw
-        }
-        Ok(MemoryType::Host | MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
+        Ok(MemoryType::Host) => match crate::pinning::pinned_by_cudaw(host, len) {
+            Held::Whole(cuts) => HostMemory::PinnedByCudaw(cuts),
+            // Its first page is a pinned neighbour's: pageable memory still, and maybe
+            // hot enough to pin the rest of.
+            Held::Part => HostMemory::Pageable,
+            Held::No => HostMemory::DriverPath,
+        },
+        Ok(MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,
     }
 }
 

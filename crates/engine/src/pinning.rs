@@ -27,7 +27,7 @@
 //! the interposer looks at nothing ([`forked`]).
 
 use crate::log;
-use cudaw_pin::{Action, History, Mode, Policy};
+use cudaw_pin::{Action, Cuts, History, Mode, Policy};
 use driver::DriverBackend;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -289,11 +289,12 @@ extern "C" fn release_from_interposer(ptr: u64, len: u64, pages: u32) {
     })
 }
 
-/// Whether the copy of `len` bytes at pageable `host` should now take the driver's path:
-/// its range is (or was just) page-locked by cudaw.
-pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
+/// Whether the copy of `len` bytes at pageable `host` should now take the driver's path
+/// (its range is, or was just, page-locked by cudaw), and where it crosses from one
+/// registration into the next (one driver copy per piece).
+pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> Option<Cuts> {
     if !active() {
-        return false;
+        return None;
     }
     let now = COPIES.fetch_add(1, Ordering::Relaxed);
     let action = inside(|| {
@@ -302,8 +303,8 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
             .map(|p| p.history.copy(host, len as u64, "", now))
     });
     let (start, span) = match action {
-        None | Some(Action::Stage) => return false,
-        Some(Action::Direct) => return true,
+        None | Some(Action::Stage) => return None,
+        Some(Action::Direct(cuts)) => return Some(cuts),
         Some(Action::Pin { start, len }) => (start, len),
     };
     // Registering takes a while (the driver faults in and locks every page): no lock held.
@@ -319,11 +320,11 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
             }
         })
     });
+    // Kept: where this copy crosses between registrations (the new one may lean on a
+    // neighbour's edge page), if they cover it whole.
     let kept = inside(|| {
         let mut guard = lock();
-        let Some(p) = guard.as_mut() else {
-            return false;
-        };
+        let p = guard.as_mut()?;
         let kept = match &registered {
             Ok(()) => p.history.pinned(start),
             Err(_) => {
@@ -335,45 +336,62 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> bool {
             p.backend.get_or_insert(backend);
         }
         publish(&p.history);
-        kept
+        kept.then(|| p.history.cuts(host, len as u64))
     });
     match registered {
-        Ok(()) if kept => {
+        Ok(()) if kept.is_some() => {
             inside(|| mark(true, start, span));
             log::debug(format_args!(
                 "pinned {span} bytes at {start:#x} (copied often)"
             ));
-            true
+            kept.flatten()
         }
         // Given back while it was being registered: unregistered again.
         Ok(()) => {
             unregister(backend, &[(start, span)]);
-            false
+            None
         }
         Err(e) => {
             log::debug(format_args!(
                 "pinning {span} bytes at {start:#x}: {e}; its copies stay staged"
             ));
-            false
+            None
         }
     }
 }
 
-/// Whether `[host, host + len)` lies in a range cudaw pinned (then counted as a copy from
-/// it): a copy the driver already sees as page-locked.
-pub fn pinned_by_cudaw(host: u64, len: usize) -> bool {
+/// How much of a copy's host side cudaw's registrations hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// All of it: a copy from it counts as hot; one driver copy per piece.
+    Whole(Cuts),
+    /// Part of it (an edge page a pinned neighbour holds): pageable memory still.
+    Part,
+    /// None of it.
+    No,
+}
+
+/// How much of `[host, host + len)` cudaw's registrations hold (a copy they hold whole
+/// is counted as a hot one): for a copy the driver sees as page-locked.
+pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
     if STATE.load(Ordering::Relaxed) != ON
         || PINNED.load(Ordering::Relaxed) == 0
         || host >= HI.load(Ordering::Relaxed)
         || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
     {
-        return false;
+        return Held::No;
     }
     let now = COPIES.fetch_add(1, Ordering::Relaxed);
     inside(|| {
-        lock()
-            .as_mut()
-            .is_some_and(|p| p.history.copy_direct(host, len as u64, now))
+        let mut guard = lock();
+        let Some(p) = guard.as_mut() else {
+            return Held::No;
+        };
+        match p.history.copy_direct(host, len as u64, now) {
+            Some(cuts) => Held::Whole(cuts),
+            None if p.history.touches(host, len as u64) => Held::Part,
+            None => Held::No,
+        }
     })
 }
 

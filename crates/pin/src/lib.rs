@@ -178,14 +178,46 @@ impl Policy {
 /// What to do with a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// The host side is inside a range cudaw pinned: the driver copies it at pinned speed.
-    Direct,
+    /// The host side lies in ranges cudaw pinned: the driver copies it at pinned speed, one
+    /// copy per registration it spans ([`Cuts`]).
+    Direct(Cuts),
     /// Register `[start, start + len)` now (then report with [`History::pinned`] or
     /// [`History::pin_failed`]); the copy goes to the driver if registering worked, through
     /// the staging if not.
     Pin { start: u64, len: u64 },
     /// Through the staging.
     Stage,
+}
+
+/// Where a copy's host side crosses from one registration into the next, as offsets into
+/// the copy (at most two: a heap buffer shares its first and last pages with its
+/// neighbours, whose registrations may hold them). The driver copies at pinned speed only
+/// what lies inside one registration, so such a copy is issued as one copy per piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cuts([u64; 2]);
+
+impl Cuts {
+    /// No cut: one registration holds the whole copy.
+    pub const NONE: Cuts = Cuts([0, 0]);
+
+    /// The pieces of a copy of `len` bytes, as `(offset, len)`, in order.
+    pub fn pieces(self, len: u64) -> impl Iterator<Item = (u64, u64)> {
+        let mut bounds = [0u64; 4];
+        let mut n = 1;
+        for c in self.0 {
+            if c > bounds[n - 1] && c < len {
+                bounds[n] = c;
+                n += 1;
+            }
+        }
+        bounds[n] = len;
+        (0..n).map(move |i| (bounds[i], bounds[i + 1] - bounds[i]))
+    }
+
+    /// Whether the copy is one piece.
+    pub fn is_none(self) -> bool {
+        self.0 == [0, 0]
+    }
 }
 
 /// A copy's signature across runs: where the program issued it and how long it was
@@ -209,10 +241,16 @@ struct Range {
     bytes: u64,
     regret: f64,
     pinned: bool,
+    /// What is registered while `pinned`, `[lo, hi)`: the span less the edge pages a
+    /// pinned neighbour's registration holds already (a page is registered once).
+    reg: (u64, u64),
     /// Registering it failed or did not fit: not tried again.
     refused: bool,
     last_use: u64,
     signature: Signature,
+    /// Its place among the ranges of its signature, in the order of their first copies
+    /// (what a profile remembers, addresses changing between runs).
+    nth: u64,
 }
 
 /// Per signature, what a run saw (the profile).
@@ -226,7 +264,16 @@ pub struct SignatureStats {
     pub ranges: u64,
     /// Whether a range of this signature was pinned.
     pub hot: bool,
+    /// Which of its ranges were pinned, by their place in the order of first copies (0 is
+    /// the first buffer of this signature copied): `use` pins those alone. Empty with
+    /// `hot` (a profile of an older cudaw): every range of the signature.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hot_nth: Vec<u64>,
 }
+
+/// The most places [`SignatureStats::hot_nth`] keeps; past them, every later range of a
+/// hot signature is pinned in `use`.
+const MAX_HOT_NTH: usize = 4096;
 
 /// The profile file: human-readable JSON.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -286,11 +333,28 @@ pub struct History {
     policy: Option<Policy>,
     /// By start address.
     ranges: BTreeMap<u64, Range>,
-    /// Signatures a profile says are hot.
-    hot: HashSet<Signature>,
+    /// Signatures a profile says are hot, with the places of the hot ranges among them
+    /// (empty: all).
+    hot: HashMap<Signature, HotPlaces>,
+    /// Ranges seen so far per signature (the next one's place).
+    seen: HashMap<Signature, u64>,
     stats: Stats,
     /// Signatures of ranges no longer tracked (released), for the profile.
     gone: HashMap<Signature, SignatureStats>,
+}
+
+/// Which ranges of a hot signature a profile pins.
+#[derive(Debug, Clone, Default)]
+struct HotPlaces {
+    places: HashSet<u64>,
+    /// Places past the last one the profile lists are pinned too (the list was cut).
+    beyond: Option<u64>,
+}
+
+impl HotPlaces {
+    fn pins(&self, nth: u64) -> bool {
+        self.places.is_empty() || self.places.contains(&nth) || self.beyond.is_some_and(|b| nth > b)
+    }
 }
 
 /// `[ptr, ptr + len)` widened to whole pages.
@@ -312,10 +376,19 @@ impl History {
     pub fn with_profile(policy: Policy, profile: &Profile) -> History {
         let mut h = History::new(policy);
         for s in profile.signatures.iter().filter(|s| s.hot) {
-            h.hot.insert(Signature {
-                site: s.site.clone(),
-                len: s.len,
-            });
+            let places = HotPlaces {
+                places: s.hot_nth.iter().copied().collect(),
+                beyond: (s.hot_nth.len() >= MAX_HOT_NTH)
+                    .then(|| s.hot_nth.iter().copied().max())
+                    .flatten(),
+            };
+            h.hot.insert(
+                Signature {
+                    site: s.site.clone(),
+                    len: s.len,
+                },
+                places,
+            );
         }
         h
     }
@@ -324,18 +397,49 @@ impl History {
         self.stats
     }
 
-    /// The pinned range holding `[ptr, ptr + len)`, if one does.
-    fn pinned_around(&self, ptr: u64, len: u64) -> Option<(u64, &Range)> {
-        let (start, r) = self.ranges.range(..=ptr).next_back()?;
-        (r.pinned && ptr.saturating_add(len) <= r.end).then_some((*start, r))
+    /// Whether registrations of cudaw's cover `[ptr, ptr + len)` whole: the range the copy
+    /// counts for (the one whose registration holds most of it) and where the copy
+    /// crosses from one registration into the next.
+    fn covered(&self, ptr: u64, len: u64) -> Option<(u64, Cuts)> {
+        let end = ptr.saturating_add(len);
+        // Registrations touching the copy, by their start: the copy's own range's and at
+        // most one neighbour's on each side (a page is registered once).
+        let mut regs: Vec<(u64, u64, u64)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take(4)
+            .filter(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
+            .map(|(s, r)| (r.reg.0, r.reg.1, *s))
+            .collect();
+        regs.sort_unstable();
+        if regs.is_empty() || regs.len() > 3 {
+            return None;
+        }
+        let mut at = ptr;
+        let mut cuts = [0u64; 2];
+        let mut owner = (0u64, 0u64);
+        for (i, &(lo, hi, key)) in regs.iter().enumerate() {
+            if lo > at {
+                return None;
+            }
+            if i > 0 {
+                cuts[i - 1] = lo - ptr;
+            }
+            let mine = hi.min(end) - at;
+            if mine > owner.1 {
+                owner = (key, mine);
+            }
+            at = hi;
+        }
+        (at >= end).then_some((owner.0, Cuts(cuts)))
     }
 
     /// A copy the driver already sees as page-locked: counted as a hot copy if it lies in
-    /// a range cudaw pinned (the program's own page-locked memory is not cudaw's business).
-    pub fn copy_direct(&mut self, ptr: u64, len: u64, now: u64) -> bool {
-        let Some((start, _)) = self.pinned_around(ptr, len) else {
-            return false;
-        };
+    /// ranges cudaw pinned (the program's own page-locked memory is not cudaw's business),
+    /// with where it crosses between their registrations.
+    pub fn copy_direct(&mut self, ptr: u64, len: u64, now: u64) -> Option<Cuts> {
+        let (start, cuts) = self.covered(ptr, len)?;
         if let Some(r) = self.ranges.get_mut(&start) {
             r.copies += 1;
             r.bytes += len;
@@ -343,111 +447,177 @@ impl History {
         }
         self.stats.hot_copies += 1;
         self.stats.hot_bytes += len;
-        true
+        Some(cuts)
+    }
+
+    /// Whether a registration of cudaw's holds any of `[ptr, ptr + len)` (a buffer whose
+    /// edge page a pinned neighbour holds: the driver sees it as page-locked, but it is
+    /// not, or not yet, whole).
+    pub fn touches(&self, ptr: u64, len: u64) -> bool {
+        let end = ptr.saturating_add(len);
+        self.ranges
+            .range(..end)
+            .rev()
+            .take(4)
+            .any(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
+    }
+
+    /// Where a copy of `[ptr, ptr + len)` crosses between cudaw's registrations, if they
+    /// cover it whole (nothing counted).
+    pub fn cuts(&self, ptr: u64, len: u64) -> Option<Cuts> {
+        self.covered(ptr, len).map(|(_, c)| c)
     }
 
     /// A copy of `len` bytes at host address `ptr`, issued at `site`, at time `now`
     /// (ticks): what to do with it.
     pub fn copy(&mut self, ptr: u64, len: u64, site: &str, now: u64) -> Action {
-        let Some(policy) = &self.policy else {
+        let Some(policy) = self.policy.clone() else {
             return Action::Stage;
         };
         if policy.mode == Mode::Off || len == 0 {
             return Action::Stage;
         }
-        if let Some((start, _)) = self.pinned_around(ptr, len) {
-            let r = self.ranges.get_mut(&start).expect("just found");
-            r.copies += 1;
-            r.bytes += len;
-            r.last_use = now;
-            self.stats.hot_copies += 1;
-            self.stats.hot_bytes += len;
-            return Action::Direct;
+        if let Some(cuts) = self.copy_direct(ptr, len, now) {
+            return Action::Direct(cuts);
         }
         self.stats.cold_copies += 1;
         self.stats.cold_bytes += len;
         let (start, span) = page_span(ptr, len);
         let end = start + span;
+        let copy_end = ptr.saturating_add(len);
         let (min_bytes, budget, costs) = (policy.min_bytes, policy.budget, policy.costs);
         let signature = Signature {
             site: site.to_owned(),
             len,
         };
-        let profiled_hot = self.hot.contains(&signature);
-        // A range that overlaps a tracked one of another extent replaces it: the program
-        // reused the memory for something else.
-        let overlapping: Vec<u64> = self
+        // Tracked ranges whose copied bytes this copy overlaps, in another extent: the
+        // program reused the memory for something else (neighbours that only share an
+        // edge page, as heap blocks do, are other buffers and stay).
+        let overlapping: Vec<(u64, bool)> = self
             .ranges
             .range(..end)
             .rev()
             .take_while(|(_, r)| r.end > start)
-            .filter(|(s, r)| !r.pinned && (**s, r.end) != (start, end))
-            .map(|(s, _)| *s)
+            .filter(|(s, r)| {
+                r.copied_lo < copy_end && ptr < r.copied_hi && (**s, r.end) != (start, end)
+            })
+            .map(|(s, r)| (*s, r.pinned))
             .collect();
-        for s in overlapping {
-            self.forget(s);
-        }
-        if self
-            .ranges
-            .range(..end)
-            .next_back()
-            .is_some_and(|(s, r)| r.pinned && r.end > start && !(*s == start && r.end == end))
-        {
-            // Part of it is pinned already (a copy straddling a pinned range): staged.
+        if overlapping.iter().any(|&(_, pinned)| pinned) {
+            // Part of it is pinned already as another buffer (a copy straddling a pinned
+            // range): staged.
             return Action::Stage;
         }
-        let r = self.ranges.entry(start).or_insert_with(|| Range {
-            end,
-            copied_lo: ptr,
-            copied_hi: ptr.saturating_add(len),
-            copies: 0,
-            bytes: 0,
-            regret: 0.0,
-            pinned: false,
-            refused: false,
-            last_use: now,
-            signature: signature.clone(),
-        });
+        for (s, _) in overlapping {
+            self.forget(s);
+        }
+        if !self.ranges.contains_key(&start) {
+            let n = self.seen.entry(signature.clone()).or_default();
+            let nth = *n;
+            *n += 1;
+            self.ranges.insert(
+                start,
+                Range {
+                    end,
+                    copied_lo: ptr,
+                    copied_hi: copy_end,
+                    copies: 0,
+                    bytes: 0,
+                    regret: 0.0,
+                    pinned: false,
+                    reg: (start, start),
+                    refused: false,
+                    last_use: now,
+                    signature: signature.clone(),
+                    nth,
+                },
+            );
+        }
+        let r = self.ranges.get_mut(&start).expect("just inserted");
         r.copies += 1;
         r.bytes += len;
         r.regret += costs.regret(len);
         r.last_use = now;
         r.copied_lo = r.copied_lo.min(ptr);
-        r.copied_hi = r.copied_hi.max(ptr.saturating_add(len));
-        if r.refused || span < min_bytes {
+        r.copied_hi = r.copied_hi.max(copy_end);
+        // Pinned already, but a neighbour's registration it leaned on is gone: staged.
+        if r.pinned || r.refused || span < min_bytes {
             return Action::Stage;
         }
+        let profiled_hot = self
+            .hot
+            .get(&r.signature)
+            .is_some_and(|places| places.pins(r.nth));
         let hot = profiled_hot || r.regret >= costs.pin_cost(span);
         if !hot {
             return Action::Stage;
         }
-        if self.stats.pinned_bytes + span > budget {
+        // Edge pages a pinned neighbour holds are registered already: this range registers
+        // the rest, and its copies cross into the neighbour's registration ([`Cuts`]).
+        let (mut lo, mut hi) = (start, end);
+        for n in self
+            .ranges
+            .range(..end)
+            .rev()
+            .take(4)
+            .filter(|(s, n)| **s != start && n.pinned && n.reg.0 < end && n.reg.1 > start)
+            .map(|(_, n)| n)
+        {
+            if n.reg.0 <= lo {
+                lo = lo.max(n.reg.1);
+            } else if n.reg.1 >= hi {
+                hi = hi.min(n.reg.0);
+            } else {
+                // Inside this span (cannot be: their copied bytes would overlap).
+                return Action::Stage;
+            }
+        }
+        if hi <= lo || hi - lo < min_bytes.min(span) {
+            return Action::Stage;
+        }
+        let r = self.ranges.get_mut(&start).expect("tracked");
+        if self.stats.pinned_bytes + (hi - lo) > budget {
             r.refused = true;
             self.stats.refused += 1;
             return Action::Stage;
         }
         // Counted as pinned until the caller says otherwise (no second Pin meanwhile).
         r.pinned = true;
-        self.stats.pinned_bytes += span;
+        r.reg = (lo, hi);
+        self.stats.pinned_bytes += hi - lo;
         self.stats.pinned_ranges += 1;
         self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
-        Action::Pin { start, len: span }
+        Action::Pin {
+            start: lo,
+            len: hi - lo,
+        }
+    }
+
+    /// The range whose registration starts at `lo`.
+    fn by_registration(&self, lo: u64) -> Option<u64> {
+        self.ranges
+            .range(..=lo)
+            .rev()
+            .take(4)
+            .find(|(_, r)| r.pinned && r.reg.0 == lo)
+            .map(|(s, _)| *s)
     }
 
     /// Registering the range at `start` worked. `false` when the range was released while
     /// it was being registered: the caller unregisters it again.
     pub fn pinned(&mut self, start: u64) -> bool {
-        self.ranges.get(&start).is_some_and(|r| r.pinned)
+        self.by_registration(start).is_some()
     }
 
     /// Registering the range at `start` failed: it is never tried again.
     pub fn pin_failed(&mut self, start: u64) {
-        if let Some(r) = self.ranges.get_mut(&start) {
-            if r.pinned {
-                r.pinned = false;
-                self.stats.pinned_bytes -= r.end - start;
-                self.stats.pinned_ranges -= 1;
-            }
+        let Some(key) = self.by_registration(start) else {
+            return;
+        };
+        if let Some(r) = self.ranges.get_mut(&key) {
+            r.pinned = false;
+            self.stats.pinned_bytes -= r.reg.1 - r.reg.0;
+            self.stats.pinned_ranges -= 1;
             r.refused = true;
             self.stats.refused += 1;
         }
@@ -472,7 +642,7 @@ impl History {
         for s in touching.into_iter().rev() {
             if let Some(r) = self.ranges.get(&s) {
                 if r.pinned {
-                    out.push((s, r.end - s));
+                    out.push((r.reg.0, r.reg.1 - r.reg.0));
                     self.stats.released += 1;
                 }
             }
@@ -485,8 +655,14 @@ impl History {
     /// unregisters them. Not counted as released.
     pub fn unpin_all(&mut self) -> Vec<(u64, u64)> {
         let all = self.pinned_ranges();
-        for (s, _) in &all {
-            self.forget(*s);
+        let keys: Vec<u64> = self
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.pinned)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in keys {
+            self.forget(s);
         }
         all
     }
@@ -494,14 +670,14 @@ impl History {
     /// The lowest and highest address pinned now (`(u64::MAX, 0)` when none): a cheap
     /// first look for memory given back.
     pub fn pinned_bounds(&self) -> (u64, u64) {
-        let mut pinned = self.ranges.iter().filter(|(_, r)| r.pinned);
-        let lo = pinned.next().map_or(u64::MAX, |(s, _)| *s);
+        let mut pinned = self.ranges.values().filter(|r| r.pinned);
+        let lo = pinned.next().map_or(u64::MAX, |r| r.reg.0);
         let hi = self
             .ranges
-            .iter()
+            .values()
             .rev()
-            .find(|(_, r)| r.pinned)
-            .map_or(0, |(_, r)| r.end);
+            .find(|r| r.pinned)
+            .map_or(0, |r| r.reg.1);
         (lo, hi)
     }
 
@@ -510,7 +686,7 @@ impl History {
         self.ranges
             .iter()
             .filter(|(_, r)| r.pinned)
-            .map(|(s, r)| (*s, r.end - s))
+            .map(|(_, r)| (r.reg.0, r.reg.1 - r.reg.0))
             .collect()
     }
 
@@ -519,7 +695,7 @@ impl History {
             return;
         };
         if r.pinned {
-            self.stats.pinned_bytes -= r.end - start;
+            self.stats.pinned_bytes -= r.reg.1 - r.reg.0;
             self.stats.pinned_ranges -= 1;
         }
         let g = self.gone.entry(r.signature.clone()).or_default();
@@ -537,6 +713,8 @@ impl History {
             .map(|(sig, mut s)| {
                 s.site = sig.site;
                 s.len = sig.len;
+                s.hot_nth.sort_unstable();
+                s.hot_nth.dedup();
                 s
             })
             .collect();
@@ -557,6 +735,9 @@ fn add(s: &mut SignatureStats, r: &Range) {
     s.bytes += r.bytes;
     s.ranges += 1;
     s.hot |= r.pinned;
+    if r.pinned && s.hot_nth.len() < MAX_HOT_NTH {
+        s.hot_nth.push(r.nth);
+    }
 }
 
 #[cfg(test)]
@@ -612,7 +793,10 @@ mod tests {
                     pinned_at = Some(step);
                     assert!(h.pinned(start));
                 }
-                Action::Direct => assert!(pinned_at.is_some()),
+                Action::Direct(cuts) => {
+                    assert!(pinned_at.is_some());
+                    assert!(cuts.is_none());
+                }
                 Action::Stage => assert!(pinned_at.is_none()),
             }
         }
@@ -621,12 +805,12 @@ mod tests {
         // A copy of part of it, or at an offset inside it, is direct too.
         assert_eq!(
             h.copy(0x7000_0000 + MIB, 4 * MIB, "other", 21),
-            Action::Direct
+            Action::Direct(Cuts::NONE)
         );
         // Copies the driver takes directly count as hot ones here, and only here.
         let hot = h.stats().hot_copies;
-        assert!(h.copy_direct(0x7000_0000, 128 * MIB, 22));
-        assert!(!h.copy_direct(0x1_0000_0000, 128 * MIB, 23));
+        assert_eq!(h.copy_direct(0x7000_0000, 128 * MIB, 22), Some(Cuts::NONE));
+        assert_eq!(h.copy_direct(0x1_0000_0000, 128 * MIB, 23), None);
         assert_eq!(h.stats().hot_copies, hot + 1);
     }
 
@@ -650,7 +834,7 @@ mod tests {
     fn memory_given_back_is_unregistered_first() {
         let mut h = History::new(policy(1 << 40));
         let base = 0x5000_0000u64;
-        while h.copy(base, 64 * MIB, "s", 0) != Action::Direct {}
+        while h.copy(base, 64 * MIB, "s", 0) != Action::Direct(Cuts::NONE) {}
         // Freeing memory around it names the range once, and it is forgotten.
         assert_eq!(
             h.release(base - PAGE, 128 * MIB, true),
@@ -668,12 +852,12 @@ mod tests {
         let mut h = History::new(policy(1 << 40));
         // A heap buffer that starts and ends in the middle of pages.
         let buf = 0x5000_0800u64;
-        while h.copy(buf, 64 * MIB, "s", 0) != Action::Direct {}
+        while h.copy(buf, 64 * MIB, "s", 0) != Action::Direct(Cuts::NONE) {}
         // The block before it, in its first page, is freed: nothing to unpin.
         assert!(h.release(0x5000_0000, 0x800, false).is_empty());
         // The block after it, in its last page, likewise.
         assert!(h.release(buf + 64 * MIB, 0x100, false).is_empty());
-        assert_eq!(h.copy(buf, 64 * MIB, "s", 1), Action::Direct);
+        assert_eq!(h.copy(buf, 64 * MIB, "s", 1), Action::Direct(Cuts::NONE));
         // Its own block is.
         assert_eq!(h.release(buf, 64 * MIB, false).len(), 1);
         assert_eq!(h.pinned_bounds(), (u64::MAX, 0));
@@ -712,7 +896,7 @@ mod tests {
     #[test]
     fn a_profile_round_trips_and_pins_from_the_first_copy() {
         let mut h = History::new(policy(1 << 40));
-        while h.copy(0x4000_0000, 32 * MIB, "hot.so+0x10", 0) != Action::Direct {}
+        while h.copy(0x4000_0000, 32 * MIB, "hot.so+0x10", 0) != Action::Direct(Cuts::NONE) {}
         h.copy(0x8000_0000, 32 * MIB, "cold.so+0x20", 0);
         let text = serde_json::to_string_pretty(&h.profile()).unwrap();
         let p = Profile::from_json(&text).unwrap();
@@ -754,5 +938,164 @@ mod tests {
     fn the_default_budget_is_an_eighth_of_memory() {
         assert_eq!(Policy::default_budget(256 << 30), 32 << 30);
         assert_eq!(Policy::default_budget(2 << 40), 64 << 30);
+    }
+
+    /// Copies `len` bytes at `ptr` until it is pinned or `limit` copies; the copy that
+    /// pinned it is reported as registered. Returns the registration.
+    fn heat(h: &mut History, ptr: u64, len: u64, limit: u64) -> Option<(u64, u64)> {
+        for t in 0..limit {
+            if let Action::Pin { start, len } = h.copy(ptr, len, "", t) {
+                assert!(h.pinned(start));
+                return Some((start, len));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn heap_neighbours_sharing_edge_pages_are_both_pinned_once_each() {
+        // glibc's heap: blocks 16 bytes apart, the first page of one the last of the other.
+        let mut h = History::new(policy(1 << 40));
+        let a = 0x5555_0000_0010u64;
+        let len = 8 * MIB;
+        let b = a + len + 16;
+        let c = b + len + 16;
+        // Alternate copies of a and b, as a step copying two buffers would: neither
+        // replaces the other.
+        let mut regs = Vec::new();
+        for t in 0..200u64 {
+            for p in [a, b] {
+                match h.copy(p, len, "", t) {
+                    Action::Pin { start, len } => {
+                        assert!(h.pinned(start));
+                        regs.push((start, start + len));
+                    }
+                    Action::Direct(_) | Action::Stage => {}
+                }
+            }
+        }
+        assert_eq!(regs.len(), 2, "{regs:x?}");
+        regs.sort_unstable();
+        // No page registered twice; together they hold both buffers whole.
+        assert!(regs[0].1 <= regs[1].0, "{regs:x?}");
+        assert!(regs[0].0 <= a && regs[1].1 >= b + len);
+        // Each copy is direct; the one crossing into the other's registration is cut there.
+        let cut_a = h.cuts(a, len).expect("a covered");
+        let cut_b = h.cuts(b, len).expect("b covered");
+        let pieces: Vec<Vec<(u64, u64)>> = [cut_a, cut_b]
+            .iter()
+            .map(|c| c.pieces(len).collect())
+            .collect();
+        assert_eq!(
+            pieces.iter().filter(|p| p.len() == 2).count(),
+            1,
+            "{pieces:?}"
+        );
+        for (p, base) in pieces.iter().zip([a, b]) {
+            assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), len);
+            for w in p.windows(2) {
+                assert_eq!(w[0].0 + w[0].1, w[1].0);
+            }
+            if p.len() == 2 {
+                // The cut lies on the page boundary between the two registrations.
+                assert_eq!(base + p[1].0, regs[1].0);
+            }
+        }
+        assert_eq!(h.stats().pinned_ranges, 2);
+        assert_eq!(
+            h.stats().pinned_bytes,
+            (regs[0].1 - regs[0].0) + (regs[1].1 - regs[1].0)
+        );
+        // A cold third neighbour copied once is staged, and leaves both alone.
+        assert_eq!(h.copy(c, len, "", 500), Action::Stage);
+        assert_eq!(h.stats().pinned_ranges, 2);
+        // Freeing b (a heap block) unregisters b's registration alone; a's copies go on
+        // direct, and b's old memory copied again is not covered any more.
+        let gone = h.release(b, len, false);
+        assert_eq!(gone.len(), 1);
+        assert!(gone[0].0 >= a + len - PAGE);
+        // (a was pinned first, whole; b leaned on a's last page.)
+        assert_eq!(h.cuts(a, len), Some(Cuts::NONE));
+        assert!(h.cuts(b, len).is_none());
+        assert_eq!(h.stats().pinned_ranges, 1);
+    }
+
+    #[test]
+    fn a_range_leaning_on_a_neighbour_that_went_is_staged() {
+        let mut h = History::new(policy(1 << 40));
+        let len = 8 * MIB;
+        let a = 0x5555_0000_0010u64;
+        let b = a + len + 16;
+        let ra = heat(&mut h, a, len, 100).expect("a pinned");
+        let rb = heat(&mut h, b, len, 100).expect("b pinned");
+        // b leans on a's last page.
+        assert_eq!(rb.0, ra.0 + ra.1);
+        assert!(h.cuts(b, len).is_some_and(|c| !c.is_none()));
+        h.release(a, len, false);
+        assert_eq!(h.copy(b, len, "", 1000), Action::Stage);
+        // And nothing was registered twice meanwhile.
+        assert_eq!(h.stats().pinned_ranges, 1);
+    }
+
+    #[test]
+    fn use_pins_the_hot_places_of_a_signature_alone() {
+        // Two hot buffers and five cold ones of one size, copied from one site.
+        let len = 32 * MIB;
+        let base = 0x7f00_0000_0000u64;
+        let at = |i: u64| base + i * 64 * MIB;
+        let run = |h: &mut History| {
+            let mut pinned = Vec::new();
+            for t in 0..100u64 {
+                for i in 0..2 {
+                    if let Action::Pin { start, .. } = h.copy(at(i), len, "site", t) {
+                        assert!(h.pinned(start));
+                        pinned.push((i, t));
+                    }
+                }
+                if t % 20 == 0 {
+                    let i = 2 + t / 20;
+                    if let Action::Pin { start, .. } = h.copy(at(i), len, "site", t) {
+                        assert!(h.pinned(start));
+                        pinned.push((i, t));
+                    }
+                }
+            }
+            pinned
+        };
+        let mut first = History::new(policy(1 << 40));
+        let auto = run(&mut first);
+        assert_eq!(auto.iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(auto.iter().all(|p| p.1 > 0), "auto pins after some copies");
+        let p = first.profile();
+        assert_eq!(p.signatures.len(), 1);
+        assert_eq!(p.signatures[0].hot_nth, vec![0, 1]);
+        let text = p.to_json();
+        let back = Profile::from_json(&text).unwrap();
+        let mut second = History::with_profile(policy(1 << 40), &back);
+        let used = run(&mut second);
+        assert_eq!(
+            used,
+            vec![(0, 0), (1, 0)],
+            "hot places pinned on their first copy"
+        );
+        // A profile without places (an older cudaw's) pins every range of the signature.
+        let old = text.replace("\"hot_nth\"", "\"ignored\"");
+        let mut third = History::with_profile(policy(1 << 40), &Profile::from_json(&old).unwrap());
+        assert_eq!(run(&mut third).len(), 7);
+    }
+
+    #[test]
+    fn cuts_cut_into_pieces_in_order() {
+        assert_eq!(Cuts::NONE.pieces(10).collect::<Vec<_>>(), vec![(0, 10)]);
+        assert_eq!(
+            Cuts([4, 0]).pieces(10).collect::<Vec<_>>(),
+            vec![(0, 4), (4, 6)]
+        );
+        assert_eq!(
+            Cuts([2, 8]).pieces(10).collect::<Vec<_>>(),
+            vec![(0, 2), (2, 6), (8, 2)]
+        );
+        // Cuts at the ends are no cuts.
+        assert_eq!(Cuts([10, 0]).pieces(10).collect::<Vec<_>>(), vec![(0, 10)]);
     }
 }

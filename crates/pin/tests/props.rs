@@ -51,7 +51,7 @@ proptest! {
                             prop_assert!(start <= ptr && ptr + mib * MIB <= start + len);
                             last_pin = Some(start);
                         }
-                        Action::Direct => {
+                        Action::Direct(_) => {
                             let around = h.pinned_ranges().into_iter().any(|(s, l)| s <= ptr && ptr + mib * MIB <= s + l);
                             prop_assert!(around);
                         }

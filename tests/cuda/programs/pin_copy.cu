@@ -11,6 +11,7 @@
 #include "common.h"
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>
 #include <sys/mman.h>
 
 static const size_t N = 4u << 20;  // 16 MiB of int
@@ -114,6 +115,23 @@ int main() {
   rounds(g, d, 2, "registered by the program", false);
   CHECK(cudaHostUnregister(g));
   std::free(g);
+
+  // Two heap blocks side by side (below the mmap threshold: 16 bytes apart, the last page
+  // of one the first of the other), copied in turn as a step copies two buffers: both
+  // are pinned, their shared page once.
+  EXPECT(mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1);
+  int* x = (int*)std::malloc(BYTES);
+  int* y = (int*)std::malloc(BYTES);
+  std::fprintf(stderr, "pin_copy: heap neighbours %ld bytes apart\n",
+               (long)((char*)y - ((char*)x + BYTES)));
+  for (int k = 0; k < 10; k++) {
+    rounds(x, d, 2, "heap x");
+    rounds(y, d, 2, "heap y");
+  }
+  std::fprintf(stderr, "pin_copy: TYPE heap-x %d\n", type_of(x));
+  std::fprintf(stderr, "pin_copy: TYPE heap-y %d\n", type_of((char*)y + BYTES - 1));
+  std::free(y);
+  std::free(x);
 
   CHECK(cudaStreamDestroy(stream));
   CHECK(cudaFree(d));
