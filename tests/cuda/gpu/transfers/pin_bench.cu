@@ -4,8 +4,9 @@
 //       2 hot buffers copied ROUNDS (175) times each way and 25 cold buffers once each way,
 //       allocated with malloc or cudaMallocHost; prints "seed SIZE_MIB SECONDS" per size and
 //       "seed total SECONDS" (the copies only, each synchronous), every byte checked.
-//   pin_bench oneshot MIB                   one copy each way of a fresh malloc buffer:
-//       "oneshot h2d MIB SECONDS" and "oneshot d2h MIB SECONDS".
+//   pin_bench oneshot MIB [REPS]            one copy each way of a fresh malloc buffer:
+//       "oneshot h2d MIB SECONDS" and "oneshot d2h MIB SECONDS"; REPS - 1 more with fresh
+//       buffers, printed as "again h2d|d2h MIB SECONDS".
 //   pin_bench costs MIB                     cuMemHostRegister / Unregister of a touched malloc
 //       buffer and pinned copies each way: "costs register|unregister|pinned_h2d|pinned_d2h
 //       MIB SECONDS" (what crates/pin's Costs stand for).
@@ -60,7 +61,7 @@ static double round_trip(unsigned char* h, unsigned char* d, size_t n, unsigned 
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: pin_bench seed malloc|pinned [ROUNDS] | oneshot MIB | costs MIB\n");
+    std::fprintf(stderr, "usage: pin_bench seed malloc|pinned [ROUNDS] | oneshot MIB [REPS] | costs MIB\n");
     return 1;
   }
   CHECK(cudaFree(0));
@@ -99,17 +100,21 @@ int main(int argc, char** argv) {
     size_t n = (size_t)std::atoll(argv[2]) << 20;
     unsigned char* d = nullptr;
     CHECK(cudaMalloc(&d, n));
-    unsigned char* h = host_alloc(n, false);
-    double t = now();
-    CHECK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    std::printf("oneshot h2d %zu %.6f\n", n >> 20, now() - t);
-    t = now();
-    CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    std::printf("oneshot d2h %zu %.6f\n", n >> 20, now() - t);
-    for (size_t i = 0; i < n; i += 4096) {
-      if (h[i] != 0x5a) return 2;
+    int reps = argc > 3 ? std::atoi(argv[3]) : 1;
+    for (int r = 0; r < reps; r++) {
+      // A fresh buffer each time: nothing learnt from the last copy applies.
+      unsigned char* h = host_alloc(n, false);
+      double t = now();
+      CHECK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+      std::printf("%s h2d %zu %.6f\n", r == 0 ? "oneshot" : "again", n >> 20, now() - t);
+      t = now();
+      CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+      std::printf("%s d2h %zu %.6f\n", r == 0 ? "oneshot" : "again", n >> 20, now() - t);
+      for (size_t i = 0; i < n; i += 4096) {
+        if (h[i] != 0x5a) return 2;
+      }
+      host_free(h, false);
     }
-    host_free(h, false);
     CHECK(cudaFree(d));
   } else if (what == "costs") {
     size_t n = (size_t)std::atoll(argv[2]) << 20;
