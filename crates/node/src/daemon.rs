@@ -42,6 +42,8 @@ struct Gpu {
     index: i32,
     capacity: Option<u64>,
     policy: Box<dyn Policy>,
+    /// The policy's unseen memory when last logged.
+    unseen_logged: u64,
 }
 
 struct Proc {
@@ -568,6 +570,7 @@ impl Daemon {
                     index: d.ordinal,
                     capacity,
                     policy,
+                    unseen_logged: 0,
                 }
             });
             if !p.gpus.contains(&key) {
@@ -677,7 +680,17 @@ impl Daemon {
     fn tick(&mut self, now: Instant) {
         let mut refused = Vec::new();
         for (key, g) in &mut self.gpus {
-            for action in g.policy.tick(now) {
+            let actions = g.policy.tick(now);
+            let unseen = g.policy.unseen();
+            if unseen > g.unseen_logged && g.capacity.is_some() {
+                info!(
+                    "GPU {key}: an allocation waits where the accounting says it fits: {} MiB on the card are not cudaw's (contexts, other programs); jobs fit in {} MiB from now on",
+                    unseen >> 20,
+                    g.capacity.unwrap_or(0).saturating_sub(unseen) >> 20
+                );
+            }
+            g.unseen_logged = unseen;
+            for action in actions {
                 let pid = action.pid();
                 let sent = self.procs.get_mut(&pid).is_some_and(|p| {
                     let sent = p.worker.send(Task::Act {

@@ -27,6 +27,10 @@ pub trait Policy: Send {
     fn next_deadline(&self) -> Option<Instant>;
     /// Every job on this GPU.
     fn report(&self, now: Instant) -> Vec<JobReport>;
+    /// Device memory the accounting does not see, as learnt so far (bytes).
+    fn unseen(&self) -> u64 {
+        0
+    }
 }
 
 /// Makes a GPU's policy: its capacity in bytes and the configuration in force.
@@ -67,5 +71,8 @@ impl Policy for Scheduler {
     }
     fn report(&self, now: Instant) -> Vec<JobReport> {
         Scheduler::report(self, now)
+    }
+    fn unseen(&self) -> u64 {
+        Scheduler::unseen(self)
     }
 }

@@ -186,6 +186,8 @@ struct Proc {
     seen: Observation,
     /// Bytes an allocation of it waits for ([`Scheduler::alloc_wait`]).
     need: u64,
+    /// When it was last seen waiting for them.
+    need_at: Option<Instant>,
     /// Its gate may be open: it joined ungated, was released, or a hold of it failed.
     open: bool,
     /// The action the daemon carries out for it now, and when it was given.
@@ -259,7 +261,24 @@ pub struct Scheduler {
     /// Host memory a swap out may still take, in bytes ([`Scheduler::host_room`]); `None`:
     /// not known, not checked.
     host_room: Option<u64>,
+    /// Device memory the accounting does not see (contexts, libraries' own allocations,
+    /// programs not under cudaw), learnt from allocations that keep waiting while the
+    /// accounting says they fit ([`Scheduler::make_room_for_running`]); forgotten when a
+    /// process leaves.
+    unseen: u64,
+    /// When the memory on the GPU last changed by the schedule's doing (a swap done, a
+    /// turn begun): a waiting allocation is believed only once it had time to try again.
+    settled_from: Option<Instant>,
 }
+
+/// How long after the last swap or the start of its turn a running job's allocation must
+/// still be seen waiting before the memory the accounting misses is learnt from it: the
+/// process tries again every 5 ms, so by then it has tried with the memory as it is.
+pub const SETTLE: Duration = Duration::from_millis(25);
+
+/// What is learnt beyond the measured shortfall, so that a few more megabytes of contexts
+/// do not need another round.
+const UNSEEN_SLACK: u64 = 64 << 20;
 
 /// How much of `[from, to]` lies in `[start, end]` (`from` `None`: from the beginning).
 fn overlap(start: Instant, end: Instant, from: Option<Instant>, to: Instant) -> Duration {
@@ -283,6 +302,8 @@ impl Scheduler {
             turn: None,
             last_tick: None,
             host_room: None,
+            unseen: 0,
+            settled_from: None,
         }
     }
 
@@ -356,6 +377,7 @@ impl Scheduler {
                 job: job.to_owned(),
                 seen: Observation::default(),
                 need: 0,
+                need_at: None,
                 open: true,
                 pending: None,
                 retry_at: None,
@@ -372,6 +394,9 @@ impl Scheduler {
         let Some(p) = self.procs.remove(&pid) else {
             return;
         };
+        // Its context went with it: what the accounting misses is learnt again if need be.
+        self.unseen = 0;
+        self.settled_from = Some(now);
         let empty = match self.jobs.get_mut(&p.job) {
             Some(j) => {
                 j.pids.retain(|&q| q != pid);
@@ -414,6 +439,7 @@ impl Scheduler {
             return;
         };
         p.need = bytes;
+        p.need_at = (bytes > 0).then_some(now);
         let job = p.job.clone();
         self.update_wanting(&job, now);
     }
@@ -481,6 +507,9 @@ impl Scheduler {
                     prep_failed = true;
                 }
             }
+        }
+        if matches!(action, Action::SwapOut(_) | Action::SwapIn(_)) {
+            self.settled_from = Some(now);
         }
         if prep_failed {
             if let Some(Turn {
@@ -845,7 +874,7 @@ impl Scheduler {
                 || self
                     .total_resident()
                     .saturating_add(self.job_sum(id, |p| p.need))
-                    <= self.capacity)
+                    <= self.usable())
     }
 
     /// The jobs to swap out, least recently run first, for job `id` to fit; `None` if it
@@ -868,7 +897,7 @@ impl Scheduler {
             return Some(Vec::new());
         }
         let total = self.total_resident().saturating_add(self.job_need(id));
-        let mut over = total.saturating_sub(self.capacity);
+        let mut over = total.saturating_sub(self.usable());
         if over == 0 {
             return Some(Vec::new());
         }
@@ -1000,6 +1029,7 @@ impl Scheduler {
             phase: Phase::Running { end: now + len },
             since: Some(now),
         });
+        self.settled_from = Some(now);
         if let Some(j) = self.jobs.get_mut(id) {
             j.mem_blocked = false;
         }
@@ -1124,12 +1154,46 @@ impl Scheduler {
     /// While job `id` runs, an allocation of it that waits is given room by swapping out
     /// jobs that may be swapped out for it.
     fn make_room_for_running(&mut self, id: &str, now: Instant, out: &mut Vec<Action>) {
-        if self.job_sum(id, |p| p.need) == 0 {
+        let need = self.job_sum(id, |p| p.need);
+        if need == 0 {
             return;
+        }
+        // Its allocation still waits, settled (no swap under way, time to try again since
+        // the last), though the accounting says it fits: that much more is on the GPU than
+        // the accounting sees (the contexts, at the least).
+        let seen_at = self.jobs.get(id).and_then(|j| {
+            j.pids
+                .iter()
+                .filter_map(|pid| self.procs.get(pid)?.need_at)
+                .max()
+        });
+        let settled = seen_at.is_some_and(|at| {
+            self.settled_from
+                .is_none_or(|t| at.saturating_duration_since(t) >= SETTLE)
+        }) && self.procs.values().all(|p| p.pending.is_none());
+        if self.capacity > 0 && settled {
+            let free = self.usable().saturating_sub(self.total_resident());
+            if free >= need {
+                self.unseen = self
+                    .unseen
+                    .saturating_add(free - need)
+                    .saturating_add(UNSEEN_SLACK);
+                self.settled_from = Some(now);
+            }
         }
         if let Some(victims) = self.evictions(id) {
             self.swap_out(&victims, now, out);
         }
+    }
+
+    /// The device memory jobs may have: the capacity less what the accounting misses.
+    fn usable(&self) -> u64 {
+        self.capacity.saturating_sub(self.unseen)
+    }
+
+    /// Device memory on the GPU the accounting does not see, as learnt so far (bytes).
+    pub fn unseen(&self) -> u64 {
+        self.unseen
     }
 
     fn swap_out(&mut self, victims: &[String], now: Instant, out: &mut Vec<Action>) {

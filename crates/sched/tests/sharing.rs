@@ -576,3 +576,23 @@ fn a_jobs_launches_count_its_processes_once_and_never_go_down() {
     s.leave(2, now);
     assert_eq!(launches(&s), 17);
 }
+
+#[test]
+fn memory_the_accounting_misses_is_learnt_from_an_allocation_that_keeps_waiting() {
+    // The card holds 2 GiB the accounting does not see (the processes' contexts): two
+    // jobs of 38 GiB and a third asking for 4 GiB fit by the accounting, not on the card.
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.capacity = 78 * GIB;
+    sim.spawn(1, "a", Load::Busy, 38 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 38 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 4 * GIB, false);
+    sim.run(30_000);
+    // The third got its memory (another job was swapped out for it) and ran its share.
+    assert!(sim.report("c").launches > 0, "{:?}", sim.busy);
+    assert!(share(&sim, "c", 30_000) >= 0.1, "{:?}", sim.busy);
+    assert!(sim.sched.unseen() > 0);
+    assert!(sim.swap_outs.len() >= 2, "{:?}", sim.swap_outs);
+    let failed: Vec<_> = sim.done.iter().filter(|d| !d.ok).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+}
