@@ -65,7 +65,20 @@ fn release_pause_resume_cycles_match_an_uninterrupted_run() {
         assert_eq!(u.used, before.used, "the memory came back");
         t.assert_running();
     }
-    t.finish();
+    // Each time, the stack's local memory was freed before the driver's checkpoint (less
+    // for it to copy) and the limit set back before the program went on.
+    let log = t.finish();
+    assert_eq!(
+        log.matches("the stack's local memory is freed").count(),
+        3,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("the stack limit is 1024 bytes a thread again")
+            .count(),
+        3,
+        "{log}"
+    );
 }
 
 #[test]

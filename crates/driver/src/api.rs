@@ -38,6 +38,9 @@ pub const STREAM_NON_BLOCKING: u32 = 0x1;
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 /// `CU_MEMHOSTALLOC_PORTABLE`.
 pub const MEMHOSTALLOC_PORTABLE: u32 = 0x1;
+/// `CU_LIMIT_STACK_SIZE`: per-thread stack bytes; a context reserves local memory for it
+/// on every resident thread of the GPU (about 260 MiB on an H100 at the default 1 KiB).
+pub const LIMIT_STACK_SIZE: u32 = 0;
 
 impl Stream {
     /// `CU_STREAM_LEGACY`: the legacy default stream of the current context, whatever the
@@ -94,6 +97,10 @@ pub trait Driver: Send + Sync {
     fn ctx_get_current(&self) -> Result<Context>;
     /// `cuCtxSynchronize`.
     fn ctx_synchronize(&self) -> Result<()>;
+    /// `cuCtxGetLimit` of the current context ([`LIMIT_STACK_SIZE`], ...).
+    fn ctx_get_limit(&self, limit: u32) -> Result<usize>;
+    /// `cuCtxSetLimit` of the current context.
+    fn ctx_set_limit(&self, limit: u32, value: usize) -> Result<()>;
     /// `cuMemGetInfo_v2`: (free, total) bytes.
     fn mem_get_info(&self) -> Result<(u64, u64)>;
 

@@ -24,7 +24,9 @@ pub mod staging;
 /// The CUDA driver ABI types (CUDA 13.0 layouts).
 pub use cudarc::driver::sys;
 
-pub use api::{Context, Device, Driver, Event, MemoryType, PhysicalHandle, Stream};
+pub use api::{
+    Context, Device, Driver, Event, MemoryType, PhysicalHandle, Stream, LIMIT_STACK_SIZE,
+};
 pub use backend::{DriverBackend, KeptContext};
 pub use error::{DriverError, Result};
 pub use loader::LibCuda;

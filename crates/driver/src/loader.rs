@@ -83,6 +83,8 @@ driver_functions! {
     cuCtxSetCurrent(Raw) = [cuCtxSetCurrent];
     cuCtxGetCurrent(*mut Raw) = [cuCtxGetCurrent];
     cuCtxSynchronize() = [cuCtxSynchronize];
+    cuCtxGetLimit(*mut usize, c_uint) = [cuCtxGetLimit];
+    cuCtxSetLimit(c_uint, usize) = [cuCtxSetLimit];
     cuMemGetInfo(*mut usize, *mut usize) = [cuMemGetInfo_v2];
     cuMemAddressReserve(*mut u64, usize, usize, u64, u64) = [cuMemAddressReserve];
     cuMemAddressFree(u64, usize) = [cuMemAddressFree];
@@ -365,6 +367,22 @@ impl Driver for LibCuda {
         // SAFETY: no arguments.
         let code = unsafe { f() };
         self.check(code, "cuCtxSynchronize")
+    }
+
+    fn ctx_get_limit(&self, limit: u32) -> Result<usize> {
+        let f = self.cuCtxGetLimit()?;
+        let mut v = 0usize;
+        // SAFETY: a valid out-pointer and a plain value.
+        let code = unsafe { f(&mut v, limit) };
+        self.check(code, "cuCtxGetLimit")?;
+        Ok(v)
+    }
+
+    fn ctx_set_limit(&self, limit: u32, value: usize) -> Result<()> {
+        let f = self.cuCtxSetLimit()?;
+        // SAFETY: plain values.
+        let code = unsafe { f(limit, value) };
+        self.check(code, "cuCtxSetLimit")
     }
 
     fn mem_get_info(&self) -> Result<(u64, u64)> {

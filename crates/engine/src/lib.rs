@@ -48,6 +48,7 @@ pub mod registry;
 pub mod requests;
 pub mod room;
 pub mod signals;
+pub mod slim;
 pub mod staging;
 pub mod state;
 pub mod summary;

@@ -104,6 +104,7 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                     return Err(Failure::new(ErrorKind::Failed, msg));
                 }
                 ctl.released = false;
+                crate::slim::restore();
                 log::info(format_args!(
                     "the context is on the GPU again (kept, or restored by the driver): paused as before"
                 ));
@@ -133,6 +134,7 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
                     return Err(Failure::new(ErrorKind::Failed, msg));
                 }
                 ctl.released = false;
+                crate::slim::restore();
                 log::info(format_args!(
                     "the driver restored the context: resuming cudaw's memory"
                 ));
@@ -154,6 +156,8 @@ fn serve(ctl: &mut Ctl, req: Request, report: Report<'_>) -> Result<Outcome, Fai
     if release && ctl.paused && matches!(out, Ok(Outcome::Pause(_))) {
         // An arena still being made would be inside the driver when it locks the process.
         staging::finish_arena_builds();
+        // Less for the driver to copy: the stack's local memory, unused while paused.
+        crate::slim::shrink();
         ctl.released = true;
         log::info(format_args!(
             "paused for the driver's checkpoint: the context is the driver's until `cudaw-ckpt resume {}`",

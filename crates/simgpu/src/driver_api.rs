@@ -734,6 +734,40 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     })
 }
 
+/// Per-thread stack bytes (`CU_LIMIT_STACK_SIZE`) of every simulated context: the local
+/// memory a context reserves follows it on a GPU; here it is only remembered.
+static STACK_LIMIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1024);
+
+/// `cuCtxGetLimit`: the stack size as set, the printf FIFO's and malloc heap's defaults.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_uint) -> CUresult {
+    entry!({
+        Device::with_context()?;
+        let v = match limit {
+            0 => STACK_LIMIT.load(std::sync::atomic::Ordering::Relaxed),
+            1 => 1 << 20,
+            2 => 8 << 20,
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        };
+        // SAFETY: the caller passes a valid out-pointer or null.
+        unsafe { put(value, v) }
+    })
+}
+
+/// `cuCtxSetLimit`: the stack size is remembered; the other limits are accepted.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_uint, value: usize) -> CUresult {
+    entry!({
+        Device::with_context()?;
+        match limit {
+            0 => STACK_LIMIT.store(value, std::sync::atomic::Ordering::Relaxed),
+            1 | 2 => {}
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    })
+}
+
 // ---- memory: information and VMM ----
 
 /// `cuMemGetInfo_v2`: the current context's device's memory.
