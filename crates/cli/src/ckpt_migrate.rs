@@ -762,6 +762,26 @@ pub fn migrate_job(
         .iter()
         .map(|&p| ckpt_client::status(p).map(|s| (p, s)))
         .collect::<Result<_>>()?;
+    // The members with something on a GPU move; the others (a launcher that imports
+    // CUDA's libraries and never uses a GPU) are paused and resumed with the job only.
+    let statuses: Vec<(u32, Status)> = {
+        let (on_gpu, idle): (Vec<_>, Vec<_>) = statuses
+            .into_iter()
+            .partition(|(_, st)| st.devices.iter().any(|d| !d.gpu.is_empty()));
+        if on_gpu.is_empty() {
+            return Err(fail(
+                Kind::Failed,
+                format!(
+                    "no process of job {root} holds memory on a GPU under cudaw (or its driver names no GPU UUID): nothing to move"
+                ),
+            ));
+        }
+        for (p, _) in &idle {
+            eprintln!("cudaw-ckpt: note: process {p} of the job uses no GPU: it is paused and resumed with the job, nothing of it moves");
+        }
+        on_gpu
+    };
+    let movers: Vec<u32> = statuses.iter().map(|(p, _)| *p).collect();
     let gpus = machine_gpus()?;
     let mut job_gpus: Vec<&Gpu> = Vec::new();
     for (p, st) in &statuses {
@@ -856,7 +876,7 @@ pub fn migrate_job(
         "job {root}: the driver checkpoints every process"
     ));
     let t = Instant::now();
-    let released = crate::ckpt_job::each(&job.members, |p| {
+    let released = crate::ckpt_job::each(&movers, |p| {
         request(
             p,
             &Request::Pause {
@@ -888,7 +908,7 @@ pub fn migrate_job(
         "job {root}: the driver restores every process on its new GPUs"
     ));
     let t = Instant::now();
-    let restored = crate::ckpt_job::each(&job.members, |p| {
+    let restored = crate::ckpt_job::each(&movers, |p| {
         let pairs = &plans.iter().find(|(q, _, _)| *q == p).expect("planned").1;
         ckpt_release::restore(p, pairs).map_err(|e| fail(Kind::Failed, e))
     });
@@ -937,7 +957,7 @@ pub fn migrate_job(
         "job {root}: cudaw restores the memory on the new GPUs"
     ));
     let t = Instant::now();
-    let kept = crate::ckpt_job::each(&job.members, |p| {
+    let kept = crate::ckpt_job::each(&movers, |p| {
         request(p, &Request::ContextKept {}, &mut |_| {})
     });
     let resumed = match kept
