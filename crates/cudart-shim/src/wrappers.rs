@@ -739,17 +739,7 @@ fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> 
             let stream = default_stream(i == idx::cudaMemcpy_ptds);
             match staged(d, s, n, k, stream, false) {
                 pageable::Outcome::Copied => return SUCCESS,
-                // One copy per registration of cudaw's the host side spans, in order.
-                pageable::Outcome::Split(cuts) => {
-                    for (off, len) in cuts.pieces(n as u64) {
-                        let (off, len) = (off as usize, len as usize);
-                        let rc = copy(d.wrapping_byte_add(off), s.wrapping_byte_add(off), len);
-                        if rc != SUCCESS {
-                            return rc;
-                        }
-                    }
-                    return SUCCESS;
-                }
+                pageable::Outcome::Split(cuts) => return in_pieces(cuts, d, s, n, copy),
                 pageable::Outcome::Forward => {}
             }
         }
@@ -768,17 +758,7 @@ fn memcpy_async_impl(
     k: i32,
     st: cudaStream_t,
 ) -> cudaError_t {
-    let run = || {
-        if n >= pageable::min_bytes() {
-            let stream = if st.is_null() {
-                default_stream(i == idx::cudaMemcpyAsync_ptsz)
-            } else {
-                driver::Stream(st as usize)
-            };
-            if staged(d, s, n, k, stream, true) == pageable::Outcome::Copied {
-                return SUCCESS;
-            }
-        }
+    let copy = |d: *mut c_void, s: *const c_void, n: usize| {
         forward!(
             i, cudaMemcpyAsync:
             fn(*mut c_void, *const c_void, usize, i32, cudaStream_t),
@@ -789,10 +769,45 @@ fn memcpy_async_impl(
             st
         )
     };
+    let run = || {
+        if n >= pageable::min_bytes() {
+            let stream = if st.is_null() {
+                default_stream(i == idx::cudaMemcpyAsync_ptsz)
+            } else {
+                driver::Stream(st as usize)
+            };
+            match staged(d, s, n, k, stream, true) {
+                pageable::Outcome::Copied => return SUCCESS,
+                pageable::Outcome::Split(cuts) => return in_pieces(cuts, d, s, n, copy),
+                pageable::Outcome::Forward => {}
+            }
+        }
+        copy(d, s, n)
+    };
     tracing::copy(k, n, d, s, run)
 }
 variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
     (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
+
+/// A copy handed to the real runtime in pieces (one per registration of cudaw's its host
+/// side spans, or per side of a registration's border), in order; the first failure is
+/// returned.
+fn in_pieces(
+    cuts: pageable::Cuts,
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    copy: impl Fn(*mut c_void, *const c_void, usize) -> cudaError_t,
+) -> cudaError_t {
+    for (off, len) in cuts.pieces(n as u64) {
+        let (off, len) = (off as usize, len as usize);
+        let rc = copy(d.wrapping_byte_add(off), s.wrapping_byte_add(off), len);
+        if rc != SUCCESS {
+            return rc;
+        }
+    }
+    SUCCESS
+}
 
 /// The driver's name for a default stream: the thread's own (`_ptds` / `_ptsz` exports,
 /// which programs built with `--default-stream per-thread` call) or the legacy one.

@@ -143,6 +143,11 @@ pub enum HostMemory {
     /// Unknown to the driver: the copy goes through the pinned staging (or, once hot,
     /// smart pinning page-locks it).
     Pageable,
+    /// Pageable, but an edge page of it lies in a pinned neighbour's registration: as
+    /// [`HostMemory::Pageable`], and a copy handed to the driver goes in pieces, each
+    /// inside one registration or outside all (the driver refuses a copy straddling the
+    /// border).
+    Straddling(Cuts),
     /// Page-locked by smart pinning: the driver's path for a synchronous copy (one copy per
     /// registration it spans), the staging for an asynchronous one (pageable memory's
     /// promises).
@@ -170,17 +175,21 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
     // A synchronous copy from or to a range cudaw page-locked goes to the driver, at pinned
     // speed. An asynchronous one keeps pageable memory's promises (the source reusable, the
     // result there, when the call returns): it goes through the staging, as before pinning.
-    let pinned = match host_memory(backend, host, req.len) {
-        HostMemory::Pageable => false,
+    let (pinned, borders) = match host_memory(backend, host, req.len) {
+        HostMemory::Pageable => (false, None),
+        HostMemory::Straddling(cuts) => (false, Some(cuts)),
         HostMemory::PinnedByCudaw(cuts) if !req.asynchronous => return direct(cuts),
-        HostMemory::PinnedByCudaw(_) => true,
+        HostMemory::PinnedByCudaw(_) => (true, None),
         HostMemory::DriverPath => return Outcome::Forward,
     };
+    // What the real runtime is handed when cudaw does not copy it: a copy straddling a
+    // registration's border in pieces.
+    let forward = || borders.map_or(Outcome::Forward, direct);
     // The default streams are the current context's: the allocation's context must be.
     if (req.stream == Stream::LEGACY || req.stream == Stream::PER_THREAD)
         && backend.driver().ctx_get_current().ok() != Some(backend.context())
     {
-        return Outcome::Forward;
+        return forward();
     }
     if !may_order() {
         if pinned {
@@ -188,7 +197,7 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
             // copies it as it would have).
             crate::pinning::release(host, req.len as u64, true);
         }
-        return Outcome::Forward;
+        return forward();
     }
     // Hot enough to page-lock in place (smart pinning): the driver copies it from now on
     // (its synchronous copies; this one too, if it is one).
@@ -217,21 +226,21 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
             log::warn(format_args!(
                 "staged copies: {e}; copies with pageable host memory take the driver's path from now on"
             ));
-            Outcome::Forward
+            forward()
         }
         Err(e @ PageableCopyError::NotStarted(_)) => {
             log::debug(format_args!(
                 "staged copy of {} bytes: {e}; handed to the real runtime",
                 req.len
             ));
-            Outcome::Forward
+            forward()
         }
         Err(e @ PageableCopyError::Failed(_)) => {
             log::warn(format_args!(
                 "staged copy of {} bytes: {e}; handed to the real runtime, which copies or reports the error",
                 req.len
             ));
-            Outcome::Forward
+            forward()
         }
     }
 }
@@ -299,12 +308,15 @@ fn qualify(req: &Request) -> Option<(&'static DriverBackend, PageableCopy)> {
 /// by smart pinning ([`crate::pinning`]), or anything else the driver knows (its path).
 pub fn host_memory(backend: &'static DriverBackend, host: u64, len: usize) -> HostMemory {
     match backend.driver().pointer_memory_type(host) {
-        Ok(MemoryType::Pageable) => HostMemory::Pageable,
+        Ok(MemoryType::Pageable) => match crate::pinning::straddles(host, len) {
+            Some(borders) => HostMemory::Straddling(borders),
+            None => HostMemory::Pageable,
+        },
         Ok(MemoryType::Host) => match crate::pinning::pinned_by_cudaw(host, len) {
             Held::Whole(cuts) => HostMemory::PinnedByCudaw(cuts),
             // Its first page is a pinned neighbour's: pageable memory still, and maybe
             // hot enough to pin the rest of.
-            Held::Part => HostMemory::Pageable,
+            Held::Part(borders) => HostMemory::Straddling(borders),
             Held::No => HostMemory::DriverPath,
         },
         Ok(MemoryType::Other(_)) | Err(_) => HostMemory::DriverPath,

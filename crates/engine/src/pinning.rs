@@ -365,8 +365,9 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> Option<
 pub enum Held {
     /// All of it: a copy from it counts as hot; one driver copy per piece.
     Whole(Cuts),
-    /// Part of it (an edge page a pinned neighbour holds): pageable memory still.
-    Part,
+    /// Part of it (an edge page a pinned neighbour holds): pageable memory still; a
+    /// copy of it handed to the driver goes in pieces cut at the registrations' borders.
+    Part(Cuts),
     /// None of it.
     No,
 }
@@ -374,6 +375,10 @@ pub enum Held {
 /// How much of `[host, host + len)` cudaw's registrations hold (a copy they hold whole
 /// is counted as a hot one): for a copy the driver sees as page-locked.
 pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
+    if UNREGISTERING.load(Ordering::SeqCst) > 0 && STATE.load(Ordering::Relaxed) == ON {
+        // It may be a range being unregistered (forgotten, still registered): staged.
+        return Held::Part(Cuts::NONE);
+    }
     if STATE.load(Ordering::Relaxed) != ON
         || PINNED.load(Ordering::Relaxed) == 0
         || host >= HI.load(Ordering::Relaxed)
@@ -389,9 +394,30 @@ pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
         };
         match p.history.copy_direct(host, len as u64, now) {
             Some(cuts) => Held::Whole(cuts),
-            None if p.history.touches(host, len as u64) => Held::Part,
+            None if p.history.touches(host, len as u64) => {
+                Held::Part(p.history.borders(host, len as u64))
+            }
             None => Held::No,
         }
+    })
+}
+
+/// Where `[host, host + len)`, pageable where it starts, crosses into a registration of
+/// cudaw's (a pinned neighbour's edge page), if it does: nothing counted.
+pub fn straddles(host: u64, len: usize) -> Option<Cuts> {
+    if STATE.load(Ordering::Relaxed) != ON
+        || PINNED.load(Ordering::Relaxed) == 0
+        || host >= HI.load(Ordering::Relaxed)
+        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
+    {
+        return None;
+    }
+    inside(|| {
+        let guard = lock();
+        let p = guard.as_ref()?;
+        p.history
+            .touches(host, len as u64)
+            .then(|| p.history.borders(host, len as u64))
     })
 }
 
@@ -407,6 +433,10 @@ pub fn release(ptr: u64, len: u64, pages: bool) {
     {
         return;
     }
+    // Until the driver has unregistered them, memory it still sees as page-locked may be
+    // cudaw's no more: copies of it are staged meanwhile ([`pinned_by_cudaw`]), never
+    // handed to the driver as the program's own page-locked memory.
+    UNREGISTERING.fetch_add(1, Ordering::SeqCst);
     let (ranges, backend) = inside(|| {
         let mut guard = lock();
         let Some(p) = guard.as_mut() else {
@@ -419,7 +449,11 @@ pub fn release(ptr: u64, len: u64, pages: bool) {
     if let Some(backend) = backend {
         unregister(backend, &ranges);
     }
+    UNREGISTERING.fetch_sub(1, Ordering::SeqCst);
 }
+
+/// Releases under way ([`release`]): registrations being taken back.
+static UNREGISTERING: AtomicU64 = AtomicU64::new(0);
 
 /// At exit: every range still pinned is unregistered, and the profile written
 /// (`profile:FILE`).

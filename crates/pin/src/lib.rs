@@ -462,6 +462,30 @@ impl History {
             .any(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
     }
 
+    /// Where `[ptr, ptr + len)` crosses a border of cudaw's registrations (between two, or
+    /// between one and memory none holds), as cuts into it: copies of the pieces each lie
+    /// inside one registration or outside all (the first two borders; a copy crossing more
+    /// has a last piece that still crosses).
+    pub fn borders(&self, ptr: u64, len: u64) -> Cuts {
+        let end = ptr.saturating_add(len);
+        let mut edges: Vec<u64> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take(4)
+            .filter(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
+            .flat_map(|(_, r)| [r.reg.0, r.reg.1])
+            .filter(|&e| e > ptr && e < end)
+            .collect();
+        edges.sort_unstable();
+        edges.dedup();
+        let mut cuts = [0u64; 2];
+        for (c, e) in cuts.iter_mut().zip(edges) {
+            *c = e - ptr;
+        }
+        Cuts(cuts)
+    }
+
     /// Where a copy of `[ptr, ptr + len)` crosses between cudaw's registrations, if they
     /// cover it whole (nothing counted).
     pub fn cuts(&self, ptr: u64, len: u64) -> Option<Cuts> {
@@ -510,6 +534,14 @@ impl History {
         }
         for (s, _) in overlapping {
             self.forget(s);
+        }
+        // A range at the same place of another extent, or whose copied bytes this copy
+        // does not touch, is an older buffer's, given back unseen (freed while nothing was
+        // pinned): not this one's history, and its bytes are not this buffer's.
+        if self.ranges.get(&start).is_some_and(|r| {
+            !r.pinned && (r.end != end || !(r.copied_lo < copy_end && ptr < r.copied_hi))
+        }) {
+            self.forget(start);
         }
         if !self.ranges.contains_key(&start) {
             let n = self.seen.entry(signature.clone()).or_default();
@@ -584,6 +616,11 @@ impl History {
         // Counted as pinned until the caller says otherwise (no second Pin meanwhile).
         r.pinned = true;
         r.reg = (lo, hi);
+        // Its copied bytes from now on are this copy's: what earlier copies at this place
+        // touched may have been another buffer's, given back unseen (nothing was pinned
+        // then), whose bytes now belong to other blocks: their `free` must not unpin it.
+        r.copied_lo = ptr;
+        r.copied_hi = copy_end;
         self.stats.pinned_bytes += hi - lo;
         self.stats.pinned_ranges += 1;
         self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
@@ -1027,6 +1064,18 @@ mod tests {
         let a = 0x5555_0000_0010u64;
         let b = a + len + 16;
         let ra = heat(&mut h, a, len, 100).expect("a pinned");
+        // b, not pinned yet, straddles a's border: handed to the driver, it goes in two
+        // pieces, the first inside a's registration, the second outside every one.
+        assert!(h.touches(b, len) && h.cuts(b, len).is_none());
+        let pieces: Vec<(u64, u64)> = h.borders(b, len).pieces(len).collect();
+        assert_eq!(
+            pieces,
+            vec![
+                (0, ra.0 + ra.1 - b),
+                (ra.0 + ra.1 - b, len - (ra.0 + ra.1 - b))
+            ]
+        );
+        assert!(!h.touches(b + PAGE, len - PAGE));
         let rb = heat(&mut h, b, len, 100).expect("b pinned");
         // b leans on a's last page.
         assert_eq!(rb.0, ra.0 + ra.1);
@@ -1097,5 +1146,25 @@ mod tests {
         );
         // Cuts at the ends are no cuts.
         assert_eq!(Cuts([10, 0]).pieces(10).collect::<Vec<_>>(), vec![(0, 10)]);
+    }
+
+    #[test]
+    fn a_new_buffer_where_an_old_one_was_starts_its_own_history() {
+        // b copied, freed unseen (nothing pinned then), r allocated on the same first page:
+        // r's range is its own, and a small block freed between them releases nothing.
+        let mut h = History::new(policy(1 << 40));
+        let len = 16 * MIB;
+        let b = 0x5599_fdb1_3010u64;
+        let r = 0x5599_fdb1_3df0u64;
+        for t in 0..3 {
+            assert_eq!(h.copy(b, len, "", t), Action::Stage);
+        }
+        let reg = heat(&mut h, r, len, 200).expect("r pinned");
+        assert!(
+            h.release(r - 0x6e0, 0x6d0, false).is_empty(),
+            "a neighbour's block"
+        );
+        assert_eq!(h.cuts(r, len), Some(Cuts::NONE));
+        assert_eq!(h.release(r, len, false), vec![reg]);
     }
 }
