@@ -808,6 +808,78 @@ fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
 }
 
 #[test]
+fn a_member_on_no_gpu_pauses_with_the_job_and_stays_out_of_its_move() {
+    // torchrun's launcher loads CUDA's runtime under cudaw, asks it how many GPUs there
+    // are, and never uses one: here a Python child of rank 0 that does the same and ends
+    // when rank 0 does.
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, "ckpt_target");
+    let want = expected("ckpt_target");
+    let sockets = tempfile::Builder::new()
+        .prefix("cji")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let sd = sockets.path().to_str().unwrap().to_owned();
+    let idle_py = sockets.path().join("idle.py");
+    std::fs::write(
+        &idle_py,
+        "import ctypes, os, sys, time\n\
+         rt = ctypes.CDLL(sys.argv[1])\n\
+         n = ctypes.c_int()\n\
+         rt.cudaGetDeviceCount(ctypes.byref(n))\n\
+         parent = os.getppid()\n\
+         while os.getppid() == parent:\n    time.sleep(0.05)\n",
+    )
+    .unwrap();
+    let e = format!("'{}'", exe.display());
+    let with_idle = format!(
+        "sh -c \"python3 '{}' '{}' & exec {e}\"",
+        idle_py.display(),
+        shims().join("libcudart.so.13").display()
+    );
+    let mut job = TwoRanks::start_with_env(
+        [with_idle, e],
+        "ckpt_target:",
+        &[("SIMGPU_CHECKPOINT_DIR", &sd)],
+    );
+    let pid = job.pid();
+    job.run(3);
+    // The idle member is one of the job's.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while job.states().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle member never joined: {:?}",
+            job.states()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new(cudaw_ckpt())
+        .args(["migrate", &pid, "--job", "--to", "1,0", "--json"])
+        .env("CUDAW_RUN_DIR", job.run_dir.path())
+        .env("CUDAW_LIBCUDA", simgpu())
+        .env("SIMGPU_CHECKPOINT_DIR", &sd)
+        .env("SIMGPU_DEVICES", "2")
+        .env("SIMGPU_MEM", "4G")
+        .output()
+        .expect("running cudaw-ckpt");
+    let m = ok_json(&out, "migrate --job with a member on no GPU");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uses no GPU"), "{err}");
+    let members = m["members"].as_array().expect("members");
+    assert_eq!(
+        members.len(),
+        2,
+        "the ranks moved, the idle member not: {m}"
+    );
+    assert_eq!(job.states(), ["running", "running", "running"]);
+    job.run(4);
+    let (a, b) = job.finish();
+    assert_eq!(a, want, "rank 0 after the move");
+    assert_eq!(b, want, "rank 1 after the move");
+}
+
+#[test]
 fn status_names_the_job_and_the_threads_waiting_at_a_held_gate() {
     let Some(nvcc) = nvcc() else { return };
     let exe = compile_program(&nvcc, "ckpt_target");
