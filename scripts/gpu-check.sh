@@ -1043,7 +1043,7 @@ if want transfers; then
     tb pin_copy_cudaw env CUDAW_LOG=info "$CUDAW" run --pin auto -- "$WORK/pin_copy"
     types=$(awk -v l="== pin_copy_cudaw:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
       on && /pin_copy: TYPE/ { printf "%s=%s ", $3, $4 }' "$OUT/transfers.log")
-    want_types="malloc-after-rounds=1 malloc-again=0 mmap-after-rounds=1 mmap-again=0 realloc-before=1 realloc-after=0 program-registered=1 heap-x=1 heap-y=1 "
+    want_types="malloc-after-rounds=1 malloc-again=0 mmap-after-rounds=1 mmap-again=0 realloc-before=1 realloc-after=0 program-registered=1 driver-registered=1 heap-x=1 heap-y=1 "
     if cmp -s "$WORK/tr.pin_copy_native" "$WORK/tr.pin_copy_cudaw" && [ "$types" = "$want_types" ]; then
       row "transfers: pinned buffers freed, unmapped, reallocated" PASS "same output; $types"
     else

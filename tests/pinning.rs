@@ -47,11 +47,15 @@ fn all_unregistered() -> BTreeMap<String, i32> {
         "realloc-before",
         "realloc-after",
         "program-registered",
+        "driver-registered",
         "heap-x",
         "heap-y",
     ]
     .into_iter()
-    .map(|w| (w.to_owned(), i32::from(w == "program-registered")))
+    .map(|w| {
+        let registered = w == "program-registered" || w == "driver-registered";
+        (w.to_owned(), i32::from(registered))
+    })
     .collect()
 }
 
@@ -106,6 +110,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
             ("realloc-before", 1),
             ("realloc-after", 0),
             ("program-registered", 1),
+            ("driver-registered", 1),
             ("heap-x", 1),
             ("heap-y", 1),
         ]
@@ -113,14 +118,14 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         .map(|(w, t)| (w.to_owned(), t))
         .collect();
         assert_eq!(got, want, "{what}; log:\n{}", run.stderr());
-        // Six buffers pinned, each unregistered when given back (or page-locked by the
-        // program); none left at exit. The two heap neighbours were pinned at once: their
+        // Seven buffers pinned, each unregistered when given back (or page-locked by the
+        // program, through the runtime or the driver); none left at exit. The two heap neighbours were pinned at once: their
         // registrations side by side, the page they share in one of them.
         let summary = run
             .after("smart pinning: ")
             .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
         assert!(
-            summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 6 released"),
+            summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 7 released"),
             "{what}: {summary}"
         );
         // Tracing's statistics (cudaw-ckpt stats, Prometheus) count the same.
@@ -128,7 +133,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
             .after("trace: smart pinning: ")
             .unwrap_or_else(|| panic!("{what}: no traced pinning line:\n{}", run.stderr()));
         assert!(
-            traced.contains("at most 32.0 MiB; 6 released, 0 refused"),
+            traced.contains("at most 32.0 MiB; 7 released, 0 refused"),
             "{what}: {traced}"
         );
     }
@@ -201,19 +206,19 @@ fn pinning_decisions_are_on_the_timeline() {
         .filter(|e| e["cat"] == "pinning")
         .map(|e| e["name"].as_str().unwrap_or("").to_owned())
         .collect();
-    // Six buffers got hot; each was unpinned when given back (or page-locked by the
-    // program itself), in that order: the first four one at a time, then the two heap
+    // Seven buffers got hot; each was unpinned when given back (or page-locked by the
+    // program itself), in that order: the first five one at a time, then the two heap
     // neighbours together (pinned in turn, given back in turn).
     let pins = names.iter().filter(|n| n.starts_with("pin ")).count();
     let unpins = names.iter().filter(|n| n.starts_with("unpin ")).count();
-    assert_eq!((pins, unpins), (6, 6), "{names:?}");
-    for pair in names[..8].chunks(2) {
+    assert_eq!((pins, unpins), (7, 7), "{names:?}");
+    for pair in names[..10].chunks(2) {
         assert!(
             pair[0].starts_with("pin ") && pair[1].starts_with("unpin "),
             "{names:?}"
         );
     }
-    let last: Vec<&str> = names[8..]
+    let last: Vec<&str> = names[10..]
         .iter()
         .map(|n| &n[..n.find(' ').unwrap_or(0)])
         .collect();

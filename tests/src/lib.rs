@@ -399,6 +399,9 @@ pub fn run_natively(program: &Path) -> Run {
         std::fs::create_dir_all(&dir).expect("creating the native runtime's folder");
         std::os::unix::fs::symlink(simgpu(), dir.join("libcudart.so.13"))
             .expect("linking simgpu as the runtime");
+        // And as the driver, for a program that loads it itself.
+        std::os::unix::fs::symlink(simgpu(), dir.join("libcuda.so.1"))
+            .expect("linking simgpu as the driver");
         dir
     });
     let output = Command::new(program)

@@ -208,6 +208,12 @@ mod memory_hooks {
         })
     }
 
+    extern "C" fn host_register(ptr: u64, size: u64) {
+        guard("cuMemHostRegister (driver layer)", (), || {
+            cudaw_engine::pinning::release(ptr, size, true)
+        })
+    }
+
     static MEMORY: MemoryHooks = MemoryHooks {
         size: std::mem::size_of::<MemoryHooks>(),
         mem_alloc,
@@ -216,6 +222,7 @@ mod memory_hooks {
         mem_free_async,
         allocation,
         peer_access,
+        host_register,
     };
 
     /// The memory table for the driver shim (`driver::hooks::RUNTIME_MEMORY_SYMBOL`).

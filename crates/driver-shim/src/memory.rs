@@ -402,6 +402,28 @@ fn peer_access_changed(peer: Handle, enabled: bool) {
     }
 }
 
+/// `cuMemHostRegister[_v2]`: memory the program page-locks itself is its own from now on;
+/// what smart pinning registered there is unregistered first (the runtime shim's
+/// [`MemoryHooks::host_register`]).
+pub(crate) extern "C" fn cuMemHostRegister_v2(ptr: *mut c_void, size: usize, flags: u32) -> u32 {
+    guard("cuMemHostRegister_v2", CUDA_ERROR_UNKNOWN, || {
+        if let Some(h) = crate::runtime::memory() {
+            (h.host_register)(ptr as u64, size as u64);
+        }
+        crate::forward!(cuMemHostRegister_v2: fn(*mut c_void, usize, u32), ptr, size, flags)
+    })
+}
+
+/// `cuMemHostRegister` (the older export): as [`cuMemHostRegister_v2`].
+pub(crate) extern "C" fn cuMemHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> u32 {
+    guard("cuMemHostRegister", CUDA_ERROR_UNKNOWN, || {
+        if let Some(h) = crate::runtime::memory() {
+            (h.host_register)(ptr as u64, size as u64);
+        }
+        crate::forward!(cuMemHostRegister: fn(*mut c_void, usize, u32), ptr, size, flags)
+    })
+}
+
 /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`: enabled (by an earlier call).
 const PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
 /// `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED`: disabled (or never enabled).

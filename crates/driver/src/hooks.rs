@@ -149,6 +149,10 @@ pub struct MemoryHooks {
     /// device `owner`'s memory (`cuCtxEnablePeerAccess` / `cuCtxDisablePeerAccess`): the
     /// runtime grants it on, or takes it from, the mappings of its memory on `owner`.
     pub peer_access: extern "C" fn(accessor: i32, owner: i32, enabled: bool),
+    /// Before the program page-locks `[ptr, ptr + size)` itself (`cuMemHostRegister`):
+    /// what smart pinning registered there is unregistered first (the driver would answer
+    /// "already registered", which the program never sees natively).
+    pub host_register: extern "C" fn(ptr: u64, size: u64),
 }
 
 // SAFETY: a table of thread-safe functions.

@@ -11,6 +11,7 @@
 #include "common.h"
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <malloc.h>
 #include <sys/mman.h>
 
@@ -115,6 +116,23 @@ int main() {
   rounds(g, d, 2, "registered by the program", false);
   CHECK(cudaHostUnregister(g));
   std::free(g);
+
+  // The same through the driver API, as a library calling the driver directly would
+  // (libcuda.so.1 is cudaw's driver layer under cudaw).
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  EXPECT(cu != nullptr);
+  typedef int (*register_t)(void*, size_t, unsigned);
+  typedef int (*unregister_t)(void*);
+  register_t cu_register = (register_t)dlsym(cu, "cuMemHostRegister_v2");
+  unregister_t cu_unregister = (unregister_t)dlsym(cu, "cuMemHostUnregister");
+  EXPECT(cu_register != nullptr && cu_unregister != nullptr);
+  int* q = (int*)std::malloc(BYTES);
+  rounds(q, d, 20, "before cuMemHostRegister");
+  EXPECT(cu_register(q, BYTES, 0) == 0);
+  std::fprintf(stderr, "pin_copy: TYPE driver-registered %d\n", type_of(q));
+  rounds(q, d, 2, "registered through the driver", false);
+  EXPECT(cu_unregister(q) == 0);
+  std::free(q);
 
   // Two heap blocks side by side (below the mmap threshold: 16 bytes apart, the last page
   // of one the first of the other), copied in turn as a step copies two buffers: both
