@@ -188,6 +188,9 @@ struct Proc {
     need: u64,
     /// When it was last seen waiting for them.
     need_at: Option<Instant>,
+    /// Unseen memory was learnt from its present wait (once a wait: an eviction that did
+    /// not let it through teaches nothing more).
+    learnt: bool,
     /// Its gate may be open: it joined ungated, was released, or a hold of it failed.
     open: bool,
     /// The action the daemon carries out for it now, and when it was given.
@@ -378,6 +381,7 @@ impl Scheduler {
                 seen: Observation::default(),
                 need: 0,
                 need_at: None,
+                learnt: false,
                 open: true,
                 pending: None,
                 retry_at: None,
@@ -440,6 +444,9 @@ impl Scheduler {
         };
         p.need = bytes;
         p.need_at = (bytes > 0).then_some(now);
+        if bytes == 0 {
+            p.learnt = false;
+        }
         let job = p.job.clone();
         self.update_wanting(&job, now);
     }
@@ -1171,14 +1178,29 @@ impl Scheduler {
             self.settled_from
                 .is_none_or(|t| at.saturating_duration_since(t) >= SETTLE)
         }) && self.procs.values().all(|p| p.pending.is_none());
-        if self.capacity > 0 && settled {
+        let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
+        let learnt = pids
+            .iter()
+            .any(|pid| self.procs.get(pid).is_some_and(|p| p.learnt));
+        // Only with a known capacity (the daemon passes u64::MAX for unknown), and once a
+        // wait: an eviction that did not let it through (another daemon's claims, a broken
+        // ledger entry) must not cascade into swapping every job out.
+        if self.capacity > 0 && self.capacity != u64::MAX && settled && !learnt {
             let free = self.usable().saturating_sub(self.total_resident());
             if free >= need {
                 self.unseen = self
                     .unseen
                     .saturating_add(free - need)
-                    .saturating_add(UNSEEN_SLACK);
+                    .saturating_add(UNSEEN_SLACK)
+                    .min(self.capacity);
                 self.settled_from = Some(now);
+                for pid in &pids {
+                    if let Some(p) = self.procs.get_mut(pid) {
+                        if p.need > 0 {
+                            p.learnt = true;
+                        }
+                    }
+                }
             }
         }
         if let Some(victims) = self.evictions(id) {

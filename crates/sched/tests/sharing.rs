@@ -596,3 +596,19 @@ fn memory_the_accounting_misses_is_learnt_from_an_allocation_that_keeps_waiting(
     let failed: Vec<_> = sim.done.iter().filter(|d| !d.ok).collect();
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+#[test]
+fn nothing_is_learnt_where_the_capacity_is_unknown() {
+    // The daemon passes u64::MAX when it cannot read the card's memory: nothing is swapped
+    // for room then, and no unseen memory is made up from the waits.
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0), ("c", 0.0, 1.0)]);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.sched = cudaw_sched::Scheduler::new(u64::MAX, &cfg);
+    sim.capacity = 78 * GIB;
+    sim.spawn(1, "a", Load::Busy, 38 * GIB, true);
+    sim.spawn(2, "b", Load::Busy, 38 * GIB, true);
+    sim.spawn(3, "c", Load::Busy, 4 * GIB, false);
+    sim.run(5_000);
+    assert_eq!(sim.sched.unseen(), 0);
+    assert!(sim.swap_outs.is_empty(), "{:?}", sim.swap_outs);
+}
