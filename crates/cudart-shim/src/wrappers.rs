@@ -743,7 +743,7 @@ fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> 
                 pageable::Outcome::Forward => {}
             }
         }
-        copy(d, s, n)
+        forward_copy(d, s, n, copy)
     };
     tracing::copy(k, n, d, s, run)
 }
@@ -782,12 +782,26 @@ fn memcpy_async_impl(
                 pageable::Outcome::Forward => {}
             }
         }
-        copy(d, s, n)
+        forward_copy(d, s, n, copy)
     };
     tracing::copy(k, n, d, s, run)
 }
 variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
     (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
+
+/// A copy cudaw does not take, handed to the real runtime: whole, or in pieces where its
+/// host side crosses a border of smart pinning's registrations.
+fn forward_copy(
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    copy: impl Fn(*mut c_void, *const c_void, usize) -> cudaError_t,
+) -> cudaError_t {
+    match pageable::forward_cuts(d as u64, s as u64, n) {
+        Some(cuts) => in_pieces(cuts, d, s, n, copy),
+        None => copy(d, s, n),
+    }
+}
 
 /// A copy handed to the real runtime in pieces (one per registration of cudaw's its host
 /// side spans, or per side of a registration's border), in order; the first failure is

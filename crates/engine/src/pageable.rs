@@ -179,7 +179,7 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
         HostMemory::Pageable => (false, None),
         HostMemory::Straddling(cuts) => (false, Some(cuts)),
         HostMemory::PinnedByCudaw(cuts) if !req.asynchronous => return direct(cuts),
-        HostMemory::PinnedByCudaw(_) => (true, None),
+        HostMemory::PinnedByCudaw(cuts) => (true, Some(cuts)),
         HostMemory::DriverPath => return Outcome::Forward,
     };
     // What the real runtime is handed when cudaw does not copy it: a copy straddling a
@@ -243,6 +243,16 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
             forward()
         }
     }
+}
+
+/// For a copy cudaw hands to the real runtime without looking further (below the staged
+/// copies' size, or not between its memory and the host): where its host side crosses a
+/// border of smart pinning's registrations, if it does (the driver copies page-locked
+/// memory only inside one registration). Relaxed loads while nothing pinned is near.
+pub fn forward_cuts(dst: u64, src: u64, len: usize) -> Option<Cuts> {
+    [src, dst]
+        .into_iter()
+        .find_map(|host| crate::pinning::crossing(host, len))
 }
 
 /// A synchronous copy from or to memory cudaw page-locked: the driver's, in one piece per

@@ -375,8 +375,8 @@ pub enum Held {
 /// How much of `[host, host + len)` cudaw's registrations hold (a copy they hold whole
 /// is counted as a hot one): for a copy the driver sees as page-locked.
 pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
-    if UNREGISTERING.load(Ordering::SeqCst) > 0 && STATE.load(Ordering::Relaxed) == ON {
-        // It may be a range being unregistered (forgotten, still registered): staged.
+    if STATE.load(Ordering::Relaxed) == ON && being_unregistered(host, len) {
+        // A range being unregistered (forgotten, still registered): staged.
         return Held::Part(Cuts::NONE);
     }
     if STATE.load(Ordering::Relaxed) != ON
@@ -421,6 +421,24 @@ pub fn straddles(host: u64, len: usize) -> Option<Cuts> {
     })
 }
 
+/// Where `[host, host + len)` crosses a border of cudaw's registrations (between two, or
+/// between one and memory none holds), if it does: nothing counted. Relaxed loads while
+/// nothing pinned is near.
+pub fn crossing(host: u64, len: usize) -> Option<Cuts> {
+    if STATE.load(Ordering::Relaxed) != ON
+        || PINNED.load(Ordering::Relaxed) == 0
+        || host >= HI.load(Ordering::Relaxed)
+        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
+    {
+        return None;
+    }
+    inside(|| {
+        let guard = lock();
+        let cuts = guard.as_ref()?.history.borders(host, len as u64);
+        (!cuts.is_none()).then_some(cuts)
+    })
+}
+
 /// The program is about to give `[ptr, ptr + len)` back (the interposer, or the program's
 /// own `cudaHostRegister` of it): what cudaw pinned there is unregistered first. `pages`:
 /// the pages go (else a heap block: only ranges whose copied bytes it overlaps). Two
@@ -433,27 +451,52 @@ pub fn release(ptr: u64, len: u64, pages: bool) {
     {
         return;
     }
-    // Until the driver has unregistered them, memory it still sees as page-locked may be
-    // cudaw's no more: copies of it are staged meanwhile ([`pinned_by_cudaw`]), never
-    // handed to the driver as the program's own page-locked memory.
-    UNREGISTERING.fetch_add(1, Ordering::SeqCst);
+    // Until the driver has unregistered them, the ranges forgotten here are still
+    // page-locked but cudaw's no more: copies of them are staged meanwhile
+    // ([`pinned_by_cudaw`]), never handed to the driver as the program's own page-locked
+    // memory. They are listed in UNREGISTERING under the history's lock.
     let (ranges, backend) = inside(|| {
         let mut guard = lock();
         let Some(p) = guard.as_mut() else {
             return (Vec::new(), None);
         };
         let ranges = p.history.release(ptr, len, pages);
+        if !ranges.is_empty() {
+            UNREGISTERING_N.fetch_add(1, Ordering::SeqCst);
+            unregistering().extend(ranges.iter().copied());
+        }
         publish(&p.history);
         (ranges, p.backend)
     });
+    if ranges.is_empty() {
+        return;
+    }
     if let Some(backend) = backend {
         unregister(backend, &ranges);
     }
-    UNREGISTERING.fetch_sub(1, Ordering::SeqCst);
+    unregistering().retain(|r| !ranges.contains(r));
+    UNREGISTERING_N.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Releases under way ([`release`]): registrations being taken back.
-static UNREGISTERING: AtomicU64 = AtomicU64::new(0);
+/// Releases under way ([`release`]), and the ranges they are taking back: still registered
+/// with the driver, no longer cudaw's.
+static UNREGISTERING_N: AtomicU64 = AtomicU64::new(0);
+static UNREGISTERING: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+fn unregistering() -> std::sync::MutexGuard<'static, Vec<(u64, u64)>> {
+    UNREGISTERING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether `[host, host + len)` touches a range being unregistered.
+fn being_unregistered(host: u64, len: usize) -> bool {
+    if UNREGISTERING_N.load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    let end = host.saturating_add(len as u64);
+    unregistering()
+        .iter()
+        .any(|&(s, l)| s < end && host < s.saturating_add(l))
+}
 
 /// At exit: every range still pinned is unregistered, and the profile written
 /// (`profile:FILE`).

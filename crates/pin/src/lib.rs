@@ -752,6 +752,8 @@ impl History {
                 s.len = sig.len;
                 s.hot_nth.sort_unstable();
                 s.hot_nth.dedup();
+                // The lowest places; past the last kept, every place pins (`beyond`).
+                s.hot_nth.truncate(MAX_HOT_NTH);
                 s
             })
             .collect();
@@ -772,7 +774,7 @@ fn add(s: &mut SignatureStats, r: &Range) {
     s.bytes += r.bytes;
     s.ranges += 1;
     s.hot |= r.pinned;
-    if r.pinned && s.hot_nth.len() < MAX_HOT_NTH {
+    if r.pinned {
         s.hot_nth.push(r.nth);
     }
 }
