@@ -764,10 +764,15 @@ pub fn migrate_job(
         .collect::<Result<_>>()?;
     // The members with something on a GPU move; the others (a launcher that imports
     // CUDA's libraries and never uses a GPU) are paused and resumed with the job only.
+    let was_running = statuses
+        .iter()
+        .all(|(_, st)| matches!(st.state, State::Running | State::Held));
     let statuses: Vec<(u32, Status)> = {
+        // Idle: no device at all (a device whose GPU the driver does not name is refused
+        // below, as before).
         let (on_gpu, idle): (Vec<_>, Vec<_>) = statuses
             .into_iter()
-            .partition(|(_, st)| st.devices.iter().any(|d| !d.gpu.is_empty()));
+            .partition(|(_, st)| !st.devices.is_empty());
         if on_gpu.is_empty() {
             return Err(fail(
                 Kind::Failed,
@@ -855,9 +860,6 @@ pub fn migrate_job(
     }
     let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().clamp(1, u128::from(u32::MAX)) as u32);
     steps.say(format_args!("job {root}: pausing every process together"));
-    let was_running = statuses
-        .iter()
-        .all(|(_, st)| matches!(st.state, State::Running | State::Held));
     let paused = crate::ckpt_job::pause(&job, timeout, true)?;
     let pause_ms = paused.ms;
     if let Some(why) = paused.shared.as_ref().and_then(|s| s.error.clone()) {
