@@ -729,6 +729,7 @@ impl Daemon {
                 index: g.index,
                 uuid: key.clone(),
                 capacity: g.capacity,
+                unseen_bytes: g.policy.unseen(),
                 jobs: g.policy.report(now).iter().map(JobRow::from).collect(),
             })
             .collect();

@@ -36,6 +36,11 @@ pub struct GpuReport {
     /// Its memory in bytes, when known (the node ledger's capacity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u64>,
+    /// Device memory on it the accounting does not see (contexts, other programs), as
+    /// learnt from allocations that waited where the accounting said they fit: jobs fit in
+    /// the capacity less this.
+    #[serde(default)]
+    pub unseen_bytes: u64,
     /// Its jobs.
     pub jobs: Vec<JobRow>,
 }
@@ -179,6 +184,11 @@ pub fn table(r: &NodeReport, now: u64) -> String {
             .capacity
             .map(|c| format!(", {}", bytes(c)))
             .unwrap_or_default();
+        let cap = if g.unseen_bytes > 0 {
+            format!("{cap}, {} not cudaw's", bytes(g.unseen_bytes))
+        } else {
+            cap
+        };
         let _ = writeln!(
             s,
             "GPU {} ({}{cap}): {} job{}",
@@ -310,6 +320,12 @@ pub fn prometheus(r: &NodeReport) -> String {
         per_gpu(&|g| g.jobs.len().to_string()),
     );
     family(
+        "cudaw_node_unseen_bytes",
+        "gauge",
+        "Device memory on the GPU that is not cudaw's (contexts, other programs), as learnt from allocations that waited where the accounting said they fit.",
+        per_gpu(&|g| g.unseen_bytes.to_string()),
+    );
+    family(
         "cudaw_node_gpu_share",
         "gauge",
         "The share of the GPU's time the job had over the last minute (0-1).",
@@ -400,6 +416,7 @@ pub(crate) mod tests {
                 index: 0,
                 uuid: "GPU-5a1b".into(),
                 capacity: Some(80 << 30),
+                unseen_bytes: 3 << 29,
                 jobs: vec![
                     JobRow {
                         id: "train-a".into(),
@@ -473,7 +490,10 @@ pub(crate) mod tests {
     #[test]
     fn the_table_shows_every_job() {
         let t = table(&sample(), 1012);
-        assert!(t.starts_with("GPU 0 (GPU-5a1b, 80.0 GiB): 2 jobs\n"), "{t}");
+        assert!(
+            t.starts_with("GPU 0 (GPU-5a1b, 80.0 GiB, 1.5 GiB not cudaw's): 2 jobs\n"),
+            "{t}"
+        );
         assert!(t.contains("  JOB"), "{t}");
         let row = t.lines().find(|l| l.contains("train-a")).unwrap();
         for cell in ["41,42", "0.25", "0.50", "0.24", "8.0 GiB", "3.0 GiB", "yes"] {
@@ -518,6 +538,10 @@ pub(crate) mod tests {
         );
         assert!(
             m.contains("cudaw_node_jobs{gpu=\"GPU-5a1b\",index=\"0\"} 2\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("cudaw_node_unseen_bytes{gpu=\"GPU-5a1b\",index=\"0\"} 1610612736\n"),
             "{m}"
         );
         assert!(
