@@ -24,10 +24,10 @@
 #   SECTIONS="env exitrace" scripts/gpu-check.sh                                  # ~120 s
 #   SECTIONS="env diskbench" DISK_GIB=16 scripts/gpu-check.sh                     # ~3 min: dump/restore vs dd
 #   SECTIONS="env release" RELEASE_SIZES="8 32" scripts/gpu-check.sh             # pause --release, 3 min 35 s
-#   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, 4 min 23 s
-#   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, 3 min 25 s (SWAP_SECONDS=20)
-#   SECTIONS="env transfers" scripts/gpu-check.sh  # host transfers, smart pinning (issue 29); not run yet
-#   (one H100, nvidia-h100-x1; sharing and swap each fit one 10-minute command, not both.
+#   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, memory, 4 min 36 s
+#   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, 3 min 11-25 s (SWAP_SECONDS=20)
+#   SECTIONS="env transfers" scripts/gpu-check.sh  # host transfers, smart pinning (issue 29), 1.5 min
+#   (one H100, nvidia-h100-x1; sharing and swap fit one 10-minute command together, 8 min 4 s.
 #    SHARING_SECONDS: each group of jobs together, 40; SHARING_SOLO_SECONDS: each solo run,
 #    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
 #    skip the 4-job group; SHARING_QUANTA="50ms 10ms 200ms": the daemon's quantum, min, max;
