@@ -192,12 +192,13 @@ pub unsafe fn copy(req: Request, may_order: impl FnOnce() -> bool) -> Outcome {
         return forward();
     }
     if !may_order() {
-        if pinned {
+        if pinned || borders.is_some() {
             // Captured into a graph: as the pageable memory it was (the runtime refuses or
-            // copies it as it would have).
+            // copies it as it would have), every registration of cudaw's it touches taken
+            // back, so that no node of the graph copies from memory cudaw unpins later.
             crate::pinning::release(host, req.len as u64, true);
         }
-        return forward();
+        return Outcome::Forward;
     }
     // Hot enough to page-lock in place (smart pinning): the driver copies it from now on
     // (its synchronous copies; this one too, if it is one).
