@@ -691,15 +691,38 @@ fn job_shares_memory(arena: bool) {
     job.finish();
 }
 
-#[test]
-fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
-    let Some(nvcc) = nvcc() else { return };
+/// `cudaw-ckpt ARGS` against `job` on two simulated GPUs whose driver checkpoints into
+/// `checkpoints` (simgpu's checkpoint API), with `env` beside.
+fn migrate_cmd(job: &TwoRanks, checkpoints: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(cudaw_ckpt())
+        .args(args)
+        .env("CUDAW_RUN_DIR", job.run_dir.path())
+        .env("CUDAW_LIBCUDA", simgpu())
+        .env("SIMGPU_CHECKPOINT_DIR", checkpoints)
+        .env("SIMGPU_DEVICES", "2")
+        .env("SIMGPU_MEM", "4G")
+        .envs(env.iter().copied())
+        .output()
+        .expect("running cudaw-ckpt")
+}
+
+/// `ckpt_target` built, its expected output, and a folder for simgpu's checkpoints (under
+/// /tmp: its socket paths must be short); `None` without nvcc.
+fn target_and_checkpoints(prefix: &str) -> Option<(PathBuf, String, tempfile::TempDir)> {
+    let nvcc = nvcc()?;
     let exe = compile_program(&nvcc, "ckpt_target");
-    let want = expected("ckpt_target");
-    let sockets = tempfile::Builder::new()
-        .prefix("cjm")
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir_in("/tmp")
         .unwrap();
+    Some((exe, expected("ckpt_target"), dir))
+}
+
+#[test]
+fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
+    let Some((exe, want, sockets)) = target_and_checkpoints("cjm") else {
+        return;
+    };
     let sd = sockets.path().to_str().unwrap().to_owned();
     let e = format!("'{}'", exe.display());
     let mut job = TwoRanks::start_with_env(
@@ -709,15 +732,12 @@ fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
     );
     let pid = job.pid();
     let migrate = |job: &TwoRanks, to: &str| {
-        let out = Command::new(cudaw_ckpt())
-            .args(["migrate", &pid, "--job", "--to", to, "--json"])
-            .env("CUDAW_RUN_DIR", job.run_dir.path())
-            .env("CUDAW_LIBCUDA", simgpu())
-            .env("SIMGPU_CHECKPOINT_DIR", &sd)
-            .env("SIMGPU_DEVICES", "2")
-            .env("SIMGPU_MEM", "4G")
-            .output()
-            .expect("running cudaw-ckpt");
+        let out = migrate_cmd(
+            job,
+            &sd,
+            &["migrate", &pid, "--job", "--to", to, "--json"],
+            &[],
+        );
         ok_json(&out, &format!("migrate --job --to {to}"))
     };
     let gpus = |job: &TwoRanks| -> Vec<String> {
@@ -737,16 +757,12 @@ fn a_job_migrates_its_ranks_onto_each_others_gpus_and_back() {
     // A driver without the API: nothing moves, the job runs on where it was; a job found
     // paused stays paused.
     let refused = |job: &TwoRanks| {
-        let out = Command::new(cudaw_ckpt())
-            .args(["migrate", &pid, "--job", "--to", "1,0"])
-            .env("CUDAW_RUN_DIR", job.run_dir.path())
-            .env("CUDAW_LIBCUDA", simgpu())
-            .env("SIMGPU_CHECKPOINT_DIR", &sd)
-            .env("SIMGPU_CHECKPOINT", "unsupported")
-            .env("SIMGPU_DEVICES", "2")
-            .env("SIMGPU_MEM", "4G")
-            .output()
-            .expect("running cudaw-ckpt");
+        let out = migrate_cmd(
+            job,
+            &sd,
+            &["migrate", &pid, "--job", "--to", "1,0"],
+            &[("SIMGPU_CHECKPOINT", "unsupported")],
+        );
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(
@@ -812,13 +828,9 @@ fn a_member_on_no_gpu_pauses_with_the_job_and_stays_out_of_its_move() {
     // torchrun's launcher loads CUDA's runtime under cudaw, asks it how many GPUs there
     // are, and never uses one: here a Python child of rank 0 that does the same and ends
     // when rank 0 does.
-    let Some(nvcc) = nvcc() else { return };
-    let exe = compile_program(&nvcc, "ckpt_target");
-    let want = expected("ckpt_target");
-    let sockets = tempfile::Builder::new()
-        .prefix("cji")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let Some((exe, want, sockets)) = target_and_checkpoints("cji") else {
+        return;
+    };
     let sd = sockets.path().to_str().unwrap().to_owned();
     let idle_py = sockets.path().join("idle.py");
     std::fs::write(
@@ -854,15 +866,12 @@ fn a_member_on_no_gpu_pauses_with_the_job_and_stays_out_of_its_move() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = Command::new(cudaw_ckpt())
-        .args(["migrate", &pid, "--job", "--to", "1,0", "--json"])
-        .env("CUDAW_RUN_DIR", job.run_dir.path())
-        .env("CUDAW_LIBCUDA", simgpu())
-        .env("SIMGPU_CHECKPOINT_DIR", &sd)
-        .env("SIMGPU_DEVICES", "2")
-        .env("SIMGPU_MEM", "4G")
-        .output()
-        .expect("running cudaw-ckpt");
+    let out = migrate_cmd(
+        &job,
+        &sd,
+        &["migrate", &pid, "--job", "--to", "1,0", "--json"],
+        &[],
+    );
     let m = ok_json(&out, "migrate --job with a member on no GPU");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("uses no GPU"), "{err}");

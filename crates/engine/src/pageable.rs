@@ -319,7 +319,7 @@ fn qualify(req: &Request) -> Option<(&'static DriverBackend, PageableCopy)> {
 /// by smart pinning ([`crate::pinning`]), or anything else the driver knows (its path).
 pub fn host_memory(backend: &'static DriverBackend, host: u64, len: usize) -> HostMemory {
     match backend.driver().pointer_memory_type(host) {
-        Ok(MemoryType::Pageable) => match crate::pinning::straddles(host, len) {
+        Ok(MemoryType::Pageable) => match crate::pinning::crossing(host, len) {
             Some(borders) => HostMemory::Straddling(borders),
             None => HostMemory::Pageable,
         },

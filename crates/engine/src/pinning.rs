@@ -372,6 +372,15 @@ pub enum Held {
     No,
 }
 
+/// Whether smart pinning is on and `[host, host + len)` lies between the lowest and highest
+/// address it pinned: relaxed loads, the first look of every question about a copy.
+fn near_pinned(host: u64, len: u64) -> bool {
+    STATE.load(Ordering::Relaxed) == ON
+        && PINNED.load(Ordering::Relaxed) != 0
+        && host < HI.load(Ordering::Relaxed)
+        && host.saturating_add(len) > LO.load(Ordering::Relaxed)
+}
+
 /// How much of `[host, host + len)` cudaw's registrations hold (a copy they hold whole
 /// is counted as a hot one): for a copy the driver sees as page-locked.
 pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
@@ -379,11 +388,7 @@ pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
         // A range being unregistered (forgotten, still registered): staged.
         return Held::Part(Cuts::NONE);
     }
-    if STATE.load(Ordering::Relaxed) != ON
-        || PINNED.load(Ordering::Relaxed) == 0
-        || host >= HI.load(Ordering::Relaxed)
-        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
-    {
+    if !near_pinned(host, len as u64) {
         return Held::No;
     }
     let now = COPIES.fetch_add(1, Ordering::Relaxed);
@@ -402,34 +407,11 @@ pub fn pinned_by_cudaw(host: u64, len: usize) -> Held {
     })
 }
 
-/// Where `[host, host + len)`, pageable where it starts, crosses into a registration of
-/// cudaw's (a pinned neighbour's edge page), if it does: nothing counted.
-pub fn straddles(host: u64, len: usize) -> Option<Cuts> {
-    if STATE.load(Ordering::Relaxed) != ON
-        || PINNED.load(Ordering::Relaxed) == 0
-        || host >= HI.load(Ordering::Relaxed)
-        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
-    {
-        return None;
-    }
-    inside(|| {
-        let guard = lock();
-        let p = guard.as_ref()?;
-        p.history
-            .touches(host, len as u64)
-            .then(|| p.history.borders(host, len as u64))
-    })
-}
-
 /// Where `[host, host + len)` crosses a border of cudaw's registrations (between two, or
 /// between one and memory none holds), if it does: nothing counted. Relaxed loads while
 /// nothing pinned is near.
 pub fn crossing(host: u64, len: usize) -> Option<Cuts> {
-    if STATE.load(Ordering::Relaxed) != ON
-        || PINNED.load(Ordering::Relaxed) == 0
-        || host >= HI.load(Ordering::Relaxed)
-        || host.saturating_add(len as u64) <= LO.load(Ordering::Relaxed)
-    {
+    if !near_pinned(host, len as u64) {
         return None;
     }
     inside(|| {
