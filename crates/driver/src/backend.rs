@@ -156,6 +156,22 @@ impl DriverBackend {
         self.driver.ctx_set_current(self.context)
     }
 
+    /// Runs `f` with the primary context current on the calling thread, and the thread's
+    /// own context current again afterwards (if it had one the driver could name). Unlike
+    /// the [`Backend`] operations, `f` runs even where the current context cannot be read.
+    pub fn in_context<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mine = self.driver.ctx_get_current().ok();
+        let switch = mine != Some(self.context);
+        if switch {
+            let _ = self.driver.ctx_set_current(self.context);
+        }
+        let r = f();
+        if let (true, Some(mine)) = (switch, mine) {
+            let _ = self.driver.ctx_set_current(mine);
+        }
+        r
+    }
+
     /// Waits for the device's work in its primary context (`cuCtxSynchronize`), leaving
     /// the calling thread's current context as it was.
     pub fn synchronize(&self) -> Result<()> {

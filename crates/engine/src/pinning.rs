@@ -212,24 +212,6 @@ fn is_inside() -> bool {
     INSIDE.try_with(Cell::get).unwrap_or(true)
 }
 
-/// Runs `f` with `backend`'s context current on this thread, and the thread's own one
-/// current again afterwards.
-fn in_context<T>(backend: &DriverBackend, f: impl FnOnce() -> T) -> T {
-    let driver = backend.driver();
-    let mine = driver.ctx_get_current().ok();
-    let switch = mine != Some(backend.context());
-    if switch {
-        let _ = driver.ctx_set_current(backend.context());
-    }
-    let r = f();
-    if switch {
-        if let Some(mine) = mine {
-            let _ = driver.ctx_set_current(mine);
-        }
-    }
-    r
-}
-
 /// Marks a pinning decision on the timeline (`CUDAW_TRACE=timeline`; nothing otherwise).
 fn mark(pinned: bool, start: u64, len: u64) {
     if let Some(t) = cudaw_trace::get() {
@@ -246,7 +228,7 @@ fn unregister(backend: &DriverBackend, ranges: &[(u64, u64)]) {
         for (start, len) in ranges {
             mark(false, *start, *len);
         }
-        in_context(backend, || {
+        backend.in_context(|| {
             for (start, _) in ranges {
                 // SAFETY: `start` was registered by `decide` and not unregistered since
                 // (the history hands each range out once).
@@ -309,7 +291,7 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> Option<
     };
     // Registering takes a while (the driver faults in and locks every page): no lock held.
     let registered = inside(|| {
-        in_context(backend, || {
+        backend.in_context(|| {
             // SAFETY: `[start, start + span)` covers the host side of a copy the program
             // passed (valid memory, by the runtime's contract), widened to whole pages of
             // the same mappings; registering locks it, nothing more.

@@ -15,26 +15,11 @@
 
 use crate::log;
 use crate::memory;
-use driver::{Context, Driver, LIMIT_STACK_SIZE};
+use driver::{DriverBackend, LIMIT_STACK_SIZE};
 use std::sync::Mutex;
 
-/// The contexts shrunk, with their stack limits before.
-static SHRUNK: Mutex<Vec<(Context, usize)>> = Mutex::new(Vec::new());
-
-/// Runs `f` with `context` current on this thread, the thread's own one current again
-/// afterwards.
-fn in_context<T>(drv: &dyn Driver, context: Context, f: impl FnOnce() -> T) -> T {
-    let mine = drv.ctx_get_current().ok();
-    let switch = mine != Some(context);
-    if switch {
-        let _ = drv.ctx_set_current(context);
-    }
-    let out = f();
-    if let (true, Some(m)) = (switch, mine) {
-        let _ = drv.ctx_set_current(m);
-    }
-    out
-}
+/// The contexts shrunk (by their device's backend), with their stack limits before.
+static SHRUNK: Mutex<Vec<(&'static DriverBackend, usize)>> = Mutex::new(Vec::new());
 
 /// Frees each managed context's stack reserve (paused, before the driver's checkpoint).
 /// A context whose limit cannot be read or set keeps its reserve (logged).
@@ -42,11 +27,11 @@ pub fn shrink() {
     let mut shrunk = SHRUNK.lock().unwrap_or_else(|e| e.into_inner());
     for (ordinal, m) in memory::managed_devices() {
         let backend = m.vmm.backend();
-        let (drv, context) = (backend.driver(), backend.context());
-        if shrunk.iter().any(|(c, _)| *c == context) {
+        if shrunk.iter().any(|(b, _)| b.context() == backend.context()) {
             continue;
         }
-        let r = in_context(&**drv, context, || {
+        let drv = backend.driver();
+        let r = backend.in_context(|| {
             let was = drv.ctx_get_limit(LIMIT_STACK_SIZE)?;
             if was > 0 {
                 drv.ctx_set_limit(LIMIT_STACK_SIZE, 0)?;
@@ -56,7 +41,7 @@ pub fn shrink() {
         match r {
             Ok(0) => {}
             Ok(was) => {
-                shrunk.push((context, was));
+                shrunk.push((backend, was));
                 log::info(format_args!(
                     "device {ordinal}: the stack's local memory is freed for the driver's checkpoint (limit {was} bytes a thread, restored at resume)"
                 ));
@@ -73,15 +58,8 @@ pub fn shrink() {
 /// when it is launched.
 pub fn restore() {
     let shrunk = std::mem::take(&mut *SHRUNK.lock().unwrap_or_else(|e| e.into_inner()));
-    if shrunk.is_empty() {
-        return;
-    }
-    let Ok(drv) = memory::driver() else {
-        return;
-    };
-    for (context, was) in shrunk {
-        let r = in_context(&*drv, context, || drv.ctx_set_limit(LIMIT_STACK_SIZE, was));
-        match r {
+    for (backend, was) in shrunk {
+        match backend.in_context(|| backend.driver().ctx_set_limit(LIMIT_STACK_SIZE, was)) {
             Ok(()) => log::info(format_args!(
                 "the stack limit is {was} bytes a thread again"
             )),
