@@ -405,14 +405,10 @@ pub fn crossing(host: u64, len: usize) -> Option<Cuts> {
 
 /// The program is about to give `[ptr, ptr + len)` back (the interposer, or the program's
 /// own `cudaHostRegister` of it): what cudaw pinned there is unregistered first. `pages`:
-/// the pages go (else a heap block: only ranges whose copied bytes it overlaps). Two
-/// relaxed loads when nothing pinned is near.
+/// the pages go (else a heap block: only ranges whose copied bytes it overlaps). Relaxed
+/// loads when nothing pinned is near ([`near_pinned`]).
 pub fn release(ptr: u64, len: u64, pages: bool) {
-    if PINNED.load(Ordering::Relaxed) == 0
-        || ptr >= HI.load(Ordering::Relaxed)
-        || ptr.saturating_add(len) <= LO.load(Ordering::Relaxed)
-        || is_inside()
-    {
+    if !near_pinned(ptr, len) || is_inside() {
         return;
     }
     // Until the driver has unregistered them, the ranges forgotten here are still

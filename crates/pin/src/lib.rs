@@ -397,6 +397,18 @@ impl History {
         self.stats
     }
 
+    /// The pinned ranges whose registration overlaps `[lo, hi)`, by key, nearest first. The
+    /// few keys just below `hi` are enough: registrations are disjoint, and a span of a page
+    /// or more overlaps at most its own range's and one neighbour's on each side.
+    fn registered_over(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, &Range)> {
+        self.ranges
+            .range(..hi)
+            .rev()
+            .take(4)
+            .filter(move |(_, r)| r.pinned && r.reg.0 < hi && r.reg.1 > lo)
+            .map(|(s, r)| (*s, r))
+    }
+
     /// Whether registrations of cudaw's cover `[ptr, ptr + len)` whole: the range the copy
     /// counts for (the one whose registration holds most of it) and where the copy
     /// crosses from one registration into the next.
@@ -405,12 +417,8 @@ impl History {
         // Registrations touching the copy, by their start: the copy's own range's and at
         // most one neighbour's on each side (a page is registered once).
         let mut regs: Vec<(u64, u64, u64)> = self
-            .ranges
-            .range(..end)
-            .rev()
-            .take(4)
-            .filter(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
-            .map(|(s, r)| (r.reg.0, r.reg.1, *s))
+            .registered_over(ptr, end)
+            .map(|(s, r)| (r.reg.0, r.reg.1, s))
             .collect();
         regs.sort_unstable();
         if regs.is_empty() || regs.len() > 3 {
@@ -454,12 +462,9 @@ impl History {
     /// edge page a pinned neighbour holds: the driver sees it as page-locked, but it is
     /// not, or not yet, whole).
     pub fn touches(&self, ptr: u64, len: u64) -> bool {
-        let end = ptr.saturating_add(len);
-        self.ranges
-            .range(..end)
-            .rev()
-            .take(4)
-            .any(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
+        self.registered_over(ptr, ptr.saturating_add(len))
+            .next()
+            .is_some()
     }
 
     /// Where `[ptr, ptr + len)` crosses a border of cudaw's registrations (between two, or
@@ -469,11 +474,7 @@ impl History {
     pub fn borders(&self, ptr: u64, len: u64) -> Cuts {
         let end = ptr.saturating_add(len);
         let mut edges: Vec<u64> = self
-            .ranges
-            .range(..end)
-            .rev()
-            .take(4)
-            .filter(|(_, r)| r.pinned && r.reg.0 < end && r.reg.1 > ptr)
+            .registered_over(ptr, end)
             .flat_map(|(_, r)| [r.reg.0, r.reg.1])
             .filter(|&e| e > ptr && e < end)
             .collect();
@@ -587,13 +588,9 @@ impl History {
         // Edge pages a pinned neighbour holds are registered already: this range registers
         // the rest, and its copies cross into the neighbour's registration ([`Cuts`]).
         let (mut lo, mut hi) = (start, end);
-        for n in self
-            .ranges
-            .range(..end)
-            .rev()
-            .take(4)
-            .filter(|(s, n)| **s != start && n.pinned && n.reg.0 < end && n.reg.1 > start)
-            .map(|(_, n)| n)
+        for (_, n) in self
+            .registered_over(start, end)
+            .filter(|(s, _)| *s != start)
         {
             if n.reg.0 <= lo {
                 lo = lo.max(n.reg.1);

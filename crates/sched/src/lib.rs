@@ -1178,10 +1178,7 @@ impl Scheduler {
             self.settled_from
                 .is_none_or(|t| at.saturating_duration_since(t) >= SETTLE)
         }) && self.procs.values().all(|p| p.pending.is_none());
-        let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
-        let learnt = pids
-            .iter()
-            .any(|pid| self.procs.get(pid).is_some_and(|p| p.learnt));
+        let learnt = self.job_sum(id, |p| u64::from(p.learnt)) > 0;
         // Only with a known capacity (the daemon passes u64::MAX for unknown), and once a
         // wait: an eviction that did not let it through (another daemon's claims, a broken
         // ledger entry) must not cascade into swapping every job out.
@@ -1194,6 +1191,7 @@ impl Scheduler {
                     .saturating_add(UNSEEN_SLACK)
                     .min(self.capacity);
                 self.settled_from = Some(now);
+                let pids: Vec<Pid> = self.jobs.get(id).map_or(Vec::new(), |j| j.pids.clone());
                 for pid in &pids {
                     if let Some(p) = self.procs.get_mut(pid) {
                         if p.need > 0 {
