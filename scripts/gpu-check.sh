@@ -68,7 +68,9 @@ minimum() { sort -g | head -1; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 # figures: the numbers among the lines read (no empty value, no nan).
 figures() { grep -E '^-?[0-9]'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; }
+# ratio A B: A / B, or nan when either is no number (a run that printed no figure must not
+# read as 0, which every "at most" goal would pass).
+ratio() { if num "$1" && num "$2"; then awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.4f", a / b; else print "nan" }'; else echo nan; fi; }
 # le A B: A <= B, both numbers (an empty or non-numeric A is never "less").
 num() { [[ $1 =~ ^-?[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$ ]]; }
 le() { num "$1" && num "$2" && awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 <= b + 0) }'; }
