@@ -22,7 +22,8 @@
 //!   done to its hold done, so a hold's drain is its own). The weight is the job's
 //!   `request`; jobs that request 0 share what the requests of the jobs here leave over
 //!   equally (at least [`MIN_WEIGHT`]). A job that starts wanting is brought up to the
-//!   least virtual time of the others, so time it did not want is not credit.
+//!   least virtual time of the others, so time it did not want is not credit (not a job
+//!   seen wanting at the first look after a hold ended its turn: it was running).
 //! - **Work-conserving.** At the end of its quantum the running job goes on, with no hold,
 //!   unless a job that wants the GPU should go before it: one job alone is never held.
 //! - **Limits.** A job is held at the end of a quantum when its GPU time over the last
@@ -214,6 +215,12 @@ struct Job {
     /// When its last turn ended (its join, before any): swaps take the least recent first.
     last_run: Instant,
     wanting: bool,
+    /// Its last turn was ended by a hold and the daemon has not looked at it since: when
+    /// it is next seen wanting the GPU, it had not stopped wanting it, it was running (the
+    /// daemon's looks are some milliseconds apart: with quanta as short as them, a job
+    /// would otherwise be brought up to the running job's virtual time every turn and get
+    /// 0.33 of the GPU for its request of 0.25, as it did on the H200 with 10 ms quanta).
+    turn_ended: bool,
     swaps: u64,
     /// Bytes it had resident when swapped out, over all its swaps.
     swapped_out: u64,
@@ -360,6 +367,7 @@ impl Scheduler {
                     runs: Default::default(),
                     last_run: now,
                     wanting: false,
+                    turn_ended: false,
                     swaps: 0,
                     swapped_out: 0,
                     launches_left: BTreeMap::new(),
@@ -1056,6 +1064,7 @@ impl Scheduler {
                 j.runs.push_back((since, now));
                 j.last_run = now;
             }
+            j.turn_ended = true;
         }
     }
 
@@ -1098,7 +1107,7 @@ impl Scheduler {
             });
             let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
             if let Some(j) = self.jobs.get_mut(id) {
-                if !holds_gpu {
+                if !holds_gpu && !j.turn_ended {
                     j.vtime = j.vtime.max(floor);
                 }
                 if !is_turn {
@@ -1106,10 +1115,16 @@ impl Scheduler {
                 }
             }
         }
+        let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
         if let Some(j) = self.jobs.get_mut(id) {
             j.wanting = wanting;
             if !wanting {
                 j.mem_blocked = false;
+            }
+            // The first look after its turn says whether it still wants the GPU; from then
+            // on, a start of wanting follows a time without.
+            if !holds_gpu {
+                j.turn_ended = false;
             }
         }
     }
