@@ -6,7 +6,8 @@ Spin (the default): steps of --matmuls bf16 matmuls of --size x --size on the GP
 step waited for, for --seconds of wall time or --steps steps. One line a second,
 `t=<s> steps=<n> at=<unix s>` (the first at t=0, the last at the end), then
 `rate=<steps/s> steps=<n> seconds=<s>`: a job's share of the GPU is its rate beside
-others against its rate alone.
+others against its rate alone; then `steps_ms p50=<ms> p99=<ms> max=<ms>`, what its steps
+took (a step that waited for other jobs' quanta takes longer: the latency a quantum costs).
 
 --train: a small deterministic training loop instead (an MLP of --depth layers of
 --width, TF32 matmuls, SGD with momentum, deterministic algorithms, seeded by --seed): the
@@ -121,12 +122,27 @@ def spin(args, dev):
         step()
     wait_go(args)
     clock = Clock(args)
+    took = []
     while True:
+        t = time.monotonic()
         step()
+        took.append(time.monotonic() - t)
         if not clock.tick():
             break
     el = clock.end()
     say(f"rate={clock.steps / el:.4f} steps={clock.steps} seconds={el:.3f}")
+    say(step_times(took))
+
+
+def step_times(took):
+    """`steps_ms p50=<ms> p99=<ms> max=<ms>`: what a step took, waits for other jobs'
+    quanta included (the latency the scheduler's quantum costs a job)."""
+    took = sorted(took)
+
+    def at(q):
+        return 1e3 * took[min(len(took) - 1, int(q * len(took)))]
+
+    return f"steps_ms p50={at(0.5):.2f} p99={at(0.99):.2f} max={1e3 * took[-1]:.2f}"
 
 
 def train(args, dev):

@@ -392,6 +392,10 @@ def spin_group(args, base, tag, jobs, seconds, daemon):
             raise RuntimeError(f"the jobs ran together for {w1 - w0:.1f} s only: no window to measure")
         for jid, p in progs.items():
             res["rates"][jid] = (steps_at(p, w1) - steps_at(p, w0)) / (w1 - w0)
+        for (jid, _, _), j in zip(jobs, procs):
+            m = j.wait_for(r"^steps_ms (.*)$", 0)
+            if m:
+                res.setdefault("steps_ms", {})[jid] = m.group(1)
         if sampler:
             sampler.stop()
             s = sampler.at(w1)
@@ -440,6 +444,7 @@ def solo_part(args, base):
         verdict("info" if rate and not unseen else "FAIL", f"sharing: solo run {i + 1} ({kind})",
                 f"{fmt(rate, 2)} steps/s over {r['window']:.1f} s (startup {r.get('startup_s', 0):.1f} s)"
                 + (f"; NOT listed by the daemon with its PID within 20 s of being ready: {r.get('listed')}" if unseen else "")
+                + (f"; step ms {r['steps_ms']['solo']}" if "solo" in r.get("steps_ms", {}) else "")
                 + (f"; daemon {r['daemon_stop']}" if "daemon_stop" in r else "")
                 + (f"; {r['error']}" if r["error"] else ""))
     plain = [r for k, r in zip(kinds, rates) if k == "plain" and r]
@@ -542,6 +547,11 @@ def fairness(args, base, solo, startup, tag, targets, tol, relative, label, aggr
     else:
         verdict("info", f"{name}: aggregate throughput", f"sum of raw shares {total:.3f}")
         cell(f"aggregate throughput, {label}", "(information)", f"{total:.3f}")
+    # What a step took: a step that waited for the other jobs' quanta is the latency the
+    # quantum costs (the reason not to make it long).
+    steps = r.get("steps_ms") or {}
+    verdict("info", f"{name}: step time (ms)", "; ".join(f"{jid} {steps.get(jid, 'none')}" for jid, _ in targets)
+            + f"; quanta {' '.join(args.quanta)}")
     verdict("info", f"{name}: daemon", r.get("daemon_stop", "?"))
 
 
