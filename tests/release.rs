@@ -56,8 +56,11 @@ fn release_pause_resume_cycles_match_an_uninterrupted_run() {
         let r = json(&t, &dir.0, &[], &["resume", &t.pid]);
         assert_eq!(r["released"], true, "{r}");
         assert_eq!(r["driver"]["found"], "checkpointed", "{r}");
-        // What cuInit took in cudaw-ckpt is reported.
+        // What cuInit took in cudaw-ckpt is reported; it is called for simgpu
+        // ($CUDAW_LIBCUDA), whatever the machine's GPUs' persistence mode.
         assert!(r["driver"]["init_ms"].as_f64().unwrap_or(0.0) > 0.0, "{r}");
+        assert_eq!(r["driver"]["init"], "called", "{r}");
+        assert!(r["driver"]["nvml_ms"].is_number(), "{r}");
         assert_eq!(r["bytes"].as_u64(), Some(ckpt_common::BYTES), "{r}");
         t.wait_ran();
         let u = usage(&dir.0, &t);

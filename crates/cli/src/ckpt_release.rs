@@ -5,11 +5,15 @@
 //! context, modules, streams — so the GPU holds nothing of the process. Resume reverses
 //! it: the driver's restore and unlock, then cudaw's resume. The driver is `libcuda.so.1`
 //! (`$CUDAW_LIBCUDA` names another), loaded here; its calls go through the typed wrapper
-//! of the `driver` crate ([`driver::checkpoint`]).
+//! of the `driver` crate ([`driver::checkpoint`]). `cuInit` is called only where some GPU
+//! is not in persistence mode (read through NVML), or where `$CUDAW_CKPT_CUINIT=always`
+//! asks for it ([`init_needed`]).
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use driver::checkpoint::{CheckpointApi, ProcessState};
+use driver::loader::LIBCUDA_ENV;
 use driver::{Driver, DriverError, LibCuda};
 use serde::Serialize;
 
@@ -23,8 +27,14 @@ pub struct DriverPause {
     /// The driver had it checkpointed already (a second `pause --release`).
     pub already: bool,
     /// `cuInit` in `cudaw-ckpt` when the release called it, in milliseconds (after the
-    /// warm-up thread's, which ran while cudaw evicted: a second one is quick).
+    /// warm-up thread's, which ran while cudaw evicted: a second one is quick); 0 when
+    /// skipped.
     pub init_ms: f64,
+    /// Whether `cudaw-ckpt` called `cuInit`: `called`, or `skipped: persistence mode`.
+    pub init: &'static str,
+    /// The NVML check of the GPUs' persistence mode, in milliseconds (made once, on the
+    /// warm-up thread while cudaw evicted; 0 when not made).
+    pub nvml_ms: f64,
 }
 
 /// What the driver's half of resuming a released process did.
@@ -37,32 +47,219 @@ pub struct DriverResume {
     pub unlock_ms: f64,
     /// The driver's state of the process before: `checkpointed`, `locked` or `running`.
     pub found: &'static str,
-    /// `cuInit` in `cudaw-ckpt`, in milliseconds (part of the resume's wait).
+    /// `cuInit` in `cudaw-ckpt`, in milliseconds (part of the resume's wait); 0 when
+    /// skipped.
     pub init_ms: f64,
+    /// Whether `cudaw-ckpt` called `cuInit`: `called`, or `skipped: persistence mode`.
+    pub init: &'static str,
+    /// The NVML check of the GPUs' persistence mode, in milliseconds (part of the
+    /// resume's wait; 0 when not made).
+    pub nvml_ms: f64,
 }
 
-/// The driver, loaded and initialised, with its checkpoint API; the reason (for people)
-/// when it has none.
+/// Names when `cudaw-ckpt` calls `cuInit`: `auto` (the default: unless every GPU is in
+/// persistence mode) or `always`.
+const INIT_ENV: &str = "CUDAW_CKPT_CUINIT";
+
+/// `$CUDAW_CKPT_CUINIT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InitSetting {
+    /// `cuInit` unless every GPU is in persistence mode.
+    Auto,
+    /// `cuInit` always, as before persistence mode was looked at.
+    Always,
+}
+
+/// Reads `$CUDAW_CKPT_CUINIT`'s value (`None`: unset); the error says what is accepted.
+fn init_setting(value: Option<&str>) -> Result<InitSetting, String> {
+    match value {
+        None | Some("") | Some("auto") => Ok(InitSetting::Auto),
+        Some("always") => Ok(InitSetting::Always),
+        Some(other) => Err(format!(
+            "{INIT_ENV}={other:?} is not a setting: `auto` (the default: cuInit unless every \
+             GPU is in persistence mode) or `always`"
+        )),
+    }
+}
+
+fn init_setting_from_env() -> Result<InitSetting, String> {
+    match std::env::var(INIT_ENV) {
+        Ok(v) => init_setting(Some(&v)),
+        Err(std::env::VarError::NotPresent) => init_setting(None),
+        Err(std::env::VarError::NotUnicode(v)) => init_setting(Some(&v.to_string_lossy())),
+    }
+}
+
+/// Whether `cudaw-ckpt` calls `cuInit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Init {
+    /// Called, for the reason given (for people).
+    Call(String),
+    /// Skipped: every GPU is in persistence mode.
+    Skip,
+}
+
+/// `init` in the JSON when `cuInit` was called.
+const CALLED: &str = "called";
+/// `init` in the JSON when it was not.
+const SKIPPED: &str = "skipped: persistence mode";
+
+impl Init {
+    /// `init` in the JSON.
+    fn label(&self) -> &'static str {
+        match self {
+            Init::Call(_) => CALLED,
+            Init::Skip => SKIPPED,
+        }
+    }
+}
+
+/// Decides whether `cudaw-ckpt` calls `cuInit`. NVIDIA documents that
+/// `cuCheckpointProcessRestore` "requires persistence mode to be enabled or cuInit to
+/// have been called before execution" (the other checkpoint calls name no such need), and
+/// `cuInit` here took 341 ms of a resume on an H200 in persistence mode, more than the
+/// restore (251 ms): it is skipped when every GPU of the machine is in persistence mode —
+/// every GPU, not only the process's, since which GPUs those are is the driver's to say,
+/// after a `cuInit`. Anything else calls it: NVML failing or listing no GPU (nothing is
+/// known), `$CUDAW_LIBCUDA` naming another driver (simgpu: NVML's readings are about the
+/// real one, and simgpu wants `cuInit` from its callers), or `always`. `persistence`
+/// reads each GPU's mode, or says why it cannot; it is called only when the answer
+/// matters.
+///
+/// Skipped, the driver does much of that work in the checkpoint and restore instead: on
+/// one H200 (580.159.04, 2 GiB of PyTorch memory, 9 cycles each) the resume's driver step
+/// took 311 ms skipped (restore 288, NVML 21) against 300 ms called (cuInit 104, restore
+/// 194), and the pause 353 ms against 395 ms (the checkpoint 27 ms longer, but no wait
+/// for the warm-up thread's `cuInit`).
+fn init_needed(
+    setting: InitSetting,
+    system_driver: bool,
+    persistence: impl FnOnce() -> Result<Vec<bool>, String>,
+) -> Init {
+    if setting == InitSetting::Always {
+        return Init::Call(format!("{INIT_ENV}=always"));
+    }
+    if !system_driver {
+        return Init::Call(format!(
+            "${LIBCUDA_ENV} names the driver: NVML's persistence mode is about the machine's"
+        ));
+    }
+    match persistence() {
+        Err(why) => Init::Call(format!(
+            "NVML could not say whether the GPUs are in persistence mode: {why}"
+        )),
+        Ok(modes) if modes.is_empty() => Init::Call("NVML lists no GPU".to_owned()),
+        Ok(modes) => match modes.iter().position(|on| !on) {
+            Some(i) => Init::Call(format!("GPU {i} (NVML's index) is not in persistence mode")),
+            None => Init::Skip,
+        },
+    }
+}
+
+/// Each GPU's persistence mode, in NVML's order. NVML is loaded (`libnvidia-ml.so.1`) and
+/// shut down again here. Not with `NVML_INIT_FLAG_NO_ATTACH`, which would spare attaching
+/// GPUs out of persistence mode: with it NVML listed no GPU on an H200 in persistence
+/// mode (580.159.04), so `cuInit` would never be skipped.
+fn persistence_modes() -> Result<Vec<bool>, String> {
+    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("nvmlInit: {e}"))?;
+    let n = nvml
+        .device_count()
+        .map_err(|e| format!("nvmlDeviceGetCount: {e}"))?;
+    (0..n)
+        .map(|i| {
+            nvml.device_by_index(i)
+                .and_then(|d| d.is_in_persistent_mode())
+                .map_err(|e| format!("GPU {i}: {e}"))
+        })
+        .collect()
+}
+
+/// What [`init_needed`] decided, and what its NVML check took.
+struct Check {
+    init: Init,
+    /// Milliseconds; 0 when NVML was not asked.
+    nvml_ms: f64,
+}
+
+/// The check, made once in `cudaw-ckpt`: a pause's warm-up thread makes it while cudaw
+/// evicts, and the release after it finds it made. An unknown `$CUDAW_CKPT_CUINIT` is the
+/// error.
+fn check() -> Result<&'static Check, String> {
+    static CHECK: OnceLock<Result<Check, String>> = OnceLock::new();
+    CHECK
+        .get_or_init(|| {
+            let setting = init_setting_from_env()?;
+            let system_driver = std::env::var_os(LIBCUDA_ENV).is_none();
+            let mut nvml_ms = 0.0;
+            let init = init_needed(setting, system_driver, || {
+                let t = Instant::now();
+                let modes = persistence_modes();
+                nvml_ms = t.elapsed().as_secs_f64() * 1e3;
+                modes
+            });
+            Ok(Check { init, nvml_ms })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The driver, loaded and initialised where it must be, with its checkpoint API; the
+/// reason (for people) when it has none.
 struct Loaded {
     cuda: LibCuda,
-    /// Milliseconds `cuInit` took here. A released process's resume spent 342 ms of its
-    /// 646 ms driver step outside the restore and unlock on the H100 pair (the pause's
-    /// checkpoint step 45 ms): reported (`init_ms`) to see whether `cuInit` is that time.
-    /// It is always called: NVIDIA documents that a restore needs persistence mode or
-    /// `cuInit` without saying what fails otherwise, and a failed restore may leave the
-    /// process unrestorable (cuda-checkpoint issue 44).
+    /// Milliseconds `cuInit` took here; 0 when skipped. A released process's resume spent
+    /// 342 ms of its 646 ms driver step outside the restore and unlock on the H100 pair,
+    /// and `cuInit` took 341 ms of an H200's resume (before a 251 ms restore).
     init_ms: f64,
+    /// [`Init::label`].
+    init: &'static str,
+    /// [`Check::nvml_ms`].
+    nvml_ms: f64,
 }
 
+/// Loads the driver for its checkpoint API, calling `cuInit` where [`init_needed`] says.
+/// A restore that fails for want of it may leave the process unrestorable (cuda-checkpoint
+/// issue 44): `CUDAW_CKPT_CUINIT=always` brings the call back should a driver want it
+/// despite persistence mode.
 fn load() -> Result<Loaded, String> {
-    let cuda = LibCuda::open().map_err(|e| format!("the CUDA driver cannot be loaded ({e})"))?;
-    let t = Instant::now();
-    cuda.init()
-        .map_err(|e| format!("the CUDA driver did not initialise ({e})"))?;
+    let check = check()?;
+    let cuda = open()?;
+    let init_ms = match &check.init {
+        Init::Skip => 0.0,
+        Init::Call(why) => initialise(&cuda, why)?,
+    };
     Ok(Loaded {
         cuda,
-        init_ms: t.elapsed().as_secs_f64() * 1e3,
+        init_ms,
+        init: check.init.label(),
+        nvml_ms: check.nvml_ms,
     })
+}
+
+/// Loads the driver and calls `cuInit` whatever the persistence mode: the device queries
+/// ([`gpus`]) need it.
+fn load_initialised() -> Result<Loaded, String> {
+    let cuda = open()?;
+    let init_ms = initialise(&cuda, "the GPUs are to be listed")?;
+    Ok(Loaded {
+        cuda,
+        init_ms,
+        init: CALLED,
+        nvml_ms: 0.0,
+    })
+}
+
+fn open() -> Result<LibCuda, String> {
+    LibCuda::open().map_err(|e| format!("the CUDA driver cannot be loaded ({e})"))
+}
+
+/// `cuInit`, called because `why`; its milliseconds.
+fn initialise(cuda: &LibCuda, why: &str) -> Result<f64, String> {
+    let t = Instant::now();
+    cuda.init().map_err(|e| {
+        format!("the CUDA driver did not initialise ({e}; cuInit called because {why})")
+    })?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
 impl Loaded {
@@ -76,9 +273,10 @@ impl Loaded {
     }
 }
 
-/// Loads and initialises the driver on a thread of its own, for a `--release` to find it
-/// ready: `cuInit` in `cudaw-ckpt` may take hundreds of milliseconds (to be measured:
-/// `init_ms`), which the caller overlaps with cudaw's eviction (the driver's checkpoint can start only after
+/// Loads (and where needed initialises) the driver on a thread of its own, for a
+/// `--release` to find it ready: the NVML check and `cuInit` in `cudaw-ckpt` may take
+/// hundreds of milliseconds (`nvml_ms`, `init_ms`; `cuInit` 341 ms on an H200), which the
+/// caller overlaps with cudaw's eviction (the driver's checkpoint can start only after
 /// it). What fails is said again, and acted on, by the [`release`] that follows.
 pub fn warm_up() -> std::thread::JoinHandle<()> {
     std::thread::spawn(|| {
@@ -165,6 +363,8 @@ pub fn release(pid: u32, lock_timeout_ms: u32) -> Result<DriverPause, String> {
     }
     done.checkpoint_ms = t.elapsed().as_secs_f64() * 1e3;
     done.init_ms = loaded.init_ms;
+    done.init = loaded.init;
+    done.nvml_ms = loaded.nvml_ms;
     Ok(done)
 }
 
@@ -209,6 +409,8 @@ pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume,
     api.unlock(pid).map_err(|e| reason(&e, pid, 0))?;
     done.unlock_ms = t.elapsed().as_secs_f64() * 1e3;
     done.init_ms = loaded.init_ms;
+    done.init = loaded.init;
+    done.nvml_ms = loaded.nvml_ms;
     Ok(done)
 }
 
@@ -234,7 +436,7 @@ pub struct Gpu {
 /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` and clears `CUDA_VISIBLE_DEVICES` before the driver is
 /// loaded for `nvidia-smi`'s numbering).
 pub fn gpus() -> Result<Vec<Gpu>, String> {
-    let loaded = load()?;
+    let loaded = load_initialised()?;
     let cuda = &loaded.cuda;
     use driver::sys::CUdevice_attribute as A;
     let n = cuda
@@ -263,4 +465,106 @@ pub fn gpus() -> Result<Vec<Gpu>, String> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_on() -> Result<Vec<bool>, String> {
+        Ok(vec![true, true])
+    }
+
+    #[test]
+    fn the_setting_is_auto_unless_always_and_refuses_other_values() {
+        assert_eq!(init_setting(None), Ok(InitSetting::Auto));
+        assert_eq!(init_setting(Some("")), Ok(InitSetting::Auto));
+        assert_eq!(init_setting(Some("auto")), Ok(InitSetting::Auto));
+        assert_eq!(init_setting(Some("always")), Ok(InitSetting::Always));
+        for bad in ["never", "Always", "1", " auto"] {
+            let why = init_setting(Some(bad)).unwrap_err();
+            assert!(why.contains(INIT_ENV) && why.contains("`always`"), "{why}");
+        }
+    }
+
+    #[test]
+    fn cuinit_is_skipped_only_when_every_gpu_is_in_persistence_mode() {
+        let init = init_needed(InitSetting::Auto, true, all_on);
+        assert_eq!(init, Init::Skip);
+        assert_eq!(init.label(), "skipped: persistence mode");
+        assert_eq!(
+            init_needed(InitSetting::Auto, true, || Ok(vec![true])),
+            Init::Skip
+        );
+    }
+
+    #[test]
+    fn one_gpu_out_of_persistence_mode_calls_cuinit_and_says_which() {
+        let init = init_needed(InitSetting::Auto, true, || Ok(vec![true, false, true]));
+        let Init::Call(why) = &init else {
+            panic!("{init:?}")
+        };
+        assert!(why.contains("GPU 1"), "{why}");
+        assert_eq!(init.label(), "called");
+    }
+
+    #[test]
+    fn nvml_failing_or_listing_no_gpu_calls_cuinit() {
+        let failed = init_needed(InitSetting::Auto, true, || {
+            Err("nvmlInit: a libloading error".to_owned())
+        });
+        assert!(
+            matches!(&failed, Init::Call(why) if why.contains("libloading")),
+            "{failed:?}"
+        );
+        assert!(matches!(
+            init_needed(InitSetting::Auto, true, || Ok(Vec::new())),
+            Init::Call(_)
+        ));
+    }
+
+    #[test]
+    fn always_or_another_driver_calls_cuinit_without_asking_nvml() {
+        let asked = std::cell::Cell::new(false);
+        let read = || {
+            asked.set(true);
+            all_on()
+        };
+        let init = init_needed(InitSetting::Always, true, read);
+        assert!(
+            matches!(&init, Init::Call(why) if why.contains("always")),
+            "{init:?}"
+        );
+        let init = init_needed(InitSetting::Auto, false, || {
+            asked.set(true);
+            all_on()
+        });
+        assert!(
+            matches!(&init, Init::Call(why) if why.contains(LIBCUDA_ENV)),
+            "{init:?}"
+        );
+        assert!(!asked.get());
+    }
+
+    #[test]
+    fn the_json_carries_init_and_nvml_ms_beside_init_ms() {
+        let pause = serde_json::to_value(DriverPause {
+            init: SKIPPED,
+            nvml_ms: 1.5,
+            ..DriverPause::default()
+        })
+        .unwrap();
+        assert_eq!(pause["init"], "skipped: persistence mode");
+        assert_eq!(pause["nvml_ms"], 1.5);
+        assert_eq!(pause["init_ms"], 0.0);
+        let resume = serde_json::to_value(DriverResume {
+            init: CALLED,
+            init_ms: 341.0,
+            ..DriverResume::default()
+        })
+        .unwrap();
+        assert_eq!(resume["init"], "called");
+        assert_eq!(resume["init_ms"], 341.0);
+        assert_eq!(resume["nvml_ms"], 0.0);
+    }
 }
