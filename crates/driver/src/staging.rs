@@ -63,7 +63,14 @@
 //! to the device asynchronously, it returns once every byte is in a buffer and makes the
 //! program's stream wait for the pool's last copies (the next user of a buffer waits for
 //! its event first, so buffers still on the wire are never overwritten). A copy of one
-//! buffer or less runs on the calling thread, without starting any.
+//! buffer or less runs on the calling thread alone.
+//!
+//! **Host threads**: each pool starts its copy threads once, when it is made (never at
+//! library load), and keeps them until it is freed, which ends and joins them; each copy
+//! hands its work to them (a [`rayon_core`] scope, so the work borrows the copy's plan),
+//! instead of starting threads per copy (hundreds of microseconds for 16 threads). Where
+//! they cannot be started (a pids limit), in a child of fork (which has none of them) or
+//! when the caller is itself a worker of a rayon pool, the copy runs on the calling thread.
 //!
 //! Configuration ([`StagingConfig`]): `CUDAW_STAGING_STREAMS` (default 2),
 //! `CUDAW_STAGING_BUFFER` (bytes per buffer, default 4M), `CUDAW_STAGING_THREADS` (host
@@ -374,6 +381,12 @@ impl PinnedStaging {
         let key = backend.context().0;
         if !self.pools.contains_key(&key) {
             let pool = Pool::new(backend.driver().clone(), backend.context(), &self.config)?;
+            if pool.workers.is_none() {
+                self.notes.push(
+                    "no staging thread could be started: staged copies run on the calling thread"
+                        .to_owned(),
+                );
+            }
             self.pools.insert(key, pool);
         }
         Ok(&self.pools[&key])
@@ -1125,6 +1138,9 @@ struct Pool {
     /// One per stream, recorded after an asynchronous pageable copy's last piece: the
     /// program's stream waits for them.
     exits: Vec<Event>,
+    /// The host copy threads, started with the pool; `None` where none could be started
+    /// (the copies then run on the calling thread).
+    workers: Option<Workers>,
 }
 
 // SAFETY: `host` is page-locked memory owned by the pool alone (freed in `free`); every
@@ -1151,6 +1167,7 @@ impl Pool {
             slots: Vec::new(),
             entry: None,
             exits: Vec::new(),
+            workers: None,
         };
         // On failure, dropping the half-made pool frees what was made.
         let made = (|| -> Result<(), DriverError> {
@@ -1181,12 +1198,25 @@ impl Pool {
             Ok(())
         })();
         match made {
-            Ok(()) => Ok(pool),
+            Ok(()) => {
+                pool.workers = Workers::start(config.threads);
+                Ok(pool)
+            }
             Err(e) => {
                 drop(pool.free());
                 Err(e)
             }
         }
+    }
+
+    /// The host copy threads to hand work to, or `None`: the work runs on the calling
+    /// thread. None in a child of fork (the threads are the parent's), nor when the caller
+    /// is a worker of a rayon pool (while it waited for ours, it would run its own pool's
+    /// other jobs, which may call back into the staging).
+    fn workers(&self) -> Option<&rayon_core::ThreadPool> {
+        let w = self.workers.as_ref()?;
+        (w.pid == std::process::id() && rayon_core::current_thread_index().is_none())
+            .then_some(&w.pool)
     }
 
     /// The start of buffer `slot`.
@@ -1212,6 +1242,10 @@ impl Pool {
     }
 
     fn free_parts(&mut self) -> Result<(), DriverError> {
+        // Idle between calls (every call waits for its work): they end at once.
+        if let Some(w) = self.workers.take() {
+            w.stop();
+        }
         if self.host.is_null()
             && self.slots.is_empty()
             && self.streams.is_empty()
@@ -1312,39 +1346,57 @@ impl Pool {
         targets: &[HostPtr],
         plan: &Plan,
     ) -> Result<(), StagingError> {
-        let n = self.slots.len();
-        let pipe = Pipeline::new(n);
-        let threads = config.threads.min(plan.batches.len()).max(1);
-        if plan.batches.len() == 1 {
-            // One buffer's worth: issue, then copy out on this thread (no thread to start,
-            // the issuer never waits for a turn).
-            if let Err(e) = self.issue_save(ranges, plan, &pipe) {
-                pipe.fail(staging_error(e));
+        let batches = plan.batches.len();
+        let workers = self.workers().filter(|_| batches > 1);
+        let Some(workers) = workers else {
+            // One buffer's worth (no hand-off to pay for), or no threads to hand it to.
+            return self
+                .save_here(config, ranges, targets, plan)
+                .map_err(staging_error);
+        };
+        let threads = config
+            .threads
+            .min(batches)
+            .min(workers.current_num_threads())
+            .max(1);
+        let pipe = Pipeline::new(self.slots.len());
+        // The issuer runs here while the workers copy out; the scope returns once they
+        // all have (the pipeline is closed, on success and on failure).
+        workers.in_place_scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|_| self.save_worker(config, targets, plan, &pipe));
             }
-            pipe.close();
-            self.save_worker(config, targets, plan, &pipe);
-            return pipe.result();
-        }
-        std::thread::scope(|s| {
-            // A thread that cannot be started (a pids limit) is a failure to say, not a
-            // panic; with none started the issuer would wait for ever: fail the save.
-            let started = (0..threads)
-                .filter(|_| {
-                    std::thread::Builder::new()
-                        .spawn_scoped(s, || self.save_worker(config, targets, plan, &pipe))
-                        .is_ok()
-                })
-                .count();
-            if started == 0 {
-                pipe.fail(StagingError::Io(
-                    "no staging thread could be started".to_owned(),
-                ));
-            } else if let Err(e) = self.issue_save(ranges, plan, &pipe) {
+            if let Err(e) = self.issue_save(ranges, plan, &pipe) {
                 pipe.fail(staging_error(e));
             }
             pipe.close();
         });
         pipe.result()
+    }
+
+    /// A save on the calling thread alone: the first buffers filled, then each copied out
+    /// and refilled with the batch one round later, so the device copies of later batches
+    /// overlap the host copies of earlier ones.
+    fn save_here(
+        &self,
+        config: &StagingConfig,
+        ranges: &[StagingRange],
+        targets: &[HostPtr],
+        plan: &Plan,
+    ) -> Result<(), DriverError> {
+        let (n, batches) = (self.slots.len(), plan.batches.len());
+        self.driver.ctx_set_current(self.context)?;
+        for k in 0..n.min(batches) {
+            self.issue_batch(ranges, plan, k)?;
+        }
+        for k in 0..batches {
+            self.copy_out(config, targets, plan, k)?;
+            if k + n < batches {
+                // Buffer `k % n` is out (copied just above): it takes batch `k + n`.
+                self.issue_batch(ranges, plan, k + n)?;
+            }
+        }
+        Ok(())
     }
 
     /// The issuer of a save: fills the buffers in order, each once its previous bytes are
@@ -1357,33 +1409,47 @@ impl Pool {
     ) -> Result<(), DriverError> {
         let n = self.slots.len();
         self.driver.ctx_set_current(self.context)?;
-        for (k, batch) in plan.batches.iter().enumerate() {
-            let slot = k % n;
-            if !pipe.wait_turn(slot, k / n) {
+        for k in 0..plan.batches.len() {
+            if !pipe.wait_turn(k % n, k / n) {
                 break;
             }
-            let at = self.buffer(slot);
-            let Slot { stream, event, .. } = self.slots[slot];
-            for p in &plan.pieces[batch.clone()] {
-                // SAFETY: the piece lies inside buffer `slot` (the plan packs at most
-                // `buffer_bytes` per batch), which nobody else touches until the worker
-                // that takes batch `k` has waited for `event`; the streams are
-                // synchronised before the pool is used or freed again.
-                unsafe {
-                    self.driver.memcpy_dtoh_async(
-                        at.add(p.at),
-                        ranges[p.range].addr + p.offset as u64,
-                        p.len,
-                        stream,
-                    )?
-                };
-            }
-            self.driver.event_record(event, stream)?;
+            self.issue_batch(ranges, plan, k)?;
             pipe.push(k);
         }
         Ok(())
     }
 
+    /// Issues the device copies of save batch `k` into its buffer, and records the
+    /// buffer's event after them. The buffer's previous bytes are out, and the pool's
+    /// context is current.
+    fn issue_batch(
+        &self,
+        ranges: &[StagingRange],
+        plan: &Plan,
+        k: usize,
+    ) -> Result<(), DriverError> {
+        let slot = k % self.slots.len();
+        let at = self.buffer(slot);
+        let Slot { stream, event, .. } = self.slots[slot];
+        for p in &plan.pieces[plan.batches[k].clone()] {
+            // SAFETY: the piece lies inside buffer `slot` (the plan packs at most
+            // `buffer_bytes` per batch), which nobody else touches until whoever copies
+            // batch `k` out has waited for `event`; the streams are synchronised before
+            // the pool is used or freed again.
+            unsafe {
+                self.driver.memcpy_dtoh_async(
+                    at.add(p.at),
+                    ranges[p.range].addr + p.offset as u64,
+                    p.len,
+                    stream,
+                )?
+            };
+        }
+        self.driver.event_record(event, stream)
+    }
+
+    /// A copy thread of a save: copies the filled batches out as they come. Sets the
+    /// pool's context first (the thread may have served other copies).
     fn save_worker(
         &self,
         config: &StagingConfig,
@@ -1395,37 +1461,50 @@ impl Pool {
             pipe.fail(staging_error(e));
             return;
         }
-        let n = self.slots.len();
         while let Some(k) = pipe.pop() {
-            let slot = k % n;
-            let pieces = &plan.pieces[plan.batches[k].clone()];
-            if config.prefault {
-                for p in pieces {
-                    // SAFETY: the piece's destination lies inside its range's reserved
-                    // capacity, and only this thread writes it.
-                    unsafe { prefault(targets[p.range].0.add(p.offset), p.len) };
-                }
-            }
-            if let Err(e) = self.driver.event_synchronize(self.slots[slot].event) {
+            if let Err(e) = self.copy_out(config, targets, plan, k) {
                 pipe.fail(staging_error(e));
                 return;
             }
-            let from = self.buffer(slot);
-            for p in pieces {
-                // SAFETY: the device copy into the buffer is complete (event above); the
-                // destination lies inside the range's reserved capacity and no other
-                // thread writes these bytes (the plan's pieces are disjoint).
-                unsafe {
-                    let (src, dst) = (from.add(p.at), targets[p.range].0.add(p.offset));
-                    if config.streaming_stores {
-                        copy_streaming(src, dst, p.len)
-                    } else {
-                        std::ptr::copy_nonoverlapping(src, dst, p.len)
-                    }
-                };
-            }
-            pipe.release(slot);
+            pipe.release(k % self.slots.len());
         }
+    }
+
+    /// Copies save batch `k` out of its buffer into the destinations, once its device
+    /// copies are done (prefaulting the destination pages while they are on the wire).
+    /// Only the caller writes the batch's destinations.
+    fn copy_out(
+        &self,
+        config: &StagingConfig,
+        targets: &[HostPtr],
+        plan: &Plan,
+        k: usize,
+    ) -> Result<(), DriverError> {
+        let slot = k % self.slots.len();
+        let pieces = &plan.pieces[plan.batches[k].clone()];
+        if config.prefault {
+            for p in pieces {
+                // SAFETY: the piece's destination lies inside its range's reserved
+                // capacity, and only this thread writes it.
+                unsafe { prefault(targets[p.range].0.add(p.offset), p.len) };
+            }
+        }
+        self.driver.event_synchronize(self.slots[slot].event)?;
+        let from = self.buffer(slot);
+        for p in pieces {
+            // SAFETY: the device copy into the buffer is complete (event above); the
+            // destination lies inside the range's reserved capacity and no other
+            // thread writes these bytes (the plan's pieces are disjoint).
+            unsafe {
+                let (src, dst) = (from.add(p.at), targets[p.range].0.add(p.offset));
+                if config.streaming_stores {
+                    copy_streaming(src, dst, p.len)
+                } else {
+                    std::ptr::copy_nonoverlapping(src, dst, p.len)
+                }
+            };
+        }
+        Ok(())
     }
 
     /// [`PinnedStaging::copy_pageable`] in this pool. On failure: the error and whether
@@ -1535,22 +1614,22 @@ impl Pool {
                 pipe.fail(staging_error(e));
             }
         };
-        if threads == 1 {
-            work();
-        } else {
-            std::thread::scope(|s| {
-                // Threads that cannot be started (a pids limit): this one does the work.
-                let started = (0..threads)
-                    .filter(|_| std::thread::Builder::new().spawn_scoped(s, work).is_ok())
-                    .count();
-                if started == 0 {
-                    work();
+        match self.workers().filter(|_| threads > 1) {
+            // The scope returns once every worker has: each stops at the last batch or
+            // the first failure.
+            Some(workers) => workers.in_place_scope(|s| {
+                for _ in 0..threads.min(workers.current_num_threads()) {
+                    s.spawn(|_| work());
                 }
-            });
+            }),
+            // One thread's worth, or no threads to hand it to (a pids limit): here.
+            None => work(),
         }
         pipe.result()
     }
 
+    /// A copy thread of a load: takes the next batch until none is left. Sets the pool's
+    /// context first (the thread may have served other copies).
     fn load_worker(
         &self,
         ranges: &[LoadRange<'_>],
@@ -1604,6 +1683,80 @@ impl Drop for Pool {
     fn drop(&mut self) {
         if let Err(e) = self.free_parts() {
             eprintln!("cudaw: freeing a pinned staging pool: {e}");
+        }
+    }
+}
+
+/// A pool's host copy threads: started once with the pool, given each copy's work, ended
+/// and joined when the pool is freed.
+struct Workers {
+    pool: rayon_core::ThreadPool,
+    handles: Vec<std::thread::JoinHandle<()>>,
+    /// The process that started them (a child of fork has none of them).
+    pid: u32,
+}
+
+impl Workers {
+    /// `threads` threads, named `cudaw-stage-N`, or as many as could be started when
+    /// some are refused (a pids limit); `None` if not even one.
+    fn start(threads: usize) -> Option<Workers> {
+        let mut want = threads.max(1);
+        loop {
+            if let Some(w) = Workers::try_start(want) {
+                return Some(w);
+            }
+            if want == 1 {
+                return None;
+            }
+            want /= 2;
+        }
+    }
+
+    fn try_start(threads: usize) -> Option<Workers> {
+        let mut handles = Vec::with_capacity(threads);
+        let built = rayon_core::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            // At most 15 bytes (Linux's limit on a thread's name) up to 256 threads.
+            .thread_name(|i| format!("cudaw-stage-{i}"))
+            .spawn_handler(|thread| {
+                let mut b = std::thread::Builder::new();
+                if let Some(name) = thread.name() {
+                    b = b.name(name.to_owned());
+                }
+                if let Some(size) = thread.stack_size() {
+                    b = b.stack_size(size);
+                }
+                handles.push(b.spawn(|| thread.run())?);
+                Ok(())
+            })
+            .build();
+        match built {
+            Ok(pool) => Some(Workers {
+                pool,
+                handles,
+                pid: std::process::id(),
+            }),
+            Err(_) => {
+                // The builder has told the threads it started to end.
+                for h in handles {
+                    drop(h.join());
+                }
+                None
+            }
+        }
+    }
+
+    /// Ends the threads and waits for them (they are idle: every call waits for its
+    /// work). In a child of fork, which has none of them, forgets them instead: their
+    /// locks may have been held at the fork.
+    fn stop(self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self);
+            return;
+        }
+        drop(self.pool);
+        for h in self.handles {
+            drop(h.join());
         }
     }
 }
@@ -1771,7 +1924,7 @@ impl Pipeline {
 struct HostPtr(*mut u8);
 
 // SAFETY: the threads write disjoint pieces of the memory behind it (see `Plan`), and
-// the owner does not touch it until they have all been joined.
+// the owner does not touch it until they have all finished (the end of the call's scope).
 unsafe impl Send for HostPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for HostPtr {}
@@ -1864,13 +2017,20 @@ fn pin_in_place(driver: &dyn Driver, bytes: usize, threads: usize) -> Option<*mu
     unsafe { libc::madvise(p, bytes, libc::MADV_DONTFORK) };
     advise_huge_pages(p.cast(), bytes);
     let part = bytes.div_ceil(threads.max(1)).next_multiple_of(PAGE);
+    let fault = move |start: usize| {
+        let len = part.min(bytes - start);
+        // SAFETY: a part of our fresh mapping that only this thread touches.
+        unsafe { prefault((base + start) as *mut u8, len) };
+    };
     std::thread::scope(|s| {
         for start in (0..bytes).step_by(part) {
-            s.spawn(move || {
-                let len = part.min(bytes - start);
-                // SAFETY: a part of our fresh mapping that only this thread touches.
-                unsafe { prefault((base + start) as *mut u8, len) };
-            });
+            // A thread that cannot be started (a pids limit): this one faults its part in.
+            if std::thread::Builder::new()
+                .spawn_scoped(s, move || fault(start))
+                .is_err()
+            {
+                fault(start);
+            }
         }
     });
     // SAFETY: our own mapping of `bytes` bytes; it stays mapped until unregistered (the

@@ -161,3 +161,89 @@ fn copies_that_cannot_run_say_why_and_the_pool_stays_usable() {
     unsafe { staging.copy_pageable(b, empty, Stream(0xdead_0000), Completion::Done) }.unwrap();
     drop(d);
 }
+
+/// Where the work cannot be handed to the pool's threads (here: the caller is a worker of a
+/// rayon pool, as it would be with no threads or in a child of fork) it runs on the calling
+/// thread, byte-exact, through more batches than the pool has buffers.
+#[test]
+fn copies_on_the_calling_thread_are_exact() {
+    let vmm = new_vmm();
+    let b = vmm.backend();
+    let len = 20 * BUFFER + 5;
+    let dev = vmm.alloc(len as u64 + 7, 0).unwrap().base + 7;
+    let want = pattern(len, 21);
+    let mut back = vec![0u8; len];
+    let mut staging = PinnedStaging::new(StagingConfig::new(2, BUFFER, 3));
+    let outer = rayon_core::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    outer.install(|| {
+        assert!(rayon_core::current_thread_index().is_some());
+        let to_device = PageableCopy::ToDevice {
+            dst: dev,
+            src: want.as_ptr(),
+            len,
+        };
+        // SAFETY: `want` outlives the call; the device range is inside the allocation.
+        unsafe { staging.copy_pageable(b, to_device, Stream::LEGACY, Completion::Done) }.unwrap();
+        let to_host = PageableCopy::ToHost {
+            dst: back.as_mut_ptr(),
+            src: dev,
+            len,
+        };
+        // SAFETY: `back` is ours for the call.
+        unsafe { staging.copy_pageable(b, to_host, Stream::LEGACY, Completion::Done) }.unwrap();
+    });
+    assert!(back == want);
+    assert!(staging.take_notes().is_empty(), "the pool has its threads");
+}
+
+/// Times many staged copies each way (figures to read, not a check): small buffers, where
+/// a copy's fixed cost shows (the hand-off to the copy threads), and 4 MiB ones. Run by hand:
+/// `cargo test -p driver --release --test pageable_on_simgpu -- --ignored --nocapture`.
+#[test]
+#[ignore = "timings to read; run by hand"]
+fn many_staged_copies_timing() {
+    let vmm = new_vmm();
+    let b = vmm.backend();
+    let most = 32 << 20;
+    let dev = vmm.alloc(most as u64, 0).unwrap().base;
+    let src = pattern(most, 3);
+    let mut back = vec![0u8; most];
+    for (buffer, len, count) in [
+        (16 << 10, 256 << 10, 500),
+        (4 << 20, 8 << 20, 200),
+        (4 << 20, most, 50),
+    ] {
+        for threads in [2, 16] {
+            let mut staging = PinnedStaging::new(StagingConfig::new(2, buffer, threads));
+            staging.prepare(b).unwrap();
+            let to_device = PageableCopy::ToDevice {
+                dst: dev,
+                src: src.as_ptr(),
+                len,
+            };
+            let to_host = PageableCopy::ToHost {
+                dst: back.as_mut_ptr(),
+                src: dev,
+                len,
+            };
+            for (name, copy) in [("to device", to_device), ("to host", to_host)] {
+                let t = std::time::Instant::now();
+                for _ in 0..count {
+                    // SAFETY: `src` and `back` outlive the call; nothing else uses them.
+                    unsafe { staging.copy_pageable(b, copy, Stream::LEGACY, Completion::Done) }
+                        .unwrap();
+                }
+                eprintln!(
+                    "{count} copies of {} KiB {name}, {} KiB buffers, {threads} threads: {:?} each",
+                    len >> 10,
+                    buffer >> 10,
+                    t.elapsed() / count
+                );
+            }
+            assert!(back[..len] == src[..len]);
+        }
+    }
+}
