@@ -170,6 +170,12 @@ fn enqueue_copy(
         if src_device {
             memory.check_device(src, len as u64, false)?;
         }
+        if !dst_device {
+            memory.check_host_copy(dst, len as u64)?;
+        }
+        if !src_device {
+            memory.check_host_copy(src, len as u64)?;
+        }
     }
     let ticket = device.streams.enqueue(stream, copy_task(dst, src, len))?;
     if wait {

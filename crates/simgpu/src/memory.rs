@@ -988,6 +988,25 @@ impl Memory {
             .is_some_and(|(&a, &(s, _))| addr < a + s)
     }
 
+    /// The driver's rule for the host side of a copy (seen on an H200, driver 580): a copy
+    /// that starts in page-locked memory (`cuMemHostAlloc`, or a range registered with
+    /// `cuMemHostRegister`, to its exact byte length, not rounded to pages) must end
+    /// inside the same range, else `CUDA_ERROR_INVALID_VALUE`; one that starts in
+    /// pageable memory may end anywhere.
+    pub fn check_host_copy(&self, addr: u64, len: u64) -> CuResult<()> {
+        let inside = self
+            .host
+            .range(..=addr)
+            .next_back()
+            .filter(|(&a, &(s, _))| addr < a + s);
+        match inside {
+            Some((&a, &(s, _))) if addr.checked_add(len).is_none_or(|end| end > a + s) => {
+                Err(CuError::CUDA_ERROR_INVALID_VALUE)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `cuMemHostUnregister`.
     pub fn host_unregister(&mut self, addr: u64) -> CuResult<()> {
         match self.host.get(&addr) {
@@ -1316,6 +1335,14 @@ mod tests {
             m.host_register(addr + 8, 8),
             Err(CuError::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
         );
+        // A copy starting in it must end in it (its exact bytes); one starting before it
+        // may run into it (the driver on an H200, `probe`: invalid argument otherwise).
+        m.check_host_copy(addr + 8, 56).unwrap();
+        assert_eq!(
+            m.check_host_copy(addr + 8, 57),
+            Err(CuError::CUDA_ERROR_INVALID_VALUE)
+        );
+        m.check_host_copy(addr - 8, 72).unwrap();
         m.host_unregister(addr).unwrap();
         assert_eq!(
             m.host_unregister(addr),

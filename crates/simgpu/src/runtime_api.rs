@@ -1237,6 +1237,12 @@ fn enqueue_copy(
         if src_device {
             memory.check_device(src, len as u64, false)?;
         }
+        if !dst_device {
+            memory.check_host_copy(dst, len as u64)?;
+        }
+        if !src_device {
+            memory.check_host_copy(src, len as u64)?;
+        }
         (
             dst_device,
             src_device,
