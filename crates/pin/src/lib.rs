@@ -1166,4 +1166,40 @@ mod tests {
         assert_eq!(h.cuts(r, len), Some(Cuts::NONE));
         assert_eq!(h.release(r, len, false), vec![reg]);
     }
+
+    /// Cold buffers freed without a word to the history (their memory was not near a
+    /// pinned range, so the interposer's quick look let them go) leave their records;
+    /// a later hot buffer over the same addresses (heap blocks reused) must still be
+    /// seen whole: its registration is found past the stale records inside it.
+    #[test]
+    fn stale_records_inside_a_pinned_range_do_not_hide_it() {
+        let mut h = History::new(policy(1 << 40));
+        let base = 0x5500_0000_0000u64;
+        for i in 0..8u64 {
+            assert_eq!(
+                h.copy(base + 16 + i * (MIB + PAGE), MIB, "", i),
+                Action::Stage
+            );
+        }
+        let (ptr, len) = (base + 16, 8 * MIB);
+        let mut reg = None;
+        for t in 100..400u64 {
+            match h.copy(ptr, len, "", t) {
+                Action::Pin { start, len } => {
+                    assert!(h.pinned(start));
+                    reg = Some((start, len));
+                }
+                Action::Direct(cuts) => {
+                    assert_eq!(cuts, Cuts::NONE);
+                    break;
+                }
+                Action::Stage => {}
+            }
+        }
+        let (start, rlen) = reg.expect("the hot buffer got pinned");
+        assert!(start <= ptr && start + rlen >= ptr + len);
+        assert_eq!(h.cuts(ptr, len), Some(Cuts::NONE));
+        assert_eq!(h.borders(ptr, len), Cuts::NONE);
+        assert!(h.touches(ptr, len));
+    }
 }
