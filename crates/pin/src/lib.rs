@@ -333,6 +333,12 @@ pub struct History {
     policy: Option<Policy>,
     /// By start address.
     ranges: BTreeMap<u64, Range>,
+    /// The pinned ranges by the start of their registration (registrations never overlap:
+    /// a page is registered once): the range's start address. Lookups by address go
+    /// through it, never through a walk of `ranges`, where records of buffers freed unseen
+    /// (far from anything pinned, so the interposer's quick look let them go) may lie
+    /// inside a live buffer and hide its neighbour's registration.
+    regs: BTreeMap<u64, u64>,
     /// Signatures a profile says are hot, with the places of the hot ranges among them
     /// (empty: all).
     hot: HashMap<Signature, HotPlaces>,
@@ -401,12 +407,14 @@ impl History {
     /// few keys just below `hi` are enough: registrations are disjoint, and a span of a page
     /// or more overlaps at most its own range's and one neighbour's on each side.
     fn registered_over(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, &Range)> {
-        self.ranges
+        // Disjoint and ordered: walking down from `hi`, the first that ends at or below
+        // `lo` has none but such below it.
+        self.regs
             .range(..hi)
             .rev()
-            .take(4)
-            .filter(move |(_, r)| r.pinned && r.reg.0 < hi && r.reg.1 > lo)
-            .map(|(s, r)| (*s, r))
+            .filter_map(|(_, key)| self.ranges.get(key).map(|r| (*key, r)))
+            .take_while(move |(_, r)| r.reg.1 > lo)
+            .filter(|(_, r)| r.pinned)
     }
 
     /// Whether registrations of cudaw's cover `[ptr, ptr + len)` whole: the range the copy
@@ -618,6 +626,7 @@ impl History {
         // then), whose bytes now belong to other blocks: their `free` must not unpin it.
         r.copied_lo = ptr;
         r.copied_hi = copy_end;
+        self.regs.insert(lo, start);
         self.stats.pinned_bytes += hi - lo;
         self.stats.pinned_ranges += 1;
         self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
@@ -629,12 +638,11 @@ impl History {
 
     /// The range whose registration starts at `lo`.
     fn by_registration(&self, lo: u64) -> Option<u64> {
+        let key = *self.regs.get(&lo)?;
         self.ranges
-            .range(..=lo)
-            .rev()
-            .take(4)
-            .find(|(_, r)| r.pinned && r.reg.0 == lo)
-            .map(|(s, _)| *s)
+            .get(&key)
+            .is_some_and(|r| r.pinned && r.reg.0 == lo)
+            .then_some(key)
     }
 
     /// Registering the range at `start` worked. `false` when the range was released while
@@ -648,6 +656,7 @@ impl History {
         let Some(key) = self.by_registration(start) else {
             return;
         };
+        self.regs.remove(&start);
         if let Some(r) = self.ranges.get_mut(&key) {
             r.pinned = false;
             self.stats.pinned_bytes -= r.reg.1 - r.reg.0;
@@ -731,6 +740,9 @@ impl History {
         if r.pinned {
             self.stats.pinned_bytes -= r.reg.1 - r.reg.0;
             self.stats.pinned_ranges -= 1;
+            if self.regs.get(&r.reg.0) == Some(&start) {
+                self.regs.remove(&r.reg.0);
+            }
         }
         let g = self.gone.entry(r.signature.clone()).or_default();
         add(g, &r);
@@ -1201,5 +1213,39 @@ mod tests {
         assert_eq!(h.cuts(ptr, len), Some(Cuts::NONE));
         assert_eq!(h.borders(ptr, len), Cuts::NONE);
         assert!(h.touches(ptr, len));
+    }
+
+    /// The GPU's failure of `--pin use` at 8 MiB: two hot heap buffers side by side, the
+    /// first pinned whole (its last page is the second's first), and records of freed
+    /// cold buffers left inside the second. A copy of the second starts inside the first's
+    /// registration: it must be seen to touch it and be cut at its end, else it goes to
+    /// the driver whole, which refuses a copy that starts in a registration and runs past
+    /// it.
+    #[test]
+    fn stale_records_do_not_hide_a_neighbours_registration() {
+        let mut h = History::new(policy(1 << 40));
+        let base = 0x5500_0000_0000u64;
+        let len = 8 * MIB;
+        let (p0, p1) = (base + 0x2a0, base + 0x2a0 + len + 16);
+        for i in 0..6u64 {
+            let stale = p1 + PAGE + i * (MIB + PAGE);
+            assert_eq!(h.copy(stale, MIB, "", i), Action::Stage);
+        }
+        let mut reg = None;
+        for t in 100..400u64 {
+            if let Action::Pin { start, len } = h.copy(p0, len, "", t) {
+                assert!(h.pinned(start));
+                reg = Some((start, start + len));
+                break;
+            }
+        }
+        let (_, end0) = reg.expect("the first buffer got pinned");
+        assert!(
+            end0 > p1,
+            "the first registration holds the second's first page"
+        );
+        assert!(h.touches(p1, len));
+        let cuts: Vec<(u64, u64)> = h.borders(p1, len).pieces(len).collect();
+        assert_eq!(cuts, vec![(0, end0 - p1), (end0 - p1, len - (end0 - p1))]);
     }
 }
