@@ -1007,7 +1007,13 @@ if want transfers; then
       END { g = 1073741824; if (t["register"] > 0 && t["unregister"] > 0 && t["pinned_h2d"] > 0 && t["pinned_d2h"] > 0)
               printf "register=%g,unregister=%g,pinned=%g", g / t["register"], g / t["unregister"], 2 * g / (t["pinned_h2d"] + t["pinned_d2h"]) }' "$WORK/tr.costs")
     staged=$(awk '$1 == "again" { t += $4; n++ } END { if (n > 0 && t > 0) printf "staged=%g", n * 2147483648 / t }' "$WORK/tr.oneshot_cudaw_2048")
-    PIN_COSTS=$(echo "$pin_costs,$staged" | sed 's/^,//; s/,$//')
+    # A staged copy's fixed cost: the 256 MiB and 2 GiB copies' mean times (both ways) on a
+    # line, t = fixed + bytes / rate.
+    staged_fixed=$(awk '$1 == "again" { t[FILENAME] += $4; n[FILENAME]++ }
+      END { a = ARGV[1]; b = ARGV[2]; if (n[a] > 0 && n[b] > 0) { s = t[a] / n[a]; l = t[b] / n[b];
+              f = s - (l - s) * 256 / 1792; if (f > 0) printf "staged_fixed=%g", f } }' \
+      "$WORK/tr.oneshot_cudaw_256" "$WORK/tr.oneshot_cudaw_2048")
+    PIN_COSTS=$(echo "$pin_costs,$staged,$staged_fixed" | sed 's/^,*//; s/,*$//; s/,,*/,/g')
     row "transfers: CUDAW_PIN_COSTS measured" info "${PIN_COSTS:-none (the estimates apply)}"
     tb native_pinned "$WORK/pin_bench" seed pinned "$rounds"
     tb native_malloc "$WORK/pin_bench" seed malloc "$rounds"

@@ -10,9 +10,10 @@
 //!
 //! **The rule** (the ski-rental rule: never more than twice the cost of knowing the
 //! future). Each host range (the page-aligned span of a copy's host side) accumulates its
-//! *regret*: what its copies cost over pinned speed, `bytes × (1/staged − 1/pinned)`. Once
-//! the regret reaches what pinning the range would cost ([`Costs::pin_cost`]), it is
-//! pinned, if it fits the budget ([`Policy::budget`]). A range copied once never gets
+//! *regret*: what its copies cost over pinned speed, `bytes × (1/staged − 1/pinned)` plus a
+//! staged copy's fixed cost. Once the regret reaches what pinning the range would cost
+//! ([`Costs::pin_cost`]), and at its third copy at the earliest ([`MIN_COPIES_TO_PIN`]), it
+//! is pinned, if it fits the budget ([`Policy::budget`]). A range copied once never gets
 //! there (pinning costs more than one staged copy loses); a range copied on every step of
 //! a training loop gets there within a few steps. The constants ([`Costs::default`]) are
 //! estimates until the GPU measures them (`scripts/gpu-check.sh`, section `transfers`:
@@ -81,7 +82,17 @@ pub struct Costs {
     pub pin_s_per_byte: f64,
     /// Seconds of fixed cost per registration (a driver call, a mapping).
     pub pin_s_fixed: f64,
+    /// Seconds a staged copy loses beyond its bytes (filling the pool's pipeline before
+    /// the first device copy, waiting for the last one): on an H200 host, staged copies of
+    /// 1, 8, 32 and 128 MiB took 0.18, 0.58, 0.72 and 0.87 ms longer than pinned ones
+    /// beyond what their bytes explain (the seed benchmark, `pin_bench seed`).
+    pub staged_s_fixed: f64,
 }
+
+/// A range is pinned at its third copy at the earliest: a buffer copied once each way (a
+/// one-shot round trip) is never pinned, however small (a staged copy's fixed cost alone
+/// could pay for registering a small one).
+pub const MIN_COPIES_TO_PIN: u64 = 3;
 
 impl Default for Costs {
     /// An H100 host (PCIe Gen5): pinned copies at 51 GiB/s and staged ones at about half
@@ -93,6 +104,7 @@ impl Default for Costs {
             pinned_bytes_per_s: 51.0 * (1u64 << 30) as f64,
             pin_s_per_byte: 2.0 / 5e9,
             pin_s_fixed: 50e-6,
+            staged_s_fixed: 0.5e-3,
         }
     }
 }
@@ -100,7 +112,9 @@ impl Default for Costs {
 impl Costs {
     /// Parses `CUDAW_PIN_COSTS`: comma-separated `key=value` items over the defaults,
     /// `staged` and `pinned` (copy bytes per second), `register` and `unregister` (bytes
-    /// per second), `fixed` (seconds per registration). Measured by `pin_bench costs`.
+    /// per second), `fixed` (seconds per registration), `staged_fixed` (seconds a staged
+    /// copy loses beyond its bytes). Measured by `pin_bench costs` and `pin_bench oneshot`
+    /// (`gpu-check.sh`, section `transfers`).
     pub fn parse(text: &str) -> Result<Costs, String> {
         let mut c = Costs::default();
         let (mut register, mut unregister) = (2.0 / c.pin_s_per_byte, 2.0 / c.pin_s_per_byte);
@@ -120,10 +134,11 @@ impl Costs {
                 "register" => register = v,
                 "unregister" => unregister = v,
                 "fixed" => c.pin_s_fixed = v,
+                "staged_fixed" => c.staged_s_fixed = v,
                 other => {
                     return Err(format!(
                         "CUDAW_PIN_COSTS: unknown key {other:?} (staged, pinned, register, \
-                         unregister, fixed)"
+                         unregister, fixed, staged_fixed)"
                     ))
                 }
             }
@@ -140,16 +155,17 @@ impl Costs {
     /// Seconds a staged copy of `len` bytes loses against a pinned one.
     pub fn regret(&self, len: u64) -> f64 {
         let lost = 1.0 / self.staged_bytes_per_s - 1.0 / self.pinned_bytes_per_s;
-        len as f64 * lost.max(0.0)
+        len as f64 * lost.max(0.0) + self.staged_s_fixed
     }
 
-    /// How many copies of a range of `len` bytes make it hot.
+    /// How many copies of a range of `len` bytes make it hot (never fewer than
+    /// [`MIN_COPIES_TO_PIN`]).
     pub fn copies_to_pin(&self, len: u64) -> f64 {
         let r = self.regret(len);
         if r <= 0.0 {
             f64::INFINITY
         } else {
-            self.pin_cost(len) / r
+            (self.pin_cost(len) / r).max(MIN_COPIES_TO_PIN as f64)
         }
     }
 }
@@ -589,7 +605,8 @@ impl History {
             .hot
             .get(&r.signature)
             .is_some_and(|places| places.pins(r.nth));
-        let hot = profiled_hot || r.regret >= costs.pin_cost(span);
+        let hot =
+            profiled_hot || (r.regret >= costs.pin_cost(span) && r.copies >= MIN_COPIES_TO_PIN);
         if !hot {
             return Action::Stage;
         }
@@ -1247,5 +1264,28 @@ mod tests {
         assert!(h.touches(p1, len));
         let cuts: Vec<(u64, u64)> = h.borders(p1, len).pieces(len).collect();
         assert_eq!(cuts, vec![(0, end0 - p1), (end0 - p1, len - (end0 - p1))]);
+    }
+
+    /// A staged copy's fixed cost makes small hot buffers hot within a few copies, but a
+    /// round trip (one copy each way) is never enough, however small the buffer.
+    #[test]
+    fn a_round_trip_is_never_pinned_and_the_third_copy_is() {
+        let mut h = History::new(policy(1 << 40));
+        let (cold, hot) = (0x7f00_0000_0000u64, 0x7f10_0000_0000u64);
+        for (i, len) in [MIB, 8 * MIB, 128 * MIB].into_iter().enumerate() {
+            let c = cold + i as u64 * 256 * MIB;
+            assert_eq!(h.copy(c, len, "", 0), Action::Stage);
+            assert_eq!(h.copy(c, len, "", 1), Action::Stage);
+        }
+        assert_eq!(h.stats().pinned_ranges, 0);
+        assert_eq!(h.copy(hot, MIB, "", 2), Action::Stage);
+        assert_eq!(h.copy(hot, MIB, "", 3), Action::Stage);
+        assert!(matches!(h.copy(hot, MIB, "", 4), Action::Pin { .. }));
+        let c = Costs::default();
+        assert_eq!(c.copies_to_pin(MIB), MIN_COPIES_TO_PIN as f64);
+        assert!(c.copies_to_pin(128 * MIB) > MIN_COPIES_TO_PIN as f64);
+        let parsed = Costs::parse("staged_fixed=2e-3").unwrap();
+        assert_eq!(parsed.staged_s_fixed, 2e-3);
+        assert!(parsed.regret(MIB) > c.regret(MIB));
     }
 }
