@@ -689,10 +689,13 @@ macro_rules! forwarders {
     ($(
         $imp:ident => $name:ident $(, $variant:ident)*;
         $(copy($k:expr, $n:expr, $d:ident, $s:ident);)?
+        $(hosts($($hp:expr, $hl:expr),+);)?
         ($($a:ident : $t:ty $(=> $f:ident)?),*);
     )+) => {$(
         #[allow(clippy::too_many_arguments)]
         fn $imp(i: usize, $($a: $t),*) -> cudaError_t {
+            // Host sides the call does not cut at smart pinning's borders.
+            $($(pageable::unpin_crossing($hp as u64, $hl);)+)?
             let run = || forward!(i, $name: fn($($t),*), $(translate!($a $(, $f)?)),*);
             copy_or_run!(run $(, $k, $n, $d, $s)?)
         }
@@ -871,9 +874,11 @@ forwarders! {
     memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz;
         (d: *mut c_void => rm, v: i32, n: usize, st: cudaStream_t);
     memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds; copy(k, w.saturating_mul(h), d, s);
+        hosts(s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
         (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32);
     memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
         copy(k, w.saturating_mul(h), d, s);
+        hosts(s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
         (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32,
          st: cudaStream_t);
     memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds;
@@ -888,13 +893,13 @@ forwarders! {
         (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize);
     memcpy_peer_async_impl => cudaMemcpyPeerAsync; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
         (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize, st: cudaStream_t);
-    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds;
+    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds; hosts(s, n);
         (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32);
-    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds;
+    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds; hosts(d, n);
         (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32);
-    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
+    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz; hosts(s, n);
         (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32, st: cudaStream_t);
-    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
+    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz; hosts(d, n);
         (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t);
 }
 

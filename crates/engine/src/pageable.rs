@@ -256,6 +256,26 @@ pub fn forward_cuts(dst: u64, src: u64, len: usize) -> Option<Cuts> {
         .find_map(|host| crate::pinning::crossing(host, len))
 }
 
+/// Before a copy cudaw hands on without cutting it (2D, to or from a symbol): where
+/// `[host, host + len)` crosses a border of smart pinning's registrations, those it touches
+/// are unpinned first, so that the driver sees pageable memory rather than a copy that
+/// starts inside a registration and runs past it, which it refuses (`invalid argument`,
+/// seen on an H200). Relaxed loads while nothing pinned is near.
+pub fn unpin_crossing(host: u64, len: usize) {
+    if len > 0 && crate::pinning::crossing(host, len).is_some() {
+        crate::pinning::release(host, len as u64, true);
+    }
+}
+
+/// The bytes a 2D copy's side spans from its start: `height` rows of `width` bytes,
+/// `pitch` apart (0 when empty).
+pub fn extent_2d(pitch: usize, width: usize, height: usize) -> usize {
+    if height == 0 || width == 0 {
+        return 0;
+    }
+    pitch.saturating_mul(height - 1).saturating_add(width)
+}
+
 /// A synchronous copy from or to memory cudaw page-locked: the driver's, in one piece per
 /// registration.
 fn direct(cuts: Cuts) -> Outcome {
@@ -362,5 +382,17 @@ mod tests {
             };
             assert!(qualify(&req).is_none(), "kind {kind}");
         }
+    }
+
+    #[test]
+    fn a_2d_copy_spans_its_last_row_whole_and_the_pitch_before() {
+        assert_eq!(extent_2d(1024, 100, 1), 100);
+        assert_eq!(extent_2d(1024, 100, 3), 2 * 1024 + 100);
+        assert_eq!(extent_2d(1024, 0, 3), 0);
+        assert_eq!(extent_2d(1024, 100, 0), 0);
+        assert_eq!(extent_2d(usize::MAX, 2, 3), usize::MAX);
+        // Nothing pinned: nothing to do, and no panic for any address.
+        unpin_crossing(0, usize::MAX);
+        unpin_crossing(u64::MAX, 1);
     }
 }

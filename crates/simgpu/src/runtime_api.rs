@@ -1292,6 +1292,38 @@ pub unsafe extern "C" fn cudaMemcpy(
     })
 }
 
+/// `cudaMemcpy2D`: `height` rows of `width` bytes, each row a copy of its own (as
+/// synchronous as `cudaMemcpy`).
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: c_int,
+) -> cudaError_t {
+    rt!({
+        let device = runtime::context()?;
+        if width > dpitch || width > spitch {
+            return Err(RtError::cudaErrorInvalidPitchValue);
+        }
+        for row in 0..height {
+            let at = |base: u64, pitch: usize| {
+                row.checked_mul(pitch)
+                    .and_then(|off| base.checked_add(off as u64))
+            };
+            let (d, s) = (at(dst as u64, dpitch), at(src as u64, spitch));
+            let (Some(d), Some(s)) = (d, s) else {
+                return Err(RtError::cudaErrorInvalidValue);
+            };
+            enqueue_copy(d, s, width, kind, (device, StreamId::Null), true)?;
+        }
+        Ok(())
+    })
+}
+
 /// `cudaMemcpyAsync`: returns before the copy is done.
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemcpyAsync(
