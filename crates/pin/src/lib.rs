@@ -355,6 +355,11 @@ pub struct History {
     /// (far from anything pinned, so the interposer's quick look let them go) may lie
     /// inside a live buffer and hide its neighbour's registration.
     regs: BTreeMap<u64, u64>,
+    /// Registrations given out ([`Action::Pin`]) whose outcome the caller has not reported
+    /// yet ([`History::pinned`], [`History::pin_failed`]): start → end. A range forgotten
+    /// meanwhile leaves its entry: until the caller hears of it (and unregisters), no other
+    /// range may register those pages, nor be mistaken for it by its start.
+    pending: BTreeMap<u64, u64>,
     /// Signatures a profile says are hot, with the places of the hot ranges among them
     /// (empty: all).
     hot: HashMap<Signature, HotPlaces>,
@@ -629,6 +634,16 @@ impl History {
         if hi <= lo || hi - lo < min_bytes.min(span) {
             return Action::Stage;
         }
+        // Pages a registration still in flight holds (perhaps of a range given back since):
+        // not now.
+        if self
+            .pending
+            .range(..hi)
+            .next_back()
+            .is_some_and(|(_, &end)| end > lo)
+        {
+            return Action::Stage;
+        }
         let r = self.ranges.get_mut(&start).expect("tracked");
         if self.stats.pinned_bytes + (hi - lo) > budget {
             r.refused = true;
@@ -644,6 +659,7 @@ impl History {
         r.copied_lo = ptr;
         r.copied_hi = copy_end;
         self.regs.insert(lo, start);
+        self.pending.insert(lo, hi);
         self.stats.pinned_bytes += hi - lo;
         self.stats.pinned_ranges += 1;
         self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
@@ -665,11 +681,13 @@ impl History {
     /// Registering the range at `start` worked. `false` when the range was released while
     /// it was being registered: the caller unregisters it again.
     pub fn pinned(&mut self, start: u64) -> bool {
+        self.pending.remove(&start);
         self.by_registration(start).is_some()
     }
 
     /// Registering the range at `start` failed: it is never tried again.
     pub fn pin_failed(&mut self, start: u64) {
+        self.pending.remove(&start);
         let Some(key) = self.by_registration(start) else {
             return;
         };
@@ -1287,5 +1305,38 @@ mod tests {
         let parsed = Costs::parse("staged_fixed=2e-3").unwrap();
         assert_eq!(parsed.staged_s_fixed, 2e-3);
         assert!(parsed.regret(MIB) > c.regret(MIB));
+    }
+
+    /// A range given back while its registration is in flight, and another buffer at the
+    /// same place hot at once: the second waits for the first's outcome, so that the
+    /// first's `pinned` is never taken for the second's (its registration would be left
+    /// behind, never unregistered) and the second never registers pages still registered.
+    #[test]
+    fn a_registration_in_flight_is_never_mistaken_for_a_later_one() {
+        let mut h = History::new(policy(1 << 40));
+        let (ptr, len) = (0x7f00_0000_0000u64, 8 * MIB);
+        let first = (0..100u64)
+            .find_map(|t| match h.copy(ptr, len, "", t) {
+                Action::Pin { start, .. } => Some(start),
+                _ => None,
+            })
+            .expect("hot");
+        // Given back while being registered; the same addresses hot again at once.
+        assert_eq!(h.release(ptr, len, true).len(), 1);
+        assert_eq!(h.stats().pinned_ranges, 0);
+        for t in 100..200u64 {
+            assert_eq!(h.copy(ptr, len, "", t), Action::Stage, "copy {t}");
+        }
+        // The first registration's outcome: gone meanwhile (the caller unregisters it).
+        assert!(!h.pinned(first));
+        let second = (200..300u64)
+            .find_map(|t| match h.copy(ptr, len, "", t) {
+                Action::Pin { start, .. } => Some(start),
+                _ => None,
+            })
+            .expect("hot again");
+        assert_eq!(second, first);
+        assert!(h.pinned(second));
+        assert_eq!(h.cuts(ptr, len), Some(Cuts::NONE));
     }
 }
