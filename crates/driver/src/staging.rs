@@ -1779,19 +1779,44 @@ struct Plan {
     batches: Vec<std::ops::Range<usize>>,
 }
 
+/// The smallest batch of a graded plan: a buffer's `1/GRADE`.
+const GRADE: usize = 8;
+
 impl Plan {
+    /// Every byte of `lens` once, packed into batches of at most `buffer` bytes. A copy
+    /// larger than one buffer is graded: its first batches grow from an eighth of a buffer
+    /// (doubling) and its last ones shrink to it (halving what is left), so that the device
+    /// starts sooner on a copy to it and the host's last copy out of a buffer is short on a
+    /// copy from it. The pipeline's fill and drain were a fixed 0.2–0.9 ms a copy on an
+    /// H200 with whole 4 MiB batches.
     fn new(lens: &[usize], buffer: usize) -> Plan {
+        let total: usize = lens.iter().sum();
+        let graded = total > buffer;
+        let small = (buffer / GRADE).max(1);
+        let capacity = |batch: usize, left: usize| {
+            if !graded {
+                return buffer;
+            }
+            let up = u32::try_from(batch)
+                .ok()
+                .and_then(|b| small.checked_shl(b))
+                .filter(|&c| c != 0)
+                .unwrap_or(buffer);
+            up.min(left.div_ceil(2).max(small)).min(buffer)
+        };
         let mut pieces = Vec::new();
         let mut batches = Vec::new();
-        let (mut start, mut used) = (0, 0);
+        let (mut start, mut used, mut done) = (0, 0, 0);
+        let mut cap = capacity(0, total);
         for (range, &len) in lens.iter().enumerate() {
             let mut offset = 0;
             while offset < len {
-                if used == buffer {
+                if used == cap {
                     batches.push(start..pieces.len());
                     (start, used) = (pieces.len(), 0);
+                    cap = capacity(batches.len(), total - done);
                 }
-                let take = (len - offset).min(buffer - used);
+                let take = (len - offset).min(cap - used);
                 pieces.push(Piece {
                     range,
                     offset,
@@ -1800,6 +1825,7 @@ impl Plan {
                 });
                 offset += take;
                 used += take;
+                done += take;
             }
         }
         if pieces.len() > start {
@@ -2152,8 +2178,32 @@ mod tests {
         check(&[0, 5, 0], 4096);
         let plan = Plan::new(&[1, 2, 3], 4096);
         assert_eq!(plan.batches.len(), 1, "small ranges share a buffer");
-        let plan = Plan::new(&[3 * 4096 + 1], 4096);
-        assert_eq!(plan.batches.len(), 4, "a large range spans buffers");
+        let plan = Plan::new(&[4096], 4096);
+        assert_eq!(plan.batches.len(), 1, "one buffer's worth is one batch");
+        // Larger: graded from an eighth of a buffer up, and down to it at the end.
+        let plan = Plan::new(&[12 * 4096], 4096);
+        let sizes: Vec<usize> = plan
+            .batches
+            .iter()
+            .map(|b| plan.pieces[b.clone()].iter().map(|p| p.len).sum())
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 12 * 4096);
+        assert_eq!(sizes[..3], [512, 1024, 2048]);
+        // The last batches halve what is left, down to an eighth of a buffer.
+        assert!(sizes[sizes.len() - 1] <= 512, "{sizes:?}");
+        assert!(
+            sizes[sizes.len() - 3..].iter().all(|&s| s < 4096),
+            "{sizes:?}"
+        );
+        assert!(sizes.iter().all(|&s| s <= 4096));
+        for lens in [
+            vec![5 * 4096 + 7],
+            vec![4097],
+            vec![3000, 3000, 3000],
+            vec![1 << 20],
+        ] {
+            check(&lens, 4096);
+        }
     }
 
     #[test]
