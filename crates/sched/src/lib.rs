@@ -185,6 +185,8 @@ pub const MIN_WEIGHT: f64 = 0.01;
 struct Proc {
     job: String,
     seen: Observation,
+    /// When it was last observed ([`Scheduler::observe`]).
+    seen_at: Option<Instant>,
     /// Bytes an allocation of it waits for ([`Scheduler::alloc_wait`]).
     need: u64,
     /// When it was last seen waiting for them.
@@ -215,12 +217,14 @@ struct Job {
     /// When its last turn ended (its join, before any): swaps take the least recent first.
     last_run: Instant,
     wanting: bool,
-    /// Its last turn was ended by a hold and the daemon has not looked at it since: when
-    /// it is next seen wanting the GPU, it had not stopped wanting it, it was running (the
-    /// daemon's looks are some milliseconds apart: with quanta as short as them, a job
-    /// would otherwise be brought up to the running job's virtual time every turn and get
-    /// 0.33 of the GPU for its request of 0.25, as it did on the H200 with 10 ms quanta).
-    turn_ended: bool,
+    /// When its last turn ended, until the daemon has looked at every process of it since:
+    /// when it is seen wanting the GPU meanwhile, it had not stopped wanting it, it was
+    /// running (the daemon's looks are some milliseconds apart: with quanta as short as
+    /// them, a job would otherwise be brought up to the running job's virtual time every
+    /// turn and get 0.33 of the GPU for its request of 0.25, as it did on the H200 with
+    /// 10 ms quanta). Every process, not the first one looked at: an idle process of the
+    /// job seen first must not end it before the busy one, seen waiting, is looked at.
+    turn_ended: Option<Instant>,
     swaps: u64,
     /// Bytes it had resident when swapped out, over all its swaps.
     swapped_out: u64,
@@ -367,7 +371,7 @@ impl Scheduler {
                     runs: Default::default(),
                     last_run: now,
                     wanting: false,
-                    turn_ended: false,
+                    turn_ended: None,
                     swaps: 0,
                     swapped_out: 0,
                     launches_left: BTreeMap::new(),
@@ -387,6 +391,7 @@ impl Scheduler {
             Proc {
                 job: job.to_owned(),
                 seen: Observation::default(),
+                seen_at: None,
                 need: 0,
                 need_at: None,
                 learnt: false,
@@ -438,6 +443,7 @@ impl Scheduler {
             return;
         };
         p.seen = seen;
+        p.seen_at = Some(now);
         let job = p.job.clone();
         self.update_wanting(&job, now);
     }
@@ -1064,7 +1070,7 @@ impl Scheduler {
                 j.runs.push_back((since, now));
                 j.last_run = now;
             }
-            j.turn_ended = true;
+            j.turn_ended = Some(now);
         }
     }
 
@@ -1107,7 +1113,7 @@ impl Scheduler {
             });
             let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
             if let Some(j) = self.jobs.get_mut(id) {
-                if !holds_gpu && !j.turn_ended {
+                if !holds_gpu && j.turn_ended.is_none() {
                     j.vtime = j.vtime.max(floor);
                 }
                 if !is_turn {
@@ -1115,16 +1121,24 @@ impl Scheduler {
                 }
             }
         }
-        let holds_gpu = self.turn.as_ref().is_some_and(|t| t.job == id);
+        // Once every process of it was looked at after its turn, a start of wanting follows
+        // a time without.
+        let looked_at_all = self.jobs.get(id).is_some_and(|j| {
+            j.turn_ended.is_some_and(|ended| {
+                j.pids.iter().all(|pid| {
+                    self.procs
+                        .get(pid)
+                        .is_none_or(|p| p.seen_at.is_some_and(|at| at >= ended))
+                })
+            })
+        });
         if let Some(j) = self.jobs.get_mut(id) {
             j.wanting = wanting;
             if !wanting {
                 j.mem_blocked = false;
             }
-            // The first look after its turn says whether it still wants the GPU; from then
-            // on, a start of wanting follows a time without.
-            if !holds_gpu {
-                j.turn_ended = false;
+            if looked_at_all {
+                j.turn_ended = None;
             }
         }
     }
