@@ -314,26 +314,43 @@ pub fn decide(backend: &'static DriverBackend, host: u64, len: usize) -> Option<
                 false
             }
         };
+        if registered.is_ok() && !kept {
+            // Given back meanwhile: page-locked, and cudaw's no more, until unregistered
+            // below; copies of it are staged meanwhile (as in `release`).
+            UNREGISTERING_N.fetch_add(1, Ordering::SeqCst);
+            unregistering().push((start, span));
+        }
         if kept {
             p.backend.get_or_insert(backend);
         }
         publish(&p.history);
-        kept.then(|| p.history.cuts(host, len as u64))
+        Some((
+            kept,
+            kept.then(|| p.history.cuts(host, len as u64)).flatten(),
+        ))
     });
-    match registered {
-        Ok(()) if kept.is_some() => {
+    match (registered, kept) {
+        (Ok(()), Some((true, cuts))) => {
             inside(|| mark(true, start, span));
             log::debug(format_args!(
                 "pinned {span} bytes at {start:#x} (copied often)"
             ));
-            kept.flatten()
+            cuts
         }
-        // Given back while it was being registered: unregistered again.
-        Ok(()) => {
+        // Given back while it was being registered: unregistered again (listed as being
+        // unregistered above).
+        (Ok(()), Some((false, _))) => {
+            let range = (start, span);
+            unregister(backend, &[range]);
+            unregistered(&[range]);
+            None
+        }
+        // Smart pinning was turned off meanwhile: nothing of it to tell.
+        (Ok(()), None) => {
             unregister(backend, &[(start, span)]);
             None
         }
-        Err(e) => {
+        (Err(e), _) => {
             log::debug(format_args!(
                 "pinning {span} bytes at {start:#x}: {e}; its copies stay staged"
             ));
@@ -434,6 +451,19 @@ pub fn release(ptr: u64, len: u64, pages: bool) {
     if let Some(backend) = backend {
         unregister(backend, &ranges);
     }
+    unregistered(&ranges);
+}
+
+/// `ranges`, listed in UNREGISTERING, are unregistered now: off the list, and the history
+/// may let other ranges register those pages.
+fn unregistered(ranges: &[(u64, u64)]) {
+    inside(|| {
+        if let Some(p) = lock().as_mut() {
+            for &(start, _) in ranges {
+                p.history.unregistered(start);
+            }
+        }
+    });
     unregistering().retain(|r| !ranges.contains(r));
     UNREGISTERING_N.fetch_sub(1, Ordering::SeqCst);
 }

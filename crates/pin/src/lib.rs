@@ -355,11 +355,15 @@ pub struct History {
     /// (far from anything pinned, so the interposer's quick look let them go) may lie
     /// inside a live buffer and hide its neighbour's registration.
     regs: BTreeMap<u64, u64>,
-    /// Registrations given out ([`Action::Pin`]) whose outcome the caller has not reported
-    /// yet ([`History::pinned`], [`History::pin_failed`]): start → end. A range forgotten
-    /// meanwhile leaves its entry: until the caller hears of it (and unregisters), no other
-    /// range may register those pages, nor be mistaken for it by its start.
-    pending: BTreeMap<u64, u64>,
+    /// Registrations whose state is in flux: start → (end, the caller's driver calls on them
+    /// still to come). A registration given out ([`Action::Pin`]) counts until the caller
+    /// reports it ([`History::pinned`] true, [`History::pin_failed`]), or, when it was
+    /// forgotten meanwhile ([`History::pinned`] false), until the caller has unregistered
+    /// it ([`History::unregistered`]); a registration handed back to unregister
+    /// ([`History::release`], [`History::unpin_all`]) counts until then too. Meanwhile no
+    /// other range registers those pages, nor is taken for it by its start: a stale
+    /// unregister would otherwise remove a newer registration.
+    pending: BTreeMap<u64, (u64, u32)>,
     /// Signatures a profile says are hot, with the places of the hot ranges among them
     /// (empty: all).
     hot: HashMap<Signature, HotPlaces>,
@@ -640,7 +644,7 @@ impl History {
             .pending
             .range(..hi)
             .next_back()
-            .is_some_and(|(_, &end)| end > lo)
+            .is_some_and(|(_, &(end, _))| end > lo)
         {
             return Action::Stage;
         }
@@ -659,7 +663,7 @@ impl History {
         r.copied_lo = ptr;
         r.copied_hi = copy_end;
         self.regs.insert(lo, start);
-        self.pending.insert(lo, hi);
+        self.hold(lo, hi);
         self.stats.pinned_bytes += hi - lo;
         self.stats.pinned_ranges += 1;
         self.stats.peak_pinned_bytes = self.stats.peak_pinned_bytes.max(self.stats.pinned_bytes);
@@ -681,13 +685,38 @@ impl History {
     /// Registering the range at `start` worked. `false` when the range was released while
     /// it was being registered: the caller unregisters it again.
     pub fn pinned(&mut self, start: u64) -> bool {
-        self.pending.remove(&start);
-        self.by_registration(start).is_some()
+        let kept = self.by_registration(start).is_some();
+        if kept {
+            self.let_go(start);
+        }
+        kept
+    }
+
+    /// The caller unregistered the registration at `start` (one [`History::release`] or
+    /// [`History::unpin_all`] named, or one [`History::pinned`] said was forgotten).
+    pub fn unregistered(&mut self, start: u64) {
+        self.let_go(start);
+    }
+
+    /// One more driver call on the registration `[lo, hi)` to come.
+    fn hold(&mut self, lo: u64, hi: u64) {
+        let e = self.pending.entry(lo).or_insert((hi, 0));
+        e.1 += 1;
+    }
+
+    /// One driver call on the registration at `lo` done.
+    fn let_go(&mut self, lo: u64) {
+        if let Some(e) = self.pending.get_mut(&lo) {
+            e.1 = e.1.saturating_sub(1);
+            if e.1 == 0 {
+                self.pending.remove(&lo);
+            }
+        }
     }
 
     /// Registering the range at `start` failed: it is never tried again.
     pub fn pin_failed(&mut self, start: u64) {
-        self.pending.remove(&start);
+        self.let_go(start);
         let Some(key) = self.by_registration(start) else {
             return;
         };
@@ -702,7 +731,8 @@ impl History {
     }
 
     /// The program is about to give `[ptr, ptr + len)` back: the pinned ranges to
-    /// unregister first, as `(start, len)`; every range concerned is forgotten. `pages`:
+    /// unregister first, as `(start, len)` (the caller says when it has,
+    /// [`History::unregistered`]); every range concerned is forgotten. `pages`:
     /// the pages themselves go (`munmap`, `mremap`, `madvise`), and every range touching
     /// them is concerned; else a heap block goes (`free`, `realloc`), and only ranges whose
     /// copied bytes it overlaps are (a neighbour sharing a page leaves a hot range alone).
@@ -726,11 +756,14 @@ impl History {
             }
             self.forget(s);
         }
+        for &(lo, len) in &out {
+            self.hold(lo, lo + len);
+        }
         out
     }
 
     /// Every range still pinned is forgotten (at exit), as `(start, len)`: the caller
-    /// unregisters them. Not counted as released.
+    /// unregisters them (and says so, [`History::unregistered`]). Not counted as released.
     pub fn unpin_all(&mut self) -> Vec<(u64, u64)> {
         let all = self.pinned_ranges();
         let keys: Vec<u64> = self
@@ -741,6 +774,9 @@ impl History {
             .collect();
         for s in keys {
             self.forget(s);
+        }
+        for &(lo, len) in &all {
+            self.hold(lo, lo + len);
         }
         all
     }
@@ -1327,8 +1363,13 @@ mod tests {
         for t in 100..200u64 {
             assert_eq!(h.copy(ptr, len, "", t), Action::Stage, "copy {t}");
         }
-        // The first registration's outcome: gone meanwhile (the caller unregisters it).
+        // The first registration's outcome: gone meanwhile. Until the caller has
+        // unregistered it (twice: release's and decide's own), the pages stay its.
         assert!(!h.pinned(first));
+        assert_eq!(h.copy(ptr, len, "", 150), Action::Stage);
+        h.unregistered(first);
+        assert_eq!(h.copy(ptr, len, "", 151), Action::Stage);
+        h.unregistered(first);
         let second = (200..300u64)
             .find_map(|t| match h.copy(ptr, len, "", t) {
                 Action::Pin { start, .. } => Some(start),
