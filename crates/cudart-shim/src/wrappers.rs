@@ -689,13 +689,13 @@ macro_rules! forwarders {
     ($(
         $imp:ident => $name:ident $(, $variant:ident)*;
         $(copy($k:expr, $n:expr, $d:ident, $s:ident);)?
-        $(hosts($($hp:expr, $hl:expr),+);)?
+        $(hosts($async:expr; $($hp:expr, $hl:expr),+);)?
         ($($a:ident : $t:ty $(=> $f:ident)?),*);
     )+) => {$(
         #[allow(clippy::too_many_arguments)]
         fn $imp(i: usize, $($a: $t),*) -> cudaError_t {
             // Host sides the call does not cut at smart pinning's borders.
-            $($(pageable::unpin_crossing($hp as u64, $hl);)+)?
+            $($(pageable::unpin_crossing($hp as u64, $hl, $async);)+)?
             let run = || forward!(i, $name: fn($($t),*), $(translate!($a $(, $f)?)),*);
             copy_or_run!(run $(, $k, $n, $d, $s)?)
         }
@@ -874,11 +874,11 @@ forwarders! {
     memset_async_impl => cudaMemsetAsync, cudaMemsetAsync_ptsz;
         (d: *mut c_void => rm, v: i32, n: usize, st: cudaStream_t);
     memcpy_2d_impl => cudaMemcpy2D, cudaMemcpy2D_ptds; copy(k, w.saturating_mul(h), d, s);
-        hosts(s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
+        hosts(false; s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
         (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32);
     memcpy_2d_async_impl => cudaMemcpy2DAsync, cudaMemcpy2DAsync_ptsz;
         copy(k, w.saturating_mul(h), d, s);
-        hosts(s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
+        hosts(true; s, pageable::extent_2d(sp, w, h), d, pageable::extent_2d(dp, w, h));
         (d: *mut c_void => rm, dp: usize, s: *const c_void => r, sp: usize, w: usize, h: usize, k: i32,
          st: cudaStream_t);
     memset_2d_impl => cudaMemset2D, cudaMemset2D_ptds;
@@ -893,13 +893,15 @@ forwarders! {
         (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize);
     memcpy_peer_async_impl => cudaMemcpyPeerAsync; copy(MEMCPY_DEVICE_TO_DEVICE, n, d, s);
         (d: *mut c_void => rm, dd: i32, s: *const c_void => r, sd: i32, n: usize, st: cudaStream_t);
-    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds; hosts(s, n);
+    to_symbol_impl => cudaMemcpyToSymbol, cudaMemcpyToSymbol_ptds; hosts(false; s, n);
         (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32);
-    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds; hosts(d, n);
+    from_symbol_impl => cudaMemcpyFromSymbol, cudaMemcpyFromSymbol_ptds; hosts(false; d, n);
         (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32);
-    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz; hosts(s, n);
+    to_symbol_async_impl => cudaMemcpyToSymbolAsync, cudaMemcpyToSymbolAsync_ptsz;
+        hosts(true; s, n);
         (sym: *const c_void, s: *const c_void => r, n: usize, off: usize, k: i32, st: cudaStream_t);
-    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz; hosts(d, n);
+    from_symbol_async_impl => cudaMemcpyFromSymbolAsync, cudaMemcpyFromSymbolAsync_ptsz;
+        hosts(true; d, n);
         (d: *mut c_void => rm, sym: *const c_void, n: usize, off: usize, k: i32, st: cudaStream_t);
 }
 
@@ -914,7 +916,35 @@ fn translated_3d(p: *const cudaMemcpy3DParms) -> Option<cudaMemcpy3DParms> {
     Some(q)
 }
 
+/// The bytes a 3D copy's linear side spans, from its pointer's start to the last byte it
+/// touches (0 for an array side, or an empty copy).
+fn extent_3d(side: &cudaPitchedPtr, pos: &cudaPos, e: &cudaExtent) -> usize {
+    if side.ptr.is_null() || e.width == 0 || e.height == 0 || e.depth == 0 {
+        return 0;
+    }
+    let rows = (pos.z.saturating_add(e.depth - 1))
+        .saturating_mul(side.ysize)
+        .saturating_add(pos.y.saturating_add(e.height - 1));
+    rows.saturating_mul(side.pitch)
+        .saturating_add(pos.x.saturating_add(e.width))
+}
+
+/// Before a 3D copy: its linear sides' registrations of smart pinning unpinned where the
+/// driver would not see the pageable memory the program copies ([`pageable::unpin_crossing`]).
+fn unpin_3d(p: *const cudaMemcpy3DParms, asynchronous: bool) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: non-null pointer to the application's copy parameters.
+    let q = unsafe { p.read() };
+    for (side, pos) in [(&q.src_ptr, &q.src_pos), (&q.dst_ptr, &q.dst_pos)] {
+        let len = extent_3d(side, pos, &q.extent);
+        pageable::unpin_crossing(side.ptr as u64, len, asynchronous);
+    }
+}
+
 fn memcpy_3d_impl(i: usize, p: *const cudaMemcpy3DParms) -> cudaError_t {
+    unpin_3d(p, false);
     let q = translated_3d(p);
     let pp = q.as_ref().map_or(p, |q| q as *const _);
     forward!(i, cudaMemcpy3D: fn(*const cudaMemcpy3DParms), pp)
@@ -922,6 +952,7 @@ fn memcpy_3d_impl(i: usize, p: *const cudaMemcpy3DParms) -> cudaError_t {
 variants!(memcpy_3d_impl => cudaMemcpy3D, cudaMemcpy3D_ptds; (p: *const cudaMemcpy3DParms));
 
 fn memcpy_3d_async_impl(i: usize, p: *const cudaMemcpy3DParms, st: cudaStream_t) -> cudaError_t {
+    unpin_3d(p, true);
     let q = translated_3d(p);
     let pp = q.as_ref().map_or(p, |q| q as *const _);
     forward!(i, cudaMemcpy3DAsync: fn(*const cudaMemcpy3DParms, cudaStream_t), pp, st)
@@ -1046,5 +1077,35 @@ pub(crate) fn switch_launch_entries(traced: bool) {
     }
     for (i, f) in launch_entries(traced) {
         crate::dispatch::DISPATCH.set(i, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_3d_copy_spans_to_its_last_byte() {
+        let side = cudaPitchedPtr {
+            ptr: 0x1000 as *mut c_void,
+            pitch: 512,
+            xsize: 500,
+            ysize: 10,
+        };
+        let at = |x, y, z| cudaPos { x, y, z };
+        let e = |width, height, depth| cudaExtent {
+            width,
+            height,
+            depth,
+        };
+        assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(100, 1, 1)), 100);
+        assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(100, 3, 1)), 2 * 512 + 100);
+        assert_eq!(extent_3d(&side, &at(4, 1, 0), &e(100, 2, 2)), (10 + 2) * 512 + 104);
+        assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(0, 3, 1)), 0);
+        let none = cudaPitchedPtr {
+            ptr: std::ptr::null_mut(),
+            ..side
+        };
+        assert_eq!(extent_3d(&none, &at(0, 0, 0), &e(100, 3, 1)), 0);
     }
 }

@@ -256,13 +256,24 @@ pub fn forward_cuts(dst: u64, src: u64, len: usize) -> Option<Cuts> {
         .find_map(|host| crate::pinning::crossing(host, len))
 }
 
-/// Before a copy cudaw hands on without cutting it (2D, to or from a symbol): where
-/// `[host, host + len)` crosses a border of smart pinning's registrations, those it touches
-/// are unpinned first, so that the driver sees pageable memory rather than a copy that
-/// starts inside a registration and runs past it, which it refuses (`invalid argument`,
-/// seen on an H200). Relaxed loads while nothing pinned is near.
-pub fn unpin_crossing(host: u64, len: usize) {
-    if len > 0 && crate::pinning::crossing(host, len).is_some() {
+/// Before a copy cudaw hands on without cutting it (2D, to or from a symbol): the
+/// registrations of smart pinning `[host, host + len)` touches are unpinned first where
+/// the driver would not treat the copy as the pageable one the program made. A copy that
+/// crosses a border: the driver refuses one that starts inside a registration and runs
+/// past it (`invalid argument`, seen on an H200). An asynchronous copy touching one at
+/// all: page-locked, it would run truly asynchronously, where pageable memory promises
+/// the source read (to the device) or the result there (to the host) when the call
+/// returns. Relaxed loads while nothing pinned is near.
+pub fn unpin_crossing(host: u64, len: usize, asynchronous: bool) {
+    if len == 0 {
+        return;
+    }
+    let unpin = if asynchronous {
+        crate::pinning::touching(host, len)
+    } else {
+        crate::pinning::crossing(host, len).is_some()
+    };
+    if unpin {
         crate::pinning::release(host, len as u64, true);
     }
 }
@@ -392,7 +403,7 @@ mod tests {
         assert_eq!(extent_2d(1024, 100, 0), 0);
         assert_eq!(extent_2d(usize::MAX, 2, 3), usize::MAX);
         // Nothing pinned: nothing to do, and no panic for any address.
-        unpin_crossing(0, usize::MAX);
-        unpin_crossing(u64::MAX, 1);
+        unpin_crossing(0, usize::MAX, false);
+        unpin_crossing(u64::MAX, 1, true);
     }
 }

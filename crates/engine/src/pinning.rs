@@ -420,6 +420,17 @@ pub fn crossing(host: u64, len: usize) -> Option<Cuts> {
     })
 }
 
+/// Whether any registration of cudaw's touches `[host, host + len)`. Relaxed loads while
+/// nothing pinned is near.
+pub fn touching(host: u64, len: usize) -> bool {
+    near_pinned(host, len as u64)
+        && inside(|| {
+            lock()
+                .as_ref()
+                .is_some_and(|p| p.history.touches(host, len as u64))
+        })
+}
+
 /// The program is about to give `[ptr, ptr + len)` back (the interposer, or the program's
 /// own `cudaHostRegister` of it): what cudaw pinned there is unregistered first. `pages`:
 /// the pages go (else a heap block: only ranges whose copied bytes it overlaps). Relaxed
