@@ -395,7 +395,19 @@ pub fn restore(pid: u32, pairs: &[([u8; 16], [u8; 16])]) -> Result<DriverResume,
         ProcessState::Running => return Ok(done),
         ProcessState::Checkpointed => {
             let t = Instant::now();
-            api.restore(pid, pairs).map_err(|e| reason(&e, pid, 0))?;
+            api.restore(pid, pairs).map_err(|e| {
+                let why = reason(&e, pid, 0);
+                if loaded.init == SKIPPED {
+                    // The one documented need this run left out: say so.
+                    format!(
+                        "{why}; cudaw-ckpt did not call cuInit (every GPU is in persistence \
+                         mode, which NVIDIA documents as enough for a restore): try again \
+                         with CUDAW_CKPT_CUINIT=always"
+                    )
+                } else {
+                    why
+                }
+            })?;
             done.restore_ms = t.elapsed().as_secs_f64() * 1e3;
         }
         ProcessState::Locked => {}

@@ -122,11 +122,14 @@ impl Costs {
             let (key, value) = item
                 .split_once('=')
                 .ok_or_else(|| format!("CUDAW_PIN_COSTS: {item:?} is not key=value"))?;
+            // A staged copy's fixed cost may be 0 (the rule before it was counted); the
+            // speeds and costs must be positive.
+            let zero_ok = key.trim() == "staged_fixed";
             let v: f64 = value
                 .trim()
                 .parse()
                 .ok()
-                .filter(|v: &f64| v.is_finite() && *v > 0.0)
+                .filter(|v: &f64| v.is_finite() && (*v > 0.0 || (zero_ok && *v == 0.0)))
                 .ok_or_else(|| format!("CUDAW_PIN_COSTS: {value:?} is no positive number"))?;
             match key.trim() {
                 "staged" => c.staged_bytes_per_s = v,
@@ -1338,6 +1341,8 @@ mod tests {
         let c = Costs::default();
         assert_eq!(c.copies_to_pin(MIB), MIN_COPIES_TO_PIN as f64);
         assert!(c.copies_to_pin(128 * MIB) > MIN_COPIES_TO_PIN as f64);
+        assert_eq!(Costs::parse("staged_fixed=0").unwrap().staged_s_fixed, 0.0);
+        assert!(Costs::parse("staged=0").is_err());
         let parsed = Costs::parse("staged_fixed=2e-3").unwrap();
         assert_eq!(parsed.staged_s_fixed, 2e-3);
         assert!(parsed.regret(MIB) > c.regret(MIB));
