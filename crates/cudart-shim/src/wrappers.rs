@@ -772,6 +772,13 @@ fn memcpy_async_impl(
             st
         )
     };
+    // The runtime's name of the copy's stream (`cudaStreamPerThread` for the per-thread
+    // default stream of a `_ptsz` call), to wait for it.
+    let sync = if st.is_null() && i == idx::cudaMemcpyAsync_ptsz {
+        driver::Stream::PER_THREAD.0 as cudaStream_t
+    } else {
+        st
+    };
     let run = || {
         if n >= pageable::min_bytes() {
             let stream = if st.is_null() {
@@ -781,16 +788,52 @@ fn memcpy_async_impl(
             };
             match staged(d, s, n, k, stream, true) {
                 pageable::Outcome::Copied => return SUCCESS,
-                pageable::Outcome::Split(cuts) => return in_pieces(cuts, d, s, n, copy),
+                pageable::Outcome::Split(cuts) => {
+                    return as_pageable(d, s, n, sync, || in_pieces(cuts, d, s, n, copy))
+                }
                 pageable::Outcome::Forward => {}
             }
         }
-        forward_copy(d, s, n, copy)
+        as_pageable(d, s, n, sync, || forward_copy(d, s, n, copy))
     };
     tracing::copy(k, n, d, s, run)
 }
 variants!(memcpy_async_impl => cudaMemcpyAsync, cudaMemcpyAsync_ptsz;
     (d: *mut c_void, s: *const c_void, n: usize, k: i32, st: cudaStream_t));
+
+/// An asynchronous copy handed to the real runtime (`forward`) as the pageable one the
+/// program made: where its host side touches a range smart pinning page-locked, the
+/// driver would copy it truly asynchronously, where pageable memory promises the source
+/// read (to the device) or the result there (to the host) when the call returns. So the
+/// call waits for its stream after the copy; on a stream being captured into a graph
+/// (which cannot be waited for) the range is unpinned first instead. Relaxed loads while
+/// nothing pinned is near.
+fn as_pageable(
+    d: *mut c_void,
+    s: *const c_void,
+    n: usize,
+    st: cudaStream_t,
+    forward: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    let touched: Vec<u64> = [d as u64, s as u64]
+        .into_iter()
+        .filter(|&host| pageable::touches_pinned(host, n))
+        .collect();
+    if touched.is_empty() {
+        return forward();
+    }
+    if capturing(st) {
+        for host in touched {
+            pageable::unpin_crossing(host, n, true);
+        }
+        return forward();
+    }
+    let rc = forward();
+    if rc != SUCCESS {
+        return rc;
+    }
+    call_real!(cudaStreamSynchronize: fn(cudaStream_t) -> cudaError_t, st)
+}
 
 /// A copy cudaw does not take, handed to the real runtime: whole, or in pieces where its
 /// host side crosses a border of smart pinning's registrations.
@@ -1100,7 +1143,10 @@ mod tests {
         };
         assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(100, 1, 1)), 100);
         assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(100, 3, 1)), 2 * 512 + 100);
-        assert_eq!(extent_3d(&side, &at(4, 1, 0), &e(100, 2, 2)), (10 + 2) * 512 + 104);
+        assert_eq!(
+            extent_3d(&side, &at(4, 1, 0), &e(100, 2, 2)),
+            (10 + 2) * 512 + 104
+        );
         assert_eq!(extent_3d(&side, &at(0, 0, 0), &e(0, 3, 1)), 0);
         let none = cudaPitchedPtr {
             ptr: std::ptr::null_mut(),
