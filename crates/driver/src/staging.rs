@@ -1364,8 +1364,12 @@ impl Pool {
         // all have (the pipeline is closed, on success and on failure).
         workers.in_place_scope(|s| {
             for _ in 0..threads {
-                s.spawn(|_| self.save_worker(config, targets, plan, &pipe));
+                s.spawn(|_| {
+                    let _stop = StopOnPanic(&pipe);
+                    self.save_worker(config, targets, plan, &pipe)
+                });
             }
+            let _stop = StopOnPanic(&pipe);
             if let Err(e) = self.issue_save(ranges, plan, &pipe) {
                 pipe.fail(staging_error(e));
             }
@@ -1609,6 +1613,7 @@ impl Pool {
         let next = AtomicUsize::new(0);
         let threads = config.threads.min(plan.batches.len()).max(1);
         let work = || {
+            let _stop = StopOnPanic(&pipe);
             let r = self.load_worker(ranges, sources, &plan, &pipe, &next);
             if let Err(e) = r {
                 pipe.fail(staging_error(e));
@@ -1835,6 +1840,20 @@ impl Plan {
     }
 }
 
+/// Fails the pipeline when the party holding it unwinds (a panic in a copy thread or the
+/// issuer), so that the others stop instead of waiting for its turns for ever; the panic
+/// then goes on to the caller of the scope.
+struct StopOnPanic<'a>(&'a Pipeline);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .fail(StagingError::Io("a staging thread panicked".to_owned()));
+        }
+    }
+}
+
 // ---- the pipeline: buffers taken in turn, a queue of filled buffers, the first error ----
 
 struct Queue {
@@ -1925,6 +1944,9 @@ impl Pipeline {
     }
 
     /// Records the first failure and wakes everyone so they stop.
+    ///
+    /// (Also called by [`StopOnPanic`] when a party of the copy unwinds: the others would
+    /// otherwise wait for its turn for ever, and so would the scope that waits for them.)
     fn fail(&self, e: StagingError) {
         lock(&self.error).get_or_insert(e);
         self.failed.store(true, Ordering::SeqCst);
@@ -2204,6 +2226,29 @@ mod tests {
         ] {
             check(&lens, 4096);
         }
+    }
+
+    #[test]
+    fn a_party_that_panics_stops_the_others() {
+        let pipe = Pipeline::new(2);
+        let outcome = std::thread::scope(|s| {
+            let waiter = s.spawn(|| pipe.wait_turn(0, 1));
+            let taker = s.spawn(|| pipe.pop());
+            let panicked = s
+                .spawn(|| {
+                    let _stop = StopOnPanic(&pipe);
+                    panic!("a copy thread's bug");
+                })
+                .join();
+            (panicked.is_err(), waiter.join(), taker.join())
+        });
+        assert!(outcome.0, "the party panicked");
+        assert!(
+            !outcome.1.expect("the waiter returned"),
+            "its turn never comes"
+        );
+        assert_eq!(outcome.2.expect("the taker returned"), None);
+        assert!(pipe.result().is_err());
     }
 
     #[test]
