@@ -32,9 +32,11 @@
 #    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
 #    skip the 4-job group; SHARING_QUANTA="50ms 10ms 200ms": the daemon's quantum, min, max;
 #    SHARING_TIMEOUT / SWAP_TIMEOUT: each script's limit in seconds, 520; SWAP_HOLD_GIB: GiB
-#    each job holds, 35 (two must fit the card, three not); SWAP_JOBS, 3; SWAP_SECONDS: each
-#    job's training alone, 25; the tables side by side in sharing-table.md)
-# On two or more GPUs (nvidia-h100-x2; skipped with a row elsewhere, not in the default list):
+#    each job holds, 0.44 of the card: 35 on an H100, 61 on an H200 (two must fit, three
+#    not); SWAP_JOBS, 3; SWAP_SECONDS: each job's training alone, 25; the tables side by
+#    side in sharing-table.md)
+# On two or more GPUs (nvidia-h200-x2, nvidia-h100-x2; skipped with a row elsewhere, not in
+# the default list):
 #   SECTIONS="env multigpu" scripts/gpu-check.sh          # peer access + a 2-rank DDP job, ~4 min
 #   SECTIONS="env jobbench" JOB_SIZES="8 32" scripts/gpu-check.sh   # job pause/resume times, ~2 min
 #   (JOB_ARENA=1: with the host arena; DDP_KEEP_SHARED=1: job pauses with --keep-shared;
@@ -585,9 +587,13 @@ if want swap; then
   # finish, each bit-identical to its solo run, aggregate throughput >= 0.80 of the solo
   # runs in turn; then without the daemon the last one fails with out-of-memory. 3 min 25 s
   # with SWAP_SECONDS=20 on the H100 (2026-11-28).
+  # The default hold: 0.44 of the card (35 GiB on an 80 GB H100, 61 on a 141 GB H200): two
+  # fit beside their contexts, three do not.
+  swap_hold=${SWAP_HOLD_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null |
+    awk '$1 > 0 { printf "%d", $1 * 0.44 / 1024 }')}
   # shellcheck disable=SC2086
   timeout "${SWAP_TIMEOUT:-520}" python3 scripts/sharing_check.py --dist "$ROOT/dist" --work "$WORK/swap" \
-    --parts swap --hold-gib "${SWAP_HOLD_GIB:-35}" --swap-jobs "${SWAP_JOBS:-3}" --swap-seconds "${SWAP_SECONDS:-25}" \
+    --parts swap --hold-gib "${swap_hold:-35}" --swap-jobs "${SWAP_JOBS:-3}" --swap-seconds "${SWAP_SECONDS:-25}" \
     --quanta ${SHARING_QUANTA:-50ms 10ms 200ms} --budget-s "$((${SWAP_TIMEOUT:-520} - 20))" >"$OUT/swap.out" 2>&1; rc=$?
   sharing_rows swap $rc
 fi
@@ -600,7 +606,7 @@ if want multigpu || want jobbench || want migrate; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 fi
 if want multigpu && [ "$gpus" -lt 2 ]; then
-  row "multigpu" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+  row "multigpu" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on a machine with two GPUs (nvidia-h200-x2)"
 elif want multigpu; then
   # 1. One process driving two GPUs with peer access (tests/cuda/gpu/multi/peer_loop.cu: a
   #    kernel on GPU 1 reading GPU 0's cudaMalloc memory, cudaMemcpyPeer), paused and
@@ -655,7 +661,7 @@ fi
 lap multigpu
 
 if want jobbench && [ "$gpus" -lt 2 ]; then
-  row "jobbench" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+  row "jobbench" SKIP "needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on a machine with two GPUs (nvidia-h200-x2)"
 elif want jobbench; then
   # Job pause and resume of a 2-rank DDP job whose ranks hold JOB_SIZES GiB each, beside a
   # pinned device-to-host copy of the same size on each GPU, and beside NVIDIA's
@@ -681,7 +687,7 @@ fi
 lap jobbench
 
 if want migrate && [ "$gpus" -lt 2 ]; then
-  row "migrate" info "skipped: needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on nvidia-h100-x2"
+  row "migrate" info "skipped: needs 2 or more GPUs (nvidia-smi -L shows $gpus): run it on a machine with two GPUs (nvidia-h200-x2)"
 elif want migrate; then
   # `cudaw-ckpt migrate PID --to GPU` (scripts/migrate_check.py): a GPT-style training job
   # (examples/torch_gpt.py: torch.compile, AdamW) moved GPU 0 -> 1 -> 0 at two random steps,
