@@ -613,6 +613,27 @@ fn nothing_is_learnt_where_the_capacity_is_unknown() {
     assert!(sim.swap_outs.is_empty(), "{:?}", sim.swap_outs);
 }
 
+/// Jobs a (request `small`) and b (the rest) on one GPU with quanta fixed at 10 ms, the
+/// daemon looking every `poll_ms`, a hold draining in `hold_ms`; b's processes `b_loads`
+/// (looked at in PID order). a's share of a minute, after two seconds to settle.
+fn ten_ms_quanta(small: f64, poll_ms: u64, hold_ms: u64, b_loads: &[Load]) -> f64 {
+    let mut cfg = config(&[("a", small, 1.0), ("b", 1.0 - small, 1.0)]);
+    cfg.quantum = Duration::from_millis(10);
+    cfg.min_quantum = Duration::from_millis(10);
+    cfg.max_quantum = Duration::from_millis(10);
+    let mut sim = Sim::new(80 * GIB, &cfg);
+    sim.poll_ms = poll_ms;
+    sim.hold_ms = Some(hold_ms);
+    sim.spawn(100, "a", Load::Busy, GIB, true);
+    for (pid, &load) in (101..).zip(b_loads) {
+        sim.spawn(pid, "b", load, GIB, true);
+    }
+    sim.run(2_000);
+    sim.reset_busy();
+    sim.run(MINUTE);
+    share(&sim, "a", MINUTE)
+}
+
 /// Fixed quanta shorter than the daemon's poll (the H200 run with `quantum = min_quantum =
 /// max_quantum = "10ms"` gave 0.33 / 0.67 where 0.25 / 0.75 was asked, by the daemon's own
 /// accounting too): a job held at the end of its quantum is seen waiting again only at the
@@ -621,19 +642,7 @@ fn nothing_is_learnt_where_the_capacity_is_unknown() {
 #[test]
 fn quanta_shorter_than_the_poll_keep_the_shares() {
     for (small, poll_ms, hold_ms) in [(0.25, 20, 5), (0.1, 20, 5), (0.25, 20, 1), (0.1, 10, 3)] {
-        let mut cfg = config(&[("a", small, 1.0), ("b", 1.0 - small, 1.0)]);
-        cfg.quantum = Duration::from_millis(10);
-        cfg.min_quantum = Duration::from_millis(10);
-        cfg.max_quantum = Duration::from_millis(10);
-        let mut sim = Sim::new(80 * GIB, &cfg);
-        sim.poll_ms = poll_ms;
-        sim.hold_ms = Some(hold_ms);
-        sim.spawn(100, "a", Load::Busy, GIB, true);
-        sim.spawn(101, "b", Load::Busy, GIB, true);
-        sim.run(2_000);
-        sim.reset_busy();
-        sim.run(MINUTE);
-        let got = share(&sim, "a", MINUTE);
+        let got = ten_ms_quanta(small, poll_ms, hold_ms, &[Load::Busy]);
         eprintln!("request {small}, poll {poll_ms} ms, drain {hold_ms} ms: a got {got:.4}");
         assert!(
             (got - small).abs() <= small * 0.1,
@@ -647,21 +656,7 @@ fn quanta_shorter_than_the_poll_keep_the_shares() {
 #[test]
 fn a_jobs_idle_process_looked_at_first_keeps_the_busy_ones_credit() {
     for small in [0.25, 0.1] {
-        let mut cfg = config(&[("a", small, 1.0), ("b", 1.0 - small, 1.0)]);
-        cfg.quantum = Duration::from_millis(10);
-        cfg.min_quantum = Duration::from_millis(10);
-        cfg.max_quantum = Duration::from_millis(10);
-        let mut sim = Sim::new(80 * GIB, &cfg);
-        sim.poll_ms = 20;
-        sim.hold_ms = Some(5);
-        sim.spawn(100, "a", Load::Busy, GIB, true);
-        // Processes are looked at in PID order: b's idle helper before its busy one.
-        sim.spawn(101, "b", Load::Idle, GIB, true);
-        sim.spawn(102, "b", Load::Busy, GIB, true);
-        sim.run(2_000);
-        sim.reset_busy();
-        sim.run(MINUTE);
-        let got = share(&sim, "a", MINUTE);
+        let got = ten_ms_quanta(small, 20, 5, &[Load::Idle, Load::Busy]);
         eprintln!("request {small}: a got {got:.4}");
         assert!(
             (got - small).abs() <= small * 0.1,
