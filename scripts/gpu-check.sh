@@ -1005,6 +1005,19 @@ if want transfers; then
         if le 3 "$speedup"; then row "transfers: one-shot $mib MiB $dir" PASS "$detail"; else row "transfers: one-shot $mib MiB $dir" FAIL "$detail (goal >= 3x)"; fi
       done
     done
+    # The crossover below which the driver's own pageable path beats the staging
+    # (CUDAW_STAGED_COPY_MIN): one-shot copies of 1, 2 and 4 MiB, five each way, medians.
+    cross=""
+    for mib in 1 2 4; do
+      tb "small_native_$mib" "$WORK/pin_bench" oneshot $mib 5
+      tb "small_cudaw_$mib" env CUDAW_STAGED_COPY_MIN=1M "$CUDAW" run -- "$WORK/pin_bench" oneshot $mib 5
+      for dir in h2d d2h; do
+        tn=$(oneshot_times $dir "$WORK/tr.small_native_$mib" | median)
+        tc=$(oneshot_times $dir "$WORK/tr.small_cudaw_$mib" | median)
+        cross="$cross$mib MiB $dir: driver ${tn}s, staged ${tc}s; "
+      done
+    done
+    row "transfers: small copies, the driver's path vs staged" info "$cross"
     tb costs "$WORK/pin_bench" costs 1024
     row "transfers: costs of 1 GiB" info "$(awk '$1 == "costs" { printf "%s %.1f GB/s; ", $2, 1.073741824 / $4 }' "$WORK/tr.costs")"
     # The measured constants for crates/pin's Costs (bytes per second): pinned copies and

@@ -224,3 +224,38 @@ fn pinning_decisions_are_on_the_timeline() {
         .collect();
     assert_eq!(last, ["pin", "pin", "unpin", "unpin"], "{names:?}");
 }
+
+/// Copies below the staged copies' threshold still count for smart pinning: with
+/// `CUDAW_STAGED_COPY_MIN` above pin_copy's 16 MiB buffers, none is staged, they go to the
+/// driver, and the hot ones are pinned all the same.
+#[test]
+fn copies_too_small_to_stage_are_pinned_when_hot() {
+    let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
+    let exe = compile_program(&nvcc, NAME);
+    let run = run_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[("CUDAW_PIN", "auto"), ("CUDAW_STAGED_COPY_MIN", "64M")],
+    );
+    let what = "pin_copy under CUDAW_PIN=auto, CUDAW_STAGED_COPY_MIN=64M";
+    run.assert_success(what);
+    assert_eq!(run.stdout(), expected(NAME), "{what}");
+    let got = types(&run.stderr());
+    assert_eq!(got.get("malloc-after-rounds"), Some(&1), "{what}: {got:?}");
+    assert_eq!(got.get("heap-x"), Some(&1), "{what}: {got:?}");
+    assert_eq!(got.get("malloc-again"), Some(&0), "{what}: {got:?}");
+    // Nothing staged (the exit summary leaves the staging out), everything given back.
+    let summary = run
+        .after("smart pinning: ")
+        .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
+    assert!(
+        summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 7 released"),
+        "{what}: {summary}"
+    );
+    assert!(
+        !run.stderr().contains("through the pinned staging"),
+        "{what}: something was staged:\n{}",
+        run.stderr()
+    );
+}

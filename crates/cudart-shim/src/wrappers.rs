@@ -738,7 +738,7 @@ fn pitched(mut p: cudaPitchedPtr) -> cudaPitchedPtr {
 fn memcpy_impl(i: usize, d: *mut c_void, s: *const c_void, n: usize, k: i32) -> cudaError_t {
     let copy = |d: *mut c_void, s: *const c_void, n: usize| forward!(i, cudaMemcpy: fn(*mut c_void, *const c_void, usize, i32), rm(d), r(s), n, k);
     let run = || {
-        if n >= pageable::min_bytes() {
+        if n >= pageable::considered_bytes() {
             let stream = default_stream(i == idx::cudaMemcpy_ptds);
             match staged(d, s, n, k, stream, false) {
                 pageable::Outcome::Copied => return SUCCESS,
@@ -780,7 +780,7 @@ fn memcpy_async_impl(
         st
     };
     let run = || {
-        if n >= pageable::min_bytes() {
+        if n >= pageable::considered_bytes() {
             let stream = if st.is_null() {
                 default_stream(i == idx::cudaMemcpyAsync_ptsz)
             } else {

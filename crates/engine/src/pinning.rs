@@ -69,6 +69,21 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
+/// The smallest copy smart pinning counts (smaller ranges are never pinned), whatever
+/// the staged copies' threshold: a copy too small to stage may still be of a hot buffer.
+pub const MIN_BYTES: usize = 1 << 20;
+
+/// The smallest copy smart pinning wants to see: [`MIN_BYTES`] while it is on, else none.
+/// A relaxed load once pinning has started.
+#[inline]
+pub fn considers() -> usize {
+    if active() {
+        MIN_BYTES
+    } else {
+        usize::MAX
+    }
+}
+
 /// Whether pinning is on (read once from the configuration and the interposer).
 pub fn active() -> bool {
     match STATE.load(Ordering::Relaxed) {
@@ -128,8 +143,9 @@ fn start() -> bool {
         let policy = Policy {
             mode: mode.clone(),
             budget,
-            // Never below the staged copies' threshold (CUDAW_STAGED_COPY_MIN), nor 1 MiB.
-            min_bytes: config.staging.copy_min.unwrap_or(0).max(1 << 20) as u64,
+            // Whatever the staged copies' threshold (CUDAW_STAGED_COPY_MIN): copies between
+            // the two are counted, and go to the driver until pinned.
+            min_bytes: MIN_BYTES as u64,
             costs: config.pin_costs,
         };
         let history = match &mode {
