@@ -81,6 +81,15 @@ int main() {
   int* a = (int*)std::malloc(BYTES);
   rounds(a, d, 20, "malloc");
   std::fprintf(stderr, "pin_copy: TYPE malloc-after-rounds %d\n", type_of(a));
+  // A small asynchronous copy back (below the staged copies' 1 MiB) into the buffer
+  // cudaw pinned: the runtime copies it, and pageable memory's promise holds (the result
+  // is there when the call returns), page-locked or not.
+  const size_t SMALL = 64u << 10;
+  std::memset(a, 0, SMALL);
+  CHECK(cudaMemcpyAsync(a, d, SMALL, cudaMemcpyDeviceToHost, stream));
+  for (size_t i = 0; i < SMALL / sizeof(int); i++) EXPECT(a[i] == expected(i, 19));
+  std::printf("malloc: a small asynchronous copy back is there on return\n");
+  CHECK(cudaStreamSynchronize(stream));
   std::free(a);
   int* b = (int*)std::malloc(BYTES);
   std::fprintf(stderr, "pin_copy: TYPE malloc-again %d\n", type_of(b));
