@@ -817,14 +817,14 @@ fn as_pageable(
 ) -> cudaError_t {
     let touched: Vec<u64> = [d as u64, s as u64]
         .into_iter()
-        .filter(|&host| pageable::touches_pinned(host, n))
+        .filter(|&host| n > 0 && cudaw_engine::pinning::touching(host, n))
         .collect();
     if touched.is_empty() {
         return forward();
     }
     if capturing(st) {
         for host in touched {
-            pageable::unpin_crossing(host, n, true);
+            cudaw_engine::pinning::release(host, n as u64, true);
         }
         return forward();
     }

@@ -294,12 +294,6 @@ pub fn unpin_crossing(host: u64, len: usize, asynchronous: bool) {
     }
 }
 
-/// Whether `[host, host + len)` touches a range smart pinning page-locked. Relaxed loads
-/// while nothing pinned is near.
-pub fn touches_pinned(host: u64, len: usize) -> bool {
-    len > 0 && crate::pinning::touching(host, len)
-}
-
 /// The bytes a 2D copy's side spans from its start: `height` rows of `width` bytes,
 /// `pitch` apart (0 when empty).
 pub fn extent_2d(pitch: usize, width: usize, height: usize) -> usize {
