@@ -36,6 +36,18 @@ fn types(stderr: &str) -> BTreeMap<String, i32> {
         .collect()
 }
 
+/// pin_copy's exit summary under smart pinning: its seven pinned buffers (the two heap
+/// neighbours at once, side by side) each unregistered when given back, none at exit.
+fn assert_all_given_back(run: &cudaw_tests::Run, what: &str) {
+    let summary = run
+        .after("smart pinning: ")
+        .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
+    assert!(
+        summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 7 released"),
+        "{what}: {summary}"
+    );
+}
+
 /// Every buffer's type natively or without pinning: unregistered, but the one the program
 /// page-locks itself.
 fn all_unregistered() -> BTreeMap<String, i32> {
@@ -121,13 +133,7 @@ fn hot_buffers_are_pinned_and_unpinned_before_they_are_given_back() {
         // Seven buffers pinned, each unregistered when given back (or page-locked by the
         // program, through the runtime or the driver); none left at exit. The two heap neighbours were pinned at once: their
         // registrations side by side, the page they share in one of them.
-        let summary = run
-            .after("smart pinning: ")
-            .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
-        assert!(
-            summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 7 released"),
-            "{what}: {summary}"
-        );
+        assert_all_given_back(&run, &what);
         // Tracing's statistics (cudaw-ckpt stats, Prometheus) count the same.
         let traced = run
             .after("trace: smart pinning: ")
@@ -246,13 +252,7 @@ fn copies_too_small_to_stage_are_pinned_when_hot() {
     assert_eq!(got.get("heap-x"), Some(&1), "{what}: {got:?}");
     assert_eq!(got.get("malloc-again"), Some(&0), "{what}: {got:?}");
     // Nothing staged (the exit summary leaves the staging out), everything given back.
-    let summary = run
-        .after("smart pinning: ")
-        .unwrap_or_else(|| panic!("{what}: no pinning summary:\n{}", run.stderr()));
-    assert!(
-        summary.contains("0 ranges (0 MiB) pinned at exit, at most 32 MiB, 7 released"),
-        "{what}: {summary}"
-    );
+    assert_all_given_back(&run, what);
     assert!(
         !run.stderr().contains("through the pinned staging"),
         "{what}: something was staged:\n{}",
