@@ -787,13 +787,14 @@ impl History {
     /// The lowest and highest address pinned now (`(u64::MAX, 0)` when none): a cheap
     /// first look for memory given back.
     pub fn pinned_bounds(&self) -> (u64, u64) {
-        let mut pinned = self.ranges.values().filter(|r| r.pinned);
-        let lo = pinned.next().map_or(u64::MAX, |r| r.reg.0);
+        // From the index of registrations (disjoint, ordered by start): the first one's
+        // start, the last one's end; no walk of every record.
+        let lo = self.regs.keys().next().copied().unwrap_or(u64::MAX);
         let hi = self
-            .ranges
+            .regs
             .values()
-            .rev()
-            .find(|r| r.pinned)
+            .next_back()
+            .and_then(|key| self.ranges.get(key))
             .map_or(0, |r| r.reg.1);
         (lo, hi)
     }

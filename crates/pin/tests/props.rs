@@ -77,6 +77,10 @@ proptest! {
                 }
             }
             let pinned = h.pinned_ranges();
+            // The bounds (from the index of registrations) are those of every range pinned.
+            let lo = pinned.iter().map(|&(s, _)| s).min().unwrap_or(u64::MAX);
+            let hi = pinned.iter().map(|&(s, l)| s + l).max().unwrap_or(0);
+            prop_assert_eq!(h.pinned_bounds(), (lo, hi));
             let total: u64 = pinned.iter().map(|(_, l)| l).sum();
             prop_assert_eq!(h.stats().pinned_bytes, total);
             prop_assert_eq!(h.stats().pinned_ranges, pinned.len() as u64);
