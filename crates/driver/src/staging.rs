@@ -1323,7 +1323,7 @@ impl Pool {
             dests.push(v);
         }
         let targets: Vec<HostPtr> = dests.iter_mut().map(|v| HostPtr(v.as_mut_ptr())).collect();
-        let plan = Plan::new(&lens, self.buffer_bytes);
+        let plan = Plan::new(&lens, self.buffer_bytes, config.threads);
         let copied = self.run_save(config, ranges, &targets, &plan);
         let synced = self.synchronize();
         let broken = synced.is_err();
@@ -1360,8 +1360,10 @@ impl Pool {
             .min(workers.current_num_threads())
             .max(1);
         let pipe = Pipeline::new(self.slots.len());
-        // The issuer runs here while the workers copy out; the scope returns once they
-        // all have (the pipeline is closed, on success and on failure).
+        // The issuer runs here while the workers copy out, then copies out too (a copy of
+        // a few buffers is all issued at once: the caller is awake, where a worker must
+        // be woken first). The scope returns once they all have (the pipeline is closed,
+        // on success and on failure).
         workers.in_place_scope(|s| {
             for _ in 0..threads {
                 s.spawn(|_| {
@@ -1374,6 +1376,7 @@ impl Pool {
                 pipe.fail(staging_error(e));
             }
             pipe.close();
+            self.save_worker(config, targets, plan, &pipe);
         });
         pipe.result()
     }
@@ -1547,7 +1550,7 @@ impl Pool {
                     addr: src,
                     len: len as u64,
                 };
-                let plan = Plan::new(&[len], self.buffer_bytes);
+                let plan = Plan::new(&[len], self.buffer_bytes, config.threads);
                 self.run_save(config, &[range], &[HostPtr(dst)], &plan)
             }
             PageableCopy::ToDevice { dst, src, len } => {
@@ -1607,7 +1610,7 @@ impl Pool {
         sources: &[&[u8]],
     ) -> Result<(), StagingError> {
         let lens: Vec<usize> = sources.iter().map(|s| s.len()).collect();
-        let plan = Plan::new(&lens, self.buffer_bytes);
+        let plan = Plan::new(&lens, self.buffer_bytes, config.threads);
         let n = self.slots.len();
         let pipe = Pipeline::new(n);
         let next = AtomicUsize::new(0);
@@ -1620,12 +1623,14 @@ impl Pool {
             }
         };
         match self.workers().filter(|_| threads > 1) {
-            // The scope returns once every worker has: each stops at the last batch or
-            // the first failure.
+            // The calling thread copies too (it starts at once, where a worker must be
+            // woken first). The scope returns once every worker has: each stops at the
+            // last batch or the first failure.
             Some(workers) => workers.in_place_scope(|s| {
-                for _ in 0..threads.min(workers.current_num_threads()) {
+                for _ in 1..threads.min(workers.current_num_threads() + 1) {
                     s.spawn(|_| work());
                 }
+                work();
             }),
             // One thread's worth, or no threads to hand it to (a pids limit): here.
             None => work(),
@@ -1784,42 +1789,49 @@ struct Plan {
     batches: Vec<std::ops::Range<usize>>,
 }
 
-/// The smallest batch of a graded plan: a buffer's `1/GRADE`.
-const GRADE: usize = 8;
+/// The smallest batch a copy is cut into (or the buffer, where that is smaller): below
+/// it, a device copy's launch costs more than the bytes it moves.
+const MIN_BATCH: usize = 128 << 10;
+
+/// Batches grow by a quarter at the start and shrink by a fifth of what is left at the
+/// end (see [`Plan::new`]).
+const GROW_DIV: usize = 4;
+const SHRINK_DIV: usize = 5;
 
 impl Plan {
-    /// Every byte of `lens` once, packed into batches of at most `buffer` bytes. A copy
-    /// larger than one buffer is graded: its first batches grow from an eighth of a buffer
-    /// (doubling) and its last ones shrink to it (halving what is left), so that the device
-    /// starts sooner on a copy to it and the host's last copy out of a buffer is short on a
-    /// copy from it. The pipeline's fill and drain were a fixed 0.2–0.9 ms a copy on an
-    /// H200 with whole 4 MiB batches.
-    fn new(lens: &[usize], buffer: usize) -> Plan {
+    /// Every byte of `lens` once, packed into batches of at most `buffer` bytes, for
+    /// `parties` host threads. The batches are graded: the first is small, so the device
+    /// starts sooner on a copy to it and the copy threads start sooner on a copy from it,
+    /// and each grows by a quarter (about what the device moves while one thread copies
+    /// a batch: 10 GB/s a thread against 50 GB/s a DMA engine), up to a buffer; the last
+    /// ones shrink by a fifth of what is left, so the last host copy out of a buffer is
+    /// short too. The first is `1/parties` of the copy, between [`MIN_BATCH`] and a
+    /// sixteenth of a buffer: a copy of one buffer or less is spread over the threads.
+    /// Whole 4 MiB batches cost a fixed 0.2–0.9 ms a copy on an H200 (one thread copying
+    /// a buffer while the device waited), and batches doubling from an eighth still
+    /// 0.5–1.3 ms (the threads all start at once: the fourth batch was ready only when a
+    /// whole buffer had been copied, long after the device had moved the first three).
+    fn new(lens: &[usize], buffer: usize, parties: usize) -> Plan {
+        let buffer = buffer.max(1);
         let total: usize = lens.iter().sum();
-        let graded = total > buffer;
-        let small = (buffer / GRADE).max(1);
-        let capacity = |batch: usize, left: usize| {
-            if !graded {
-                return buffer;
-            }
-            let up = u32::try_from(batch)
-                .ok()
-                .and_then(|b| small.checked_shl(b))
-                .filter(|&c| c != 0)
-                .unwrap_or(buffer);
-            up.min(left.div_ceil(2).max(small)).min(buffer)
-        };
+        let floor = MIN_BATCH.min(buffer);
+        let first = total
+            .div_ceil(parties.max(1))
+            .clamp(floor, (buffer / 16).max(floor));
         let mut pieces = Vec::new();
         let mut batches = Vec::new();
         let (mut start, mut used, mut done) = (0, 0, 0);
-        let mut cap = capacity(0, total);
+        let mut up = first;
+        let capacity = |up: usize, left: usize| up.min((left / SHRINK_DIV).max(first));
+        let mut cap = capacity(up, total);
         for (range, &len) in lens.iter().enumerate() {
             let mut offset = 0;
             while offset < len {
                 if used == cap {
                     batches.push(start..pieces.len());
                     (start, used) = (pieces.len(), 0);
-                    cap = capacity(batches.len(), total - done);
+                    up = up.saturating_add((up / GROW_DIV).max(1)).min(buffer);
+                    cap = capacity(up, total - done);
                 }
                 let take = (len - offset).min(cap - used);
                 pieces.push(Piece {
@@ -2164,8 +2176,8 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
 mod tests {
     use super::*;
 
-    fn check(lens: &[usize], buffer: usize) {
-        let plan = Plan::new(lens, buffer);
+    fn check(lens: &[usize], buffer: usize, parties: usize) -> Vec<usize> {
+        let plan = Plan::new(lens, buffer, parties);
         // Every byte of every range exactly once, in order.
         let mut next = vec![0usize; lens.len()];
         for p in &plan.pieces {
@@ -2176,6 +2188,7 @@ mod tests {
         assert_eq!(next, lens);
         // Batches: consecutive, disjoint inside one buffer, none empty.
         let mut expect = 0;
+        let mut sizes = Vec::new();
         for b in &plan.batches {
             assert_eq!(b.start, expect);
             assert!(b.end > b.start);
@@ -2185,47 +2198,81 @@ mod tests {
                 assert_eq!(p.at, used, "pieces are packed");
                 used += p.len;
             }
-            assert!(used <= buffer);
+            assert!(used <= buffer.max(1));
+            sizes.push(used);
         }
         assert_eq!(expect, plan.pieces.len());
+        sizes
     }
 
     #[test]
     fn plans_cover_every_byte_once() {
-        check(&[], 4096);
-        check(&[1], 4096);
-        check(&[4096], 4096);
-        check(&[4097], 4096);
-        check(&[1, 1, 1, 4095, 1, 8192, 3, 10000, 4096], 4096);
-        check(&[0, 5, 0], 4096);
-        let plan = Plan::new(&[1, 2, 3], 4096);
-        assert_eq!(plan.batches.len(), 1, "small ranges share a buffer");
-        let plan = Plan::new(&[4096], 4096);
-        assert_eq!(plan.batches.len(), 1, "one buffer's worth is one batch");
-        // Larger: graded from an eighth of a buffer up, and down to it at the end.
-        let plan = Plan::new(&[12 * 4096], 4096);
-        let sizes: Vec<usize> = plan
-            .batches
-            .iter()
-            .map(|b| plan.pieces[b.clone()].iter().map(|p| p.len).sum())
-            .collect();
-        assert_eq!(sizes.iter().sum::<usize>(), 12 * 4096);
-        assert_eq!(sizes[..3], [512, 1024, 2048]);
-        // The last batches halve what is left, down to an eighth of a buffer.
-        assert!(sizes[sizes.len() - 1] <= 512, "{sizes:?}");
-        assert!(
-            sizes[sizes.len() - 3..].iter().all(|&s| s < 4096),
-            "{sizes:?}"
-        );
-        assert!(sizes.iter().all(|&s| s <= 4096));
-        for lens in [
-            vec![5 * 4096 + 7],
-            vec![4097],
-            vec![3000, 3000, 3000],
-            vec![1 << 20],
-        ] {
-            check(&lens, 4096);
+        for parties in [1, 2, 16] {
+            check(&[], 4096, parties);
+            check(&[1], 4096, parties);
+            check(&[4096], 4096, parties);
+            check(&[4097], 4096, parties);
+            check(&[1, 1, 1, 4095, 1, 8192, 3, 10000, 4096], 4096, parties);
+            check(&[0, 5, 0], 4096, parties);
+            check(&[5 * 4096 + 7], 4096, parties);
+            check(&[3000, 3000, 3000], 4096, parties);
+            check(&[1 << 20], 4096, parties);
+            check(&[1 << 20], 1, parties);
+            check(&[7 << 20, 1, 3 << 20], 4 << 20, parties);
         }
+        assert_eq!(
+            check(&[1, 2, 3], 4096, 16),
+            [6],
+            "small ranges share a buffer"
+        );
+        assert_eq!(
+            check(&[4096], 4096, 16),
+            [4096],
+            "batches of one buffer at most"
+        );
+    }
+
+    #[test]
+    fn a_copy_of_a_buffer_or_less_is_spread_over_the_threads() {
+        const MIB: usize = 1 << 20;
+        let sizes = check(&[MIB], 4 * MIB, 16);
+        assert!(sizes.len() >= 4, "{sizes:?}");
+        assert!(sizes
+            .iter()
+            .all(|&s| s >= MIN_BATCH || s == *sizes.last().unwrap()));
+        assert!(sizes.iter().all(|&s| s <= MIB / 4), "{sizes:?}");
+        // One thread: still graded, the first batch short.
+        let sizes = check(&[4 * MIB], 4 * MIB, 1);
+        assert_eq!(
+            sizes[0],
+            MIB / 4,
+            "a sixteenth of a buffer at most: {sizes:?}"
+        );
+        // Nothing smaller than the smallest batch is cut.
+        assert_eq!(check(&[100 << 10], 4 * MIB, 16), [100 << 10]);
+    }
+
+    #[test]
+    fn large_copies_grow_by_a_quarter_then_shrink_by_a_fifth() {
+        const MIB: usize = 1 << 20;
+        let buffer = 4 * MIB;
+        let sizes = check(&[128 * MIB], buffer, 16);
+        assert_eq!(sizes[0], buffer / 16);
+        let top = sizes
+            .iter()
+            .position(|&s| s == buffer)
+            .expect("reaches a buffer");
+        for w in sizes[..=top].windows(2) {
+            assert!(w[1] > w[0] && w[1] <= w[0] + w[0] / 4 + 1, "{sizes:?}");
+        }
+        let last = sizes.iter().rposition(|&s| s == buffer).unwrap();
+        for w in sizes[last..].windows(2) {
+            assert!(w[1] <= w[0], "{sizes:?}");
+        }
+        assert!(*sizes.last().unwrap() <= buffer / 16, "{sizes:?}");
+        // Most of the bytes move in whole buffers.
+        let whole: usize = sizes.iter().filter(|&&s| s == buffer).sum();
+        assert!(whole >= 88 * MIB, "{whole}");
     }
 
     #[test]
