@@ -45,9 +45,9 @@ def drop_caches():
         return False
 
 
-def timed(cmd):
+def timed(cmd, env=None):
     t = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     return time.monotonic() - t, p
 
 
@@ -70,8 +70,11 @@ class Target:
         return self.p.stdout.readline().strip()
 
     def end(self):
+        """Asks it to quit without waiting for an answer (a process left paused by a failed
+        step never answers); killed if it has not ended within a minute."""
         try:
-            self.ask("quit")
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
             self.p.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             self.p.kill()
@@ -119,7 +122,7 @@ def main():
             verdict(False, "pause", p.stdout + p.stderr)
             return
         # Dump of the paused process: only the write is timed (write_ms).
-        s, p = timed([ckpt, "dump", pid, "-o", img, "--json"])
+        s, p = timed([ckpt, "dump", pid, "-o", img, "--json"], env)
         d = ok(p)
         if d is None:
             verdict(False, f"dump {gib}", (p.stdout + p.stderr)[-300:])
@@ -137,13 +140,13 @@ def main():
                 f"{s_read:.2f} s, {d['image_bytes'] / s_read / 1e9:.2f} GB/s ({how})")
         # Resume from the image (the memory is only there after the dump).
         drop_caches()
-        s, p = timed([ckpt, "resume", pid, "--json"])
+        s, p = timed([ckpt, "resume", pid, "--json"], env)
         r = ok(p)
         verdict(r is not None and t.ask("verify") == "verified ok", f"resume {gib} from the image",
                 f"{s:.2f} s = {s / s_read:.2f}x one read" if r else (p.stdout + p.stderr)[-300:])
         # Restore (one read, checked as it loads): against one read.
         drop_caches()
-        s, p = timed([ckpt, "restore", pid, "-i", img, "--json"])
+        s, p = timed([ckpt, "restore", pid, "-i", img, "--json"], env)
         r = ok(p)
         if r is None:
             verdict(False, f"restore {gib}", (p.stdout + p.stderr)[-300:])
