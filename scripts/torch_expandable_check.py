@@ -6,7 +6,9 @@ cudaw-ckpt: nvidia-smi's GPU memory use must drop by at least 90% of the tensors
 the tensors must be bit-identical. Then a dump (the image must hold the expandable
 segments' handle ranges, the GPU memory released while the process waits on the image), a
 resume from the image, a dump --leave-running and a restore of it: the tensors intact after
-each. Prints `PASS | name | detail` / `FAIL | ...` lines.
+each. Last, the same tensors in a process without expandable segments (`cudaMalloc`
+memory) are paused and resumed as many times: the expandable resume's median must be
+within 10% of it (issue 27). Prints `PASS | name | detail` / `FAIL | ...` lines.
 
     python3 scripts/torch_expandable_check.py --dist dist --gib 4 --cycles 3
 
@@ -61,6 +63,7 @@ def main():
     next_line = Lines(p.stdout).next
     work = tempfile.mkdtemp(prefix="cudaw-expandable-")
     img = os.path.join(work, "expandable.img")
+    resumes = []
     try:
         if next_line() != "ready":
             verdict(False, "expandable: start", "the PyTorch process did not get ready")
@@ -88,6 +91,7 @@ def main():
             p.stdin.write("check\n"); p.stdin.flush()
             line = next_line()
             verdict(r.returncode == 0 and line == "ok", f"expandable: resume {c} intact", f"{line}; {r.stdout.strip()[:120]}")
+            resumes.append(ms_of(r))
         def check(name, r):
             p.stdin.write("check\n"); p.stdin.flush()
             line = next_line()
@@ -137,7 +141,73 @@ def main():
             os.rmdir(work)
         except OSError:
             pass
+    if resumes and None not in resumes:
+        plain = plain_resumes(a, ckpt)
+        if plain:
+            e, c = median(resumes), median(plain)
+            verdict(e <= 1.1 * c, "expandable: resume within 10% of cudaMalloc memory's",
+                    f"median {e:.1f} ms against {c:.1f} ms = {e / c:.2f}x over {len(resumes)} resumes each "
+                    f"(expandable {', '.join(f'{x:.0f}' for x in resumes)}; cudaMalloc {', '.join(f'{x:.0f}' for x in plain)} ms)")
     return 0 if verdicts and all(verdicts) else 1
+
+
+def ms_of(r):
+    """The `ms` of a pause or resume's JSON answer, or None."""
+    try:
+        return float(json.loads(r.stdout.strip().splitlines()[-1])["ms"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def plain_resumes(a, ckpt):
+    """The same tensors from cudaMalloc (no expandable segments), paused and resumed
+    `a.cycles` times: each resume's ms, or [] (with a FAIL) when it did not run through."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False", CUDAW_LOG="info")
+    p = subprocess.Popen([os.path.join(a.dist, "bin", "cudaw"), "run", "--", sys.executable, "-c", CHILD, str(a.gib)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    next_line = Lines(p.stdout).next
+    out = []
+    try:
+        if next_line() != "ready":
+            verdict(False, "expandable: the cudaMalloc process", "did not get ready")
+            return []
+        time.sleep(1)
+        for _ in range(a.cycles):
+            r = ckpt("pause", str(p.pid))
+            if r.returncode != 0:
+                verdict(False, "expandable: the cudaMalloc process paused", r.stdout.strip()[:160] + r.stderr.strip()[:160])
+                return []
+            time.sleep(1)
+            r = ckpt("resume", str(p.pid))
+            p.stdin.write("check\n"); p.stdin.flush()
+            line = next_line()
+            if r.returncode != 0 or line != "ok" or ms_of(r) is None:
+                verdict(False, "expandable: the cudaMalloc process resumed intact", f"{line}; {r.stdout.strip()[:160]}")
+                return []
+            out.append(ms_of(r))
+        return out
+    except Exception as e:  # noqa: BLE001 - a failure is a verdict; the child must not be left behind
+        verdict(False, "expandable: the cudaMalloc comparison ran to its end", f"{type(e).__name__}: {e}")
+        return []
+    finally:
+        if p.poll() is None:
+            subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), "resume", str(p.pid)],
+                           capture_output=True, timeout=300)
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 sys.exit(main())
