@@ -123,19 +123,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - a failure is a verdict; the child must not be left behind
         verdict(False, "expandable: the check ran to its end", f"{type(e).__name__}: {e}")
     finally:
-        if p.poll() is None:
-            # Never leave the child paused (it would wait for ever): resume it first.
-            subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), "resume", str(p.pid)],
-                           capture_output=True, timeout=300)
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        end(a, p)
         try:
             os.remove(img)
             os.rmdir(work)
@@ -196,18 +184,24 @@ def plain_resumes(a, ckpt):
         verdict(False, "expandable: the cudaMalloc comparison ran to its end", f"{type(e).__name__}: {e}")
         return []
     finally:
-        if p.poll() is None:
-            subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), "resume", str(p.pid)],
-                           capture_output=True, timeout=300)
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-        try:
-            p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        end(a, p)
+
+
+def end(a, p):
+    """Ends a child: never left paused (it would wait for ever), so resumed first; its
+    input closed (it then exits), killed if it has not within two minutes."""
+    if p.poll() is None:
+        subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), "resume", str(p.pid)],
+                       capture_output=True, timeout=300)
+    try:
+        p.stdin.close()
+    except OSError:
+        pass
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 sys.exit(main())
