@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss transfers (multigpu jobbench migrate: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss transfers stagesweep (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -27,6 +27,7 @@
 #   SECTIONS="env sharing" scripts/gpu-check.sh   # cudaw node: overhead, fairness, limit, memory, 4 min 36 s
 #   SECTIONS="env swap" scripts/gpu-check.sh      # cudaw node: 3 x 35 GiB swapped instead of OOM, 3 min 11-25 s (SWAP_SECONDS=20)
 #   SECTIONS="env transfers" scripts/gpu-check.sh  # host transfers, smart pinning (issue 29), 1.5 min
+#   SECTIONS="env stagesweep" scripts/gpu-check.sh  # the staging's settings, one-shot 8/32/128 MiB, ~30 s
 #   (one H100, nvidia-h100-x1; sharing and swap fit one 10-minute command together, 8 min 4 s.
 #    SHARING_SECONDS: each group of jobs together, 40; SHARING_SOLO_SECONDS: each solo run,
 #    12; SHARING_PAIRS: daemon solo runs, each between two plain ones, 2; SHARING_NO_FOUR=1:
@@ -1084,6 +1085,41 @@ if want transfers; then
   fi
 fi
 lap transfers
+
+if want stagesweep; then
+  # The staging's settings against each other (issue 29: what is left of the seed
+  # benchmark's gap is its staged copies): one-shot copies of 8, 32 and 128 MiB, five each
+  # way of fresh malloc buffers, under each setting (STAGE_SETTINGS, space-separated;
+  # `default` is none), beside pinned copies of the same sizes. A row per setting: the
+  # medians, in GB/s. About 30 s.
+  : >"$OUT/stagesweep.log"
+  if [ -x "$WORK/pin_bench" ] || nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_bench" tests/cuda/gpu/transfers/pin_bench.cu >>"$OUT/programs.log" 2>&1; then
+    sweep_sizes="8 32 128"
+    gbs() { awk -v m="$1" -v t="$2" 'BEGIN { if (t > 0) printf "%.1f", m * 1.048576 / 1000 / t; else print "nan" }'; }
+    line=""
+    for mib in $sweep_sizes; do
+      "$WORK/pin_bench" costs "$mib" >"$WORK/sw.pinned.$mib" 2>>"$OUT/stagesweep.log"
+      h=$(awk '$2 == "pinned_h2d" { print $4 }' "$WORK/sw.pinned.$mib"); d=$(awk '$2 == "pinned_d2h" { print $4 }' "$WORK/sw.pinned.$mib")
+      line="$line$mib MiB $(gbs "$mib" "$h") / $(gbs "$mib" "$d"); "
+    done
+    row "stagesweep: pinned copy h2d / d2h GB/s" info "$line"
+    for setting in ${STAGE_SETTINGS:-default CUDAW_STAGING_STREAMS=4 CUDAW_STAGING_BUFFER=8M CUDAW_STAGING_BUFFER=2M CUDAW_STAGING_THREADS=8 CUDAW_STAGING_THREADS=24 CUDAW_STAGING_STREAMING_IN=on}; do
+      envs=(); [ "$setting" = default ] || envs=("$setting")
+      line=""
+      for mib in $sweep_sizes; do
+        f="$WORK/sw.$setting.$mib"
+        echo "== $setting $mib MiB" >>"$OUT/stagesweep.log"
+        env "${envs[@]}" "$CUDAW" run -- "$WORK/pin_bench" oneshot "$mib" 5 >"$f" 2>>"$OUT/stagesweep.log"
+        h=$(awk '$2 == "h2d" { print $4 }' "$f" | median); d=$(awk '$2 == "d2h" { print $4 }' "$f" | median)
+        line="$line$mib MiB $(gbs "$mib" "$h") / $(gbs "$mib" "$d"); "
+      done
+      row "stagesweep: $setting, staged h2d / d2h GB/s" info "$line"
+    done
+  else
+    row "stagesweep: compile" FAIL "nvcc failed, see programs.log"
+  fi
+fi
+lap stagesweep
 
 if want fatbinrss; then
   # What parsing kernel layouts costs a PyTorch process (issue 30): the peak RSS of 200
