@@ -155,7 +155,7 @@ def main():
         verdict(intact, f"restore {gib}: memory intact", "verified ok" if intact else "verify failed")
         verdict(s <= 1.1 * s_read, f"restore {gib}: <= 1.1x one read",
                 f"{s:.2f} s = {s / s_read:.2f}x one read ({s_read:.2f} s); digest check {r['verify_ms'] / 1e3:.2f} s, "
-                f"load {r['load_ms'] / 1e3:.2f} s, pause {r['pause']['ms'] / 1e3:.2f} s")
+                f"load {r['load_ms'] / 1e3:.2f} s, pause {(r.get('pause') or {}).get('ms', 0) / 1e3:.2f} s")
     finally:
         t.end()
         try:
