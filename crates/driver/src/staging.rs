@@ -12,9 +12,14 @@
 //!   threads take the buffers in order, prefault the destination pages while the copy is
 //!   still on the wire, wait for the event and copy the bytes into the pageable
 //!   destination (`Vec<u8>`, the [`HostCopy::Memory`] the VMM keeps). A buffer is refilled
-//!   as soon as its bytes are out, so the DMA engines and the host copies overlap.
-//! - **load** (host → device): host threads take the batches in order, wait until their
-//!   buffer's previous copy has left it, copy the bytes in and issue the asynchronous copy.
+//!   as soon as its bytes are out, so the DMA engines and the host copies overlap. Once
+//!   every batch is issued, the calling thread copies out too.
+//! - **load** (host → device): host threads, the calling thread among them, take the
+//!   batches in order, wait until their buffer's previous copy has left it, copy the bytes
+//!   in and issue the asynchronous copy.
+//!
+//! The batches are graded ([`Plan::new`]): small first, growing by a quarter up to a
+//! buffer, shrinking at the end, so that the device and the host threads start sooner.
 //!
 //! Destinations of 2 MiB or more are advised for transparent huge pages
 //! (`madvise(MADV_HUGEPAGE)`): one fault per 2 MiB instead of 512, and a cheaper free
@@ -63,7 +68,8 @@
 //! to the device asynchronously, it returns once every byte is in a buffer and makes the
 //! program's stream wait for the pool's last copies (the next user of a buffer waits for
 //! its event first, so buffers still on the wire are never overwritten). A copy of one
-//! buffer or less runs on the calling thread alone.
+//! batch (128 KiB or less) runs on the calling thread alone; a larger one, even of less
+//! than a buffer, is spread over the threads.
 //!
 //! **Host threads**: each pool starts its copy threads once, when it is made (never at
 //! library load), and keeps them until it is freed, which ends and joins them; each copy
@@ -1361,7 +1367,7 @@ impl Pool {
         let batches = plan.batches.len();
         let workers = self.workers().filter(|_| batches > 1);
         let Some(workers) = workers else {
-            // One buffer's worth (no hand-off to pay for), or no threads to hand it to.
+            // One batch's worth (no hand-off to pay for), or no threads to hand it to.
             return self
                 .save_here(config, ranges, targets, plan)
                 .map_err(staging_error);
@@ -1467,7 +1473,8 @@ impl Pool {
         self.driver.event_record(event, stream)
     }
 
-    /// A copy thread of a save: copies the filled batches out as they come. Sets the
+    /// A party copying a save out (a worker, or the issuer once done issuing): copies the
+    /// filled batches out as they come. Sets the
     /// pool's context first (the thread may have served other copies).
     fn save_worker(
         &self,
@@ -1650,7 +1657,8 @@ impl Pool {
         pipe.result()
     }
 
-    /// A copy thread of a load: takes the next batch until none is left. Sets the pool's
+    /// A party of a load (a worker, or the calling thread): takes the next batch until none
+    /// is left. Sets the pool's
     /// context first (the thread may have served other copies).
     fn load_worker(
         &self,
@@ -1808,7 +1816,8 @@ struct Plan {
     batches: Vec<std::ops::Range<usize>>,
 }
 
-/// The smallest batch a copy is cut into (or the buffer, where that is smaller): below
+/// The smallest batch a copy is cut into (or the buffer, where that is smaller; the last
+/// batch of a copy is whatever is left, merged into the one before where it fits): below
 /// it, a device copy's launch costs more than the bytes it moves.
 const MIN_BATCH: usize = 128 << 10;
 
@@ -1824,8 +1833,9 @@ impl Plan {
     /// and each grows by a quarter (about what the device moves while one thread copies
     /// a batch: 10 GB/s a thread against 50 GB/s a DMA engine), up to a buffer; the last
     /// ones shrink by a fifth of what is left, so the last host copy out of a buffer is
-    /// short too. The first is `1/parties` of the copy, between [`MIN_BATCH`] and a
-    /// sixteenth of a buffer: a copy of one buffer or less is spread over the threads.
+    /// short too. The first is `1/parties` of the copy, at least [`MIN_BATCH`] (or the
+    /// buffer, where smaller) and at most a sixteenth of a buffer where that is larger: a
+    /// copy of one buffer or less is spread over the threads.
     /// Whole 4 MiB batches cost a fixed 0.2–0.9 ms a copy on an H200 (one thread copying
     /// a buffer while the device waited), and batches doubling from an eighth still
     /// 0.5–1.3 ms (the threads all start at once: the fourth batch was ready only when a
@@ -1841,7 +1851,16 @@ impl Plan {
         let mut batches = Vec::new();
         let (mut start, mut used, mut done) = (0, 0, 0);
         let mut up = first;
-        let capacity = |up: usize, left: usize| up.min((left / SHRINK_DIV).max(first));
+        // What would be left after a batch is taken into it when less than the smallest
+        // batch and it still fits one buffer.
+        let capacity = |up: usize, left: usize| {
+            let cap = up.min((left / SHRINK_DIV).max(first));
+            if left > cap && left - cap < floor && left <= buffer {
+                left
+            } else {
+                cap
+            }
+        };
         let mut cap = capacity(up, total);
         for (range, &len) in lens.iter().enumerate() {
             let mut offset = 0;
@@ -2142,8 +2161,9 @@ unsafe fn prefault(ptr: *mut u8, len: usize) {
 }
 
 /// Copies `len` bytes with non-temporal (streaming) stores where the destination allows:
-/// the destination's cache lines are not read first, and do not evict the pinned buffers
-/// from the cache.
+/// the destination's cache lines are not read first, nor kept in the cache (a save's
+/// pageable destination: the pinned buffers stay cached; a load's pinned buffer: the
+/// device then reads it from memory). The stores are fenced before it returns.
 ///
 /// # Safety
 /// As `std::ptr::copy_nonoverlapping`.
@@ -2179,7 +2199,7 @@ unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
                 i += 64;
             }
             // SAFETY: orders the streaming stores before what follows (the release of the
-            // buffer and, later, the readers of the destination).
+            // buffer, the device copy a load issues next, the readers of the destination).
             unsafe { _mm_sfence() };
             let done = head + body;
             // SAFETY: the tail is inside the caller's ranges.
@@ -2267,8 +2287,13 @@ mod tests {
             MIB / 4,
             "a sixteenth of a buffer at most: {sizes:?}"
         );
-        // Nothing smaller than the smallest batch is cut.
+        // Nothing smaller than the smallest batch is cut, nor left over at the end.
         assert_eq!(check(&[100 << 10], 4 * MIB, 16), [100 << 10]);
+        assert_eq!(check(&[(128 << 10) + 1], 4 * MIB, 16), [(128 << 10) + 1]);
+        for len in [MIB + 1, 3 * MIB + 4095, 9 * MIB + 7, 130 * MIB + 1] {
+            let sizes = check(&[len], 4 * MIB, 16);
+            assert!(*sizes.last().unwrap() >= MIN_BATCH, "{len}: {sizes:?}");
+        }
     }
 
     #[test]
@@ -2284,11 +2309,15 @@ mod tests {
         for w in sizes[..=top].windows(2) {
             assert!(w[1] > w[0] && w[1] <= w[0] + w[0] / 4 + 1, "{sizes:?}");
         }
+        // Down to the first batch's size; the last takes what is left with it (less than
+        // the smallest batch would be left otherwise).
         let last = sizes.iter().rposition(|&s| s == buffer).unwrap();
-        for w in sizes[last..].windows(2) {
+        let n = sizes.len();
+        for w in sizes[last..n - 1].windows(2) {
             assert!(w[1] <= w[0], "{sizes:?}");
         }
-        assert!(*sizes.last().unwrap() <= buffer / 16, "{sizes:?}");
+        assert!(sizes[n - 2] <= buffer / 16, "{sizes:?}");
+        assert!(sizes[n - 1] < buffer / 16 + MIN_BATCH, "{sizes:?}");
         // Most of the bytes move in whole buffers.
         let whole: usize = sizes.iter().filter(|&&s| s == buffer).sum();
         assert!(whole >= 88 * MIB, "{whole}");
