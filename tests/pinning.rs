@@ -259,3 +259,39 @@ fn copies_too_small_to_stage_are_pinned_when_hot() {
         run.stderr()
     );
 }
+
+/// `pin_driver_copy.cu`: a buffer the runtime's copies made hot, then copied through the
+/// driver API as a library calling the driver directly would (the driver layer asks the
+/// runtime shim about the host side, `crates/driver-shim/src/copies.rs`): a synchronous
+/// copy from inside cudaw's registration past its end (the driver refuses that as such)
+/// is issued in pieces; asynchronous copies wait for their stream before returning, as
+/// pageable memory's do (simgpu's DMA slowed, the source overwritten and the result read
+/// as soon as each returns).
+#[test]
+fn driver_api_copies_of_a_pinned_buffer_keep_pageable_rules() {
+    let Some(nvcc) = nvcc() else { return };
+    let _one = one_at_a_time();
+    let name = "pin_driver_copy";
+    let exe = compile_program(&nvcc, name);
+    let native = run_natively(&exe);
+    native.assert_success("pin_driver_copy natively");
+    assert!(
+        native.stderr().contains("pin_driver_copy: TYPE x 0"),
+        "{}",
+        native.stderr()
+    );
+    let run = run_under_cudaw(
+        &exe,
+        Addressing::Mapped,
+        &[("CUDAW_PIN", "auto"), ("SIMGPU_COPY_DELAY_US", "3000")],
+    );
+    let what = "pin_driver_copy under CUDAW_PIN=auto";
+    run.assert_success(what);
+    assert_eq!(run.stdout(), expected(name), "{what}");
+    assert_eq!(run.stdout(), native.stdout(), "{what}");
+    assert!(
+        run.stderr().contains("pin_driver_copy: TYPE x 1"),
+        "{what}: x was not pinned, nothing was tested:\n{}",
+        run.stderr()
+    );
+}

@@ -15,7 +15,7 @@ use cudaw_tests::{
 use std::process::Command;
 
 /// The programs this file tests; checked against the folder.
-const PROGRAMS: [&str; 15] = [
+const PROGRAMS: [&str; 16] = [
     "ckpt_target",
     "cudaw_demo",
     "exit_race",
@@ -27,6 +27,7 @@ const PROGRAMS: [&str; 15] = [
     "pause_target",
     "peer_copy",
     "pin_copy",
+    "pin_driver_copy",
     "reduction",
     "streams_events",
     "struct_of_pointers",
@@ -115,6 +116,7 @@ programs!(
     pause_target,
     peer_copy,
     pin_copy,
+    pin_driver_copy,
     reduction,
     streams_events,
     struct_of_pointers,

@@ -67,7 +67,7 @@ fn main() {
 }
 
 /// The groups of `data/wrapped.txt` (described there).
-const GROUPS: [&str; 3] = ["always", "launch", "traced"];
+const GROUPS: [&str; 3] = ["always", "launch", "copies"];
 
 /// The gate bit the driver's trampolines test: the runtime shim's "paused" bit (its
 /// "uninitialised" bit is the runtime's own business); `driver::hooks::GATE_PAUSED`,

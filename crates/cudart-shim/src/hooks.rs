@@ -155,7 +155,7 @@ mod memory_hooks {
     use crate::boundary::guard;
     use crate::memory::tag;
     use cudaw_engine::memory_calls as calls;
-    use driver::hooks::MemoryHooks;
+    use driver::hooks::{MemoryHooks, HOST_CUT, HOST_PINNED, HOST_PLAIN};
     use std::ffi::c_void;
 
     /// `CUDA_ERROR_UNKNOWN`, for a panic.
@@ -214,6 +214,27 @@ mod memory_hooks {
         })
     }
 
+    extern "C" fn host_copy(host: u64, len: u64, asynchronous: bool, cuts: *mut [u64; 2]) -> u32 {
+        guard("a copy's host side (driver layer)", HOST_PLAIN, || {
+            let len = usize::try_from(len).unwrap_or(usize::MAX);
+            if asynchronous {
+                return if cudaw_engine::pinning::touching(host, len) {
+                    HOST_PINNED
+                } else {
+                    HOST_PLAIN
+                };
+            }
+            match cudaw_engine::pinning::crossing(host, len) {
+                Some(c) if !cuts.is_null() => {
+                    // SAFETY: the driver shim passes its own array (or null, checked).
+                    unsafe { cuts.write(c.offsets()) };
+                    HOST_CUT
+                }
+                _ => HOST_PLAIN,
+            }
+        })
+    }
+
     static MEMORY: MemoryHooks = MemoryHooks {
         size: std::mem::size_of::<MemoryHooks>(),
         mem_alloc,
@@ -223,6 +244,7 @@ mod memory_hooks {
         allocation,
         peer_access,
         host_register,
+        host_copy,
     };
 
     /// The memory table for the driver shim (`driver::hooks::RUNTIME_MEMORY_SYMBOL`).

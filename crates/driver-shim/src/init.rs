@@ -99,18 +99,18 @@ fn initialise() {
 }
 
 /// The one list of wrapped functions, `data/wrapped.txt`, as `build.rs` writes it: per
-/// group (`always`, `launch`, `traced`) the indices and `(index, wrapper)` pairs.
+/// group (`always`, `launch`, `copies`) the indices and `(index, wrapper)` pairs.
 pub mod list {
     use crate::dispatch::idx;
     include!(concat!(env!("OUT_DIR"), "/wrapped.rs"));
 }
 
-/// cudaw's wrappers: (index, function); the copies only while tracing is on, so that with
-/// tracing off a copy goes straight to the real driver.
+/// cudaw's wrappers: (index, function); the copies only while tracing or smart pinning is
+/// on ([`crate::copies`]), so that otherwise a copy goes straight to the real driver.
 fn wrappers() -> Vec<(usize, usize)> {
     let mut w = list::always_wrappers().to_vec();
-    if crate::trace::on() {
-        w.extend(list::traced_wrappers());
+    if crate::copies::wanted() {
+        w.extend(list::copies_wrappers());
     }
     w
 }

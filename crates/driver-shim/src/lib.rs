@@ -80,7 +80,11 @@
 //!   (`cudaw_runtime_trace_v1`): kernels by name, grid, block and the allocations their
 //!   arguments point into (where the module's layout is known), copies by direction and
 //!   size. The mode is read once at initialisation: with tracing off a launch pays one
-//!   predictable branch and copies are not wrapped.
+//!   predictable branch and copies are not wrapped (unless smart pinning is on).
+//! - **Copies and smart pinning** ([`copies`]): with `CUDAW_PIN` on, the same copies ask
+//!   the runtime shim about their host side: cut where they cross a border of its
+//!   registrations (the driver refuses them whole), waited for where asynchronous ones
+//!   touch one (pageable memory's promises).
 //! - **Modules** ([`modules`]): images loaded through the driver are copied at load and
 //!   parsed on first need, so each `CUfunction` / `CUkernel` handed out has its kernel's
 //!   parameter layout (`cudaw_driver_kernel_layout_v1`).
@@ -95,6 +99,7 @@
 
 pub use cudaw_shim_core::{boundary, log};
 
+pub mod copies;
 pub mod counts;
 pub mod dispatch;
 pub mod inflight;

@@ -103,7 +103,7 @@ fn from_vmm(f: impl FnOnce(&MemoryHooks, i32) -> u32) -> Option<u32> {
 
 /// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`; `ptsz`: the
 /// per-thread default stream's form). A driver without the call captures nothing.
-fn capturing(stream: Handle, ptsz: bool) -> bool {
+pub(crate) fn capturing(stream: Handle, ptsz: bool) -> bool {
     let mut status = 0u32;
     let rc = if ptsz {
         crate::forward!(cuStreamIsCapturing_ptsz: fn(Handle, *mut u32), stream, &mut status)

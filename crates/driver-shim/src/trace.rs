@@ -15,7 +15,6 @@
 
 #![allow(non_snake_case)]
 
-use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use cudaw_trace::driver_side::{self, probe, SLOTS};
 use driver::hooks::{
     TraceHooks, TraceLaunch, TraceWord, RUNTIME_TRACE_SYMBOL, TRACE_OFF, TRACE_TIMELINE,
@@ -422,15 +421,22 @@ extern "C" fn report_self_cost() {
     })
 }
 
-/// `cudaMemcpyKind` values.
-const HTOD: i32 = 1;
-const DTOH: i32 = 2;
-const DTOD: i32 = 3;
-const DEFAULT: i32 = 4;
+/// `cudaMemcpyKind` values, as the runtime's store records them.
+pub(crate) const HTOD: i32 = 1;
+pub(crate) const DTOH: i32 = 2;
+pub(crate) const DTOD: i32 = 3;
+pub(crate) const DEFAULT: i32 = 4;
 
-/// Runs the copy `f` of `bytes` from `src` to `dst`, recording it when it succeeds and the
-/// caller is not cudaw's runtime.
-fn copy(direction: i32, bytes: usize, dst: u64, src: u64, f: impl FnOnce() -> u32) -> u32 {
+/// Runs the copy `f` of `bytes` from `src` to `dst`, recording it when tracing is on, it
+/// succeeds and the caller is not cudaw's runtime (the driver API's copies,
+/// [`crate::copies`]).
+pub(crate) fn copy(
+    direction: i32,
+    bytes: usize,
+    dst: u64,
+    src: u64,
+    f: impl FnOnce() -> u32,
+) -> u32 {
     let Some(h) = hooks() else { return f() };
     if !on() || crate::runtime::runtime_accounts() {
         return f();
@@ -445,39 +451,3 @@ fn copy(direction: i32, bytes: usize, dst: u64, src: u64, f: impl FnOnce() -> u3
     }
     rc
 }
-
-/// Defines a copy wrapper: `$dir`, the bytes argument, the destination and the source.
-macro_rules! copy_wrapper {
-    ($name:ident ($($a:ident : $t:ty),* $(,)?) => $dir:expr, $n:ident, $dst:ident, $src:ident) => {
-        pub(crate) extern "C" fn $name($($a: $t),*) -> u32 {
-            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
-                copy($dir, $n, $dst as u64, $src as u64, || {
-                    crate::forward!($name: fn($($t),*) $(, $a)*)
-                })
-            })
-        }
-    };
-}
-
-type Stream = *mut c_void;
-copy_wrapper!(cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize) => HTOD, n, dst, src);
-copy_wrapper!(cuMemcpyHtoD_v2_ptds(dst: u64, src: *const c_void, n: usize) => HTOD, n, dst, src);
-copy_wrapper!(cuMemcpyHtoDAsync_v2(dst: u64, src: *const c_void, n: usize, s: Stream)
-    => HTOD, n, dst, src);
-copy_wrapper!(cuMemcpyHtoDAsync_v2_ptsz(dst: u64, src: *const c_void, n: usize, s: Stream)
-    => HTOD, n, dst, src);
-copy_wrapper!(cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) => DTOH, n, dst, src);
-copy_wrapper!(cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: u64, n: usize) => DTOH, n, dst, src);
-copy_wrapper!(cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: u64, n: usize, s: Stream)
-    => DTOH, n, dst, src);
-copy_wrapper!(cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: u64, n: usize, s: Stream)
-    => DTOH, n, dst, src);
-copy_wrapper!(cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize) => DTOD, n, dst, src);
-copy_wrapper!(cuMemcpyDtoD_v2_ptds(dst: u64, src: u64, n: usize) => DTOD, n, dst, src);
-copy_wrapper!(cuMemcpyDtoDAsync_v2(dst: u64, src: u64, n: usize, s: Stream) => DTOD, n, dst, src);
-copy_wrapper!(cuMemcpyDtoDAsync_v2_ptsz(dst: u64, src: u64, n: usize, s: Stream)
-    => DTOD, n, dst, src);
-copy_wrapper!(cuMemcpy(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
-copy_wrapper!(cuMemcpy_ptds(dst: u64, src: u64, n: usize) => DEFAULT, n, dst, src);
-copy_wrapper!(cuMemcpyAsync(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);
-copy_wrapper!(cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, s: Stream) => DEFAULT, n, dst, src);

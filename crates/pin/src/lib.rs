@@ -237,6 +237,16 @@ impl Cuts {
     pub fn is_none(self) -> bool {
         self.0 == [0, 0]
     }
+
+    /// The offsets, 0 where there is none (to hand across a C boundary).
+    pub fn offsets(self) -> [u64; 2] {
+        self.0
+    }
+
+    /// The cuts at `offsets` ([`Cuts::offsets`]'s).
+    pub fn from_offsets(offsets: [u64; 2]) -> Cuts {
+        Cuts(offsets)
+    }
 }
 
 /// A copy's signature across runs: where the program issued it and how long it was

@@ -162,7 +162,10 @@ fn enqueue_copy(
     if dst == 0 || src == 0 {
         return Err(CuError::CUDA_ERROR_INVALID_VALUE);
     }
-    {
+    // Pageable host memory (neither allocated page-locked nor registered): as the driver,
+    // an asynchronous copy from it returns once the source is read (staged here: a
+    // snapshot), one to it once the bytes are there.
+    let (dst_pageable, src_pageable) = {
         let memory = device.memory();
         if dst_device {
             memory.check_device(dst, len as u64, true)?;
@@ -176,9 +179,25 @@ fn enqueue_copy(
         if !src_device {
             memory.check_host_copy(src, len as u64)?;
         }
-    }
-    let ticket = device.streams.enqueue(stream, copy_task(dst, src, len))?;
-    if wait {
+        let reachable = |addr: u64| memory.check_device(addr, 1, false).is_ok();
+        (
+            !dst_device && !reachable(dst),
+            !src_device && !reachable(src),
+        )
+    };
+    let task = if src_pageable && dst_device && !wait {
+        // SAFETY: the caller's source buffer is valid for `len` bytes during the call.
+        let staged = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
+        let task: Task = Box::new(move || {
+            // SAFETY: the destination was checked writable device memory when enqueued.
+            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, len) }
+        });
+        task
+    } else {
+        copy_task(dst, src, len)
+    };
+    let ticket = device.streams.enqueue(stream, task)?;
+    if wait || (dst_pageable && src_device) {
         ticket.wait();
     }
     Ok(())

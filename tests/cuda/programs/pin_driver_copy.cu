@@ -1,0 +1,122 @@
+// Smart pinning (CUDAW_PIN) and the driver API's own copies: a heap buffer the runtime's
+// copies made hot (cudaw page-locks it), then copied through cuMemcpy* as a library calling
+// the driver directly would, as the pageable memory it is to the program:
+//   - synchronously, from its last page on into its neighbour's bytes (the copy starts
+//     inside cudaw's registration and runs past it, which the driver refuses as such);
+//   - asynchronously to the device, the source overwritten as soon as the call returns;
+//   - asynchronously to the host, the bytes read as soon as the call returns.
+// Every byte is checked. Standard output is the same natively and under cudaw; standard
+// error has "pin_driver_copy: TYPE x N" (cudaPointerGetAttributes' type of the hot buffer:
+// 1 once cudaw pinned it).
+#include "common.h"
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <malloc.h>
+
+static const size_t N = 4u << 20;  // 16 MiB of int
+static const size_t BYTES = N * sizeof(int);
+static const size_t EDGE = 8192;  // the copy across the end of x
+
+static int value(size_t i, int round) { return (int)(unsigned)(i * 2654435761u) ^ round; }
+
+static int type_of(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return (int)a.type;
+}
+
+typedef int (*htod_t)(unsigned long long, const void*, size_t);
+typedef int (*dtoh_t)(void*, unsigned long long, size_t);
+typedef int (*htod_async_t)(unsigned long long, const void*, size_t, cudaStream_t);
+typedef int (*dtoh_async_t)(void*, unsigned long long, size_t, cudaStream_t);
+typedef int (*sync_t)(cudaStream_t);
+typedef int (*alloc_t)(unsigned long long*, size_t);
+typedef int (*free_t)(unsigned long long);
+
+int main() {
+  // libcuda.so.1 is cudaw's driver layer under cudaw, as for any library calling it.
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  EXPECT(cu != nullptr);
+  htod_t htod = (htod_t)dlsym(cu, "cuMemcpyHtoD_v2");
+  dtoh_t dtoh = (dtoh_t)dlsym(cu, "cuMemcpyDtoH_v2");
+  htod_async_t htod_async = (htod_async_t)dlsym(cu, "cuMemcpyHtoDAsync_v2");
+  dtoh_async_t dtoh_async = (dtoh_async_t)dlsym(cu, "cuMemcpyDtoHAsync_v2");
+  sync_t stream_sync = (sync_t)dlsym(cu, "cuStreamSynchronize");
+  alloc_t mem_alloc = (alloc_t)dlsym(cu, "cuMemAlloc_v2");
+  free_t mem_free = (free_t)dlsym(cu, "cuMemFree_v2");
+  EXPECT(htod && dtoh && htod_async && dtoh_async && stream_sync && mem_alloc && mem_free);
+
+  // Device memory from the driver, valid for its copies whatever cudaw's addressing (in
+  // mapped addressing cudaw's, so that the runtime's copies of x count for pinning).
+  int* scratch = nullptr;  // the runtime's own allocation, beside the driver's
+  CHECK(cudaMalloc(&scratch, 4096));
+  unsigned long long dp = 0;
+  EXPECT(mem_alloc(&dp, BYTES) == 0);
+  int* d = (int*)dp;
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  // Two heap neighbours carved from one block, 16 bytes apart as glibc puts them: x is
+  // copied often (hot), y never.
+  EXPECT(mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1);
+  char* both = (char*)std::malloc(2 * BYTES + 16);
+  EXPECT(both != nullptr);
+  int* x = (int*)both;
+  char* y = both + BYTES + 16;
+  std::memset(y, 0x5a, BYTES);
+  for (int r = 0; r < 20; r++) {
+    for (size_t i = 0; i < N; i++) x[i] = value(i, r);
+    CHECK(cudaMemcpy(d, x, BYTES, cudaMemcpyHostToDevice));
+    std::memset(x, 0, BYTES);
+    CHECK(cudaMemcpy(x, d, BYTES, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < N; i++) EXPECT(x[i] == value(i, r));
+  }
+  std::printf("pin_driver_copy: x copied 20 times each way\n");
+  std::fprintf(stderr, "pin_driver_copy: TYPE x %d\n", type_of(x));
+
+  // Synchronous, across the end of x: to the device, then back into the same bytes.
+  char* edge = (char*)x + BYTES - EDGE / 2;
+  unsigned char* was = (unsigned char*)std::malloc(EDGE);
+  for (size_t i = 0; i < EDGE; i++) edge[i] = (char)(i * 7 + 3);
+  std::memcpy(was, edge, EDGE);
+  EXPECT(htod(dp, edge, EDGE) == 0);
+  std::memset(edge, 0, EDGE);
+  EXPECT(dtoh(edge, dp, EDGE) == 0);
+  EXPECT(std::memcmp(edge, was, EDGE) == 0);
+  std::printf("pin_driver_copy: synchronous copies across the end of x exact\n");
+
+  // Asynchronous to the device: the source may be overwritten once the call returns.
+  for (int r = 0; r < 4; r++) {
+    for (size_t i = 0; i < N; i++) x[i] = value(i, 100 + r);
+    EXPECT(htod_async(dp, x, BYTES, stream) == 0);
+    std::memset(x, 0xee, BYTES);
+    EXPECT(stream_sync(stream) == 0);
+    std::memset(x, 0, BYTES);
+    CHECK(cudaMemcpy(x, d, BYTES, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < N; i++) EXPECT(x[i] == value(i, 100 + r));
+  }
+  std::printf("pin_driver_copy: asynchronous copies from x read it before returning\n");
+
+  // Asynchronous to the host: the bytes are there once the call returns.
+  for (int r = 0; r < 4; r++) {
+    for (size_t i = 0; i < N; i++) x[i] = value(i, 200 + r);
+    CHECK(cudaMemcpy(d, x, BYTES, cudaMemcpyHostToDevice));
+    std::memset(x, 0, BYTES);
+    EXPECT(dtoh_async(x, dp, BYTES, stream) == 0);
+    for (size_t i = 0; i < N; i++) EXPECT(x[i] == value(i, 200 + r));
+    EXPECT(stream_sync(stream) == 0);
+  }
+  std::printf("pin_driver_copy: asynchronous copies to x there on return\n");
+
+  std::free(was);
+  std::free(both);
+  CHECK(cudaStreamDestroy(stream));
+  EXPECT(mem_free(dp) == 0);
+  CHECK(cudaFree(scratch));
+  std::printf("pin_driver_copy: done\n");
+  return 0;
+}
