@@ -1,6 +1,6 @@
 //! The driver API's copies (`cuMemcpyHtoD*`, `cuMemcpyDtoH*`, `cuMemcpyDtoD*`, `cuMemcpy`,
 //! `cuMemcpyAsync` and their per-thread forms: `data/wrapped.txt`'s `copies` group), wrapped
-//! while tracing records them ([`crate::trace::copy`]) or smart pinning (`CUDAW_PIN`) is on.
+//! while tracing records them (`crate::trace::copy`) or smart pinning (`CUDAW_PIN`) is on.
 //!
 //! Smart pinning (the runtime shim's, `crates/engine/src/pinning.rs`) page-locks in place
 //! pageable buffers the program copies often. That changes what the driver does with a

@@ -18,7 +18,7 @@
 //!   batches in order, wait until their buffer's previous copy has left it, copy the bytes
 //!   in and issue the asynchronous copy.
 //!
-//! The batches are graded ([`Plan::new`]): small first, growing by a quarter up to a
+//! The batches are graded (`Plan::new`): small first, growing by a quarter up to a
 //! buffer, shrinking at the end, so that the device and the host threads start sooner.
 //!
 //! Destinations of 2 MiB or more are advised for transparent huge pages
