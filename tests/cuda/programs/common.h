@@ -20,3 +20,14 @@
       std::exit(2);                                                                   \
     }                                                                                 \
   } while (0)
+
+// cudaPointerGetAttributes' type of `p` (0 unregistered host memory, 1 page-locked, 2
+// device, 3 managed), or -1 when the call fails (its error cleared).
+static inline int pointer_type(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return (int)a.type;
+}

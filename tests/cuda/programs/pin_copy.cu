@@ -29,15 +29,6 @@ static int expected(size_t i, int round) {
   return i < (size_t)FILLED ? 1000 * round + (int)i : value(i, round);
 }
 
-static int type_of(const void* p) {
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return (int)a.type;
-}
-
 static cudaStream_t stream;
 
 // `rounds` rounds of: fill on the host, copy to the device, overwrite the first FILLED
@@ -80,7 +71,7 @@ int main() {
 
   int* a = (int*)std::malloc(BYTES);
   rounds(a, d, 20, "malloc");
-  std::fprintf(stderr, "pin_copy: TYPE malloc-after-rounds %d\n", type_of(a));
+  std::fprintf(stderr, "pin_copy: TYPE malloc-after-rounds %d\n", pointer_type(a));
   // A small asynchronous copy back (below the staged copies' 1 MiB) into the buffer
   // cudaw pinned: the runtime copies it, and pageable memory's promise holds (the result
   // is there when the call returns), page-locked or not.
@@ -92,27 +83,27 @@ int main() {
   CHECK(cudaStreamSynchronize(stream));
   std::free(a);
   int* b = (int*)std::malloc(BYTES);
-  std::fprintf(stderr, "pin_copy: TYPE malloc-again %d\n", type_of(b));
+  std::fprintf(stderr, "pin_copy: TYPE malloc-again %d\n", pointer_type(b));
   rounds(b, d, 2, "malloc again");
   std::free(b);
 
   void* m = mmap(nullptr, BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   EXPECT(m != MAP_FAILED);
   rounds((int*)m, d, 20, "mmap");
-  std::fprintf(stderr, "pin_copy: TYPE mmap-after-rounds %d\n", type_of(m));
+  std::fprintf(stderr, "pin_copy: TYPE mmap-after-rounds %d\n", pointer_type(m));
   EXPECT(munmap(m, BYTES) == 0);
   void* m2 = mmap(m, BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   EXPECT(m2 != MAP_FAILED);
-  std::fprintf(stderr, "pin_copy: TYPE mmap-again %d\n", type_of(m2));
+  std::fprintf(stderr, "pin_copy: TYPE mmap-again %d\n", pointer_type(m2));
   rounds((int*)m2, d, 2, "mmap again");
   EXPECT(munmap(m2, BYTES) == 0);
 
   int* r = (int*)std::malloc(BYTES);
   rounds(r, d, 20, "realloc before");
-  std::fprintf(stderr, "pin_copy: TYPE realloc-before %d\n", type_of(r));
+  std::fprintf(stderr, "pin_copy: TYPE realloc-before %d\n", pointer_type(r));
   int* r2 = (int*)std::realloc(r, 2 * BYTES);
   EXPECT(r2 != nullptr);
-  std::fprintf(stderr, "pin_copy: TYPE realloc-after %d\n", type_of(r2));
+  std::fprintf(stderr, "pin_copy: TYPE realloc-after %d\n", pointer_type(r2));
   rounds(r2, d, 2, "realloc after");
   std::free(r2);
 
@@ -121,7 +112,7 @@ int main() {
   int* g = (int*)std::malloc(BYTES);
   rounds(g, d, 20, "before cudaHostRegister");
   CHECK(cudaHostRegister(g, BYTES, cudaHostRegisterDefault));
-  std::fprintf(stderr, "pin_copy: TYPE program-registered %d\n", type_of(g));
+  std::fprintf(stderr, "pin_copy: TYPE program-registered %d\n", pointer_type(g));
   rounds(g, d, 2, "registered by the program", false);
   CHECK(cudaHostUnregister(g));
   std::free(g);
@@ -138,7 +129,7 @@ int main() {
   int* q = (int*)std::malloc(BYTES);
   rounds(q, d, 20, "before cuMemHostRegister");
   EXPECT(cu_register(q, BYTES, 0) == 0);
-  std::fprintf(stderr, "pin_copy: TYPE driver-registered %d\n", type_of(q));
+  std::fprintf(stderr, "pin_copy: TYPE driver-registered %d\n", pointer_type(q));
   rounds(q, d, 2, "registered through the driver", false);
   EXPECT(cu_unregister(q) == 0);
   std::free(q);
@@ -159,8 +150,8 @@ int main() {
     rounds(x, d, 2, "heap x");
     rounds(y, d, 2, "heap y");
   }
-  std::fprintf(stderr, "pin_copy: TYPE heap-x %d\n", type_of(x));
-  std::fprintf(stderr, "pin_copy: TYPE heap-y %d\n", type_of((char*)y + BYTES - 1));
+  std::fprintf(stderr, "pin_copy: TYPE heap-x %d\n", pointer_type(x));
+  std::fprintf(stderr, "pin_copy: TYPE heap-y %d\n", pointer_type((char*)y + BYTES - 1));
   // A 2D copy of y, whose first page lies in x's registration: cudaw does not cut 2D
   // copies, so it unpins what the copy crosses first (the driver refuses a copy that
   // starts inside a registration and runs past it).

@@ -20,15 +20,6 @@ static const size_t EDGE = 8192;  // the copy across the end of x
 
 static int value(size_t i, int round) { return (int)(unsigned)(i * 2654435761u) ^ round; }
 
-static int type_of(const void* p) {
-  cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return (int)a.type;
-}
-
 typedef int (*htod_t)(unsigned long long, const void*, size_t);
 typedef int (*dtoh_t)(void*, unsigned long long, size_t);
 typedef int (*htod_async_t)(unsigned long long, const void*, size_t, cudaStream_t);
@@ -76,7 +67,7 @@ int main() {
     for (size_t i = 0; i < N; i++) EXPECT(x[i] == value(i, r));
   }
   std::printf("pin_driver_copy: x copied 20 times each way\n");
-  std::fprintf(stderr, "pin_driver_copy: TYPE x %d\n", type_of(x));
+  std::fprintf(stderr, "pin_driver_copy: TYPE x %d\n", pointer_type(x));
 
   // Synchronous, across the end of x: to the device, then back into the same bytes.
   char* edge = (char*)x + BYTES - EDGE / 2;
