@@ -980,7 +980,8 @@ if want transfers; then
   #   buffer unpinned before it was given back.
   : >"$OUT/transfers.log"
   if ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_bench" tests/cuda/gpu/transfers/pin_bench.cu >>"$OUT/programs.log" 2>&1 ||
-    ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_copy" tests/cuda/programs/pin_copy.cu >>"$OUT/programs.log" 2>&1; then
+    ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_copy" tests/cuda/programs/pin_copy.cu >>"$OUT/programs.log" 2>&1 ||
+    ! nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_driver_copy" tests/cuda/programs/pin_driver_copy.cu >>"$OUT/programs.log" 2>&1; then
     row "transfers: compile" FAIL "nvcc failed, see programs.log"
   else
     rounds=${TRANSFER_ROUNDS:-175}
@@ -1081,6 +1082,18 @@ if want transfers; then
       row "transfers: pinned buffers freed, unmapped, reallocated" PASS "same output; $types"
     else
       row "transfers: pinned buffers freed, unmapped, reallocated" FAIL "types: $types; see transfers.log"
+    fi
+    # A buffer the runtime's copies made hot, copied through the driver API (a synchronous
+    # copy across the end of cudaw's registration; asynchronous ones held to pageable
+    # memory's promises): the same output as natively, the buffer pinned.
+    tb pin_driver_copy_native "$WORK/pin_driver_copy"
+    tb pin_driver_copy_cudaw env CUDAW_LOG=info "$CUDAW" run --pin auto -- "$WORK/pin_driver_copy"
+    pinned_x=$(awk -v l="== pin_driver_copy_cudaw:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
+      on && /pin_driver_copy: TYPE x/ { print $4 }' "$OUT/transfers.log")
+    if cmp -s "$WORK/tr.pin_driver_copy_native" "$WORK/tr.pin_driver_copy_cudaw" && [ "$pinned_x" = 1 ]; then
+      row "transfers: driver API copies of a pinned buffer" PASS "same output as natively; the buffer pinned (TYPE x $pinned_x)"
+    else
+      row "transfers: driver API copies of a pinned buffer" FAIL "TYPE x ${pinned_x:-?}; see transfers.log"
     fi
   fi
 fi
