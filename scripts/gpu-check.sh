@@ -1061,18 +1061,20 @@ if want transfers; then
         *) row "transfers: seed benchmark, $l" info "${t}s, ${r}x the cudaMallocHost run (${ceiling}s)" ;;
       esac
     done
-    for run in "nopin native" "pin native" "nopin cudaw"; do
+    for run in "nopin native" "pin native" "nopin cudaw" "nopin passive"; do
       read -r how where <<<"$run"
       label="torch_${how}_$where"
-      if [ "$where" = cudaw ]; then
-        tb "$label" env CUDAW_LOG=info "$CUDAW" run --pin auto -- python3 scripts/transfers_torch.py "$how"
-      else
-        tb "$label" python3 scripts/transfers_torch.py "$how"
-      fi
+      case $where in
+        cudaw) tb "$label" env CUDAW_LOG=info "$CUDAW" run --pin auto -- python3 scripts/transfers_torch.py "$how" ;;
+        # The same with PyTorch's OpenMP threads sleeping instead of spinning after each
+        # parallel region (torch.stack's collate): do they starve the staging's threads?
+        passive) tb "$label" env OMP_WAIT_POLICY=PASSIVE CUDAW_LOG=info "$CUDAW" run --pin auto -- python3 scripts/transfers_torch.py "$how" ;;
+        *) tb "$label" python3 scripts/transfers_torch.py "$how" ;;
+      esac
     done
     ms() { awk '$1 == "h2d_ms_per_batch" { print $2 }' "$WORK/tr.$1"; }
-    sums=$(for l in torch_nopin_native torch_pin_native torch_nopin_cudaw; do awk '$1 == "checksum" { print $2 }' "$WORK/tr.$l"; done | sort -u | wc -l)
-    row "transfers: DataLoader H2D ms per batch (38.5 MB)" info "native unpinned $(ms torch_nopin_native), pin_memory=True $(ms torch_pin_native), cudaw --pin auto unpinned $(ms torch_nopin_cudaw); checksums $([ "$sums" = 1 ] && echo equal || echo DIFFER)"
+    sums=$(for l in torch_nopin_native torch_pin_native torch_nopin_cudaw torch_nopin_passive; do awk '$1 == "checksum" { print $2 }' "$WORK/tr.$l"; done | sort -u | wc -l)
+    row "transfers: DataLoader H2D ms per batch (38.5 MB)" info "native unpinned $(ms torch_nopin_native), pin_memory=True $(ms torch_pin_native), cudaw --pin auto unpinned $(ms torch_nopin_cudaw) (OMP_WAIT_POLICY=PASSIVE: $(ms torch_nopin_passive)); checksums $([ "$sums" = 1 ] && echo equal || echo DIFFER)"
     tb pin_copy_native "$WORK/pin_copy"
     tb pin_copy_cudaw env CUDAW_LOG=info "$CUDAW" run --pin auto -- "$WORK/pin_copy"
     types=$(awk -v l="== pin_copy_cudaw:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
