@@ -217,21 +217,18 @@ mod memory_hooks {
     extern "C" fn host_copy(host: u64, len: u64, asynchronous: bool, cuts: *mut [u64; 2]) -> u32 {
         guard("a copy's host side (driver layer)", HOST_PLAIN, || {
             let len = usize::try_from(len).unwrap_or(usize::MAX);
-            if asynchronous {
-                return if cudaw_engine::pinning::touching(host, len) {
-                    HOST_PINNED
-                } else {
-                    HOST_PLAIN
-                };
+            let mut flags = HOST_PLAIN;
+            if asynchronous && cudaw_engine::pinning::touching(host, len) {
+                flags |= HOST_PINNED;
             }
-            match cudaw_engine::pinning::crossing(host, len) {
-                Some(c) if !cuts.is_null() => {
+            if let Some(c) = cudaw_engine::pinning::crossing(host, len) {
+                if !cuts.is_null() {
                     // SAFETY: the driver shim passes its own array (or null, checked).
                     unsafe { cuts.write(c.offsets()) };
-                    HOST_CUT
+                    flags |= HOST_CUT;
                 }
-                _ => HOST_PLAIN,
             }
+            flags
         })
     }
 

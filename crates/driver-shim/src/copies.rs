@@ -15,18 +15,22 @@
 //!
 //! So a copy from a caller other than the runtime shim (which does the same for its own
 //! copies before they reach this layer) asks the runtime shim
-//! ([`driver::hooks::MemoryHooks::host_copy`]) about its host side: a synchronous one
-//! crossing a border of the registrations is issued in pieces, each inside one registration
-//! or outside all; an asynchronous one touching a registration waits for its stream before
-//! it returns, or, on a stream being captured into a graph (which cannot be waited for),
-//! has the registrations it touches given up first. With pinning off nothing is asked.
+//! ([`driver::hooks::MemoryHooks::host_copy`]) about its host side: one crossing a border
+//! of the registrations is issued in pieces, each inside one registration or outside all;
+//! an asynchronous one touching a registration waits for its stream before it returns,
+//! or, on a stream being captured into a graph (which cannot be waited for), has the
+//! registrations it touches given up first. With pinning off nothing is asked.
+//!
+//! Not covered: a range the runtime shim is unregistering at that moment (forgotten by
+//! its history, still registered with the driver) reads as plain; the driver's 2D, 3D,
+//! array and batch copies are not wrapped.
 
 #![allow(non_snake_case)]
 
 use crate::boundary::{guard, CUDA_ERROR_UNKNOWN};
 use crate::trace::{DEFAULT, DTOD, DTOH, HTOD};
 use cudaw_pin::Cuts;
-use driver::hooks::{HOST_CUT, HOST_PINNED};
+use driver::hooks::{HOST_CUT, HOST_PINNED, HOST_PLAIN};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
@@ -50,35 +54,32 @@ fn pinning_on() -> bool {
     })
 }
 
-/// What smart pinning says of a copy's host side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    /// Nothing of it touches the copy: as the program made it.
-    Plain,
-    /// A synchronous copy crossing a border: in pieces.
-    Cut(Cuts),
-    /// An asynchronous copy touching a registration.
-    Pinned,
-}
-
-/// Asks the runtime shim about each of `hosts` (the copy's possible host sides, `len`
-/// bytes from each); nothing where the caller is the runtime shim itself or pinning is off.
-fn side(hosts: &[u64], len: usize, asynchronous: bool) -> Side {
+/// Asks the runtime shim about each of `hosts` (the copy's possible host sides) moved on
+/// by `off`, `len` bytes from there: its flags ([`HOST_CUT`], [`HOST_PINNED`]) and, where
+/// it crosses a border, the first cut. Nothing where the caller is the runtime shim
+/// itself or pinning is off.
+fn ask(hosts: &[u64], off: u64, len: usize, asynchronous: bool) -> (u32, Option<u64>) {
     if !pinning_on() || len == 0 || crate::runtime::runtime_accounts() {
-        return Side::Plain;
+        return (HOST_PLAIN, None);
     }
     let Some(m) = crate::runtime::memory() else {
-        return Side::Plain;
+        return (HOST_PLAIN, None);
     };
+    let mut flags = HOST_PLAIN;
+    let mut first = None;
     for &host in hosts.iter().filter(|&&h| h != 0) {
         let mut cuts = [0u64; 2];
-        match (m.host_copy)(host, len as u64, asynchronous, &mut cuts) {
-            HOST_CUT if !asynchronous => return Side::Cut(Cuts::from_offsets(cuts)),
-            HOST_PINNED if asynchronous => return Side::Pinned,
-            _ => {}
+        let f = (m.host_copy)(host.wrapping_add(off), len as u64, asynchronous, &mut cuts);
+        flags |= f;
+        if f & HOST_CUT != 0 && first.is_none() {
+            first = Cuts::from_offsets(cuts)
+                .pieces(len as u64)
+                .next()
+                .map(|(_, l)| l)
+                .filter(|&l| l < len as u64);
         }
     }
-    Side::Plain
+    (flags, first)
 }
 
 /// Runs a copy of `n` bytes from `src` to `dst` (`issue(dst, src, n)` forwards it), as
@@ -92,33 +93,43 @@ fn run(
     stream: Option<(Stream, bool)>,
     issue: impl Fn(u64, u64, usize) -> u32,
 ) -> u32 {
-    let side = side(hosts, n, stream.is_some());
-    crate::trace::copy(direction, n, dst, src, || match side {
-        Side::Plain => issue(dst, src, n),
-        Side::Cut(cuts) => {
-            for (off, len) in cuts.pieces(n as u64) {
-                let rc = issue(dst.wrapping_add(off), src.wrapping_add(off), len as usize);
-                if rc != 0 {
-                    return rc;
-                }
-            }
-            0
+    let asynchronous = stream.is_some();
+    let (flags, first) = ask(hosts, 0, n, asynchronous);
+    crate::trace::copy(direction, n, dst, src, || {
+        if flags == HOST_PLAIN {
+            return issue(dst, src, n);
         }
-        Side::Pinned => {
-            let (s, ptsz) = stream.unwrap_or((std::ptr::null_mut(), false));
-            if crate::memory::capturing(s, ptsz) {
-                if let Some(m) = crate::runtime::memory() {
-                    for &host in hosts.iter().filter(|&&h| h != 0) {
-                        (m.host_register)(host, n as u64);
-                    }
+        let (s, ptsz) = stream.unwrap_or((std::ptr::null_mut(), false));
+        if flags & HOST_PINNED != 0 && crate::memory::capturing(s, ptsz) {
+            // Captured into a graph (which cannot be waited for): as the pageable memory
+            // it was, every registration of cudaw's it touches given up first.
+            if let Some(m) = crate::runtime::memory() {
+                for &host in hosts.iter().filter(|&&h| h != 0) {
+                    (m.host_register)(host, n as u64);
                 }
-                return issue(dst, src, n);
             }
-            match issue(dst, src, n) {
-                0 if ptsz => crate::forward!(cuStreamSynchronize_ptsz: fn(Stream), s),
-                0 => crate::forward!(cuStreamSynchronize: fn(Stream), s),
-                rc => rc,
+            return issue(dst, src, n);
+        }
+        // In pieces, each inside one registration or outside all: the borders are asked
+        // for again past each piece (a copy may cross more than the two a query gives).
+        let (mut off, mut next) = (0u64, first);
+        while off < n as u64 {
+            let len = next.unwrap_or(n as u64 - off);
+            let rc = issue(dst.wrapping_add(off), src.wrapping_add(off), len as usize);
+            if rc != 0 {
+                return rc;
             }
+            off += len;
+            next = if off < n as u64 {
+                ask(hosts, off, (n as u64 - off) as usize, asynchronous).1
+            } else {
+                None
+            };
+        }
+        match (flags & HOST_PINNED != 0, ptsz) {
+            (false, _) => 0,
+            (true, true) => crate::forward!(cuStreamSynchronize_ptsz: fn(Stream), s),
+            (true, false) => crate::forward!(cuStreamSynchronize: fn(Stream), s),
         }
     })
 }
@@ -193,8 +204,8 @@ mod tests {
     #[test]
     fn nothing_is_asked_of_a_process_without_pinning() {
         // The test process has no CUDAW_PIN and no runtime shim.
-        assert_eq!(side(&[0x1000], 1 << 20, false), Side::Plain);
-        assert_eq!(side(&[0x1000], 1 << 20, true), Side::Plain);
-        assert_eq!(side(&[], 0, true), Side::Plain);
+        assert_eq!(ask(&[0x1000], 0, 1 << 20, false), (HOST_PLAIN, None));
+        assert_eq!(ask(&[0x1000], 4096, 1 << 20, true), (HOST_PLAIN, None));
+        assert_eq!(ask(&[], 0, 0, true), (HOST_PLAIN, None));
     }
 }

@@ -71,7 +71,14 @@ fn find_memory() -> Option<&'static MemoryHooks> {
     let get: extern "C" fn() -> *const MemoryHooks = unsafe { std::mem::transmute(f) };
     // SAFETY: a pointer to the runtime shim's static table (never freed), or null.
     let h = unsafe { get().as_ref() }?;
-    (h.size >= std::mem::size_of::<MemoryHooks>()).then_some(h)
+    if h.size < std::mem::size_of::<MemoryHooks>() {
+        crate::log::warn(format_args!(
+            "the cudaw runtime's memory table in this process is older than this driver shim; \
+             driver allocations and copies go to the driver as they are"
+        ));
+        return None;
+    }
+    Some(h)
 }
 
 /// The runtime shim's memory table, if it is loaded (`cuMemAlloc*` from its VMM).

@@ -154,21 +154,23 @@ pub struct MemoryHooks {
     /// "already registered", which the program never sees natively).
     pub host_register: extern "C" fn(ptr: u64, size: u64),
     /// A copy through the driver's API whose host side is `[host, host + len)`, made by a
-    /// caller other than the runtime shim: whether smart pinning's registrations touch it.
-    /// [`HOST_PLAIN`]: none does (forward it); [`HOST_CUT`] (a synchronous copy): it
-    /// crosses a border of them, so it is issued in pieces, cut at the offsets written to
-    /// `cuts` (0: none); [`HOST_PINNED`] (an asynchronous copy): one touches it, so the
-    /// driver would copy it truly asynchronously, where the pageable memory the program
-    /// passed promises the source read, or the bytes there, when the call returns.
+    /// caller other than the runtime shim: how smart pinning's registrations touch it, as
+    /// flags. [`HOST_CUT`]: it crosses a border of them (the driver refuses a copy that
+    /// starts inside a registration and runs past it), the first two cuts written to `cuts`
+    /// (offsets into the copy, 0: none); [`HOST_PINNED`] (asked for an asynchronous copy):
+    /// one touches it, so the driver would copy it truly asynchronously, where the
+    /// pageable memory the program passed promises the source read, or the bytes there,
+    /// when the call returns. [`HOST_PLAIN`] (no flag): neither.
     pub host_copy:
         extern "C" fn(host: u64, len: u64, asynchronous: bool, cuts: *mut [u64; 2]) -> u32,
 }
 
 /// [`MemoryHooks::host_copy`]: nothing of smart pinning's touches the host side.
 pub const HOST_PLAIN: u32 = 0;
-/// [`MemoryHooks::host_copy`]: a synchronous copy to issue in pieces.
+/// [`MemoryHooks::host_copy`]'s flag: the copy crosses a border; `cuts` written.
 pub const HOST_CUT: u32 = 1;
-/// [`MemoryHooks::host_copy`]: an asynchronous copy touching a registration of cudaw's.
+/// [`MemoryHooks::host_copy`]'s flag: an asynchronous copy touching a registration of
+/// cudaw's.
 pub const HOST_PINNED: u32 = 2;
 
 // SAFETY: a table of thread-safe functions.

@@ -188,7 +188,11 @@ fn enqueue_copy(
     let task = if src_pageable && dst_device && !wait {
         // SAFETY: the caller's source buffer is valid for `len` bytes during the call.
         let staged = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
+        let delay = crate::config::copy_delay();
         let task: Task = Box::new(move || {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
             // SAFETY: the destination was checked writable device memory when enqueued.
             unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, len) }
         });

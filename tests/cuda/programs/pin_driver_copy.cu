@@ -1,17 +1,21 @@
-// Smart pinning (CUDAW_PIN) and the driver API's own copies: a heap buffer the runtime's
-// copies made hot (cudaw page-locks it), then copied through cuMemcpy* as a library calling
-// the driver directly would, as the pageable memory it is to the program:
-//   - synchronously, from its last page on into its neighbour's bytes (the copy starts
-//     inside cudaw's registration and runs past it, which the driver refuses as such);
+// Smart pinning (CUDAW_PIN) and the driver API's own copies: heap buffers the runtime's
+// copies made hot (cudaw page-locks them), then copied through cuMemcpy* as a library
+// calling the driver directly would, as the pageable memory they are to the program:
+//   - synchronously and asynchronously, from the last page of one into its neighbour's
+//     bytes (the copy starts inside cudaw's registration and runs past it, which the
+//     driver refuses as such);
+//   - synchronously, from a pageable neighbour's tail across two hot buffers into the
+//     next pageable neighbour (four borders);
 //   - asynchronously to the device, the source overwritten as soon as the call returns;
 //   - asynchronously to the host, the bytes read as soon as the call returns.
 // Every byte is checked. Standard output is the same natively and under cudaw; standard
-// error has "pin_driver_copy: TYPE x N" (cudaPointerGetAttributes' type of the hot buffer:
-// 1 once cudaw pinned it).
+// error has "pin_driver_copy: TYPE x N" and "... TYPE y N" (cudaPointerGetAttributes'
+// type of the hot buffers: 1 once cudaw pinned them).
 #include "common.h"
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <initializer_list>
 #include <malloc.h>
 
 static const size_t N = 4u << 20;  // 16 MiB of int
@@ -46,39 +50,60 @@ int main() {
   int* scratch = nullptr;  // the runtime's own allocation, beside the driver's
   CHECK(cudaMalloc(&scratch, 4096));
   unsigned long long dp = 0;
-  EXPECT(mem_alloc(&dp, BYTES) == 0);
+  EXPECT(mem_alloc(&dp, 3 * BYTES) == 0);
   int* d = (int*)dp;
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  // Two heap neighbours carved from one block, 16 bytes apart as glibc puts them: x is
-  // copied often (hot), y never.
-  EXPECT(mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1);
-  char* both = (char*)std::malloc(2 * BYTES + 16);
-  EXPECT(both != nullptr);
-  int* x = (int*)both;
-  char* y = both + BYTES + 16;
-  std::memset(y, 0x5a, BYTES);
+  // Four heap neighbours carved from one block, 16 bytes apart as glibc puts them: x and
+  // y are copied often (hot), w and z never.
+  EXPECT(mallopt(M_MMAP_THRESHOLD, 256 << 20) == 1);
+  char* block = (char*)std::malloc(4 * (BYTES + 16));
+  EXPECT(block != nullptr);
+  char* w = block;
+  int* x = (int*)(w + BYTES + 16);
+  int* y = (int*)((char*)x + BYTES + 16);
+  char* z = (char*)y + BYTES + 16;
   for (int r = 0; r < 20; r++) {
-    for (size_t i = 0; i < N; i++) x[i] = value(i, r);
-    CHECK(cudaMemcpy(d, x, BYTES, cudaMemcpyHostToDevice));
-    std::memset(x, 0, BYTES);
-    CHECK(cudaMemcpy(x, d, BYTES, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < N; i++) EXPECT(x[i] == value(i, r));
+    for (int* h : {x, y}) {
+      for (size_t i = 0; i < N; i++) h[i] = value(i, r);
+      CHECK(cudaMemcpy(d, h, BYTES, cudaMemcpyHostToDevice));
+      std::memset(h, 0, BYTES);
+      CHECK(cudaMemcpy(h, d, BYTES, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < N; i++) EXPECT(h[i] == value(i, r));
+    }
   }
-  std::printf("pin_driver_copy: x copied 20 times each way\n");
+  std::printf("pin_driver_copy: x and y copied 20 times each way\n");
   std::fprintf(stderr, "pin_driver_copy: TYPE x %d\n", pointer_type(x));
+  std::fprintf(stderr, "pin_driver_copy: TYPE y %d\n", pointer_type((char*)y + 4096));
 
-  // Synchronous, across the end of x: to the device, then back into the same bytes.
+  // Across the end of x, synchronously and asynchronously (the source overwritten, the
+  // result read, as soon as each call returns), to the device and back.
   char* edge = (char*)x + BYTES - EDGE / 2;
   unsigned char* was = (unsigned char*)std::malloc(EDGE);
-  for (size_t i = 0; i < EDGE; i++) edge[i] = (char)(i * 7 + 3);
-  std::memcpy(was, edge, EDGE);
-  EXPECT(htod(dp, edge, EDGE) == 0);
-  std::memset(edge, 0, EDGE);
-  EXPECT(dtoh(edge, dp, EDGE) == 0);
-  EXPECT(std::memcmp(edge, was, EDGE) == 0);
-  std::printf("pin_driver_copy: synchronous copies across the end of x exact\n");
+  for (int a = 0; a < 2; a++) {
+    for (size_t i = 0; i < EDGE; i++) edge[i] = (char)(i * 7 + 3 + a);
+    std::memcpy(was, edge, EDGE);
+    EXPECT((a ? htod_async(dp, edge, EDGE, stream) : htod(dp, edge, EDGE)) == 0);
+    std::memset(edge, 0xee, EDGE);
+    if (a) EXPECT(stream_sync(stream) == 0);
+    EXPECT((a ? dtoh_async(edge, dp, EDGE, stream) : dtoh(edge, dp, EDGE)) == 0);
+    EXPECT(std::memcmp(edge, was, EDGE) == 0);
+  }
+  std::printf("pin_driver_copy: copies across the end of x exact, synchronous and not\n");
+
+  // From w's last page through x and y into z's first page: four borders.
+  char* from = w + BYTES - 4096;
+  size_t span = (size_t)(z + 4096 - from);
+  unsigned char* all = (unsigned char*)std::malloc(span);
+  for (size_t i = 0; i < span; i++) from[i] = (char)(i * 13 + 5);
+  std::memcpy(all, from, span);
+  EXPECT(htod(dp, from, span) == 0);
+  std::memset(from, 0, span);
+  EXPECT(dtoh(from, dp, span) == 0);
+  EXPECT(std::memcmp(from, all, span) == 0);
+  std::free(all);
+  std::printf("pin_driver_copy: a copy across two hot buffers and their neighbours exact\n");
 
   // Asynchronous to the device: the source may be overwritten once the call returns.
   for (int r = 0; r < 4; r++) {
@@ -104,7 +129,7 @@ int main() {
   std::printf("pin_driver_copy: asynchronous copies to x there on return\n");
 
   std::free(was);
-  std::free(both);
+  std::free(block);
   CHECK(cudaStreamDestroy(stream));
   EXPECT(mem_free(dp) == 0);
   CHECK(cudaFree(scratch));
