@@ -21,9 +21,10 @@
 //! or, on a stream being captured into a graph (which cannot be waited for), has the
 //! registrations it touches given up first. With pinning off nothing is asked.
 //!
-//! Not covered: a range the runtime shim is unregistering at that moment (forgotten by
-//! its history, still registered with the driver) reads as plain; the driver's 2D, 3D,
-//! array and batch copies are not wrapped.
+//! Not covered: a synchronous copy crossing the border of a range the runtime shim is
+//! unregistering at that moment (forgotten by its history, still registered with the
+//! driver) is not cut (an asynchronous one touching it waits for its stream); the
+//! driver's 2D, 3D, array and batch copies are not wrapped.
 
 #![allow(non_snake_case)]
 

@@ -436,9 +436,13 @@ pub fn crossing(host: u64, len: usize) -> Option<Cuts> {
     })
 }
 
-/// Whether any registration of cudaw's touches `[host, host + len)`. Relaxed loads while
-/// nothing pinned is near.
+/// Whether any registration of cudaw's touches `[host, host + len)`, one being
+/// unregistered included (forgotten by the history, still registered with the driver).
+/// Relaxed loads while nothing pinned is near.
 pub fn touching(host: u64, len: usize) -> bool {
+    if STATE.load(Ordering::Relaxed) == ON && being_unregistered(host, len) {
+        return true;
+    }
     near_pinned(host, len as u64)
         && inside(|| {
             lock()
