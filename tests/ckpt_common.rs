@@ -5,10 +5,10 @@
 #![allow(dead_code)]
 
 use cudaw_tests::{command_under_cudaw, compile_program, cudaw_ckpt, expected, nvcc, Addressing};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,10 @@ pub fn raw(socket: &Path, line: &str) -> serde_json::Value {
     lines.remove(0)
 }
 
+/// How long a run sent to ckpt_target may take before the test fails (a few ms each
+/// normally; a hang must fail the test, not hold the suite).
+pub const RAN_WITHIN: Duration = Duration::from_secs(120);
+
 /// ckpt_target running under cudaw.
 pub struct Target {
     pub child: Child,
@@ -80,7 +84,9 @@ pub struct Target {
     /// A folder for images, the working folder of `cudaw-ckpt`.
     pub work: PathBuf,
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// Its standard output's lines, read on a thread of their own (a wait for one has a
+    /// deadline: a hung run fails the test instead of hanging the suite).
+    lines: std::sync::mpsc::Receiver<String>,
     /// Output lines other than "ran N".
     out: Vec<String>,
     /// "run" lines sent whose "ran" line is not read yet.
@@ -111,7 +117,16 @@ impl Target {
         let mut child = cmd.spawn().expect("starting ckpt_target");
         let pid = child.id().to_string();
         let stdin = child.stdin.take();
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line + "\n").is_err() {
+                    break;
+                }
+            }
+        });
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&log);
@@ -123,8 +138,9 @@ impl Target {
                 l.push('\n');
             }
         });
-        let mut first = String::new();
-        stdout.read_line(&mut first).expect("the first line");
+        let first = lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_default();
         assert!(
             first.starts_with("ckpt_target:"),
             "{first:?}\n{}",
@@ -144,7 +160,7 @@ impl Target {
             run_dir: run.0.clone(),
             work: work.0.clone(),
             stdin,
-            stdout,
+            lines,
             out: vec![first],
             pending: 0,
             log,
@@ -190,16 +206,36 @@ impl Target {
         self.pending += 1;
     }
 
-    /// Waits for the "ran" lines of the runs sent (the program must be running).
+    /// Waits for the "ran" lines of the runs sent (the program must be running), at most
+    /// [`RAN_WITHIN`] for each.
     pub fn wait_ran(&mut self) {
+        self.wait_ran_or(String::new);
+    }
+
+    /// [`Target::wait_ran`], with `context()` (a daemon's log, say) in the failure.
+    pub fn wait_ran_or(&mut self, context: impl Fn() -> String) {
+        use std::sync::mpsc::RecvTimeoutError;
         while self.pending > 0 {
-            let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).expect("reading stdout");
-            assert!(n > 0, "ckpt_target ended early; its log:\n{}", self.log());
-            if line.starts_with("ran ") {
-                self.pending -= 1;
-            } else {
-                self.out.push(line);
+            match self.lines.recv_timeout(RAN_WITHIN) {
+                Ok(line) if line.starts_with("ran ") => self.pending -= 1,
+                Ok(line) => self.out.push(line),
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "ckpt_target ended early; its log:\n{}{}",
+                        self.log(),
+                        context()
+                    )
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let status = self.ckpt(&["status", &self.pid]);
+                    panic!(
+                        "ckpt_target ran nothing for {} s; its status: {}\nits log:\n{}{}",
+                        RAN_WITHIN.as_secs(),
+                        String::from_utf8_lossy(&status.stdout),
+                        self.log(),
+                        context()
+                    )
+                }
             }
         }
     }
@@ -290,11 +326,9 @@ impl Target {
         let stdin = self.stdin.as_mut().expect("stdin open");
         writeln!(stdin, "end").expect("writing to ckpt_target");
         drop(self.stdin.take());
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).expect("stdout");
-        for l in rest.split_inclusive('\n') {
+        while let Ok(l) = self.lines.recv_timeout(RAN_WITHIN) {
             if !l.starts_with("ran ") {
-                self.out.push(l.to_owned());
+                self.out.push(l);
             }
         }
         let status = self.child.wait().expect("waiting for ckpt_target");

@@ -665,8 +665,12 @@ fn a_daemon_started_after_one_died_swaps_in_what_that_one_swapped_out() {
     for _ in 0..2 {
         a.send_run(3);
         b.send_run(3);
-        a.wait_ran();
-        b.wait_ran();
+        let daemon = || {
+            let st = d2.status().map_or_else(|e| e, |s| s.to_string());
+            format!("\nthe daemon's status: {st}\nits log:\n{}", d2.log())
+        };
+        a.wait_ran_or(daemon);
+        b.wait_ran_or(daemon);
     }
     // The second ends; the daemon stops: the first is swapped in (it fits now) and goes
     // on ungated. (One that did not fit would stay paused, its pause the node's, for the
