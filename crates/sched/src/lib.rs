@@ -599,6 +599,21 @@ impl Scheduler {
                     }
                 }
                 Phase::Releasing { .. } => {}
+                Phase::Running { .. }
+                    if self.job_sum(&job, |p| p.seen.swapped) > 0 && !self.job_pending(&job) =>
+                {
+                    // Its memory is swapped out: it cannot run. (A process found paused
+                    // with its memory out, an earlier daemon's swap, that joined first
+                    // was "found running": its turn began at its join, before anything
+                    // was seen of it.) The turn is prepared again: its memory first.
+                    self.set_phase(
+                        &job,
+                        Phase::Preparing {
+                            started: now,
+                            failed: false,
+                        },
+                    );
+                }
                 Phase::Running { end } => {
                     self.make_room_for_running(&job, now, &mut out);
                     if now >= end {

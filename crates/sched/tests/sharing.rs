@@ -664,3 +664,53 @@ fn a_jobs_idle_process_looked_at_first_keeps_the_busy_ones_credit() {
         );
     }
 }
+
+/// A process found paused with its memory swapped out (an earlier daemon's swap) that
+/// joins first is "found running" (its turn begins at its join, before anything is seen
+/// of it). Its memory must come back before it runs: with the other job idle its turn is
+/// never ended by a quantum, and the node test that adopted such a job once waited for
+/// ever (CI of 97b6c94: the job listed running, 21.3 MiB swapped, nothing resumed).
+#[test]
+fn a_job_found_swapped_out_at_its_join_is_swapped_in_before_it_runs() {
+    use cudaw_sched::{Action, Observation, Outcome, Scheduler};
+    use std::time::Instant;
+    const MIB: u64 = 1 << 20;
+    let cfg = config(&[("a", 0.0, 1.0), ("b", 0.0, 1.0)]);
+    let mut s = Scheduler::new(24 * MIB, &cfg);
+    let t0 = Instant::now();
+    let swapped = |waiting| Observation {
+        swapped: 21 * MIB,
+        waiting,
+        ..Observation::default()
+    };
+    s.join(1, "a", t0);
+    s.observe(1, swapped(false), t0);
+    s.join(2, "b", t0);
+    s.observe(
+        2,
+        Observation {
+            resident: 14 * MIB,
+            ..Observation::default()
+        },
+        t0,
+    );
+    let mut t = t0;
+    let mut order = Vec::new();
+    for step in 0..500 {
+        t += Duration::from_millis(10);
+        if step == 2 {
+            // The first job's program wants the GPU (it waits at its closed gate).
+            s.observe(1, swapped(true), t);
+        }
+        for a in s.tick(t) {
+            if matches!(a, Action::SwapIn(_) | Action::SwapOut(_)) {
+                order.push(a.clone());
+            }
+            s.done(&a, Outcome::Done, t);
+        }
+        if order.contains(&Action::SwapIn(1)) {
+            break;
+        }
+    }
+    assert_eq!(order, [Action::SwapOut(2), Action::SwapIn(1)]);
+}
