@@ -290,7 +290,7 @@ fn driver_api_copies_of_a_pinned_buffer_keep_pageable_rules() {
     run.assert_success(what);
     assert_eq!(run.stdout(), expected(name), "{what}");
     assert_eq!(run.stdout(), native.stdout(), "{what}");
-    for buffer in ["x", "y"] {
+    for buffer in ["x", "y", "x-again"] {
         assert!(
             run.stderr()
                 .contains(&format!("pin_driver_copy: TYPE {buffer} 1")),

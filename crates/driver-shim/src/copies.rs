@@ -21,10 +21,14 @@
 //! or, on a stream being captured into a graph (which cannot be waited for), has the
 //! registrations it touches given up first. With pinning off nothing is asked.
 //!
+//! 2D copies (`cuMemcpy2D*`) cannot be cut (their rows are the caller's): the
+//! registrations they cross a border of (synchronous) or touch (asynchronous) are given up
+//! first, as the runtime shim does for `cudaMemcpy2D`.
+//!
 //! Not covered: a synchronous copy crossing the border of a range the runtime shim is
 //! unregistering at that moment (forgotten by its history, still registered with the
 //! driver) is not cut (an asynchronous one touching it waits for its stream); the
-//! driver's 2D, 3D, array and batch copies are not wrapped.
+//! driver's 3D, array and batch copies are not wrapped.
 
 #![allow(non_snake_case)]
 
@@ -198,6 +202,116 @@ copy_wrapper!(cuMemcpyAsync(dst: u64, src: u64, n: usize, s: Stream)
 copy_wrapper!(cuMemcpyAsync_ptsz(dst: u64, src: u64, n: usize, s: Stream)
     => DEFAULT, hosts [dst, src], ptsz true);
 
+/// cuda.h's `CUDA_MEMCPY2D` (the fields a host side needs are read).
+#[repr(C)]
+struct Memcpy2D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_memory_type: u32,
+    src_host: u64,
+    src_device: u64,
+    src_array: u64,
+    src_pitch: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_memory_type: u32,
+    dst_host: u64,
+    dst_device: u64,
+    dst_array: u64,
+    dst_pitch: usize,
+    width_in_bytes: usize,
+    height: usize,
+}
+
+/// `CU_MEMORYTYPE_HOST` and `CU_MEMORYTYPE_UNIFIED` (whose pointer may be host memory).
+const MEMORYTYPE_HOST: u32 = 1;
+const MEMORYTYPE_UNIFIED: u32 = 4;
+
+impl Memcpy2D {
+    /// Its sides that may be host memory: (first byte, bytes from there to the last row's
+    /// end).
+    fn host_sides(&self) -> Vec<(u64, usize)> {
+        let (w, h) = (self.width_in_bytes, self.height);
+        if w == 0 || h == 0 {
+            return Vec::new();
+        }
+        let side = |ty: u32, host: u64, dev: u64, x: usize, y: usize, pitch: usize| {
+            let base = match ty {
+                MEMORYTYPE_HOST => host,
+                MEMORYTYPE_UNIFIED => dev,
+                _ => return None,
+            };
+            let at = y.checked_mul(pitch)?.checked_add(x)?;
+            let extent = pitch.max(w).checked_mul(h - 1)?.checked_add(w)?;
+            Some((base.checked_add(at as u64)?, extent))
+        };
+        [
+            side(
+                self.src_memory_type,
+                self.src_host,
+                self.src_device,
+                self.src_x_in_bytes,
+                self.src_y,
+                self.src_pitch,
+            ),
+            side(
+                self.dst_memory_type,
+                self.dst_host,
+                self.dst_device,
+                self.dst_x_in_bytes,
+                self.dst_y,
+                self.dst_pitch,
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|&(host, _)| host != 0)
+        .collect()
+    }
+}
+
+/// A 2D copy (`cuMemcpy2D*`), which cannot be cut at a border (its rows are the caller's):
+/// as the runtime shim does for `cudaMemcpy2D`, the registrations of smart pinning its host
+/// side crosses a border of (synchronous) or touches (asynchronous) are given up first, so
+/// that the driver sees the pageable memory the program passed.
+fn copy_2d(p: *const c_void, asynchronous: bool, issue: impl FnOnce() -> u32) -> u32 {
+    if p.is_null() || !pinning_on() || crate::runtime::runtime_accounts() {
+        return issue();
+    }
+    // SAFETY: the caller's CUDA_MEMCPY2D, valid for the call (the driver API's contract);
+    // only read.
+    let m = unsafe { &*p.cast::<Memcpy2D>() };
+    let sides = m.host_sides();
+    if let Some(hooks) = crate::runtime::memory() {
+        for (host, len) in sides {
+            if ask(&[host], 0, len, asynchronous).0 & (HOST_CUT | HOST_PINNED) != 0 {
+                (hooks.host_register)(host, len as u64);
+            }
+        }
+    }
+    issue()
+}
+
+/// Defines a 2D copy wrapper: its arguments, and whether it is asynchronous.
+macro_rules! copy_2d_wrapper {
+    ($name:ident (p: *const c_void $(, $s:ident : Stream)?) => asynchronous $a:literal) => {
+        pub(crate) extern "C" fn $name(p: *const c_void $(, $s: Stream)?) -> u32 {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                copy_2d(p, $a, || {
+                    crate::forward!($name: fn(*const c_void $(, stream_ty!($s))?), p $(, $s)?)
+                })
+            })
+        }
+    };
+}
+
+copy_2d_wrapper!(cuMemcpy2D_v2(p: *const c_void) => asynchronous false);
+copy_2d_wrapper!(cuMemcpy2D_v2_ptds(p: *const c_void) => asynchronous false);
+copy_2d_wrapper!(cuMemcpy2DUnaligned_v2(p: *const c_void) => asynchronous false);
+copy_2d_wrapper!(cuMemcpy2DUnaligned_v2_ptds(p: *const c_void) => asynchronous false);
+copy_2d_wrapper!(cuMemcpy2DAsync_v2(p: *const c_void, s: Stream) => asynchronous true);
+copy_2d_wrapper!(cuMemcpy2DAsync_v2_ptsz(p: *const c_void, s: Stream) => asynchronous true);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +322,43 @@ mod tests {
         assert_eq!(ask(&[0x1000], 0, 1 << 20, false), (HOST_PLAIN, None));
         assert_eq!(ask(&[0x1000], 4096, 1 << 20, true), (HOST_PLAIN, None));
         assert_eq!(ask(&[], 0, 0, true), (HOST_PLAIN, None));
+    }
+
+    #[test]
+    fn a_2d_copys_host_sides_span_its_rows() {
+        let m = Memcpy2D {
+            src_x_in_bytes: 16,
+            src_y: 2,
+            src_memory_type: MEMORYTYPE_HOST,
+            src_host: 0x10000,
+            src_device: 0,
+            src_array: 0,
+            src_pitch: 4096,
+            dst_x_in_bytes: 0,
+            dst_y: 0,
+            dst_memory_type: 2,
+            dst_host: 0,
+            dst_device: 0x7000_0000,
+            dst_array: 0,
+            dst_pitch: 1024,
+            width_in_bytes: 1000,
+            height: 3,
+        };
+        // From row 2, byte 16 of the source; three rows 4096 apart; the device side none.
+        assert_eq!(m.host_sides(), [(0x10000 + 2 * 4096 + 16, 2 * 4096 + 1000)]);
+        let unified = Memcpy2D {
+            dst_memory_type: MEMORYTYPE_UNIFIED,
+            ..m
+        };
+        assert_eq!(unified.host_sides().len(), 2);
+        assert!(Memcpy2D { height: 0, ..m }.host_sides().is_empty());
+        let huge = Memcpy2D {
+            src_pitch: usize::MAX,
+            ..m
+        };
+        assert!(
+            huge.host_sides().is_empty(),
+            "an overflowing extent is no side"
+        );
     }
 }

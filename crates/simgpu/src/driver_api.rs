@@ -1295,6 +1295,167 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     entry!({ enqueue_copy(dst, true, src, true, len, on_stream(stream)?, false,) })
 }
 
+/// cuda.h's `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+// The C layout, every field (the arrays are not simulated: never read).
+#[allow(dead_code)]
+pub struct CudaMemcpy2D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_memory_type: u32,
+    src_host: *const c_void,
+    src_device: CUdeviceptr,
+    src_array: *mut c_void,
+    src_pitch: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_memory_type: u32,
+    dst_host: *mut c_void,
+    dst_device: CUdeviceptr,
+    dst_array: *mut c_void,
+    dst_pitch: usize,
+    width_in_bytes: usize,
+    height: usize,
+}
+
+/// `CU_MEMORYTYPE_HOST`, `_DEVICE`, `_UNIFIED` (arrays are not simulated).
+const MEMORYTYPE_HOST: u32 = 1;
+const MEMORYTYPE_DEVICE: u32 = 2;
+const MEMORYTYPE_UNIFIED: u32 = 4;
+
+/// A 2D copy (`cuMemcpy2D*`): `height` rows of `width` bytes, each side `pitch` apart, as
+/// [`enqueue_copy`] does a 1D one: each side checked whole (a host side by the driver's
+/// rule for page-locked memory, over every byte from its first row's start to its last
+/// row's end), and an asynchronous copy from or to pageable memory keeping its promises.
+fn enqueue_copy_2d(
+    p: *const CudaMemcpy2D,
+    (device, stream): (&Device, StreamId),
+    wait: bool,
+) -> CuResult<()> {
+    // SAFETY: the caller's descriptor, valid for the call (the driver API's contract).
+    let m = unsafe { p.as_ref() }.ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+    let (width, height) = (m.width_in_bytes, m.height);
+    if width == 0 || height == 0 {
+        return Ok(());
+    }
+    let memory = device.memory();
+    let reachable = |addr: u64| memory.check_device(addr, 1, false).is_ok();
+    // (first byte, on the device)
+    let side = |ty: u32, host: u64, dev: u64, x: usize, y: usize, pitch: usize| {
+        let at = (y as u64)
+            .checked_mul(pitch as u64)
+            .and_then(|o| o.checked_add(x as u64))
+            .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
+        match ty {
+            MEMORYTYPE_HOST => Ok((host.wrapping_add(at), false)),
+            MEMORYTYPE_DEVICE => Ok((dev.wrapping_add(at), true)),
+            MEMORYTYPE_UNIFIED => Ok((dev.wrapping_add(at), reachable(dev))),
+            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    let (src, src_device) = side(
+        m.src_memory_type,
+        m.src_host as u64,
+        m.src_device,
+        m.src_x_in_bytes,
+        m.src_y,
+        m.src_pitch,
+    )?;
+    let (dst, dst_device) = side(
+        m.dst_memory_type,
+        m.dst_host as u64,
+        m.dst_device,
+        m.dst_x_in_bytes,
+        m.dst_y,
+        m.dst_pitch,
+    )?;
+    let (spitch, dpitch) = (m.src_pitch.max(width) as u64, m.dst_pitch.max(width) as u64);
+    let extent = |pitch: u64| pitch * (height as u64 - 1) + width as u64;
+    if src == 0 || dst == 0 {
+        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
+    }
+    if dst_device {
+        memory.check_device(dst, extent(dpitch), true)?;
+    } else {
+        memory.check_host_copy(dst, extent(dpitch))?;
+    }
+    if src_device {
+        memory.check_device(src, extent(spitch), false)?;
+    } else {
+        memory.check_host_copy(src, extent(spitch))?;
+    }
+    let dst_pageable = !dst_device && !reachable(dst);
+    let src_pageable = !src_device && !reachable(src);
+    drop(memory);
+    let rows = move |from: u64, from_pitch: u64| {
+        move || {
+            for r in 0..height as u64 {
+                // SAFETY: both sides were checked (device) or promised by the caller
+                // (host) when the copy was enqueued; `copy` allows overlap.
+                unsafe {
+                    std::ptr::copy(
+                        (from + r * from_pitch) as *const u8,
+                        (dst + r * dpitch) as *mut u8,
+                        width,
+                    )
+                }
+            }
+        }
+    };
+    let delay = crate::config::copy_delay();
+    let task: Task = if src_pageable && dst_device && !wait {
+        // The source read now (staged), the copy later.
+        let mut staged = Vec::with_capacity(width * height);
+        for r in 0..height as u64 {
+            // SAFETY: the caller's source rows are valid during the call.
+            staged.extend_from_slice(unsafe {
+                std::slice::from_raw_parts((src + r * spitch) as *const u8, width)
+            });
+        }
+        Box::new(move || {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            let copy = rows(staged.as_ptr() as u64, width as u64);
+            copy();
+            drop(staged);
+        })
+    } else {
+        let copy = rows(src, spitch);
+        Box::new(move || {
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+            copy()
+        })
+    };
+    let ticket = device.streams.enqueue(stream, task)?;
+    if wait || (dst_pageable && src_device) {
+        ticket.wait();
+    }
+    Ok(())
+}
+
+/// `cuMemcpy2D_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2D_v2(p: *const CudaMemcpy2D) -> CUresult {
+    entry!({ enqueue_copy_2d(p, on_null_stream()?, true) })
+}
+
+/// `cuMemcpy2DUnaligned_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(p: *const CudaMemcpy2D) -> CUresult {
+    entry!({ enqueue_copy_2d(p, on_null_stream()?, true) })
+}
+
+/// `cuMemcpy2DAsync_v2`: returns before the copy is done (but as pageable memory's
+/// promises say).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const CudaMemcpy2D, stream: Handle) -> CUresult {
+    entry!({ enqueue_copy_2d(p, on_stream(stream)?, false) })
+}
+
 /// `cuMemsetD8_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize) -> CUresult {

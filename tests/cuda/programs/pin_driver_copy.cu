@@ -7,11 +7,13 @@
 //   - synchronously, from a pageable neighbour's tail across two hot buffers into the
 //     next pageable neighbour (four borders);
 //   - asynchronously to the device, the source overwritten as soon as the call returns;
-//   - asynchronously to the host, the bytes read as soon as the call returns.
+//   - asynchronously to the host, the bytes read as soon as the call returns;
+//   - in 2D (cuMemcpy2D*, which cannot be cut), rows across the end of one.
 // Every byte is checked. Standard output is the same natively and under cudaw; standard
 // error has "pin_driver_copy: TYPE x N" and "... TYPE y N" (cudaPointerGetAttributes'
 // type of the hot buffers: 1 once cudaw pinned them).
 #include "common.h"
+#include <cuda.h>
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
@@ -31,6 +33,33 @@ typedef int (*dtoh_async_t)(void*, unsigned long long, size_t, cudaStream_t);
 typedef int (*sync_t)(cudaStream_t);
 typedef int (*alloc_t)(unsigned long long*, size_t);
 typedef int (*free_t)(unsigned long long);
+typedef int (*copy2d_t)(const CUDA_MEMCPY2D*);
+typedef int (*copy2d_async_t)(const CUDA_MEMCPY2D*, cudaStream_t);
+
+// A 2D copy of `rows` rows of 4096 bytes between host memory at `h` (rows 8192 apart) and
+// device memory at `d` (rows 4096 apart), to the device or back.
+static CUDA_MEMCPY2D rows_2d(char* h, unsigned long long d, int rows, bool to_device) {
+  CUDA_MEMCPY2D c;
+  std::memset(&c, 0, sizeof c);
+  c.WidthInBytes = 4096;
+  c.Height = rows;
+  if (to_device) {
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = h;
+    c.srcPitch = 8192;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = d;
+    c.dstPitch = 4096;
+  } else {
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = d;
+    c.srcPitch = 4096;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c.dstHost = h;
+    c.dstPitch = 8192;
+  }
+  return c;
+}
 
 int main() {
   // libcuda.so.1 is cudaw's driver layer under cudaw, as for any library calling it.
@@ -43,7 +72,10 @@ int main() {
   sync_t stream_sync = (sync_t)dlsym(cu, "cuStreamSynchronize");
   alloc_t mem_alloc = (alloc_t)dlsym(cu, "cuMemAlloc_v2");
   free_t mem_free = (free_t)dlsym(cu, "cuMemFree_v2");
+  copy2d_t copy2d = (copy2d_t)dlsym(cu, "cuMemcpy2D_v2");
+  copy2d_async_t copy2d_async = (copy2d_async_t)dlsym(cu, "cuMemcpy2DAsync_v2");
   EXPECT(htod && dtoh && htod_async && dtoh_async && stream_sync && mem_alloc && mem_free);
+  EXPECT(copy2d && copy2d_async);
 
   // Device memory from the driver, valid for its copies whatever cudaw's addressing (in
   // mapped addressing cudaw's, so that the runtime's copies of x count for pinning).
@@ -127,6 +159,34 @@ int main() {
     EXPECT(stream_sync(stream) == 0);
   }
   std::printf("pin_driver_copy: asynchronous copies to x there on return\n");
+
+  // 2D copies across the end of x (two rows 8192 apart, the second past x's end): they
+  // cannot be cut; synchronously, then, x hot again, asynchronously (the source
+  // overwritten as soon as the call returns).
+  char* rows = (char*)x + BYTES - 8192;
+  unsigned char* kept = (unsigned char*)std::malloc(2 * 8192);
+  for (int a = 0; a < 2; a++) {
+    if (a) {
+      for (int r = 0; r < 10; r++) {
+        CHECK(cudaMemcpy(d, x, BYTES, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(x, d, BYTES, cudaMemcpyDeviceToHost));
+      }
+      std::fprintf(stderr, "pin_driver_copy: TYPE x-again %d\n", pointer_type(x));
+    }
+    for (size_t i = 0; i < 2 * 8192; i++) rows[i] = (char)(i * 11 + 1 + a);
+    std::memcpy(kept, rows, 2 * 8192);
+    CUDA_MEMCPY2D up = rows_2d(rows, dp, 2, true);
+    EXPECT((a ? copy2d_async(&up, stream) : copy2d(&up)) == 0);
+    std::memset(rows, 0xee, 4096);
+    std::memset(rows + 8192, 0xee, 4096);
+    if (a) EXPECT(stream_sync(stream) == 0);
+    CUDA_MEMCPY2D down = rows_2d(rows, dp, 2, false);
+    EXPECT(copy2d(&down) == 0);
+    EXPECT(std::memcmp(rows, kept, 4096) == 0);
+    EXPECT(std::memcmp(rows + 8192, kept + 8192, 4096) == 0);
+  }
+  std::free(kept);
+  std::printf("pin_driver_copy: 2D copies across the end of x exact, synchronous and not\n");
 
   std::free(was);
   std::free(block);
