@@ -43,20 +43,16 @@ static CUDA_MEMCPY2D rows_2d(char* h, unsigned long long d, int rows, bool to_de
   std::memset(&c, 0, sizeof c);
   c.WidthInBytes = 4096;
   c.Height = rows;
+  c.srcMemoryType = to_device ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  c.dstMemoryType = to_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  c.srcPitch = to_device ? 8192 : 4096;
+  c.dstPitch = to_device ? 4096 : 8192;
   if (to_device) {
-    c.srcMemoryType = CU_MEMORYTYPE_HOST;
     c.srcHost = h;
-    c.srcPitch = 8192;
-    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
     c.dstDevice = d;
-    c.dstPitch = 4096;
   } else {
-    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
     c.srcDevice = d;
-    c.srcPitch = 4096;
-    c.dstMemoryType = CU_MEMORYTYPE_HOST;
     c.dstHost = h;
-    c.dstPitch = 8192;
   }
   return c;
 }
