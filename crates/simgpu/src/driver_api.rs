@@ -153,55 +153,116 @@ fn enqueue_copy(
     src: u64,
     src_device: bool,
     len: usize,
+    on: (&Device, StreamId),
+    wait: bool,
+) -> CuResult<()> {
+    let side = |addr, device| Side {
+        addr,
+        device,
+        pitch: len as u64,
+    };
+    enqueue_rows(
+        side(dst, dst_device),
+        side(src, src_device),
+        len,
+        1,
+        on,
+        wait,
+    )
+}
+
+/// One side of a copy: its first byte, whether it is device memory, and the distance
+/// between its rows.
+#[derive(Debug, Clone, Copy)]
+struct Side {
+    addr: u64,
+    device: bool,
+    pitch: u64,
+}
+
+/// Enqueues a copy of `height` rows of `width` bytes (a 1D copy is one row), each side
+/// checked whole: a device side readable or writable, a host side by the driver's rule for
+/// page-locked memory, over every byte from its first row's start to its last row's end.
+/// `wait` makes it synchronous. Pageable host memory (neither allocated page-locked nor
+/// registered) keeps its promises, as the driver's: an asynchronous copy from it returns
+/// once the source is read (staged here: a snapshot), one to it once the bytes are there.
+fn enqueue_rows(
+    dst: Side,
+    src: Side,
+    width: usize,
+    height: usize,
     (device, stream): (&Device, StreamId),
     wait: bool,
 ) -> CuResult<()> {
-    if len == 0 {
+    if width == 0 || height == 0 {
         return Ok(());
     }
-    if dst == 0 || src == 0 {
+    if dst.addr == 0 || src.addr == 0 {
         return Err(CuError::CUDA_ERROR_INVALID_VALUE);
     }
-    // Pageable host memory (neither allocated page-locked nor registered): as the driver,
-    // an asynchronous copy from it returns once the source is read (staged here: a
-    // snapshot), one to it once the bytes are there.
+    let extent = |s: Side| s.pitch * (height as u64 - 1) + width as u64;
     let (dst_pageable, src_pageable) = {
         let memory = device.memory();
-        if dst_device {
-            memory.check_device(dst, len as u64, true)?;
+        if dst.device {
+            memory.check_device(dst.addr, extent(dst), true)?;
         }
-        if src_device {
-            memory.check_device(src, len as u64, false)?;
+        if src.device {
+            memory.check_device(src.addr, extent(src), false)?;
         }
-        if !dst_device {
-            memory.check_host_copy(dst, len as u64)?;
+        if !dst.device {
+            memory.check_host_copy(dst.addr, extent(dst))?;
         }
-        if !src_device {
-            memory.check_host_copy(src, len as u64)?;
+        if !src.device {
+            memory.check_host_copy(src.addr, extent(src))?;
         }
         let reachable = |addr: u64| memory.check_device(addr, 1, false).is_ok();
         (
-            !dst_device && !reachable(dst),
-            !src_device && !reachable(src),
+            !dst.device && !reachable(dst.addr),
+            !src.device && !reachable(src.addr),
         )
     };
-    let task = if src_pageable && dst_device && !wait {
-        // SAFETY: the caller's source buffer is valid for `len` bytes during the call.
-        let staged = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
-        let delay = crate::config::copy_delay();
-        let task: Task = Box::new(move || {
-            if !delay.is_zero() {
-                std::thread::sleep(delay);
-            }
-            // SAFETY: the destination was checked writable device memory when enqueued.
-            unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), dst as *mut u8, len) }
-        });
-        task
+    // The source read now (staged), the copy later; else read when the copy runs.
+    let (from, staged) = if src_pageable && dst.device && !wait {
+        let mut staged = Vec::with_capacity(width * height);
+        for r in 0..height as u64 {
+            // SAFETY: the caller's source rows are valid during the call.
+            staged.extend_from_slice(unsafe {
+                std::slice::from_raw_parts((src.addr + r * src.pitch) as *const u8, width)
+            });
+        }
+        let at = staged.as_ptr() as u64;
+        (
+            Side {
+                addr: at,
+                device: false,
+                pitch: width as u64,
+            },
+            Some(staged),
+        )
     } else {
-        copy_task(dst, src, len)
+        (src, None)
     };
+    let delay = crate::config::copy_delay();
+    let task: Task = Box::new(move || {
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        for r in 0..height as u64 {
+            // SAFETY: both sides were checked (device) or promised by the caller (host)
+            // when the copy was enqueued, or the source is the snapshot this task owns;
+            // `copy` allows overlap.
+            unsafe {
+                std::ptr::copy(
+                    (from.addr + r * from.pitch) as *const u8,
+                    (dst.addr + r * dst.pitch) as *mut u8,
+                    width,
+                )
+            }
+        }
+        drop(staged);
+    });
     let ticket = device.streams.enqueue(stream, task)?;
-    if wait || (dst_pageable && src_device) {
+    if wait || (dst_pageable && src.device) {
         ticket.wait();
     }
     Ok(())
@@ -1324,37 +1385,35 @@ const MEMORYTYPE_HOST: u32 = 1;
 const MEMORYTYPE_DEVICE: u32 = 2;
 const MEMORYTYPE_UNIFIED: u32 = 4;
 
-/// A 2D copy (`cuMemcpy2D*`): `height` rows of `width` bytes, each side `pitch` apart, as
-/// [`enqueue_copy`] does a 1D one: each side checked whole (a host side by the driver's
-/// rule for page-locked memory, over every byte from its first row's start to its last
-/// row's end), and an asynchronous copy from or to pageable memory keeping its promises.
-fn enqueue_copy_2d(
-    p: *const CudaMemcpy2D,
-    (device, stream): (&Device, StreamId),
-    wait: bool,
-) -> CuResult<()> {
+/// A 2D copy (`cuMemcpy2D*`): its descriptor's sides resolved, then [`enqueue_rows`].
+fn enqueue_copy_2d(p: *const CudaMemcpy2D, on: (&Device, StreamId), wait: bool) -> CuResult<()> {
     // SAFETY: the caller's descriptor, valid for the call (the driver API's contract).
     let m = unsafe { p.as_ref() }.ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
-    let (width, height) = (m.width_in_bytes, m.height);
-    if width == 0 || height == 0 {
+    let width = m.width_in_bytes;
+    if width == 0 || m.height == 0 {
         return Ok(());
     }
-    let memory = device.memory();
-    let reachable = |addr: u64| memory.check_device(addr, 1, false).is_ok();
-    // (first byte, on the device)
     let side = |ty: u32, host: u64, dev: u64, x: usize, y: usize, pitch: usize| {
         let at = (y as u64)
             .checked_mul(pitch as u64)
             .and_then(|o| o.checked_add(x as u64))
             .ok_or(CuError::CUDA_ERROR_INVALID_VALUE)?;
-        match ty {
-            MEMORYTYPE_HOST => Ok((host.wrapping_add(at), false)),
-            MEMORYTYPE_DEVICE => Ok((dev.wrapping_add(at), true)),
-            MEMORYTYPE_UNIFIED => Ok((dev.wrapping_add(at), reachable(dev))),
-            _ => Err(CuError::CUDA_ERROR_INVALID_VALUE),
-        }
+        let (addr, device) = match ty {
+            MEMORYTYPE_HOST => (host.wrapping_add(at), false),
+            MEMORYTYPE_DEVICE => (dev.wrapping_add(at), true),
+            MEMORYTYPE_UNIFIED => {
+                let reachable = on.0.memory().check_device(dev, 1, false).is_ok();
+                (dev.wrapping_add(at), reachable)
+            }
+            _ => return Err(CuError::CUDA_ERROR_INVALID_VALUE),
+        };
+        Ok(Side {
+            addr,
+            device,
+            pitch: pitch.max(width) as u64,
+        })
     };
-    let (src, src_device) = side(
+    let src = side(
         m.src_memory_type,
         m.src_host as u64,
         m.src_device,
@@ -1362,7 +1421,7 @@ fn enqueue_copy_2d(
         m.src_y,
         m.src_pitch,
     )?;
-    let (dst, dst_device) = side(
+    let dst = side(
         m.dst_memory_type,
         m.dst_host as u64,
         m.dst_device,
@@ -1370,71 +1429,7 @@ fn enqueue_copy_2d(
         m.dst_y,
         m.dst_pitch,
     )?;
-    let (spitch, dpitch) = (m.src_pitch.max(width) as u64, m.dst_pitch.max(width) as u64);
-    let extent = |pitch: u64| pitch * (height as u64 - 1) + width as u64;
-    if src == 0 || dst == 0 {
-        return Err(CuError::CUDA_ERROR_INVALID_VALUE);
-    }
-    if dst_device {
-        memory.check_device(dst, extent(dpitch), true)?;
-    } else {
-        memory.check_host_copy(dst, extent(dpitch))?;
-    }
-    if src_device {
-        memory.check_device(src, extent(spitch), false)?;
-    } else {
-        memory.check_host_copy(src, extent(spitch))?;
-    }
-    let dst_pageable = !dst_device && !reachable(dst);
-    let src_pageable = !src_device && !reachable(src);
-    drop(memory);
-    let rows = move |from: u64, from_pitch: u64| {
-        move || {
-            for r in 0..height as u64 {
-                // SAFETY: both sides were checked (device) or promised by the caller
-                // (host) when the copy was enqueued; `copy` allows overlap.
-                unsafe {
-                    std::ptr::copy(
-                        (from + r * from_pitch) as *const u8,
-                        (dst + r * dpitch) as *mut u8,
-                        width,
-                    )
-                }
-            }
-        }
-    };
-    let delay = crate::config::copy_delay();
-    let task: Task = if src_pageable && dst_device && !wait {
-        // The source read now (staged), the copy later.
-        let mut staged = Vec::with_capacity(width * height);
-        for r in 0..height as u64 {
-            // SAFETY: the caller's source rows are valid during the call.
-            staged.extend_from_slice(unsafe {
-                std::slice::from_raw_parts((src + r * spitch) as *const u8, width)
-            });
-        }
-        Box::new(move || {
-            if !delay.is_zero() {
-                std::thread::sleep(delay);
-            }
-            let copy = rows(staged.as_ptr() as u64, width as u64);
-            copy();
-            drop(staged);
-        })
-    } else {
-        let copy = rows(src, spitch);
-        Box::new(move || {
-            if !delay.is_zero() {
-                std::thread::sleep(delay);
-            }
-            copy()
-        })
-    };
-    let ticket = device.streams.enqueue(stream, task)?;
-    if wait || (dst_pageable && src_device) {
-        ticket.wait();
-    }
-    Ok(())
+    enqueue_rows(dst, src, width, m.height, on, wait)
 }
 
 /// `cuMemcpy2D_v2`.
