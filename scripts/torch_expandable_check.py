@@ -55,12 +55,9 @@ def main():
     ap.add_argument("--gib", type=int, default=4)
     ap.add_argument("--cycles", type=int, default=3)
     a = ap.parse_args()
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", CUDAW_LOG="info")
-    p = subprocess.Popen([os.path.join(a.dist, "bin", "cudaw"), "run", "--", sys.executable, "-c", CHILD, str(a.gib)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    p, next_line = start(a, expandable=True)
     ckpt = lambda *w: subprocess.run([os.path.join(a.dist, "bin", "cudaw-ckpt"), *w, "--json"],
                                      capture_output=True, text=True, timeout=300)
-    next_line = Lines(p.stdout).next
     work = tempfile.mkdtemp(prefix="cudaw-expandable-")
     img = os.path.join(work, "expandable.img")
     resumes = []
@@ -156,10 +153,7 @@ def median(xs):
 def plain_resumes(a, ckpt):
     """The same tensors from cudaMalloc (no expandable segments), paused and resumed
     `a.cycles` times: each resume's ms, or [] (with a FAIL) when it did not run through."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False", CUDAW_LOG="info")
-    p = subprocess.Popen([os.path.join(a.dist, "bin", "cudaw"), "run", "--", sys.executable, "-c", CHILD, str(a.gib)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    next_line = Lines(p.stdout).next
+    p, next_line = start(a, expandable=False)
     out = []
     try:
         if next_line() != "ready":
@@ -185,6 +179,16 @@ def plain_resumes(a, ckpt):
         return []
     finally:
         end(a, p)
+
+
+def start(a, expandable):
+    """The child under cudaw, with PyTorch's expandable segments or without: the process
+    and its next-line reader."""
+    conf = f"expandable_segments:{expandable}"
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf, CUDAW_LOG="info")
+    p = subprocess.Popen([os.path.join(a.dist, "bin", "cudaw"), "run", "--", sys.executable, "-c", CHILD, str(a.gib)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return p, Lines(p.stdout).next
 
 
 def end(a, p):
