@@ -97,6 +97,43 @@ fn slow_device_copies_stay_in_stream_order_translated() {
     );
 }
 
+/// `CUDAW_STAGING_PROFILE=on`: one line per staged copy saying where its time went, each
+/// direction's bytes adding up to what the staging moved; the output unchanged.
+#[test]
+fn a_profiled_run_says_where_each_staged_copy_went() {
+    let Some(nvcc) = nvcc() else { return };
+    let exe = compile_program(&nvcc, NAME);
+    let run = run_under_cudaw(&exe, Addressing::Mapped, &[("CUDAW_STAGING_PROFILE", "on")]);
+    run.assert_success("pageable_copy profiled");
+    assert_eq!(run.stdout(), expected(NAME));
+    let log = run.stderr();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("cudaw staging profile: "))
+        .collect();
+    // Copies of a buffer's worth or less are spread over the parties too: every staged
+    // copy is one line (one batch, on the calling thread alone, none).
+    assert!(!lines.is_empty(), "{log}");
+    assert!(lines.len() as u64 <= staged_copies(&log), "{log}");
+    for l in &lines {
+        assert!(
+            l.starts_with("to device ") || l.starts_with("to host "),
+            "{l}"
+        );
+        for part in [
+            "bytes in",
+            "batches",
+            "parties, the last started at",
+            "device copies issued from",
+            "per party: waiting",
+            "for the device, copying",
+            "issuing",
+        ] {
+            assert!(l.contains(part), "{part:?} missing: {l}");
+        }
+    }
+}
+
 #[test]
 fn a_bad_threshold_is_reported_and_the_default_used() {
     let Some(nvcc) = nvcc() else { return };

@@ -84,7 +84,7 @@
 //! smallest program copy staged, default 1M, or `off`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use vmm::{HostCopy, HostStaging, LoadRange, Source, Staging, StagingError, StagingRange};
@@ -109,6 +109,8 @@ pub const STREAMING_IN_ENV: &str = "CUDAW_STAGING_STREAMING_IN";
 
 /// The variable that turns the host arena on: `pinned` (or `off`, the default).
 pub const ARENA_ENV: &str = "CUDAW_HOST_ARENA";
+/// `on`: every staged copy prints where its time went ([`StagingConfig::profile`]).
+pub const PROFILE_ENV: &str = "CUDAW_STAGING_PROFILE";
 /// The variable that turns off the reuse of host copies between pauses: `off` (or `on`,
 /// the default).
 pub const REUSE_ENV: &str = "CUDAW_HOST_REUSE";
@@ -156,10 +158,11 @@ pub struct StagingConfig {
     pub prefault: bool,
     /// Copy into the destination with streaming (non-temporal) stores.
     pub streaming_stores: bool,
-    /// Copy into the pinned buffers with streaming stores (copies to the device, resumes;
-    /// `CUDAW_STAGING_STREAMING_IN`): the host's memory traffic is a third lower (no read
+    /// Copy into the pinned buffers with streaming stores for resumes and other loads
+    /// (`CUDAW_STAGING_STREAMING_IN`): the host's memory traffic is a third lower (no read
     /// of the buffer's lines before they are written), but the device then reads the bytes
-    /// from memory instead of the cache. Off until measured faster.
+    /// from memory instead of the cache. Off until measured faster for resumes; copies of
+    /// a program's pageable memory to the device always stream (measured faster).
     pub streaming_in: bool,
     /// Make the pool from ordinary memory (huge pages, faulted in on all threads) pinned in
     /// place with `cuMemHostRegister`, rather than with `cuMemHostAlloc`: several times
@@ -180,6 +183,10 @@ pub struct StagingConfig {
     /// default [`DEFAULT_COPY_MIN`]); `None` (`off`): every such copy takes the driver's
     /// own path.
     pub copy_min: Option<usize>,
+    /// Print, for every copy through the pool, where its time went: the parties' start,
+    /// their waits for a buffer and for the device, their host copying and issuing
+    /// (`CUDAW_STAGING_PROFILE=on`, a diagnostic; one line on stderr a copy).
+    pub profile: bool,
 }
 
 impl Default for StagingConfig {
@@ -211,6 +218,7 @@ impl StagingConfig {
             host_arena: false,
             reuse_host: true,
             copy_min: Some(DEFAULT_COPY_MIN),
+            profile: false,
         }
     }
 
@@ -267,6 +275,7 @@ impl StagingConfig {
         let host_arena = switch(ARENA_ENV, "pinned", d.host_arena).unwrap_or(d.host_arena);
         let reuse_host = switch(REUSE_ENV, "on", d.reuse_host).unwrap_or(d.reuse_host);
         let streaming_in = switch(STREAMING_IN_ENV, "on", d.streaming_in).unwrap_or(d.streaming_in);
+        let profile = switch(PROFILE_ENV, "on", d.profile).unwrap_or(d.profile);
         let copy_min = match get(COPY_MIN_ENV).map(|v| v.trim().to_owned()) {
             None => d.copy_min,
             Some(v) if v.is_empty() => d.copy_min,
@@ -287,6 +296,7 @@ impl StagingConfig {
             reuse_host,
             streaming_in,
             copy_min,
+            profile,
             ..StagingConfig::new(streams, buffer, threads)
         }
     }
@@ -1377,7 +1387,7 @@ impl Pool {
             .min(batches)
             .min(workers.current_num_threads())
             .max(1);
-        let pipe = Pipeline::new(self.slots.len());
+        let pipe = Pipeline::new(self.slots.len(), config.profile);
         // The issuer runs here while the workers copy out, then copies out too (a copy of
         // a few buffers is all issued at once: the caller is awake, where a worker must
         // be woken first). The scope returns once they all have (the pipeline is closed,
@@ -1396,6 +1406,9 @@ impl Pool {
             pipe.close();
             self.save_worker(config, targets, plan, &pipe);
         });
+        if let Some(p) = &pipe.prof {
+            p.report("to host", plan);
+        }
         pipe.result()
     }
 
@@ -1415,7 +1428,7 @@ impl Pool {
             self.issue_batch(ranges, plan, k)?;
         }
         for k in 0..batches {
-            self.copy_out(config, targets, plan, k)?;
+            self.copy_out(config, targets, plan, k, None)?;
             if k + n < batches {
                 // Buffer `k % n` is out (copied just above): it takes batch `k + n`.
                 self.issue_batch(ranges, plan, k + n)?;
@@ -1433,12 +1446,14 @@ impl Pool {
         pipe: &Pipeline,
     ) -> Result<(), DriverError> {
         let n = self.slots.len();
+        let prof = pipe.prof.as_ref();
         self.driver.ctx_set_current(self.context)?;
         for k in 0..plan.batches.len() {
-            if !pipe.wait_turn(k % n, k / n) {
+            if !Prof::timed(prof, |p| &p.wait, || pipe.wait_turn(k % n, k / n)) {
                 break;
             }
-            self.issue_batch(ranges, plan, k)?;
+            Prof::timed(prof, |p| &p.issue, || self.issue_batch(ranges, plan, k))?;
+            Prof::issued(prof, k);
             pipe.push(k);
         }
         Ok(())
@@ -1483,12 +1498,14 @@ impl Pool {
         plan: &Plan,
         pipe: &Pipeline,
     ) {
+        let prof = pipe.prof.as_ref();
+        Prof::party(prof);
         if let Err(e) = self.driver.ctx_set_current(self.context) {
             pipe.fail(staging_error(e));
             return;
         }
-        while let Some(k) = pipe.pop() {
-            if let Err(e) = self.copy_out(config, targets, plan, k) {
+        while let Some(k) = Prof::timed(prof, |p| &p.wait, || pipe.pop()) {
+            if let Err(e) = self.copy_out(config, targets, plan, k, prof) {
                 pipe.fail(staging_error(e));
                 return;
             }
@@ -1505,9 +1522,11 @@ impl Pool {
         targets: &[HostPtr],
         plan: &Plan,
         k: usize,
+        prof: Option<&Prof>,
     ) -> Result<(), DriverError> {
         let slot = k % self.slots.len();
         let pieces = &plan.pieces[plan.batches[k].clone()];
+        let faulting = Prof::mark(prof);
         if config.prefault {
             for p in pieces {
                 // SAFETY: the piece's destination lies inside its range's reserved
@@ -1515,7 +1534,13 @@ impl Pool {
                 unsafe { prefault(targets[p.range].0.add(p.offset), p.len) };
             }
         }
-        self.driver.event_synchronize(self.slots[slot].event)?;
+        Prof::add(prof, |p| &p.copy, faulting);
+        Prof::timed(
+            prof,
+            |p| &p.device,
+            || self.driver.event_synchronize(self.slots[slot].event),
+        )?;
+        let copying = Prof::mark(prof);
         let from = self.buffer(slot);
         for p in pieces {
             // SAFETY: the device copy into the buffer is complete (event above); the
@@ -1530,6 +1555,7 @@ impl Pool {
                 }
             };
         }
+        Prof::add(prof, |p| &p.copy, copying);
         Ok(())
     }
 
@@ -1581,7 +1607,14 @@ impl Pool {
                     len: len as u64,
                     source: Source::Memory(bytes),
                 };
-                self.run_load(config, &[range], &[bytes])
+                // Streaming stores into the buffers, whatever `streaming_in` says for
+                // resumes: measured faster for these copies (gpu-check's `stagesweep`, an
+                // H200 host: 8 / 32 / 128 MiB at 23 / 26 / 34 GB/s against 16 / 21 / 32).
+                let config = StagingConfig {
+                    streaming_in: true,
+                    ..*config
+                };
+                self.run_load(&config, &[range], &[bytes])
             }
         };
         let finished = copied.and_then(|()| {
@@ -1631,7 +1664,7 @@ impl Pool {
         let lens: Vec<usize> = sources.iter().map(|s| s.len()).collect();
         let plan = Plan::new(&lens, self.buffer_bytes, config.threads);
         let n = self.slots.len();
-        let pipe = Pipeline::new(n);
+        let pipe = Pipeline::new(n, config.profile);
         let next = AtomicUsize::new(0);
         let threads = config.threads.min(plan.batches.len()).max(1);
         let work = || {
@@ -1654,6 +1687,9 @@ impl Pool {
             // One thread's worth, or no threads to hand it to (a pids limit): here.
             None => work(),
         }
+        if let Some(p) = &pipe.prof {
+            p.report("to device", &plan);
+        }
         pipe.result()
     }
 
@@ -1669,11 +1705,15 @@ impl Pool {
         pipe: &Pipeline,
         next: &AtomicUsize,
     ) -> Result<(), DriverError> {
+        let prof = pipe.prof.as_ref();
+        Prof::party(prof);
         self.driver.ctx_set_current(self.context)?;
         let n = self.slots.len();
         loop {
             let k = next.fetch_add(1, Ordering::Relaxed);
-            if k >= plan.batches.len() || !pipe.wait_turn(k % n, k / n) {
+            if k >= plan.batches.len()
+                || !Prof::timed(prof, |p| &p.wait, || pipe.wait_turn(k % n, k / n))
+            {
                 return Ok(());
             }
             let slot = k % n;
@@ -1681,9 +1721,10 @@ impl Pool {
             // The buffer's previous copy (batch k - n, or an asynchronous pageable copy's
             // that returned before it was done) must have left it. An event never recorded
             // is reached.
-            self.driver.event_synchronize(event)?;
+            Prof::timed(prof, |p| &p.device, || self.driver.event_synchronize(event))?;
             let at = self.buffer(slot);
             let pieces = &plan.pieces[plan.batches[k].clone()];
+            let copying = Prof::mark(prof);
             for p in pieces {
                 let src = &sources[p.range][p.offset..p.offset + p.len];
                 // SAFETY: the piece lies inside buffer `slot`, which is ours until we
@@ -1697,6 +1738,7 @@ impl Pool {
                     }
                 };
             }
+            let issuing = Prof::add(prof, |p| &p.copy, copying);
             for p in pieces {
                 // SAFETY: the buffer stays allocated and unchanged until the copy is done:
                 // the next writer of this buffer waits for `event`, recorded after it, and
@@ -1711,6 +1753,8 @@ impl Pool {
                 };
             }
             self.driver.event_record(event, stream)?;
+            Prof::add(prof, |p| &p.issue, issuing);
+            Prof::issued(prof, k);
             pipe.release(slot);
         }
     }
@@ -1912,6 +1956,8 @@ struct Queue {
 }
 
 struct Pipeline {
+    /// Where the copy's time goes, when profiled ([`StagingConfig::profile`]).
+    prof: Option<Prof>,
     /// How many batches each buffer has been through.
     turns: Mutex<Vec<usize>>,
     turned: Condvar,
@@ -1926,8 +1972,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pipeline {
-    fn new(buffers: usize) -> Pipeline {
+    fn new(buffers: usize, profile: bool) -> Pipeline {
         Pipeline {
+            prof: profile.then(Prof::new),
             turns: Mutex::new(vec![0; buffers]),
             turned: Condvar::new(),
             queue: Mutex::new(Queue {
@@ -2012,6 +2059,107 @@ impl Pipeline {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Where a copy through the pool spent its time ([`StagingConfig::profile`]), in
+/// nanoseconds summed over its parties (the calling thread and the workers).
+struct Prof {
+    start: std::time::Instant,
+    parties: AtomicU64,
+    /// When the last party started, after the copy did.
+    last_start: AtomicU64,
+    /// When the first and the last batch's device copies were issued.
+    first_issue: AtomicU64,
+    last_issue: AtomicU64,
+    /// Waiting for a buffer's turn (loads, the issuer of saves) or a filled batch (the
+    /// copiers of saves).
+    wait: AtomicU64,
+    /// Waiting for a buffer's device copy.
+    device: AtomicU64,
+    /// Copying between the buffers and host memory (prefaulting included).
+    copy: AtomicU64,
+    /// Issuing device copies and events.
+    issue: AtomicU64,
+}
+
+impl Prof {
+    fn new() -> Prof {
+        Prof {
+            start: std::time::Instant::now(),
+            parties: AtomicU64::new(0),
+            last_start: AtomicU64::new(0),
+            first_issue: AtomicU64::new(u64::MAX),
+            last_issue: AtomicU64::new(0),
+            wait: AtomicU64::new(0),
+            device: AtomicU64::new(0),
+            copy: AtomicU64::new(0),
+            issue: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A party starts.
+    fn party(p: Option<&Prof>) {
+        if let Some(p) = p {
+            p.parties.fetch_add(1, Ordering::Relaxed);
+            p.last_start.fetch_max(p.now(), Ordering::Relaxed);
+        }
+    }
+
+    /// Now, to [`Prof::add`] to a field later (0 when not profiled).
+    fn mark(p: Option<&Prof>) -> u64 {
+        p.map_or(0, Prof::now)
+    }
+
+    /// Adds the time since `from` to a field; returns now.
+    fn add(p: Option<&Prof>, field: fn(&Prof) -> &AtomicU64, from: u64) -> u64 {
+        let Some(p) = p else { return 0 };
+        let now = p.now();
+        field(p).fetch_add(now.saturating_sub(from), Ordering::Relaxed);
+        now
+    }
+
+    /// Runs `f`, its time added to a field.
+    fn timed<T>(p: Option<&Prof>, field: fn(&Prof) -> &AtomicU64, f: impl FnOnce() -> T) -> T {
+        let from = Prof::mark(p);
+        let r = f();
+        Prof::add(p, field, from);
+        r
+    }
+
+    /// Batch `k`'s device copies are issued.
+    fn issued(p: Option<&Prof>, _k: usize) {
+        if let Some(p) = p {
+            let now = p.now();
+            p.first_issue.fetch_min(now, Ordering::Relaxed);
+            p.last_issue.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// One line on stderr.
+    fn report(&self, direction: &str, plan: &Plan) {
+        let us = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64 / 1e3;
+        let bytes: usize = plan.pieces.iter().map(|p| p.len).sum();
+        let parties = self.parties.load(Ordering::Relaxed).max(1) as f64;
+        eprintln!(
+            "cudaw staging profile: {direction} {bytes} bytes in {} batches, {:.0} µs; \
+             {parties} parties, the last started at {:.0} µs; device copies issued from {:.0} \
+             to {:.0} µs; per party: waiting {:.0} µs for a buffer or batch, {:.0} µs for the \
+             device, copying {:.0} µs, issuing {:.0} µs",
+            plan.batches.len(),
+            self.now() as f64 / 1e3,
+            us(&self.last_start),
+            us(&self.first_issue),
+            us(&self.last_issue),
+            us(&self.wait) / parties,
+            us(&self.device) / parties,
+            us(&self.copy) / parties,
+            us(&self.issue) / parties,
+        );
     }
 }
 
@@ -2325,7 +2473,7 @@ mod tests {
 
     #[test]
     fn a_party_that_panics_stops_the_others() {
-        let pipe = Pipeline::new(2);
+        let pipe = Pipeline::new(2, false);
         let outcome = std::thread::scope(|s| {
             let waiter = s.spawn(|| pipe.wait_turn(0, 1));
             let taker = s.spawn(|| pipe.pop());
@@ -2385,6 +2533,8 @@ mod tests {
         assert!(!d.streaming_in);
         let mut w = Vec::new();
         assert!(StagingConfig::from_lookup(env(&[(STREAMING_IN_ENV, "on")]), &mut w).streaming_in);
+        assert!(StagingConfig::from_lookup(env(&[(PROFILE_ENV, "on")]), &mut w).profile);
+        assert!(!StagingConfig::from_lookup(env(&[]), &mut w).profile);
         assert!(
             !StagingConfig::from_lookup(env(&[(STREAMING_IN_ENV, "yes")]), &mut w).streaming_in
         );
