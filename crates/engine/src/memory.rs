@@ -67,6 +67,9 @@ pub struct DeviceMemory {
     /// The peer access enabled before the device was managed is granted once it is
     /// ([`crate::peer`]).
     peers_applied: std::sync::Once,
+    /// With smart pinning on, the pinned staging is made in the background once the
+    /// device is managed ([`crate::staging::prepare_in_background`]).
+    staging_started: std::sync::Once,
 }
 
 static DRIVER: OnceLock<Result<Arc<LibCuda>, String>> = OnceLock::new();
@@ -145,6 +148,7 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             deferred: Mutex::new(Vec::new()),
             spent_events: Mutex::new(Vec::new()),
             peers_applied: std::sync::Once::new(),
+            staging_started: std::sync::Once::new(),
         })
     });
     match r {
@@ -152,6 +156,8 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             // After it is published: a pair enabled meanwhile is granted by `peer::enabled`
             // or here (granting twice does nothing).
             m.peers_applied.call_once(|| apply_peers(ordinal, m));
+            m.staging_started
+                .call_once(|| crate::staging::prepare_in_background(m.vmm.backend()));
             Ok(m)
         }
         Err(e) => {
