@@ -6,7 +6,7 @@
 # last. Exit status 0 only if every check passed.
 #
 #   scripts/gpu-check.sh                 # everything
-#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss transfers stagesweep (multigpu jobbench migrate: 2+ GPUs)
+#   SECTIONS="programs bench" scripts/gpu-check.sh   # sections: env vmm programs overhead bench torch torchbench torchpause pausebench release limits demo trace driver expandable exitrace sharing swap diskbench fatbinrss transfers stagesweep stageprofile (multigpu jobbench migrate: 2+ GPUs)
 #   SECTIONS=demo DEMO_MIB=4096 scripts/gpu-check.sh   # `cudaw demo --device gpu --json` (its size in MiB)
 #   SECTIONS="bench trace" scripts/gpu-check.sh         # tracing's cost (CUDAW_TRACE, in-process A/B) and the timeline's kernels
 #   ARCH=sm_90 REPS=5 scripts/gpu-check.sh
@@ -159,7 +159,9 @@ compare() {
 
 if want env; then
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1;
-    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'; } >"$OUT/env.txt" 2>&1
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)';
+    lscpu 2>/dev/null | grep -E '^(Model name|Socket|Core|Thread|NUMA node\(s\)|L3)'; grep -E '^(MemTotal)' /proc/meminfo;
+    cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null; } >"$OUT/env.txt" 2>&1
   row "environment" info "$(head -1 "$OUT/env.txt" | tr -s ' ')"
   # The real driver's export list (the driver shim's function list is checked against it).
   libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 / {print $NF; exit}')
@@ -1036,24 +1038,35 @@ if want transfers; then
       "$WORK/tr.oneshot_cudaw_256" "$WORK/tr.oneshot_cudaw_2048")
     PIN_COSTS=$(echo "$pin_costs,$staged,$staged_fixed" | sed 's/^,*//; s/,*$//; s/,,*/,/g')
     row "transfers: CUDAW_PIN_COSTS measured" info "${PIN_COSTS:-none (the estimates apply)}"
-    tb native_pinned "$WORK/pin_bench" seed pinned "$rounds"
+    # The rows near the ceiling differ by less than one run's noise (the native pinned run
+    # moved by 65 ms between two runs on one host): they run SEED_RUNS (3) times,
+    # interleaved, each reported as its median; the slow rows run once.
     tb native_malloc "$WORK/pin_bench" seed malloc "$rounds"
-    # Where the gap to the ceiling comes from: every buffer malloc'd then registered by the
-    # program (pinned in place, as smart pinning does), and the cudaMallocHost run under
-    # cudaw (its device memory is cudaw's).
-    tb native_registered "$WORK/pin_bench" seed registered "$rounds"
-    tb cudaw_pinned env CUDAW_LOG=info "$CUDAW" run -- "$WORK/pin_bench" seed pinned "$rounds"
     tb cudaw_staged env CUDAW_LOG=info "$CUDAW" run -- "$WORK/pin_bench" seed malloc "$rounds"
-    tb cudaw_auto env CUDAW_LOG=info CUDAW_PIN_COSTS="$PIN_COSTS" "$CUDAW" run --pin "profile:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
-    tb cudaw_use env CUDAW_LOG=info CUDAW_PIN_COSTS="$PIN_COSTS" "$CUDAW" run --pin "use:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
+    for i in $(seq "${SEED_RUNS:-3}"); do
+      tb "native_pinned.$i" "$WORK/pin_bench" seed pinned "$rounds"
+      # Where the gap to the ceiling comes from: every buffer malloc'd then registered by
+      # the program (pinned in place, as smart pinning does), and the cudaMallocHost run
+      # under cudaw (its device memory is cudaw's).
+      tb "native_registered.$i" "$WORK/pin_bench" seed registered "$rounds"
+      tb "cudaw_pinned.$i" env CUDAW_LOG=info "$CUDAW" run -- "$WORK/pin_bench" seed pinned "$rounds"
+      tb "cudaw_auto.$i" env CUDAW_LOG=info CUDAW_PIN_COSTS="$PIN_COSTS" "$CUDAW" run --pin "profile:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
+      tb "cudaw_use.$i" env CUDAW_LOG=info CUDAW_PIN_COSTS="$PIN_COSTS" "$CUDAW" run --pin "use:$WORK/pin.profile" -- "$WORK/pin_bench" seed malloc "$rounds"
+    done
     cp "$WORK/pin.profile" "$OUT/pin.profile" 2>/dev/null || true
-    total() { awk '$1 == "seed" && $2 == "total" { print $3 }' "$WORK/tr.$1"; }
+    # A label's total: its median over the runs (a label run once: that run).
+    total() {
+      if [ -f "$WORK/tr.$1" ]; then awk '$1 == "seed" && $2 == "total" { print $3 }' "$WORK/tr.$1"
+      else cat "$WORK/tr.$1".* 2>/dev/null | awk '$1 == "seed" && $2 == "total" { print $3 }' | median; fi
+    }
+    runs() { cat "$WORK/tr.$1".* 2>/dev/null | awk '$1 == "seed" && $2 == "total" { printf "%s%s", s, $3; s = " " }'; }
     ceiling=$(total native_pinned)
+    row "transfers: seed benchmark, the runs" info "$(for l in native_pinned native_registered cudaw_pinned cudaw_auto cudaw_use; do printf "%s: %s; " $l "$(runs $l)"; done)"
     for l in native_malloc native_registered cudaw_pinned cudaw_staged cudaw_auto cudaw_use; do
       t=$(total $l); r=$(ratio "$t" "$ceiling")
       case $l in
         cudaw_auto | cudaw_use)
-          peak=$(awk -v l="== $l:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
+          peak=$(awk -v l="== $l.1:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
             on && /smart pinning:/ { sub(/.*at most /, ""); print $1; exit }' "$OUT/transfers.log")
           # The hot buffers: 2 per size, one size at a time (freed before the next).
           detail="${t}s, ${r}x the cudaMallocHost run (${ceiling}s), $(ratio "$t" "$(total cudaw_pinned)")x it under cudaw; at most ${peak:-?} MiB pinned at once (hot buffers of one size: 2 x 128 MiB; all buffers: 27 x 169 MiB)"
@@ -1091,7 +1104,7 @@ if want transfers; then
     tb pin_driver_copy_native "$WORK/pin_driver_copy"
     tb pin_driver_copy_cudaw env CUDAW_LOG=info "$CUDAW" run --pin auto -- "$WORK/pin_driver_copy"
     pinned_x=$(awk -v l="== pin_driver_copy_cudaw:" 'index($0, l) == 1 { on = 1; next } /^== / { on = 0 }
-      on && /pin_driver_copy: TYPE x/ { print $4 }' "$OUT/transfers.log")
+      on && $2 == "TYPE" && $3 == "x" { print $4 }' "$OUT/transfers.log")
     if cmp -s "$WORK/tr.pin_driver_copy_native" "$WORK/tr.pin_driver_copy_cudaw" && [ "$pinned_x" = 1 ]; then
       row "transfers: driver API copies of a pinned buffer" PASS "same output as natively; the buffer pinned (TYPE x $pinned_x)"
     else
@@ -1118,7 +1131,7 @@ if want stagesweep; then
       line="$line$mib MiB $(gbs "$mib" "$h") / $(gbs "$mib" "$d"); "
     done
     row "stagesweep: pinned copy h2d / d2h GB/s" info "$line"
-    for setting in ${STAGE_SETTINGS:-default CUDAW_STAGING_STREAMS=4 CUDAW_STAGING_BUFFER=8M CUDAW_STAGING_BUFFER=2M CUDAW_STAGING_THREADS=8 CUDAW_STAGING_THREADS=24 CUDAW_STAGING_STREAMING_IN=on}; do
+    for setting in ${STAGE_SETTINGS:-default CUDAW_STAGING_STREAMS=4 CUDAW_STAGING_BUFFER=8M CUDAW_STAGING_BUFFER=2M CUDAW_STAGING_THREADS=8 CUDAW_STAGING_THREADS=24}; do
       envs=(); [ "$setting" = default ] || envs=("$setting")
       line=""
       for mib in $sweep_sizes; do
@@ -1135,6 +1148,32 @@ if want stagesweep; then
   fi
 fi
 lap stagesweep
+
+if want stageprofile; then
+  # Where a staged copy's time goes (CUDAW_STAGING_PROFILE=on: one line per copy on stderr,
+  # in stageprofile.log): one-shot copies of 8, 32, 128 and 2048 MiB, three each way, under
+  # each of PROFILE_SETTINGS (default: the defaults, and 8 threads). A row per setting and
+  # size: the median time each way. About 20 s.
+  : >"$OUT/stageprofile.log"
+  if [ -x "$WORK/pin_bench" ] || nvcc -O2 -arch="$ARCH" -cudart shared -o "$WORK/pin_bench" tests/cuda/gpu/transfers/pin_bench.cu >>"$OUT/programs.log" 2>&1; then
+    for setting in ${PROFILE_SETTINGS:-default CUDAW_STAGING_THREADS=8}; do
+      envs=(); [ "$setting" = default ] || envs=("$setting")
+      line=""
+      for mib in 8 32 128 2048; do
+        f="$WORK/sp.$setting.$mib"
+        echo "== $setting $mib MiB" >>"$OUT/stageprofile.log"
+        env "${envs[@]}" CUDAW_STAGING_PROFILE=on "$CUDAW" run -- "$WORK/pin_bench" oneshot "$mib" 3 >"$f" 2>>"$OUT/stageprofile.log"
+        cat "$f" >>"$OUT/stageprofile.log"
+        h=$(awk '$2 == "h2d" { print $4 }' "$f" | median); d=$(awk '$2 == "d2h" { print $4 }' "$f" | median)
+        line="$line$mib MiB ${h}s / ${d}s; "
+      done
+      row "stageprofile: $setting, h2d / d2h medians" info "$line"
+    done
+  else
+    row "stageprofile: compile" FAIL "nvcc failed, see programs.log"
+  fi
+fi
+lap stageprofile
 
 if want fatbinrss; then
   # What parsing kernel layouts costs a PyTorch process (issue 30): the peak RSS of 200
