@@ -184,6 +184,11 @@ fn a_restore_reads_the_image_once() {
         read <= len + 512 && read + 64 >= len,
         "{read} bytes read of a {len}-byte image: {line}"
     );
+    // Where the read went: the reader thread's reads, the checks and copies beside them.
+    assert!(
+        line.contains("the image read in ") && line.contains("checked and copied in "),
+        "{line}"
+    );
     t.assert_running();
     t.finish();
 }

@@ -182,6 +182,6 @@ pub use meta::{
     Addressing, AllocationEntry, AllocationRecord, GpuInfo, HandleRange, ImageMetadata,
     ProcessInfo, MAX_DEVICES, PROP_LEN,
 };
-pub use reader::{ImageReader, Trailer, VerifyReport};
+pub use reader::{ImageReader, RangeRead, Trailer, VerifyReport};
 pub use summary::Summary;
 pub use writer::{ImageWriter, Progress, WriterOptions};

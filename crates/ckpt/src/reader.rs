@@ -75,14 +75,6 @@ impl<R: Read + Seek> fmt::Debug for ImageReader<R> {
     }
 }
 
-/// Where a chunk's payload goes.
-enum Dest<'a> {
-    /// Into this buffer (exactly the payload's length).
-    Into(&'a mut [u8]),
-    /// Through this scratch buffer, discarded.
-    Scratch(&'a mut [u8]),
-}
-
 impl<R: Read + Seek> ImageReader<R> {
     /// Opens an image: checks magic, version, header checksum, section bounds against the
     /// file length (truncation is found here), metadata checksum, the table (unique ids, no
@@ -365,7 +357,7 @@ impl<R: Read + Seek> ImageReader<R> {
         let mut data_bytes = 0u64;
         for i in 0..self.entries.len() {
             for k in 0..self.entries[i].chunk_count {
-                let (sum, len) = self.read_chunk(i, k, Dest::Scratch(&mut scratch))?;
+                let (sum, len) = self.read_chunk(i, k, &mut scratch)?;
                 digest.update(&sum.to_le_bytes());
                 chunks += 1;
                 data_bytes += len;
@@ -407,7 +399,7 @@ impl<R: Read + Seek> ImageReader<R> {
                         if scratch.is_empty() {
                             scratch = vec![0u8; self.header.chunk_size.min(PIECE) as usize];
                         }
-                        let (sum, len) = self.read_chunk(i, k, Dest::Scratch(&mut scratch))?;
+                        let (sum, len) = self.read_chunk(i, k, &mut scratch)?;
                         read_here += len;
                         progress(read_here);
                         sum
@@ -477,11 +469,30 @@ impl<R: Read + Seek> ImageReader<R> {
     /// allocation through pinned buffers whose size is a multiple of the chunk size. On an
     /// error, `buf` holds unspecified bytes.
     pub fn read_range(&mut self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), ImageError> {
+        let read = self.read_range_unchecked(id, offset, buf)?;
+        let sums = read.check(buf)?;
+        self.loaded_checked(&sums);
+        Ok(())
+    }
+
+    /// [`ImageReader::read_range`]'s reading alone: the chunks' payloads into `buf`, their
+    /// headers and stored checksums into the returned [`RangeRead`], whose
+    /// [`RangeRead::check`] (on any thread) checks them against `buf`. A loader reads on
+    /// one thread and checks on another, so that the disk is not idle while a chunk's
+    /// checksum is computed; it hands the checksums back with
+    /// [`ImageReader::loaded_checked`]. The same conditions on `offset` and the length.
+    pub fn read_range_unchecked(
+        &mut self,
+        id: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<RangeRead, ImageError> {
         let i = *self
             .by_id
             .get(&id)
             .ok_or(ImageError::UnknownAllocation(id))?;
-        let size = self.entries[i].record.size;
+        let e = self.entries[i];
+        let size = e.record.size;
         let cs = self.header.chunk_size;
         let len = buf.len() as u64;
         let end = offset.checked_add(len);
@@ -496,21 +507,72 @@ impl<R: Read + Seek> ImageReader<R> {
                 chunk_size: cs,
             });
         }
-        let mut rest = buf;
-        let mut k = offset / cs;
-        while !rest.is_empty() {
-            let n = (cs.min(rest.len() as u64)) as usize;
-            let (piece, tail) = rest.split_at_mut(n);
-            self.read_chunk(i, k, Dest::Into(piece))?;
-            rest = tail;
-            k += 1;
-        }
-        Ok(())
+        let file_len = self.header.file_len;
+        let mut read = RangeRead {
+            id,
+            chunks: Vec::with_capacity(buf.len().div_ceil(cs.max(1) as usize)),
+        };
+        let mut r = Raw {
+            inner: &mut self.inner,
+            pos: self.pos,
+            read: 0,
+        };
+        let result = (|| {
+            let mut rest = &mut *buf;
+            let mut k = offset / cs;
+            while !rest.is_empty() {
+                let n = cs.min(rest.len() as u64);
+                let (piece, tail) = rest.split_at_mut(n as usize);
+                let at = e.data_offset + k * (cs + CHUNK_OVERHEAD);
+                let mut header = [0u8; CHUNK_HEADER_LEN as usize];
+                r.read_exact_at(at, &mut header, file_len, "reading a chunk header")?;
+                r.read_exact_at(at + CHUNK_HEADER_LEN, piece, file_len, "reading chunk data")?;
+                let mut f = [0u8; CHUNK_FOOTER_LEN as usize];
+                r.read_exact_at(
+                    at + CHUNK_HEADER_LEN + n,
+                    &mut f,
+                    file_len,
+                    "reading a chunk checksum",
+                )?;
+                read.chunks.push(ChunkRead {
+                    index: self.first_chunk[i] + k,
+                    k,
+                    offset: k * cs,
+                    len: n,
+                    file_offset: at,
+                    header,
+                    stored: u64::from_le_bytes(f),
+                });
+                rest = tail;
+                k += 1;
+            }
+            Ok(())
+        })();
+        self.pos = r.pos;
+        self.bytes_read += r.read;
+        result.map(|()| read)
     }
 
-    /// Reads chunk `k` of allocation `entries[i]`, checks its header and checksum; returns
-    /// the checksum and payload length.
-    fn read_chunk(&mut self, i: usize, k: u64, dest: Dest<'_>) -> Result<(u64, u64), ImageError> {
+    /// Checksums [`RangeRead::check`] passed, by chunk index: remembered for
+    /// [`ImageReader::finish_load`] (nothing without [`ImageReader::begin_load`]).
+    pub fn loaded_checked(&mut self, sums: &[(u64, u64)]) {
+        if let Some(loaded) = self.loaded.as_mut() {
+            for &(index, sum) in sums {
+                if let Some(slot) = loaded.get_mut(index as usize) {
+                    *slot = Some(sum);
+                }
+            }
+        }
+    }
+
+    /// Reads chunk `k` of allocation `entries[i]` through `scratch` (its payload not kept),
+    /// checks its header and checksum; returns the checksum and payload length.
+    fn read_chunk(
+        &mut self,
+        i: usize,
+        k: u64,
+        scratch: &mut [u8],
+    ) -> Result<(u64, u64), ImageError> {
         let e = self.entries[i];
         let cs = self.header.chunk_size;
         let id = e.record.id;
@@ -543,27 +605,13 @@ impl<R: Read + Seek> ImageReader<R> {
             let mut hash = Xxh3Default::new();
             hash.update(&h);
             let payload_at = at + CHUNK_HEADER_LEN;
-            match dest {
-                Dest::Into(buf) => {
-                    debug_assert_eq!(buf.len() as u64, len);
-                    let mut done = 0u64;
-                    for piece in buf.chunks_mut(PIECE as usize) {
-                        let at = payload_at + done;
-                        r.read_exact_at(at, piece, file_len, "reading chunk data")?;
-                        hash.update(piece);
-                        done += piece.len() as u64;
-                    }
-                }
-                Dest::Scratch(scratch) => {
-                    let mut done = 0u64;
-                    while done < len {
-                        let n = (scratch.len() as u64).min(len - done);
-                        let piece = &mut scratch[..n as usize];
-                        r.read_exact_at(payload_at + done, piece, file_len, "reading chunk data")?;
-                        hash.update(piece);
-                        done += n;
-                    }
-                }
+            let mut done = 0u64;
+            while done < len {
+                let n = (scratch.len() as u64).min(len - done);
+                let piece = &mut scratch[..n as usize];
+                r.read_exact_at(payload_at + done, piece, file_len, "reading chunk data")?;
+                hash.update(piece);
+                done += n;
             }
             let mut f = [0u8; CHUNK_FOOTER_LEN as usize];
             r.read_exact_at(
@@ -592,6 +640,79 @@ impl<R: Read + Seek> ImageReader<R> {
             loaded[(self.first_chunk[i] + k) as usize] = Some(*sum);
         }
         result
+    }
+}
+
+/// What [`ImageReader::read_range_unchecked`] read besides the payloads: each chunk's
+/// header and stored checksum, to check against the payloads ([`RangeRead::check`]).
+#[derive(Debug, Clone)]
+pub struct RangeRead {
+    id: u64,
+    chunks: Vec<ChunkRead>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ChunkRead {
+    /// Among all the image's chunks (the digest's order).
+    index: u64,
+    /// Among the allocation's chunks.
+    k: u64,
+    /// Of its payload in the allocation, and its length.
+    offset: u64,
+    len: u64,
+    /// Of its header in the file.
+    file_offset: u64,
+    header: [u8; CHUNK_HEADER_LEN as usize],
+    stored: u64,
+}
+
+impl RangeRead {
+    /// Checks each chunk's header and checksum (xxh3 over header and payload) against
+    /// `buf`, the payloads [`ImageReader::read_range_unchecked`] read into it: the
+    /// checksums by chunk index, for [`ImageReader::loaded_checked`], or the first
+    /// chunk's error.
+    pub fn check(&self, buf: &[u8]) -> Result<Vec<(u64, u64)>, ImageError> {
+        let mut sums = Vec::with_capacity(self.chunks.len());
+        let mut at = 0usize;
+        for c in &self.chunks {
+            let expected = chunk_header(self.id, c.offset, c.len);
+            if c.header != expected {
+                return Err(ImageError::ChunkHeader {
+                    allocation: self.id,
+                    chunk: c.k,
+                    offset: c.offset,
+                    len: c.len,
+                    file_offset: c.file_offset,
+                    found_allocation: u64_at(&c.header, 0),
+                    found_offset: u64_at(&c.header, 8),
+                    found_len: u64_at(&c.header, 16),
+                });
+            }
+            let payload = buf
+                .get(at..at + c.len as usize)
+                .ok_or(ImageError::Inconsistent {
+                    what: "buffer length against the chunks read",
+                    found: buf.len() as u64,
+                    expected: (at as u64) + c.len,
+                })?;
+            let mut hash = Xxh3Default::new();
+            hash.update(&c.header);
+            hash.update(payload);
+            let computed = hash.digest();
+            if computed != c.stored {
+                return Err(ImageError::ChunkChecksum {
+                    allocation: self.id,
+                    chunk: c.k,
+                    offset: c.offset,
+                    file_offset: c.file_offset,
+                    stored: c.stored,
+                    computed,
+                });
+            }
+            sums.push((c.index, c.stored));
+            at += c.len as usize;
+        }
+        Ok(sums)
     }
 }
 

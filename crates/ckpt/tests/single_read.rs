@@ -201,3 +201,67 @@ fn a_file_cut_short_while_loading_fails_with_an_error() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Reads whole allocations (several chunks each) with `read_range_unchecked`, checking
+/// them only after every read, as a loader checks on another thread; the checksums
+/// handed back (all, or all but allocation `skip`'s) before the load finishes.
+fn load_apart(
+    r: &mut ImageReader<Cursor<&[u8]>>,
+    skip: Option<u64>,
+) -> Result<Vec<Vec<u8>>, ImageError> {
+    let records: Vec<AllocationRecord> = r.allocations().iter().map(|e| e.record).collect();
+    r.begin_load();
+    let mut read = Vec::new();
+    for rec in &records {
+        let mut buf = vec![0u8; rec.size as usize];
+        let chunks = r.read_range_unchecked(rec.id, 0, &mut buf)?;
+        read.push((rec.id, buf, chunks));
+    }
+    let mut out = Vec::new();
+    for (id, buf, chunks) in read {
+        let sums = chunks.check(&buf)?;
+        if skip != Some(id) {
+            r.loaded_checked(&sums);
+        }
+        out.push(buf);
+    }
+    r.finish_load(|_| {})?;
+    Ok(out)
+}
+
+#[test]
+fn a_load_checked_apart_from_its_reads_is_the_same_load() {
+    let t = table();
+    let img = image(&t, CHUNK);
+    let mut r = ImageReader::open(Cursor::new(&img[..])).expect("open");
+    let loaded = load_apart(&mut r, None).expect("a good image loads");
+    for (rec, bytes) in t.iter().zip(&loaded) {
+        assert_eq!(bytes, &contents(rec), "allocation {}", rec.id);
+    }
+    let once = r.bytes_read();
+    assert!(once <= img.len() as u64 + 512, "{once} bytes read");
+    // A chunk whose checksum is not handed back is read again by the finish.
+    let mut r = ImageReader::open(Cursor::new(&img[..])).expect("open");
+    load_apart(&mut r, Some(10)).expect("loads");
+    assert!(r.bytes_read() >= once + 40_000, "allocation 10 read again");
+
+    let big = *r.allocation(10).expect("allocation 10");
+    // A payload byte of its third chunk, then a header byte (its offset field) of it.
+    let third = big.data_offset + 2 * (CHUNK + 32);
+    let bad = flipped(&img, third + 24 + 5);
+    let mut r = ImageReader::open(Cursor::new(&bad[..])).expect("open");
+    match load_apart(&mut r, None) {
+        Err(ImageError::ChunkChecksum {
+            allocation, chunk, ..
+        }) => assert_eq!((allocation, chunk), (10, 2)),
+        other => panic!("{other:?}"),
+    }
+    let bad = flipped(&img, third + 9);
+    let mut r = ImageReader::open(Cursor::new(&bad[..])).expect("open");
+    match load_apart(&mut r, None) {
+        Err(ImageError::ChunkHeader {
+            allocation, chunk, ..
+        }) => assert_eq!((allocation, chunk), (10, 2)),
+        other => panic!("{other:?}"),
+    }
+}

@@ -917,6 +917,7 @@ pub(crate) fn restore(
         return Err(refuse(ctl, e));
     }
     let (allocations, bytes) = loaded.commit(&mut load);
+    let image_times = load.image_times();
     drop(load);
     // Every allocation is on the device: no image holds the process's memory any more.
     ctl.image = None;
@@ -925,7 +926,7 @@ pub(crate) fn restore(
     host().open_gate();
     let total_ms = ms(started);
     log::info(format_args!(
-        "restored: {allocations} allocations, {bytes} bytes from {} ({} bytes of the {}-byte image read once: loaded in {load_ms:.1} ms, digest checked in {verify_ms:.1} ms); running",
+        "restored: {allocations} allocations, {bytes} bytes from {} ({} bytes of the {}-byte image read once: loaded in {load_ms:.1} ms, digest checked in {verify_ms:.1} ms{image_times}); running",
         path.display(),
         reader.bytes_read(),
         reader.header().file_len,

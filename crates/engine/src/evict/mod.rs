@@ -263,6 +263,7 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
             ));
         }
     }
+    let image_times = load.image_times();
     drop(load);
     let handles_ms = before_handles.elapsed().as_secs_f64() * 1e3;
     let before_sync = Instant::now();
@@ -281,7 +282,7 @@ pub(crate) fn resume(ctl: &mut Ctl, report: Report<'_>) -> Result<Moved, Failure
     };
     let ms = started.elapsed().as_secs_f64() * 1e3;
     log::info(format_args!(
-        "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms{from}"
+        "resumed: {allocations} allocations, {bytes} bytes restored in {ms:.1} ms{from}{image_times}"
     ));
     log::debug(format_args!(
         "resume phases: device memory {memory_ms:.1} ms (copies from host memory {staging_ms:.1} ms), driver handles {handles_ms:.1} ms, synchronising {:.1} ms",
