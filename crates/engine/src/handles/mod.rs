@@ -152,15 +152,8 @@ fn unmap_all(t: &Table, v: u64) -> Result<(), (u64, u64, u32)> {
 /// Maps real handle `r` at every one of `maps` again, with the access recorded on each;
 /// `mapped` receives what was mapped (for the caller to undo on an error).
 fn map_again(maps: &[(u64, Mapping)], r: u64, mapped: &mut Vec<(u64, u64)>) -> Result<(), String> {
-    for (va, m) in maps {
-        let rc = real_map(*va, m.size, m.offset, r);
-        if rc != CU_SUCCESS {
-            return Err(format!(
-                "mapping {} bytes at {va:#x}: CUresult {rc}",
-                m.size
-            ));
-        }
-        mapped.push((*va, m.size));
+    map_only(maps, r, mapped)?;
+    for (_, m) in maps {
         for (a, n, d) in &m.access {
             let rc = real_set_access(*a, *n, d);
             if rc != CU_SUCCESS {
