@@ -111,6 +111,7 @@ extern "C" fn in_forked_child() {
     }
     // No driver here either: nothing to pin or unpin (the parent's lock may be held).
     crate::pinning::forked();
+    crate::staging::forked();
 }
 
 // ---- exit ----
@@ -134,7 +135,12 @@ pub(crate) fn register_exit_handler() {
 }
 
 extern "C" fn at_exit() {
-    crate::boundary::guard("cudaw's exit handler", (), || mark_exiting("exit handlers"))
+    crate::boundary::guard("cudaw's exit handler", (), || {
+        if !forked_after_init() {
+            crate::staging::wait_prepared();
+        }
+        mark_exiting("exit handlers")
+    })
 }
 
 /// How long the exiting thread waits for the control thread to undo or abandon a pause

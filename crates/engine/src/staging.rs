@@ -63,6 +63,7 @@ pub fn save_for_pause(
 /// Waits for the host arenas being made in the background: before the driver checkpoints
 /// the process (`pause --release`), no thread of cudaw's may be inside the driver.
 pub fn finish_arena_builds() {
+    wait_prepared();
     if let Some(s) = STAGING.get() {
         s.lock().finish_all_builds();
     }
@@ -190,19 +191,32 @@ pub fn prepare_in_background(backend: &'static DriverBackend) {
             crate::boundary::guard("making the pinned staging", (), || with(backend, |_| ()));
             PREPARING.fetch_sub(1, Ordering::SeqCst);
         });
-    if let Err(e) = started {
-        PREPARING.fetch_sub(1, Ordering::SeqCst);
-        log::debug(format_args!(
-            "pinned staging: no thread to make it ahead ({e}); the first staged copy makes it"
-        ));
+    match started {
+        // An exit handler registered now (after the runtime's, which the device's
+        // initialisation registered) runs before the runtime's teardown: it waits for the
+        // thread ([`wait_prepared`]).
+        Ok(_) => crate::lifecycle::register_exit_handler(),
+        Err(e) => {
+            PREPARING.fetch_sub(1, Ordering::SeqCst);
+            log::debug(format_args!(
+                "pinned staging: no thread to make it ahead ({e}); the first staged copy makes it"
+            ));
+        }
     }
 }
 
 /// Stagings being made by [`prepare_in_background`].
 static PREPARING: AtomicUsize = AtomicUsize::new(0);
 
-/// At exit: waits (at most 2 s) for a staging [`prepare_in_background`] is making, so that
-/// its driver calls are not under way while the runtime tears the context down.
+/// In the child of a fork: the threads making stagings are the parent's. An atomic store
+/// (async-signal-safe).
+pub fn forked() {
+    PREPARING.store(0, Ordering::SeqCst);
+}
+
+/// Waits (at most 2 s) for a staging [`prepare_in_background`] is making: at exit, so that
+/// its driver calls are not under way while the runtime tears the context down, and before
+/// the driver checkpoints the process ([`finish_arena_builds`]).
 pub fn wait_prepared() {
     let deadline = Instant::now() + std::time::Duration::from_secs(2);
     while PREPARING.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {

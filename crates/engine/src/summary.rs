@@ -74,7 +74,6 @@ pub fn summary() -> String {
 
 extern "C" fn log_summary_at_exit() {
     crate::boundary::guard("the exit summary", (), || {
-        crate::staging::wait_prepared();
         if log::enabled(log::Level::Info) {
             log::info(format_args!("at exit: {}", summary()));
         }

@@ -1488,16 +1488,14 @@ struct Want {
 }
 
 /// Makes and maps the handles `wants` of device `dev` on the calling thread (the device's
-/// context current), without access (set for all of them at once after): those made, and
+/// context current), without access (set for all of them at once after), into `made`:
 /// the first failure (where it stopped).
-fn make_some(dev: i32, wants: &[Want]) -> (Vec<Remade>, Option<String>) {
-    let mut made: Vec<Remade> = Vec::with_capacity(wants.len());
+fn make_some(dev: i32, wants: &[Want], made: &mut Vec<Remade>) -> Option<String> {
     for w in wants {
         let mut charged = 0;
         if let Ok(b) = memory::budget(dev) {
             if let Err(e) = b.try_acquire(w.size) {
-                let e = format!("driver handle {:#x} ({} bytes): {e}", w.v, w.size);
-                return (made, Some(e));
+                return Some(format!("driver handle {:#x} ({} bytes): {e}", w.v, w.size));
             }
             charged = w.size;
         }
@@ -1507,11 +1505,10 @@ fn make_some(dev: i32, wants: &[Want]) -> (Vec<Remade>, Option<String>) {
                 if charged > 0 {
                     memory::uncharge(dev, charged);
                 }
-                let e = format!(
+                return Some(format!(
                     "re-creating driver handle {:#x} ({} bytes): CUresult {rc}",
                     w.v, w.size
-                );
-                return (made, Some(e));
+                ));
             }
         };
         let mut mapped = Vec::new();
@@ -1523,10 +1520,10 @@ fn make_some(dev: i32, wants: &[Want]) -> (Vec<Remade>, Option<String>) {
             charged,
         });
         if fail.is_some() {
-            return (made, fail);
+            return fail;
         }
     }
-    (made, None)
+    None
 }
 
 /// Maps handle `r` at each of `maps` (no access set: [`set_access_runs`]).
@@ -1614,12 +1611,14 @@ fn remake_groups(n: usize) -> Vec<std::ops::Range<usize>> {
     groups
 }
 
-/// Makes and maps the handles `wants` of device `dev`, and sets their access: those made,
-/// and the first failure.
-fn make_group(dev: i32, wants: &[Want]) -> (Vec<Remade>, Option<String>) {
-    let (made, failed) = make_some(dev, wants);
-    let failed = failed.or_else(|| set_access_runs(wants, dev).err());
-    (made, failed)
+/// Makes and maps the handles `wants` of device `dev` into `made`, and sets their access:
+/// the first failure. A panic is a failure too, `made` holding what was made before it
+/// (for the caller to undo).
+fn make_group(dev: i32, wants: &[Want], made: &mut Vec<Remade>) -> Option<String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        make_some(dev, wants, made).or_else(|| set_access_runs(wants, dev).err())
+    }))
+    .unwrap_or_else(|_| Some("making driver handles panicked".into()))
 }
 
 /// Makes, maps and loads the handles `vs` of device `dev` (undone on failure), in groups
@@ -1651,8 +1650,11 @@ fn remake_device(
         .collect();
     let groups = remake_groups(wants.len());
     let mut made: Vec<Remade> = Vec::with_capacity(wants.len());
-    let (first, mut failed) = make_group(dev, &wants[groups.first().cloned().unwrap_or(0..0)]);
-    made.extend(first);
+    let mut failed = make_group(
+        dev,
+        &wants[groups.first().cloned().unwrap_or(0..0)],
+        &mut made,
+    );
     let before_copies = started.elapsed();
     let t = &*t;
     for (g, group) in groups.iter().enumerate() {
@@ -1662,9 +1664,13 @@ fn remake_device(
         let next = groups.get(g + 1).map(|r| &wants[r.clone()]);
         let (loaded, next_made) = std::thread::scope(|s| {
             let helper = next.map(|w| {
-                s.spawn(move || match backend.make_current() {
-                    Ok(()) => make_group(dev, w),
-                    Err(e) => (Vec::new(), Some(e.to_string())),
+                s.spawn(move || {
+                    let mut part = Vec::with_capacity(w.len());
+                    let fail = match backend.make_current() {
+                        Ok(()) => make_group(dev, w, &mut part),
+                        Err(e) => Some(e.to_string()),
+                    };
+                    (part, fail)
                 })
             });
             let ranges: Vec<LoadRange<'_>> = made[group.clone()]
