@@ -1426,10 +1426,10 @@ impl Drop for PendingHandles {
     }
 }
 
-/// Device by device: every handle is made and mapped first, then all their bytes load
-/// in one staging call (one pipeline, not a wait per handle: PyTorch's expandable
-/// segments are hundreds of handles). A failure undoes every device's handles (they stay
-/// evicted).
+/// Device by device ([`remake_device`]): the handles made and mapped in a few growing
+/// groups, each group's bytes loaded in one staging call while the next group is made
+/// (not a wait per handle: PyTorch's expandable segments are hundreds of handles). A
+/// failure undoes every device's handles (they stay evicted).
 fn remake(
     t: &mut Table,
     ids: &[u64],
