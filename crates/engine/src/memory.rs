@@ -156,8 +156,14 @@ fn device_slot(ordinal: i32, through_runtime: bool) -> Result<&'static DeviceMem
             // After it is published: a pair enabled meanwhile is granted by `peer::enabled`
             // or here (granting twice does nothing).
             m.peers_applied.call_once(|| apply_peers(ordinal, m));
-            m.staging_started
-                .call_once(|| crate::staging::prepare_in_background(m.vmm.backend()));
+            m.staging_started.call_once(|| {
+                if crate::staging::prepare_in_background(m.vmm.backend()) {
+                    // Registered now, after the runtime's (the device's initialisation
+                    // registered it), it runs before the runtime's teardown and waits
+                    // for the thread.
+                    crate::lifecycle::register_exit_handler();
+                }
+            });
             Ok(m)
         }
         Err(e) => {

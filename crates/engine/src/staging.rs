@@ -179,10 +179,12 @@ pub unsafe fn copy_pageable(
 /// asked to care), the pinned staging of `backend`'s device is made now on a thread of its
 /// own, rather than by the first staged copy, inside the program's time (7 ms on an H200
 /// host). A copy that comes meanwhile waits for it, as it would have made it.
-pub fn prepare_in_background(backend: &'static DriverBackend) {
+/// Whether a thread was started: the caller then registers an exit handler that runs
+/// before the runtime's teardown and waits for it ([`wait_prepared`]).
+pub fn prepare_in_background(backend: &'static DriverBackend) -> bool {
     let cfg = crate::config::get();
     if cfg.pin == cudaw_pin::Mode::Off || cfg.staging.copy_min.is_none() {
-        return;
+        return false;
     }
     PREPARING.fetch_add(1, Ordering::SeqCst);
     let started = std::thread::Builder::new()
@@ -192,15 +194,13 @@ pub fn prepare_in_background(backend: &'static DriverBackend) {
             PREPARING.fetch_sub(1, Ordering::SeqCst);
         });
     match started {
-        // An exit handler registered now (after the runtime's, which the device's
-        // initialisation registered) runs before the runtime's teardown: it waits for the
-        // thread ([`wait_prepared`]).
-        Ok(_) => crate::lifecycle::register_exit_handler(),
+        Ok(_) => true,
         Err(e) => {
             PREPARING.fetch_sub(1, Ordering::SeqCst);
             log::debug(format_args!(
                 "pinned staging: no thread to make it ahead ({e}); the first staged copy makes it"
             ));
+            false
         }
     }
 }
