@@ -589,19 +589,17 @@ impl<R: Read + Seek> ImageReader<R> {
         let result = (|| {
             let mut h = [0u8; CHUNK_HEADER_LEN as usize];
             r.read_exact_at(at, &mut h, file_len, "reading a chunk header")?;
-            let expected = chunk_header(id, offset, len);
-            if h != expected {
-                return Err(ImageError::ChunkHeader {
-                    allocation: id,
-                    chunk: k,
-                    offset,
-                    len,
-                    file_offset: at,
-                    found_allocation: u64_at(&h, 0),
-                    found_offset: u64_at(&h, 8),
-                    found_len: u64_at(&h, 16),
-                });
-            }
+            // Its header is checked before its payload is read; its checksum after.
+            let mut chunk = ChunkRead {
+                index: self.first_chunk[i] + k,
+                k,
+                offset,
+                len,
+                file_offset: at,
+                header: h,
+                stored: 0,
+            };
+            chunk.check_header(id)?;
             let mut hash = Xxh3Default::new();
             hash.update(&h);
             let payload_at = at + CHUNK_HEADER_LEN;
@@ -620,19 +618,9 @@ impl<R: Read + Seek> ImageReader<R> {
                 file_len,
                 "reading a chunk checksum",
             )?;
-            let stored = u64::from_le_bytes(f);
-            let computed = hash.digest();
-            if stored != computed {
-                return Err(ImageError::ChunkChecksum {
-                    allocation: id,
-                    chunk: k,
-                    offset,
-                    file_offset: at,
-                    stored,
-                    computed,
-                });
-            }
-            Ok((stored, len))
+            chunk.stored = u64::from_le_bytes(f);
+            chunk.check_sum(id, hash.digest())?;
+            Ok((chunk.stored, len))
         })();
         self.pos = r.pos;
         self.bytes_read += r.read;
@@ -666,6 +654,40 @@ struct ChunkRead {
     stored: u64,
 }
 
+impl ChunkRead {
+    /// The header read against the one chunk `k` of allocation `id` should have.
+    fn check_header(&self, id: u64) -> Result<(), ImageError> {
+        if self.header == chunk_header(id, self.offset, self.len) {
+            return Ok(());
+        }
+        Err(ImageError::ChunkHeader {
+            allocation: id,
+            chunk: self.k,
+            offset: self.offset,
+            len: self.len,
+            file_offset: self.file_offset,
+            found_allocation: u64_at(&self.header, 0),
+            found_offset: u64_at(&self.header, 8),
+            found_len: u64_at(&self.header, 16),
+        })
+    }
+
+    /// The stored checksum against the one computed over header and payload.
+    fn check_sum(&self, id: u64, computed: u64) -> Result<(), ImageError> {
+        if computed == self.stored {
+            return Ok(());
+        }
+        Err(ImageError::ChunkChecksum {
+            allocation: id,
+            chunk: self.k,
+            offset: self.offset,
+            file_offset: self.file_offset,
+            stored: self.stored,
+            computed,
+        })
+    }
+}
+
 impl RangeRead {
     /// Checks each chunk's header and checksum (xxh3 over header and payload) against
     /// `buf`, the payloads [`ImageReader::read_range_unchecked`] read into it: the
@@ -675,19 +697,7 @@ impl RangeRead {
         let mut sums = Vec::with_capacity(self.chunks.len());
         let mut at = 0usize;
         for c in &self.chunks {
-            let expected = chunk_header(self.id, c.offset, c.len);
-            if c.header != expected {
-                return Err(ImageError::ChunkHeader {
-                    allocation: self.id,
-                    chunk: c.k,
-                    offset: c.offset,
-                    len: c.len,
-                    file_offset: c.file_offset,
-                    found_allocation: u64_at(&c.header, 0),
-                    found_offset: u64_at(&c.header, 8),
-                    found_len: u64_at(&c.header, 16),
-                });
-            }
+            c.check_header(self.id)?;
             let payload = buf
                 .get(at..at + c.len as usize)
                 .ok_or(ImageError::Inconsistent {
@@ -698,17 +708,7 @@ impl RangeRead {
             let mut hash = Xxh3Default::new();
             hash.update(&c.header);
             hash.update(payload);
-            let computed = hash.digest();
-            if computed != c.stored {
-                return Err(ImageError::ChunkChecksum {
-                    allocation: self.id,
-                    chunk: c.k,
-                    offset: c.offset,
-                    file_offset: c.file_offset,
-                    stored: c.stored,
-                    computed,
-                });
-            }
+            c.check_sum(self.id, hash.digest())?;
             sums.push((c.index, c.stored));
             at += c.len as usize;
         }
