@@ -155,15 +155,21 @@ fn map_again(maps: &[(u64, Mapping)], r: u64, mapped: &mut Vec<(u64, u64)>) -> R
     map_only(maps, r, mapped)?;
     for (_, m) in maps {
         for (a, n, d) in &m.access {
-            let rc = real_set_access(*a, *n, d);
-            if rc != CU_SUCCESS {
-                return Err(format!(
-                    "setting access on {n} bytes at {a:#x}: CUresult {rc}"
-                ));
-            }
+            set_access_again(*a, *n, d)?;
         }
     }
     Ok(())
+}
+
+/// `cuMemSetAccess` of `[va, va + size)` to `descs` (access the program set, set again on a
+/// mapping made again), a failure as its message.
+fn set_access_again(va: u64, size: u64, descs: &[u8]) -> Result<(), String> {
+    match real_set_access(va, size, descs) {
+        CU_SUCCESS => Ok(()),
+        rc => Err(format!(
+            "setting access on {size} bytes at {va:#x}: CUresult {rc}"
+        )),
+    }
 }
 
 /// Bits 48..52 of a virtual handle: clear while the handle counter stays below 2^48 (and
@@ -1561,37 +1567,38 @@ fn joined_runs(entries: &[(u64, u64, Vec<u8>)]) -> Vec<std::ops::Range<usize>> {
     runs
 }
 
-/// Sets the program's access on the handles `wants` mapped again, then the peers' that
-/// reach them: one `cuMemSetAccess` per run of entries that follow one another in memory
-/// with the same settings, in the program's order (PyTorch's expandable segments map
-/// hundreds of handles end to end, each with the same access). A run the driver refuses
-/// is set entry by entry, so that a failure names the entry.
-fn set_access_runs(wants: &[Want], dev: i32) -> Result<(), String> {
-    let maps = || wants.iter().flat_map(|w| &w.maps);
-    let mut lists: Vec<Vec<(u64, u64, Vec<u8>)>> =
-        vec![maps().flat_map(|(_, m)| m.access.iter().cloned()).collect()];
-    for accessor in memory::peer_accessors(dev) {
-        let desc = access_desc(accessor, PROT_READWRITE);
-        lists.push(maps().map(|(va, m)| (*va, m.size, desc.to_vec())).collect());
-    }
-    for list in &lists {
-        for run in joined_runs(list) {
-            let (a, _, d) = &list[run.start];
-            let (la, ln, _) = &list[run.end - 1];
-            if run.len() > 1 && real_set_access(*a, la + ln - a, d) == CU_SUCCESS {
-                continue;
-            }
-            for (pa, pn, pd) in &list[run] {
-                let rc = real_set_access(*pa, *pn, pd);
-                if rc != CU_SUCCESS {
-                    return Err(format!(
-                        "setting access on {pn} bytes at {pa:#x}: CUresult {rc}"
-                    ));
-                }
-            }
+/// Applies `set` to each run of `entries` that follow one another in memory with the same
+/// descriptors ([`joined_runs`]) in one call; a run whose call fails, entry by entry, so
+/// that a failure names the entry.
+fn set_in_runs(
+    entries: &[(u64, u64, Vec<u8>)],
+    set: impl Fn(u64, u64, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    for run in joined_runs(entries) {
+        let (a, _, d) = &entries[run.start];
+        let (la, ln, _) = &entries[run.end - 1];
+        if run.len() > 1 && set(*a, la + ln - a, d).is_ok() {
+            continue;
+        }
+        for (pa, pn, pd) in &entries[run] {
+            set(*pa, *pn, pd)?;
         }
     }
     Ok(())
+}
+
+/// Sets the program's access on the handles `wants` mapped again, in the program's order,
+/// then grants the peers that reach device `dev`'s memory theirs ([`grant_peers`]): one
+/// call per run of entries that follow one another in memory with the same settings
+/// (PyTorch's expandable segments map hundreds of handles end to end, each with the same
+/// access).
+fn set_access_runs(wants: &[Want], dev: i32) -> Result<(), String> {
+    let maps = || wants.iter().flat_map(|w| &w.maps);
+    let program: Vec<(u64, u64, Vec<u8>)> =
+        maps().flat_map(|(_, m)| m.access.iter().cloned()).collect();
+    set_in_runs(&program, set_access_again)?;
+    let spans: Vec<(u64, u64, Vec<u8>)> = maps().map(|(va, m)| (*va, m.size, Vec::new())).collect();
+    set_in_runs(&spans, |va, size, _| grant_peers(va, size, dev))
 }
 
 /// The groups `n` handles are re-made and loaded in ([`remake_device`]): the first a
