@@ -103,8 +103,9 @@ pub const BUFFER_ENV: &str = "CUDAW_STAGING_BUFFER";
 /// The variable that sets how many host threads copy between the buffers and host memory.
 pub const THREADS_ENV: &str = "CUDAW_STAGING_THREADS";
 /// The variable that has the host threads copy into the pinned buffers with streaming
-/// (non-temporal) stores: `on` (or `off`, the default). Copies to the device and resumes
-/// fill the buffers; copies out of them always stream.
+/// (non-temporal) stores for resumes and other loads: `on` (or `off`, the default). Copies
+/// of a program's pageable memory to the device, and copies out of the buffers, always
+/// stream.
 pub const STREAMING_IN_ENV: &str = "CUDAW_STAGING_STREAMING_IN";
 
 /// The variable that turns the host arena on: `pinned` (or `off`, the default).
@@ -1453,7 +1454,7 @@ impl Pool {
                 break;
             }
             Prof::timed(prof, |p| &p.issue, || self.issue_batch(ranges, plan, k))?;
-            Prof::issued(prof, k);
+            Prof::issued(prof);
             pipe.push(k);
         }
         Ok(())
@@ -1754,7 +1755,7 @@ impl Pool {
             }
             self.driver.event_record(event, stream)?;
             Prof::add(prof, |p| &p.issue, issuing);
-            Prof::issued(prof, k);
+            Prof::issued(prof);
             pipe.release(slot);
         }
     }
@@ -2131,8 +2132,8 @@ impl Prof {
         r
     }
 
-    /// Batch `k`'s device copies are issued.
-    fn issued(p: Option<&Prof>, _k: usize) {
+    /// A batch's device copies are issued.
+    fn issued(p: Option<&Prof>) {
         if let Some(p) = p {
             let now = p.now();
             p.first_issue.fetch_min(now, Ordering::Relaxed);

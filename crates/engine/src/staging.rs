@@ -179,6 +179,7 @@ pub unsafe fn copy_pageable(
 /// asked to care), the pinned staging of `backend`'s device is made now on a thread of its
 /// own, rather than by the first staged copy, inside the program's time (7 ms on an H200
 /// host). A copy that comes meanwhile waits for it, as it would have made it.
+///
 /// Whether a thread was started: the caller then registers an exit handler that runs
 /// before the runtime's teardown and waits for it ([`wait_prepared`]).
 pub fn prepare_in_background(backend: &'static DriverBackend) -> bool {
